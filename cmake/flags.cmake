@@ -1,0 +1,20 @@
+# The one place where floating-point and ISA flags are set (see docs/numerics.md).
+#
+# The numerics contract requires that every multiply-add the compiler emits is the one the
+# source wrote: no contraction of a*b+c into an FMA (-ffp-contract=off), no reassociation
+# (no -ffast-math and none of its parts), IEEE subnormals (no -ffast-math => no FTZ/DAZ at
+# startup). Library code is compiled for the baseline ISA only; SIMD variants are compiled per
+# target by Highway and selected at run time.
+set(LOCKSTEP_FP_FLAGS -ffp-contract=off -fno-fast-math)
+
+# Highway: never build the HWY_SCALAR target (FixedTag kernels do not compile for it), and
+# skip the 128-bit x86 targets whose MulAdd is not fused (SSSE3/SSE4): lockstep never
+# dispatches to a target without a fused multiply-add (docs/numerics.md, "SIMD targets").
+# EMU128 stays the compiled baseline that Highway requires, but is never dispatched.
+set(LOCKSTEP_HWY_DEFINES HWY_DISABLED_TARGETS=HWY_SCALAR|HWY_SSSE3|HWY_SSE4|HWY_AVX3_DL
+    HWY_BROKEN_EMU128=0)
+
+function(lockstep_numerics target)
+  target_compile_options(${target} PRIVATE ${LOCKSTEP_FP_FLAGS})
+  target_compile_definitions(${target} PRIVATE ${LOCKSTEP_HWY_DEFINES})
+endfunction()

@@ -1,0 +1,203 @@
+// lockstep kernels ("rk"): the reproducible operator library.
+//
+// Every op has a scalar reference implementation (normative) and SIMD variants compiled per
+// Highway target; the active implementation is chosen at run time (SetIsa). All of them produce
+// bit-identical results for every thread count: docs/numerics.md gives each op's exact
+// operation order and constants. fp32 throughout. Buffers are std::span views whose sizes are
+// checked against the shape arguments; any mismatch, a null buffer, a forbidden overlap or a
+// non-finite hyper-parameter throws lockstep::Error naming the op, the argument and the values.
+//
+// Outputs are overwritten unless the op says it accumulates. An op that allows in-place use says
+// so; otherwise outputs must not overlap inputs or each other.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace lockstep::rk {
+
+// ---- implementation selection --------------------------------------------------------------
+// An instruction-set variant: the scalar reference (hwy_target == 0) or a Highway target.
+struct Isa {
+  int64_t hwy_target = 0;
+  std::string name;  // "reference", "AVX2", "AVX3", ...
+  bool operator==(const Isa&) const = default;
+};
+
+Isa ReferenceIsa();
+// Every variant compiled into this binary that the numerics contract admits (targets with a
+// fused multiply-add), reference first, whether or not this CPU can run it.
+std::vector<Isa> CompiledIsas();
+// The subset of CompiledIsas() this CPU can run (reference first).
+std::vector<Isa> UsableIsas();
+// Process-global. Default: the best usable SIMD variant, else the reference.
+Isa ActiveIsa();
+void SetIsa(const Isa& isa);  // fails if !usable
+// Parses "reference", "best" or a target name (case-insensitive).
+Isa IsaByName(const std::string& name);
+
+// ---- contract constants ---------------------------------------------------------------------
+inline constexpr int kReductionLanes = 16;    // logical lanes of every row reduction
+inline constexpr int kGemmKChunk = 256;       // GEMM: K summed in chunks of this many terms
+inline constexpr int kAttentionKeyTile = 64;  // attention: keys processed in tiles of this size
+inline constexpr int64_t kNormBlock = 65536;  // global norm: tensors summed in blocks this long
+
+// ---- GEMM (the three forms of a linear layer) -----------------------------------------------
+// Each output element is sum over the reduced index r of a(r)*b(r): r is cut into chunks of
+// kGemmKChunk; each chunk is accumulated from +0 by sequential fused multiply-adds; the chunk
+// sums are added in order, the first chunk's sum being the start (so no +0 is added).
+// With accumulate = true, the chunk sums are added in order to the existing output instead.
+//   y[m,n]  = x[m,k]  · w[n,k]ᵀ      (linear forward)
+void GemmXWt(std::span<const float> x, std::span<const float> w, std::span<float> y, int64_t m,
+             int64_t n, int64_t k, bool accumulate = false);
+//   dx[m,k] = dy[m,n] · w[n,k]       (input gradient; reduction over n)
+void GemmDyW(std::span<const float> dy, std::span<const float> w, std::span<float> dx, int64_t m,
+             int64_t n, int64_t k, bool accumulate = false);
+//   dw[n,k] = dy[m,n]ᵀ · x[m,k]      (weight gradient; reduction over m)
+void GemmDytX(std::span<const float> dy, std::span<const float> x, std::span<float> dw, int64_t m,
+              int64_t n, int64_t k, bool accumulate = false);
+
+// ---- row reductions (canonical lane rule) ---------------------------------------------------
+// out[r] for each row of x[rows, cols]: lane j (of kReductionLanes) accumulates elements
+// j, j+16, j+32, ... in order from its start value; lanes are then folded pairwise
+// (lane j += lane j+8, then j+4, j+2, j+1) and lane 0 is the result.
+void RowSum(std::span<const float> x, std::span<float> out, int64_t rows, int64_t cols);
+void RowSumSquares(std::span<const float> x, std::span<float> out, int64_t rows, int64_t cols);
+// NaN if any element is NaN, else the maximum (-inf for cols == 0).
+void RowMax(std::span<const float> x, std::span<float> out, int64_t rows, int64_t cols);
+
+// ---- element-wise helpers -------------------------------------------------------------------
+// y[i] += x[i] (in place on y; used to accumulate gradients across microbatches).
+void AddInto(std::span<const float> x, std::span<float> y);
+
+// ---- RMSNorm --------------------------------------------------------------------------------
+// y[r,:] = x[r,:] * rstd[r] (* gain), rstd[r] = 1 / sqrt(sumsq(x[r,:]) * (1/d) + eps).
+// gain may be empty (gain-free norm, e.g. QK-norm). y may alias x.
+void RmsNormForward(std::span<const float> x, std::span<const float> gain, float eps,
+                    std::span<float> y, std::span<float> rstd, int64_t rows, int64_t d);
+// dx from dy; dgain (overwritten, same size as gain, empty iff gain is empty) reduced over rows
+// in row order. dx may alias dy.
+void RmsNormBackward(std::span<const float> dy, std::span<const float> x,
+                     std::span<const float> gain, std::span<const float> rstd,
+                     std::span<float> dx, std::span<float> dgain, int64_t rows, int64_t d);
+
+// ---- RoPE (rotate-half convention) ----------------------------------------------------------
+// Tables cos/sin[seq, head_dim/2]: angle(t, i) = t * theta^(-2i/head_dim), sin/cos from dmath.
+struct RopeTable {
+  int64_t seq = 0, half = 0;
+  std::vector<float> cos, sin;
+};
+RopeTable MakeRopeTable(int64_t seq, int64_t head_dim, float theta);
+// x[batch, seq, heads, head_dim] rotated at position t (its index in seq). y may alias x.
+void RopeForward(std::span<const float> x, std::span<float> y, const RopeTable& table,
+                 int64_t batch, int64_t seq, int64_t heads, int64_t head_dim);
+void RopeBackward(std::span<const float> dy, std::span<float> dx, const RopeTable& table,
+                  int64_t batch, int64_t seq, int64_t heads, int64_t head_dim);
+
+// ---- causal attention (grouped-query, optional sliding window, flash-style) -------------------
+struct AttentionShape {
+  int64_t batch = 1, seq = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t window = 0;  // 0: full causal; W > 0: query t sees keys t-W+1 .. t
+  float scale = 0;     // score = scale * q·k (usually 1/sqrt(head_dim))
+};
+// q[B,T,Hq,D], k/v[B,T,Hkv,D] -> out[B,T,Hq,D], lse[B,Hq,T] (log-sum-exp of scaled scores).
+void AttentionForward(const AttentionShape& s, std::span<const float> q,
+                      std::span<const float> k, std::span<const float> v, std::span<float> out,
+                      std::span<float> lse);
+// Gradients dq[B,T,Hq,D], dk/dv[B,T,Hkv,D] (overwritten).
+void AttentionBackward(const AttentionShape& s, std::span<const float> q,
+                       std::span<const float> k, std::span<const float> v,
+                       std::span<const float> out, std::span<const float> lse,
+                       std::span<const float> dout, std::span<float> dq, std::span<float> dk,
+                       std::span<float> dv);
+
+// ---- SwiGLU ---------------------------------------------------------------------------------
+// h[rows, 2*f] holds gate (columns 0..f-1) then up (f..2f-1) per row (one fused weight).
+// out[rows, f] = silu(gate) * up, silu(g) = g / (1 + exp(-g)).
+void SwigluForward(std::span<const float> h, std::span<float> out, int64_t rows, int64_t f);
+// dh[rows, 2*f] from dout[rows, f].
+void SwigluBackward(std::span<const float> h, std::span<const float> dout, std::span<float> dh,
+                    int64_t rows, int64_t f);
+
+// ---- embedding ------------------------------------------------------------------------------
+// out[n, d] = table[ids[i], :]; every id must be < vocab.
+void EmbeddingForward(std::span<const float> table, std::span<const uint32_t> ids,
+                      std::span<float> out, int64_t vocab, int64_t d);
+// Accumulates: dtable[ids[i], :] += dout[i, :] for i = 0, 1, ..., n-1 in that order.
+void EmbeddingBackward(std::span<const float> dout, std::span<const uint32_t> ids,
+                       std::span<float> dtable, int64_t vocab, int64_t d);
+
+// ---- fused output head + cross-entropy + z-loss -----------------------------------------------
+// logits[r, v] = h[r,:] · w[v,:] are produced vocab_chunk columns at a time and never stored
+// whole. Per row: lse = log(sum_v exp(logits)), loss = lse - logits[target], zloss = z * lse².
+// Results do not depend on vocab_chunk (which must be a positive multiple of kGemmKChunk).
+struct CrossEntropyShape {
+  int64_t rows = 0, d = 0, vocab = 0;
+  int64_t vocab_chunk = 4096;
+  float z_loss = 0;  // coefficient of lse²
+};
+// loss[rows], zloss[rows], lse[rows].
+void CrossEntropyForward(const CrossEntropyShape& s, std::span<const float> h,
+                         std::span<const float> w, std::span<const uint32_t> targets,
+                         std::span<float> loss, std::span<float> zloss, std::span<float> lse);
+// Gradient of grad_scale * sum_r (loss[r] + zloss[r]) given lse from the forward:
+// dh[rows, d] overwritten; dw[vocab, d] accumulated (+=) row by row of the vocab.
+void CrossEntropyBackward(const CrossEntropyShape& s, std::span<const float> h,
+                          std::span<const float> w, std::span<const uint32_t> targets,
+                          std::span<const float> lse, float grad_scale, std::span<float> dh,
+                          std::span<float> dw);
+
+// ---- AdamW ----------------------------------------------------------------------------------
+struct AdamWParams {
+  float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
+  int64_t step = 1;  // 1-based: the step this update makes
+};
+// In place on param, m, v (decoupled weight decay, bias correction via dmath::Pow).
+void AdamWUpdate(const AdamWParams& p, std::span<float> param, std::span<const float> grad,
+                 std::span<float> m, std::span<float> v);
+
+// ---- global gradient norm and clipping ------------------------------------------------------
+// sqrt of the sum of squares of every element of every tensor, in list order (docs/numerics.md:
+// fp64 lanes per kNormBlock block, blocks and tensors added in order), rounded to fp32.
+float GlobalNorm(std::span<const std::span<const float>> tensors);
+// min(1, max_norm / (norm + 1e-6)); 1 when max_norm <= 0 (clipping off).
+float ClipFactor(float norm, float max_norm);
+// x[i] *= factor.
+void Scale(std::span<float> x, float factor);
+
+}  // namespace lockstep::rk
+
+// ---- deterministic math ---------------------------------------------------------------------
+// Fixed-operation-order functions whose bits are the same on every CPU and compiler: SLEEF's
+// deterministic no-FMA family (Sleef_cinz_*_u10) and lockstep's own polynomials. Never libm.
+namespace lockstep::dmath {
+float Exp(float x);
+float Log(float x);
+float Sqrt(float x);   // IEEE correctly rounded
+float Rsqrt(float x);  // 1 / Sqrt(x), both correctly rounded
+float Sin(float x);
+float Cos(float x);
+float Pow(float x, float y);
+float Erf(float x);
+float Erfinv(float x);  // lockstep's polynomial (SLEEF has none); domain (-1, 1)
+}  // namespace lockstep::dmath
+
+// ---- variant sweep (used by `lockstep selftest` and the tests) ------------------------------
+namespace lockstep::rk {
+struct SweepResult {
+  Isa isa;
+  int threads = 1;
+  bool equal = false;        // bit-identical to the reference at 1 thread
+  int64_t first_diff = -1;   // first differing float index, -1 if none
+  int64_t size = 0;          // floats produced (a size mismatch is reported as first_diff 0)
+};
+// Runs `run` (which returns the op's outputs concatenated) with the reference at one thread,
+// then with every usable variant (reference included) at each thread count, and compares the
+// bytes. Restores the previously active variant and thread count.
+std::vector<SweepResult> SweepVariants(const std::function<std::vector<float>()>& run,
+                                       std::span<const int> thread_counts);
+inline constexpr int kSweepThreadCounts[] = {1, 2, 3, 4, 7};
+}  // namespace lockstep::rk

@@ -1,0 +1,45 @@
+// Private to src/kernels: the implementations behind each public op, after validation.
+// ref:: is the scalar reference (normative); simd:: dispatches to the active Highway target.
+// Both have the same signatures and must give bit-identical results.
+#pragma once
+
+#include <cstdint>
+
+#include "lockstep/kernels.h"
+
+namespace lockstep::rk {
+
+// C[m,n] (ldc = n) from A(i, r) = a[i*a_rs + r*a_cs], B(r, j) = b[r*b_rs + j*b_cs]; the reduced
+// index r runs over 0..k-1. Covers all three linear-layer forms through the strides.
+struct GemmArgs {
+  const float* a;
+  int64_t a_rs, a_cs;
+  const float* b;
+  int64_t b_rs, b_cs;
+  float* c;
+  int64_t m, n, k;
+  bool accumulate;
+};
+
+#define LOCKSTEP_RK_IMPLS                                                                    \
+  void Gemm(const GemmArgs& g);                                                              \
+  void RowSum(const float* x, float* out, int64_t rows, int64_t cols);                       \
+  void RowSumSquares(const float* x, float* out, int64_t rows, int64_t cols);                \
+  void RowMax(const float* x, float* out, int64_t rows, int64_t cols);                       \
+  void AddInto(const float* x, float* y, int64_t n);                                         \
+  void RmsNormForward(const float* x, const float* gain, float eps, float* y, float* rstd,   \
+                      int64_t rows, int64_t d);                                              \
+  void RmsNormBackward(const float* dy, const float* x, const float* gain, const float* rstd, \
+                       float* dx, float* dgain, int64_t rows, int64_t d);                     \
+  void Rope(const float* x, float* y, const float* cos, const float* sin, int64_t batch,      \
+            int64_t seq, int64_t heads, int64_t head_dim, bool inverse);
+
+namespace ref {
+LOCKSTEP_RK_IMPLS
+}
+namespace simd {
+LOCKSTEP_RK_IMPLS
+}
+#undef LOCKSTEP_RK_IMPLS
+
+}  // namespace lockstep::rk

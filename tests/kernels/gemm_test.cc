@@ -1,0 +1,166 @@
+// GEMM: bitwise invariance across variants/threads, the chunk contract, fp64 accuracy, special
+// values and argument errors.
+#include <cstring>
+#include <limits>
+
+#include "kernels/harness.h"
+#include "lockstep/core.h"
+
+namespace lockstep::test {
+namespace {
+
+enum class Form { kXWt, kDyW, kDytX };
+const char* Name(Form f) { return f == Form::kXWt ? "XWt" : f == Form::kDyW ? "DyW" : "DytX"; }
+
+// Operand sizes: A-like then B-like input, then the output, for output dims and reduction.
+struct Problem {
+  Form form;
+  int64_t m, n, k;  // the public API's m, n, k
+  std::vector<float> in1, in2, out;
+};
+
+Problem Make(Form form, int64_t m, int64_t n, int64_t k, uint64_t seed) {
+  Problem p{form, m, n, k, {}, {}, {}};
+  switch (form) {
+    case Form::kXWt: p.in1 = RandomFloats(m * k, seed); p.in2 = RandomFloats(n * k, seed + 1);
+      p.out.assign(m * n, 0.0f); break;
+    case Form::kDyW: p.in1 = RandomFloats(m * n, seed); p.in2 = RandomFloats(n * k, seed + 1);
+      p.out.assign(m * k, 0.0f); break;
+    case Form::kDytX: p.in1 = RandomFloats(m * n, seed); p.in2 = RandomFloats(m * k, seed + 1);
+      p.out.assign(n * k, 0.0f); break;
+  }
+  return p;
+}
+
+void RunGemm(Problem& p, bool accumulate = false) {
+  switch (p.form) {
+    case Form::kXWt: rk::GemmXWt(p.in1, p.in2, p.out, p.m, p.n, p.k, accumulate); break;
+    case Form::kDyW: rk::GemmDyW(p.in1, p.in2, p.out, p.m, p.n, p.k, accumulate); break;
+    case Form::kDytX: rk::GemmDytX(p.in1, p.in2, p.out, p.m, p.n, p.k, accumulate); break;
+  }
+}
+
+// Output element (i, j) of the form and its reduction terms, in fp64.
+std::vector<double> Fp64(const Problem& p) {
+  std::vector<double> out;
+  const auto& a = p.in1;
+  const auto& b = p.in2;
+  auto rows = p.form == Form::kDytX ? p.n : p.m;
+  auto cols = p.form == Form::kXWt ? p.n : p.k;
+  auto red = p.form == Form::kXWt ? p.k : p.form == Form::kDyW ? p.n : p.m;
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) {
+      double s = 0;
+      for (int64_t r = 0; r < red; ++r) {
+        double x = 0, y = 0;
+        if (p.form == Form::kXWt) { x = a[i * p.k + r]; y = b[j * p.k + r]; }
+        if (p.form == Form::kDyW) { x = a[i * p.n + r]; y = b[r * p.k + j]; }
+        if (p.form == Form::kDytX) { x = a[r * p.n + i]; y = b[r * p.k + j]; }
+        s += x * y;
+      }
+      out.push_back(s);
+    }
+  }
+  return out;
+}
+
+TEST(Gemm, BitwiseInvariantOnAwkwardShapes) {
+  for (Form form : {Form::kXWt, Form::kDyW, Form::kDytX}) {
+    for (int64_t m : {1, 17, 257}) {
+      for (int64_t n : {3, 17, 255}) {
+        for (int64_t k : {1, 255, 257, 600}) {
+          if (m * n * k > 4'000'000) continue;
+          ExpectBitwiseInvariant(fmt::format("Gemm{} m={} n={} k={}", Name(form), m, n, k), [&] {
+            Problem p = Make(form, m, n, k, 7);
+            RunGemm(p);
+            std::vector<float> out = p.out;
+            RunGemm(p, /*accumulate=*/true);  // accumulating continues the chunk chain
+            out.insert(out.end(), p.out.begin(), p.out.end());
+            return out;
+          });
+        }
+      }
+    }
+  }
+}
+
+TEST(Gemm, LargeTilesAcrossThreadCounts) {
+  // Several row blocks, column groups and K chunks: exercises the task split of the SIMD path.
+  ExpectBitwiseInvariant("GemmXWt 200x700x520", [] {
+    Problem p = Make(Form::kXWt, 200, 700, 520, 11);
+    RunGemm(p);
+    return p.out;
+  });
+}
+
+TEST(Gemm, MatchesFp64WithinChunkedRoundingBound) {
+  for (Form form : {Form::kXWt, Form::kDyW, Form::kDytX}) {
+    Problem p = Make(form, 33, 45, 700, 3);
+    RunGemm(p);
+    // |error| <= ~(chunk length + chunks) * eps * sum|terms|; inputs in [-1,1) so
+    // sum|terms| <= reduction length. 2^-24 * (256 + 3) * 700 ~ 1.1e-2; the observed errors are
+    // random-walk sized, so a 1e-3 bound is still loose but catches any wrong term.
+    ExpectClose(fmt::format("Gemm{}", Name(form)), p.out, Fp64(p), 1e-3, 0);
+  }
+}
+
+TEST(Gemm, ChunkContractIsObservable) {
+  // 256 terms of 1.0 then one of 2^-24 * ... : summing in chunks of 256 gives a different result
+  // from a single running sum when the second chunk's small terms add up before meeting the big
+  // partial sum. Check the exact contract value.
+  const int64_t k = 512;
+  std::vector<float> x(k), w(k, 1.0f), y(1);
+  for (int64_t r = 0; r < 256; ++r) x[r] = 1.0f;                 // chunk 0 sums to 256
+  for (int64_t r = 256; r < k; ++r) x[r] = 0x1.0p-16f;           // chunk 1 sums to 2^-8
+  for (const rk::Isa& isa : rk::UsableIsas()) {
+    rk::SetIsa(isa);
+    rk::GemmXWt(x, w, y, 1, 1, k);
+    // Chunked: 256 + 2^-8 exactly (representable). A sequential sum would stay at 256 because
+    // each 2^-16 is below half an ulp of 256 (ulp(256) = 2^-15): 256 + 2^-16 rounds to 256.
+    EXPECT_EQ(y[0], 256.0f + 0x1.0p-8f) << isa.name;
+  }
+  rk::SetIsa(rk::UsableIsas().back());
+}
+
+TEST(Gemm, SpecialValuesPropagate) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float tiny = std::numeric_limits<float>::denorm_min();
+  for (const rk::Isa& isa : rk::UsableIsas()) {
+    rk::SetIsa(isa);
+    // x rows: [inf, 1], [nan, 1], [tiny, 0], [-0, -0]; w: [[1, 1], [1, 0]] (n = 2).
+    std::vector<float> x = {inf, 1, nan, 1, tiny, 0, -0.0f, -0.0f}, w = {1, 1, 1, 0}, y(8);
+    rk::GemmXWt(x, w, y, 4, 2, 2);
+    EXPECT_EQ(y[0], inf) << isa.name;
+    EXPECT_TRUE(std::isnan(y[2])) << isa.name;
+    EXPECT_EQ(y[4], tiny) << isa.name << ": subnormal flushed";
+    // fma(-0, 1, +0) = +0: the chunk starts from +0, so an all -0 product sum is +0.
+    EXPECT_FALSE(std::signbit(y[6])) << isa.name;
+  }
+  rk::SetIsa(rk::UsableIsas().back());
+}
+
+TEST(Gemm, EmptyReductionGivesZero) {
+  std::vector<float> x, w, y(6, 5.0f);
+  rk::GemmXWt(x, w, y, 2, 3, 0);
+  for (float v : y) EXPECT_EQ(v, 0.0f);
+}
+
+TEST(Gemm, BadArgumentsNameOpArgumentAndShape) {
+  std::vector<float> x(6), w(6), y(4);
+  try {
+    rk::GemmXWt(x, w, std::span<float>(y).first(3), 2, 2, 3);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "GemmXWt: y has 3 elements, expected m*n = 4");
+  }
+  EXPECT_THROW(rk::GemmDyW(x, w, y, 2, 3, -1), Error);
+  // Output overlapping an input.
+  std::vector<float> buf(16);
+  EXPECT_THROW(rk::GemmXWt(std::span<const float>(buf).first(4), std::span<const float>(buf).first(4),
+                           std::span<float>(buf).subspan(2, 4), 2, 2, 2),
+               Error);
+}
+
+}  // namespace
+}  // namespace lockstep::test

@@ -1,0 +1,69 @@
+// lockstep: one binary, one subcommand per file (see docs/cli.md).
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+
+#include "lockstep/build_info.h"
+#include "lockstep/core.h"
+#include "lockstep/kernels.h"
+#include "tools/lockstep/commands.h"
+
+namespace lockstep::cli {
+namespace {
+
+std::string IsaNames(const std::vector<rk::Isa>& isas) {
+  std::string s;
+  for (const rk::Isa& isa : isas) s += (s.empty() ? "" : " ") + isa.name;
+  return s;
+}
+
+void PrintVersion() {
+  fmt::print("lockstep {}\n", build::kVersion);
+  fmt::print("git commit: {}\n", build::kGitCommit);
+  fmt::print("compiler: {}\n", build::kCompiler);
+  fmt::print("numerics contract: v{}\n", build::kContractVersion);
+  fmt::print("SIMD variants compiled: {}\n", IsaNames(rk::CompiledIsas()));
+  fmt::print("SIMD variants usable on this CPU: {}\n", IsaNames(rk::UsableIsas()));
+  fmt::print("active variant: {}\n", rk::ActiveIsa().name);
+}
+
+int Run(int argc, char** argv) {
+  CLI::App app{"lockstep: bitwise-auditable transformer training"};
+  app.require_subcommand(0, 1);
+  bool version = false;
+  app.add_flag("--version", version, "print version, commit, compiler, contract and SIMD variants");
+
+  SelftestOptions selftest;
+  CLI::App* st = app.add_subcommand(
+      "selftest",
+      "run every kernel on fixed inputs with every usable SIMD variant and the scalar reference "
+      "at 1, 2, 3, 4 and 7 threads; exit 0 only if every result equals the reference bit for bit");
+  st->add_flag("--verbose", selftest.verbose, "print one row per op, variant and thread count");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  RequireIeeeFloatingPoint();
+  if (version) {
+    PrintVersion();
+    return 0;
+  }
+  if (st->parsed()) return RunSelftest(selftest);
+  fmt::print("{}", app.help());
+  return 2;
+}
+
+}  // namespace
+}  // namespace lockstep::cli
+
+int main(int argc, char** argv) {
+  try {
+    return lockstep::cli::Run(argc, argv);
+  } catch (const lockstep::Error& e) {
+    std::fprintf(stderr, "lockstep: error: %s\n", e.what());
+    return 2;
+  }
+}
