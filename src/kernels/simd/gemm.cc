@@ -118,13 +118,15 @@ void Gemm(const GemmArgs& g) {
     return;
   }
   const int64_t panel_cols = std::min(kNc, (g.n + nr_max - 1) / nr_max * nr_max);
+  const int64_t a_panels = (g.m + kMr - 1) / kMr;
   auto b_packed = hwy::AllocateAligned<float>(static_cast<size_t>(kKc * panel_cols));
+  auto a_packed = hwy::AllocateAligned<float>(static_cast<size_t>(kKc * kMr * a_panels));
   float* const bp_all = b_packed.get();
+  float* const ap_all = a_packed.get();
   const int threads = Threads();
 
 #pragma omp parallel num_threads(threads)
   {
-    auto a_packed = hwy::AllocateAligned<float>(static_cast<size_t>(kKc * kMc));
     HWY_ALIGN float tile[kMr * 2 * hn::MaxLanes(hn::ScalableTag<float>())];
     for (int64_t jc = 0; jc < g.n; jc += kNc) {
       const int64_t nc = std::min(kNc, g.n - jc);
@@ -134,27 +136,31 @@ void Gemm(const GemmArgs& g) {
       for (int64_t pc = 0; pc < g.k; pc += kKc) {
         const int64_t kc = std::min(kKc, g.k - pc);
         const bool add = g.accumulate || pc > 0;
+        // Pack the B panel and all of A for this chunk, shared by every task. A is repacked
+        // per column panel only when n > kNc.
 #pragma omp for schedule(static)
-        for (int64_t s = 0; s < slivers; ++s) {
-          const int64_t j0 = s * nr_max;
-          PackB(g, pc, kc, jc + j0, std::min(nr_max, nc - j0), nr_max, bp_all + j0 * kc);
+        for (int64_t s = 0; s < slivers + a_panels; ++s) {
+          if (s < slivers) {
+            const int64_t j0 = s * nr_max;
+            PackB(g, pc, kc, jc + j0, std::min(nr_max, nc - j0), nr_max, bp_all + j0 * kc);
+          } else {
+            const int64_t i0 = (s - slivers) * kMr;
+            PackA(g, i0, std::min(kMr, g.m - i0), pc, kc, ap_all + i0 * kc);
+          }
         }
-        // Implicit barrier: the panel is packed. Each task owns a block of C tiles.
+        // Implicit barrier: the panels are packed. Each task owns a block of C tiles.
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < row_blocks * groups; ++task) {
           const int64_t ic = (task / groups) * kMc;
           const int64_t mc = std::min(kMc, g.m - ic);
           const int64_t g0 = (task % groups) * kColumnGroup;
           const int64_t g1 = std::min(nc, g0 + kColumnGroup);
-          for (int64_t ir = 0; ir < mc; ir += kMr) {
-            PackA(g, ic + ir, std::min(kMr, mc - ir), pc, kc, a_packed.get() + ir * kc);
-          }
           for (int64_t jr = g0; jr < g1; jr += nr_max) {
             const int64_t nr = std::min(nr_max, g1 - jr);
             const float* bp = bp_all + jr * kc;
             for (int64_t ir = 0; ir < mc; ir += kMr) {
               const int64_t mr = std::min(kMr, mc - ir);
-              const float* ap = a_packed.get() + ir * kc;
+              const float* ap = ap_all + (ic + ir) * kc;
               float* c = g.c + (ic + ir) * g.n + jc + jr;
               if (mr == kMr && nr == nr_max) {
                 Microkernel(d, ap, bp, kc, c, g.n, add);

@@ -1,0 +1,169 @@
+// bench_gemm: lockstep's GEMM vs OpenBLAS sgemm, timed side by side in one process, for the
+// three linear-layer forms at 1 and 2 threads. Also reports whether each library's output bits
+// change between 1 and 2 threads. `--json` prints a JSON array; otherwise a table.
+#include <cblas-openblas.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "lockstep/core.h"
+#include "lockstep/kernels.h"
+
+namespace {
+
+using lockstep::rk::GemmDytX;
+using lockstep::rk::GemmDyW;
+using lockstep::rk::GemmXWt;
+
+struct Shape {
+  int64_t m, n, k;
+};
+
+enum class Form { kXWt, kDyW, kDytX };
+const char* FormName(Form f) { return f == Form::kXWt ? "xwt" : f == Form::kDyW ? "dyw" : "dytx"; }
+
+std::vector<float> Fill(int64_t n, uint32_t seed) {
+  std::vector<float> v(static_cast<size_t>(n));
+  uint32_t s = seed * 2654435761u + 1;
+  for (float& x : v) {
+    s = s * 1664525u + 1013904223u;
+    x = static_cast<float>(static_cast<int32_t>(s >> 8) - (1 << 23)) * 0x1.0p-23f;
+  }
+  return v;
+}
+
+// Operands of a form: in1, in2 and the output size, as the public API takes them.
+struct Operands {
+  std::vector<float> in1, in2, out;
+};
+
+Operands MakeOperands(Form f, const Shape& s) {
+  switch (f) {
+    case Form::kXWt: return {Fill(s.m * s.k, 1), Fill(s.n * s.k, 2), std::vector<float>(s.m * s.n)};
+    case Form::kDyW: return {Fill(s.m * s.n, 3), Fill(s.n * s.k, 4), std::vector<float>(s.m * s.k)};
+    case Form::kDytX: return {Fill(s.m * s.n, 5), Fill(s.m * s.k, 6), std::vector<float>(s.n * s.k)};
+  }
+  return {};
+}
+
+void RunLockstep(Form f, const Shape& s, Operands& o) {
+  switch (f) {
+    case Form::kXWt: GemmXWt(o.in1, o.in2, o.out, s.m, s.n, s.k); break;
+    case Form::kDyW: GemmDyW(o.in1, o.in2, o.out, s.m, s.n, s.k); break;
+    case Form::kDytX: GemmDytX(o.in1, o.in2, o.out, s.m, s.n, s.k); break;
+  }
+}
+
+void RunOpenblas(Form f, const Shape& s, Operands& o) {
+  const int m = static_cast<int>(s.m), n = static_cast<int>(s.n), k = static_cast<int>(s.k);
+  switch (f) {
+    case Form::kXWt:  // y[m,n] = x[m,k] w[n,k]^T
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, o.in1.data(), k,
+                  o.in2.data(), k, 0.0f, o.out.data(), n);
+      break;
+    case Form::kDyW:  // dx[m,k] = dy[m,n] w[n,k]
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, k, n, 1.0f, o.in1.data(), n,
+                  o.in2.data(), k, 0.0f, o.out.data(), k);
+      break;
+    case Form::kDytX:  // dw[n,k] = dy[m,n]^T x[m,k]
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, k, m, 1.0f, o.in1.data(), n,
+                  o.in2.data(), k, 0.0f, o.out.data(), k);
+      break;
+  }
+}
+
+// Best of `reps` timed runs after one warm-up, in GFLOP/s.
+template <class F>
+double Gflops(const Shape& s, int reps, F run) {
+  run();
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k) /
+         best * 1e-9;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool json = false;
+  int reps = 3;
+  std::vector<Shape> shapes = {{4096, 2048, 2048}, {4096, 5632, 2048}, {4096, 2048, 5632},
+                               {1024, 1024, 1024}};
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--json") {
+      json = true;
+    } else if (arg == "--quick") {  // one small shape, for smoke-testing the program
+      shapes = {{1024, 1024, 1024}};
+      reps = 1;
+    } else if (arg == "--reps" && i + 1 < argc) {
+      reps = std::max(1, std::atoi(argv[++i]));
+    } else {
+      fmt::print(stderr,
+                 "usage: bench_gemm [--json] [--reps N] [--quick]\n"
+                 "  Times lockstep GEMM and OpenBLAS sgemm (best of N runs, default 3) for the\n"
+                 "  forms xwt (Y=X·Wᵀ), dyw (dX=dY·W), dytx (dW=dYᵀ·X) at 1 and 2 threads.\n");
+      return 2;
+    }
+  }
+  lockstep::RequireIeeeFloatingPoint();
+  const std::string isa = lockstep::rk::ActiveIsa().name;
+  std::vector<std::string> rows;
+  if (!json) {
+    fmt::print("lockstep variant {}; best of {} runs\n", isa, reps);
+    fmt::print("{:>5} {:>5} {:>5} {:>5} {:>3} {:>10} {:>10} {:>6} {:>9} {:>9}\n", "form", "m", "n",
+               "k", "thr", "lockstep", "openblas", "ratio", "ls-same", "ob-same");
+  }
+  for (const Shape& s : shapes) {
+    for (Form f : {Form::kXWt, Form::kDyW, Form::kDytX}) {
+      Operands ls = MakeOperands(f, s), ob = MakeOperands(f, s);
+      std::vector<std::vector<float>> ls_out, ob_out;
+      std::vector<double> ls_gf, ob_gf;
+      for (int threads : {1, 2}) {
+        lockstep::SetThreads(threads);
+        openblas_set_num_threads(threads);
+        ls_gf.push_back(Gflops(s, reps, [&] { RunLockstep(f, s, ls); }));
+        ob_gf.push_back(Gflops(s, reps, [&] { RunOpenblas(f, s, ob); }));
+        ls_out.push_back(ls.out);
+        ob_out.push_back(ob.out);
+      }
+      const bool ls_same = SameBits(ls_out[0], ls_out[1]);
+      const bool ob_same = SameBits(ob_out[0], ob_out[1]);
+      for (int t = 0; t < 2; ++t) {
+        const double ratio = ls_gf[t] / ob_gf[t];
+        if (json) {
+          rows.push_back(fmt::format(
+              "{{\"form\": \"{}\", \"m\": {}, \"n\": {}, \"k\": {}, \"threads\": {}, "
+              "\"lockstep_gflops\": {:.2f}, \"openblas_gflops\": {:.2f}, \"ratio\": {:.3f}, "
+              "\"lockstep_bitwise_same_across_threads\": {}, "
+              "\"openblas_bitwise_same_across_threads\": {}, \"lockstep_variant\": \"{}\"}}",
+              FormName(f), s.m, s.n, s.k, t + 1, ls_gf[t], ob_gf[t], ratio, ls_same, ob_same,
+              isa));
+        } else {
+          fmt::print("{:>5} {:>5} {:>5} {:>5} {:>3} {:>10.2f} {:>10.2f} {:>6.3f} {:>9} {:>9}\n",
+                     FormName(f), s.m, s.n, s.k, t + 1, ls_gf[t], ob_gf[t], ratio, ls_same,
+                     ob_same);
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+  if (json) {
+    fmt::print("[\n");
+    for (size_t i = 0; i < rows.size(); ++i) fmt::print("  {}{}\n", rows[i], i + 1 < rows.size() ? "," : "");
+    fmt::print("]\n");
+  }
+  return 0;
+}
