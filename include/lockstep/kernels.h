@@ -182,7 +182,7 @@ float Sin(float x);
 float Cos(float x);
 float Pow(float x, float y);
 float Erf(float x);
-float Erfinv(float x);  // lockstep's polynomial (SLEEF has none); domain (-1, 1)
+float Erfinv(float x);  // lockstep's (SLEEF has none): Giles polynomial + one fp64 Newton step
 }  // namespace lockstep::dmath
 
 // ---- variant sweep (used by `lockstep selftest` and the tests) ------------------------------

@@ -23,7 +23,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 constexpr int64_t kMr = 6;                // microkernel rows
 constexpr int64_t kKc = kGemmKChunk;      // the contract's chunk is the K block
-constexpr int64_t kMc = 16 * kMr;         // rows of A packed per task (L2-resident)
+constexpr int64_t kMc = 16 * kMr;         // rows of A per task (L2-resident)
 constexpr int64_t kNc = 4096;             // columns of B packed per panel (L3-resident)
 constexpr int64_t kColumnGroup = 256;     // columns of the panel handled per task
 

@@ -1,0 +1,81 @@
+// Global gradient norm, clip factor and scaling: docs/numerics/global_norm.md.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/global_norm_impl.h"
+#include "kernels/internal.h"
+
+namespace lockstep::rk {
+namespace {
+
+// Elements per Scale task. Any value gives the same bits (elements are independent).
+constexpr int64_t kScaleBlock = 65536;
+
+struct NormBlock {
+  const float* x;
+  int64_t n;
+};
+
+}  // namespace
+
+// Blocks are the contract's split points, so they may run on any thread in any order; only
+// their sums are added in a fixed order afterwards.
+float GlobalNorm(std::span<const std::span<const float>> tensors) {
+  std::vector<NormBlock> blocks;
+  std::vector<size_t> first_block;  // tensor t owns blocks [first_block[t], first_block[t+1])
+  for (const std::span<const float>& t : tensors) {
+    first_block.push_back(blocks.size());
+    const auto n = static_cast<int64_t>(t.size());
+    for (int64_t b = 0; b < n; b += kNormBlock) {
+      blocks.push_back({t.data() + b, std::min(kNormBlock, n - b)});
+    }
+  }
+  first_block.push_back(blocks.size());
+
+  std::vector<double> block_sum(blocks.size());
+  const auto kernel = detail::UsingReference() ? &ref::AccumulateSquares : &simd::AccumulateSquares;
+  ParallelFor(static_cast<int64_t>(blocks.size()), [&](int64_t b) {
+    double lanes[kReductionLanes] = {};
+    kernel(blocks[b].x, blocks[b].n, lanes);
+    for (int width = kReductionLanes / 2; width >= 1; width /= 2) {
+      for (int j = 0; j < width; ++j) lanes[j] = lanes[j] + lanes[j + width];
+    }
+    block_sum[b] = lanes[0];
+  });
+
+  double total = 0.0;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    double tensor_sum = 0.0;
+    for (size_t b = first_block[t]; b < first_block[t + 1]; ++b) tensor_sum += block_sum[b];
+    total += tensor_sum;
+  }
+  // IEEE 754 square root is correctly rounded, so std::sqrt on a double is the same on every
+  // conforming machine (unlike exp/log); the one rounding to fp32 follows.
+  return static_cast<float>(std::sqrt(total));
+}
+
+float ClipFactor(float norm, float max_norm) {
+  if (std::isnan(max_norm)) Fail("ClipFactor: max_norm = {} (must not be NaN)", max_norm);
+  if (norm < 0) Fail("ClipFactor: norm = {} (must be >= 0)", norm);
+  // A NaN norm stays NaN even with clipping off, so no caller mistakes a NaN gradient for a
+  // clean one (Scale refuses a NaN factor).
+  if (std::isnan(norm)) return norm;
+  if (max_norm <= 0) return 1.0f;
+  const float factor = max_norm / (norm + 1e-6f);
+  return factor < 1.0f ? factor : 1.0f;
+}
+
+// One correctly rounded multiply per element: every instruction set gives these bits, so there
+// is no separate SIMD variant (the compiler vectorises the loop for the baseline ISA).
+void Scale(std::span<float> x, float factor) {
+  detail::CheckFinite("Scale", "factor", factor);
+  const auto n = static_cast<int64_t>(x.size());
+  float* data = x.data();
+  ParallelFor((n + kScaleBlock - 1) / kScaleBlock, [&](int64_t block) {
+    const int64_t i0 = block * kScaleBlock, i1 = std::min(n, i0 + kScaleBlock);
+    for (int64_t i = i0; i < i1; ++i) data[i] = data[i] * factor;
+  });
+}
+
+}  // namespace lockstep::rk
