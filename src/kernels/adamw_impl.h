@@ -1,4 +1,4 @@
-// Private to src/kernels: the AdamW kernels (docs/numerics/adamw.md). The per-step scalars are
+// Private to src/kernels: the AdamW kernels (docs/numerics.md (adamw)). The per-step scalars are
 // computed once by ref::AdamWScalarsFor; the element kernels update n consecutive elements and
 // never look at the thread count (the public entry splits the tensor into blocks). ref:: is
 // normative; simd:: runs the active Highway target and must match it bit for bit.

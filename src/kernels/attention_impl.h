@@ -1,5 +1,5 @@
 // Private to src/kernels: the implementations behind AttentionForward / AttentionBackward, after
-// validation (attention.cc). ref:: is the scalar reference (normative, docs/numerics/attention.md);
+// validation (attention.cc). ref:: is the scalar reference (normative, docs/numerics.md (attention));
 // simd:: dispatches to the active Highway target. Both give bit-identical results.
 //
 // Layouts (row-major): q, out, dout, dq [B, T, Hq, D]; k, v, dk, dv [B, T, Hkv, D];

@@ -1,4 +1,4 @@
-// Fused output head + cross-entropy + z-loss: docs/numerics/cross_entropy.md.
+// Fused output head + cross-entropy + z-loss: docs/numerics.md (cross_entropy).
 //
 // The logits of a vocab chunk are produced by the public GEMM into a rows x chunk scratch
 // buffer and consumed at once; the full rows x vocab matrix never exists. Nothing depends on

@@ -1,5 +1,5 @@
 // Private to src/kernels: the per-element kernels of the fused output head + cross-entropy
-// (docs/numerics/cross_entropy.md). The public entry (cross_entropy.cc) produces the logits a
+// (docs/numerics.md (cross_entropy)). The public entry (cross_entropy.cc) produces the logits a
 // vocab chunk at a time with the GEMM, splits rows across threads, and calls these kernels on
 // one row's slice of a chunk. ref:: is normative; simd:: runs the active Highway target and
 // must match it bit for bit.

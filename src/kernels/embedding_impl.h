@@ -1,4 +1,4 @@
-// Private to src/kernels: the embedding kernels (docs/numerics/embedding.md). Embedding is pure
+// Private to src/kernels: the embedding kernels (docs/numerics.md (embedding)). Embedding is pure
 // copies and single additions, whose bits no instruction set can change, so there is one
 // implementation (ref::) and no SIMD variant; the compiler may vectorise the adds freely.
 #pragma once

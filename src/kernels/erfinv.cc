@@ -8,11 +8,11 @@
 // The file is compiled with -ffp-contract=off, so no multiply-add is fused behind our back,
 // and fp64 arithmetic on every supported platform (x86-64 SSE2, AArch64) is true binary64.
 //
-// Method (docs/numerics/dmath.md gives the same steps as a specification):
+// Method (docs/numerics.md (dmath) gives the same steps as a specification):
 //  1. A first approximation y0 in fp32 from M. Giles, "Approximating the erfinv function",
 //     GPU Computing Gems Jade Edition (2011): with w = -log((1 - x)(1 + x)), erfinv(x) = x p(w)
 //     where p is a degree-8 polynomial in w - 2.5 (w < 5) or in sqrt(w) - 3 (w >= 5). Alone
-//     it is within 3.1 ulp of erfinv(x) (docs/numerics/dmath.md).
+//     it is within 3.1 ulp of erfinv(x) (docs/numerics.md (dmath)).
 //  2. One Newton step on erf(y) = x in fp64 with SLEEF's fp64 erf and exp. Newton converges
 //     quadratically (the new error is about y0 * e0^2 for an absolute error e0), so the step
 //     leaves an error near 1e-12 relative, and the final rounding to fp32 dominates: the

@@ -1,4 +1,4 @@
-// Global gradient norm, clip factor and scaling: docs/numerics/global_norm.md.
+// Global gradient norm, clip factor and scaling: docs/numerics.md (global_norm).
 #include <algorithm>
 #include <cmath>
 #include <vector>

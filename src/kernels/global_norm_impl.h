@@ -1,4 +1,4 @@
-// Private to src/kernels: the global-norm block kernel (docs/numerics/global_norm.md). A block
+// Private to src/kernels: the global-norm block kernel (docs/numerics.md (global_norm)). A block
 // (at most kNormBlock elements) is summed in kReductionLanes fp64 lanes; the kernel only
 // accumulates into the lanes, and the public entry folds them and adds the block sums in order.
 // ref:: is normative; simd:: runs the active Highway target and must match it bit for bit.

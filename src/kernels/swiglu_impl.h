@@ -1,5 +1,5 @@
 // Private to src/kernels: the SwiGLU kernels behind SwigluForward / SwigluBackward
-// (docs/numerics/swiglu.md). Each kernel handles n consecutive elements of one row and never
+// (docs/numerics.md (swiglu)). Each kernel handles n consecutive elements of one row and never
 // looks at the thread count: the public entry splits rows across threads. ref:: is normative;
 // simd:: runs the active Highway target and must match it bit for bit.
 #pragma once

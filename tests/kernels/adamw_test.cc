@@ -1,5 +1,5 @@
 // AdamW: bitwise invariance over 25 steps, fp64 accuracy, special values and argument errors
-// (docs/numerics/adamw.md).
+// (docs/numerics.md (adamw)).
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -14,16 +14,6 @@ namespace {
 
 const float kInf = std::numeric_limits<float>::infinity();
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-// Candidate for harness.h (tests/kernels/attention_test.cc has the same helper).
-void ExpectError(const std::function<void()>& call, std::initializer_list<const char*> words) {
-  try {
-    call();
-    ADD_FAILURE() << "no lockstep::Error thrown";
-  } catch (const Error& e) {
-    for (const char* w : words) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
-  }
-}
 
 const rk::AdamWParams kParams{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                               .weight_decay = 0.1f, .step = 1};

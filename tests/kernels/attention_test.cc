@@ -13,6 +13,7 @@
 namespace lockstep {
 namespace {
 
+using test::ExpectError;
 using rk::AttentionShape;
 
 AttentionShape Shape(int64_t batch, int64_t seq, int64_t q_heads, int64_t kv_heads,
@@ -279,19 +280,6 @@ TEST(Attention, NonFiniteValuesReachOnlyTheRowsThatSeeThem) {
     }
   }
   rk::SetIsa(rk::IsaByName("best"));
-}
-
-// ---- argument errors ------------------------------------------------------------------------
-void ExpectError(const std::function<void()>& call, std::initializer_list<const char*> words) {
-  try {
-    call();
-    ADD_FAILURE() << "no lockstep::Error thrown";
-  } catch (const Error& e) {
-    for (const char* w : words) {
-      EXPECT_NE(std::string(e.what()).find(w), std::string::npos)
-          << "message '" << e.what() << "' lacks '" << w << "'";
-    }
-  }
 }
 
 TEST(Attention, RejectsBadArguments) {

@@ -1,6 +1,6 @@
 // Fused output head + cross-entropy + z-loss: bitwise invariance, independence from the vocab
 // chunk, fp64 accuracy, finite-difference gradients wrt h and w (z-loss included), special
-// values and argument errors (docs/numerics/cross_entropy.md).
+// values and argument errors (docs/numerics.md (cross_entropy)).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -15,16 +15,6 @@ namespace lockstep::test {
 namespace {
 
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-// Candidate for harness.h (tests/kernels/attention_test.cc has the same helper).
-void ExpectError(const std::function<void()>& call, std::initializer_list<const char*> words) {
-  try {
-    call();
-    ADD_FAILURE() << "no lockstep::Error thrown";
-  } catch (const Error& e) {
-    for (const char* w : words) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
-  }
-}
 
 struct Problem {
   rk::CrossEntropyShape s;

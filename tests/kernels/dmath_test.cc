@@ -1,7 +1,7 @@
 // Accuracy and special values of lockstep::dmath, measured against MPFR.
 //
 // DmathAccuracy.UlpTableAgainstMpfr prints one line per function (the table quoted in
-// docs/numerics/dmath.md): the sampled domain, the number of samples, the largest error in fp32
+// docs/numerics.md (dmath)): the sampled domain, the number of samples, the largest error in fp32
 // ulps and the input where it occurred. Errors are measured against the exact value rounded to
 // kRefBits bits; the ulp of a real r is that of the fp32 binade holding |r| (2^(e-23) for |r| in
 // [2^e, 2^(e+1))), never below the subnormal spacing 2^-149. All samples are deterministic.
@@ -216,7 +216,7 @@ Row MeasurePow() {
   return row;
 }
 
-// Documented bounds (docs/numerics/dmath.md). SLEEF's u10 functions are specified to 1.0 ulp.
+// Documented bounds (docs/numerics.md (dmath)). SLEEF's u10 functions are specified to 1.0 ulp.
 constexpr double kSleefU10Bound = 1.0;
 constexpr double kSqrtBound = 0.5;     // correctly rounded
 // Two correctly rounded operations: the sqrt's rounding (relative error up to 2^-24) is a full

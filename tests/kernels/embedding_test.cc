@@ -1,5 +1,5 @@
 // Embedding: bitwise invariance, exact gather and in-order scatter-add, special values and
-// argument errors (docs/numerics/embedding.md).
+// argument errors (docs/numerics.md (embedding)).
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -11,16 +11,6 @@
 
 namespace lockstep::test {
 namespace {
-
-// Candidate for harness.h (tests/kernels/attention_test.cc has the same helper).
-void ExpectError(const std::function<void()>& call, std::initializer_list<const char*> words) {
-  try {
-    call();
-    ADD_FAILURE() << "no lockstep::Error thrown";
-  } catch (const Error& e) {
-    for (const char* w : words) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
-  }
-}
 
 TEST(Embedding, BitwiseInvariant) {
   for (int64_t d : kAwkwardSizes) {

@@ -1,5 +1,5 @@
 // Global norm, clip factor and Scale: bitwise invariance, fp64 accuracy, exact cases, special
-// values and argument errors (docs/numerics/global_norm.md).
+// values and argument errors (docs/numerics.md (global_norm)).
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -14,16 +14,6 @@ namespace {
 
 const float kInf = std::numeric_limits<float>::infinity();
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-// Candidate for harness.h (tests/kernels/attention_test.cc has the same helper).
-void ExpectError(const std::function<void()>& call, std::initializer_list<const char*> words) {
-  try {
-    call();
-    ADD_FAILURE() << "no lockstep::Error thrown";
-  } catch (const Error& e) {
-    for (const char* w : words) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
-  }
-}
 
 float Norm(const std::vector<std::vector<float>>& tensors) {
   std::vector<std::span<const float>> views(tensors.begin(), tensors.end());

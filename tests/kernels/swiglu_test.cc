@@ -1,5 +1,5 @@
 // SwiGLU: bitwise invariance, fp64 accuracy, finite-difference gradients, special values and
-// argument errors (docs/numerics/swiglu.md).
+// argument errors (docs/numerics.md (swiglu)).
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -90,16 +90,6 @@ TEST(Swiglu, SpecialValues) {
     EXPECT_EQ(dh[0], 0.5f) << isa.name << ": d silu / dg at 0 is 1/2";
   }
   rk::SetIsa(rk::IsaByName("best"));
-}
-
-// Candidate for harness.h (tests/kernels/attention_test.cc has the same helper).
-void ExpectError(const std::function<void()>& call, std::initializer_list<const char*> words) {
-  try {
-    call();
-    ADD_FAILURE() << "no lockstep::Error thrown";
-  } catch (const Error& e) {
-    for (const char* w : words) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
-  }
 }
 
 TEST(Swiglu, RejectsBadArguments) {

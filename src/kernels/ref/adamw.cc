@@ -1,4 +1,4 @@
-// Scalar reference (normative) of AdamW with decoupled weight decay: docs/numerics/adamw.md.
+// Scalar reference (normative) of AdamW with decoupled weight decay: docs/numerics.md (adamw).
 #include <cmath>
 
 #include "kernels/adamw_impl.h"

@@ -1,4 +1,4 @@
-// Scalar reference of causal grouped-query attention: normative. docs/numerics/attention.md
+// Scalar reference of causal grouped-query attention: normative. docs/numerics.md (attention)
 // states the same order in words; the SIMD variant must give these bits exactly.
 //
 // Every reduction is a sequential fused multiply-add chain from +0 in increasing index order;

@@ -1,5 +1,5 @@
 // Scalar reference (normative) of the cross-entropy element kernels:
-// docs/numerics/cross_entropy.md.
+// docs/numerics.md (cross_entropy).
 #include "kernels/cross_entropy_impl.h"
 
 namespace lockstep::rk::ref {

@@ -1,4 +1,4 @@
-// Embedding gather and its gradient scatter-add: docs/numerics/embedding.md.
+// Embedding gather and its gradient scatter-add: docs/numerics.md (embedding).
 #include <algorithm>
 
 #include "kernels/embedding_impl.h"

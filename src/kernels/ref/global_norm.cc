@@ -1,4 +1,4 @@
-// Scalar reference (normative) of the global-norm lanes: docs/numerics/global_norm.md.
+// Scalar reference (normative) of the global-norm lanes: docs/numerics.md (global_norm).
 #include <cmath>
 
 #include "kernels/global_norm_impl.h"

@@ -1,4 +1,4 @@
-// Scalar reference (normative) of SwiGLU: docs/numerics/swiglu.md.
+// Scalar reference (normative) of SwiGLU: docs/numerics.md (swiglu).
 #include <cmath>
 
 #include "kernels/swiglu_impl.h"

@@ -11,6 +11,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 #include <hwy/aligned_allocator.h>
+#include <hwy/cache_control.h>
 
 #include <algorithm>
 
@@ -24,16 +25,17 @@ namespace hn = hwy::HWY_NAMESPACE;
 constexpr int64_t kMr = 6;                // microkernel rows
 constexpr int64_t kKc = kGemmKChunk;      // the contract's chunk is the K block
 constexpr int64_t kMc = 16 * kMr;         // rows of A per task (L2-resident)
-constexpr int64_t kNc = 4096;             // columns of B packed per panel (L3-resident)
-constexpr int64_t kColumnGroup = 256;     // columns of the panel handled per task
+constexpr int64_t kNc = 8192;             // columns of B packed per panel (L3-resident)
+constexpr int64_t kColumnGroup = 512;     // columns of the panel handled per task
 
 // Packs rows [i0, i0+mr) x reduced [r0, r0+kc) of A into ap[p*kMr + i], zero-padding rows.
 void PackA(const GemmArgs& g, int64_t i0, int64_t mr, int64_t r0, int64_t kc, float* ap) {
   if (mr < kMr) std::fill(ap, ap + kc * kMr, 0.0f);
-  if (g.a_cs == 1) {
-    for (int64_t i = 0; i < mr; ++i) {
-      const float* src = g.a + (i0 + i) * g.a_rs + r0;
-      for (int64_t p = 0; p < kc; ++p) ap[p * kMr + i] = src[p];
+  if (g.a_cs == 1) {  // rows contiguous: walk the mr rows side by side, writing sequentially
+    const float* src[kMr];
+    for (int64_t i = 0; i < mr; ++i) src[i] = g.a + (i0 + i) * g.a_rs + r0;
+    for (int64_t p = 0; p < kc; ++p) {
+      for (int64_t i = 0; i < mr; ++i) ap[p * kMr + i] = src[i][p];
     }
   } else {
     for (int64_t p = 0; p < kc; ++p) {
@@ -66,6 +68,12 @@ HWY_INLINE void Microkernel(D d, const float* HWY_RESTRICT ap, const float* HWY_
                             int64_t kc, float* HWY_RESTRICT c, int64_t ldc, bool add) {
   using V = hn::Vec<D>;
   const size_t L = hn::Lanes(d);
+  // The C tile is read back only after kc steps: start fetching it now (it is usually not in
+  // cache, since the contract's chunk of 256 makes C round trips frequent).
+  for (int64_t i = 0; i < kMr; ++i) {
+    hwy::Prefetch(c + i * ldc);
+    hwy::Prefetch(c + i * ldc + 2 * L - 1);
+  }
   V c00 = hn::Zero(d), c01 = hn::Zero(d), c10 = hn::Zero(d), c11 = hn::Zero(d);
   V c20 = hn::Zero(d), c21 = hn::Zero(d), c30 = hn::Zero(d), c31 = hn::Zero(d);
   V c40 = hn::Zero(d), c41 = hn::Zero(d), c50 = hn::Zero(d), c51 = hn::Zero(d);
