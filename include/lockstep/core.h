@@ -3,10 +3,15 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <cstdint>
+#include <filesystem>
+#include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
+#include <vector>
 
 namespace lockstep {
 
@@ -46,5 +51,46 @@ void RequireIeeeFloatingPoint();
 
 // Describes the floating-point control state, e.g. "MXCSR=0x1f80 (FTZ off, DAZ off, RN)".
 std::string DescribeFloatingPointState();
+
+// ---- Philox4x32-10 (Salmon et al., SC'11; the Random123 definition) ------------------------
+using PhiloxCounter = std::array<uint32_t, 4>;
+using PhiloxKey = std::array<uint32_t, 2>;
+// The 10-round Philox4x32 bijection of `counter` under `key`.
+PhiloxCounter Philox4x32(PhiloxCounter counter, PhiloxKey key);
+// The key of a 64-bit seed: {low 32 bits, high 32 bits}.
+PhiloxKey PhiloxKeyFromSeed(uint64_t seed);
+
+// ---- hashing: BLAKE2b-256 (libsodium's crypto_generichash, 32-byte output, no key) -----------
+using Digest = std::array<uint8_t, 32>;
+class Blake2b {
+ public:
+  Blake2b();
+  Blake2b& Update(std::span<const uint8_t> bytes);
+  Blake2b& Update(std::string_view text);
+  Blake2b& Update(std::span<const float> values);  // the little-endian IEEE bytes
+  Blake2b& UpdateU64(uint64_t value);              // 8 bytes little-endian
+  Blake2b& UpdateU32(uint32_t value);              // 4 bytes little-endian
+  Digest Final();
+
+ private:
+  alignas(64) std::array<uint8_t, 384> state_;  // crypto_generichash_state (opaque)
+  bool finalized_ = false;
+};
+Digest Blake2b256(std::span<const uint8_t> bytes);
+// SHA-256 (libsodium's crypto_hash_sha256), for kit manifests that tools like sha256sum check.
+Digest Sha256(std::span<const uint8_t> bytes);
+std::string ToHex(std::span<const uint8_t> bytes);
+// Parses exactly 64 lowercase hex digits; fails naming `what` and the offending text otherwise.
+Digest DigestFromHex(std::string_view hex, std::string_view what);
+
+// ---- files ----------------------------------------------------------------------------------
+// Whole-file read; fails naming the path and the OS error.
+std::vector<uint8_t> ReadFileBytes(const std::filesystem::path& path);
+std::string ReadFileText(const std::filesystem::path& path);
+// Writes the file and fsyncs it (not its directory). Fails naming the path.
+void WriteFileSynced(const std::filesystem::path& path, std::span<const uint8_t> bytes);
+void WriteFileSynced(const std::filesystem::path& path, std::string_view text);
+// fsync of a directory, so that renames and creations inside it are durable.
+void SyncDirectory(const std::filesystem::path& dir);
 
 }  // namespace lockstep

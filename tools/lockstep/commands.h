@@ -1,11 +1,17 @@
-// The subcommands of the lockstep binary, one .cc file each.
+// The subcommands of the lockstep binary, one .cc file each. Each Add*Command registers its
+// subcommand(s) on the app; when one is chosen, its final callback runs it and stores the
+// process exit code (0 success, 1 a negative verdict such as a mismatch, 2 usage or input
+// errors). lockstep::Error escaping a command is reported by main() with exit code 2.
 #pragma once
+
+#include <CLI/CLI.hpp>
 
 namespace lockstep::cli {
 
-struct SelftestOptions {
-  bool verbose = false;
-};
-int RunSelftest(const SelftestOptions& options);
+void AddSelftestCommand(CLI::App& app, int* exit_code);  // selftest.cc
+void AddDataCommands(CLI::App& app, int* exit_code);     // data.cc: data synth|tokenize|inspect
+void AddModelCommands(CLI::App& app, int* exit_code);    // model.cc: model describe
+void AddTrainCommand(CLI::App& app, int* exit_code);     // train.cc
+void AddForwardCommand(CLI::App& app, int* exit_code);   // forward.cc
 
 }  // namespace lockstep::cli

@@ -33,27 +33,27 @@ int Run(int argc, char** argv) {
   app.require_subcommand(0, 1);
   bool version = false;
   app.add_flag("--version", version, "print version, commit, compiler, contract and SIMD variants");
-
-  SelftestOptions selftest;
-  CLI::App* st = app.add_subcommand(
-      "selftest",
-      "run every kernel on fixed inputs with every usable SIMD variant and the scalar reference "
-      "at 1, 2, 3, 4 and 7 threads; exit 0 only if every result equals the reference bit for bit");
-  st->add_flag("--verbose", selftest.verbose, "print one row per op, variant and thread count");
-
+  int exit_code = 0;
+  AddSelftestCommand(app, &exit_code);
+  AddDataCommands(app, &exit_code);
+  AddModelCommands(app, &exit_code);
+  AddTrainCommand(app, &exit_code);
+  AddForwardCommand(app, &exit_code);
+  RequireIeeeFloatingPoint();  // the contract needs IEEE subnormals: before any command runs
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-  RequireIeeeFloatingPoint();
   if (version) {
     PrintVersion();
     return 0;
   }
-  if (st->parsed()) return RunSelftest(selftest);
-  fmt::print("{}", app.help());
-  return 2;
+  if (app.get_subcommands().empty()) {
+    fmt::print("{}", app.help());
+    return 2;
+  }
+  return exit_code;
 }
 
 }  // namespace

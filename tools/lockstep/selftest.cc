@@ -2,6 +2,8 @@
 // compared bit for bit with the scalar reference at one thread.
 #include <fmt/format.h>
 
+#include <memory>
+
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -174,7 +176,9 @@ std::vector<Case> Cases() {
   return cases;
 }
 
-}  // namespace
+struct SelftestOptions {
+  bool verbose = false;
+};
 
 int RunSelftest(const SelftestOptions& options) {
   const std::vector<rk::Isa> usable = rk::UsableIsas();
@@ -208,6 +212,18 @@ int RunSelftest(const SelftestOptions& options) {
   fmt::print("\n{} ops, {} mismatching: {}\n", Cases().size(), failures,
              failures == 0 ? "every result is bit-identical to the reference" : "FAILED");
   return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+void AddSelftestCommand(CLI::App& app, int* exit_code) {
+  auto options = std::make_shared<SelftestOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "selftest",
+      "run every kernel on fixed inputs with every usable SIMD variant and the scalar reference "
+      "at 1, 2, 3, 4 and 7 threads; exit 0 only if every result equals the reference bit for bit");
+  cmd->add_flag("--verbose", options->verbose, "name the first differing element of a mismatch");
+  cmd->final_callback([options, exit_code] { *exit_code = RunSelftest(*options); });
 }
 
 }  // namespace lockstep::cli

@@ -1,0 +1,169 @@
+// lockstep data: corpus -> token shards (+ manifest with digests) -> the canonical stream.
+//
+// Formats: docs/formats/shards.md (files) and docs/formats/stream.md (shuffle, packing and
+// windows). Everything here is a pure function of its inputs: the stream's window i depends on
+// (seed, manifest, seq_len, i) only, never on how many threads or processes read it.
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lockstep/core.h"
+
+namespace lockstep::data {
+
+// ---- tokenizer: byte level ------------------------------------------------------------------
+// Token id b (0..255) is the byte b; kEodToken ends every document in the stream. The .bin
+// files hold byte tokens only: documents are separated by the .idx offsets, not by kEodToken.
+inline constexpr uint32_t kEodToken = 256;
+inline constexpr uint32_t kByteVocab = 257;
+
+// Fails naming `what` and the byte offset of the first malformed sequence (overlong forms,
+// surrogates and code points above U+10FFFF are malformed, as in RFC 3629).
+void ValidateUtf8(std::span<const uint8_t> bytes, std::string_view what);
+std::vector<uint32_t> TokenizeBytes(std::span<const uint8_t> bytes);
+// Printable rendering for humans: printable ASCII as is, '\n' and '\t' escaped, other bytes as
+// \xNN, kEodToken as "<eod>".
+std::string DescribeTokens(std::span<const uint32_t> tokens);
+
+// ln(x) for finite x > 0 from IEEE +, -, *, / in a fixed order, so the entropies stored in
+// manifests have the same bits on every machine (libm's log is not correctly rounded).
+double DeterministicLog(double x);
+// Entropy in nats of the distribution given by `counts`, summed in index order.
+double EntropyNats(std::span<const uint64_t> counts);
+
+// ---- shards --------------------------------------------------------------------------------------
+// One manifest "shards" entry.
+struct ShardInfo {
+  std::string bin, idx;  // file names inside the dataset directory
+  uint64_t tokens = 0, documents = 0;
+  Digest bin_blake2b{}, idx_blake2b{};
+};
+
+inline constexpr uint64_t kDefaultShardTokens = uint64_t{64} << 20;  // 64 Mi tokens = 256 MiB
+
+// Writes a dataset into `dir` (created; must not exist or be empty). Documents go into the
+// current shard until the next one would push it past max_shard_tokens; then the shard's .bin
+// and .idx are written (fsynced) and a new shard begins. A document longer than
+// max_shard_tokens is refused. Finish() writes manifest.json last and syncs the directory, so
+// a directory with a manifest is complete.
+class ShardWriter {
+ public:
+  explicit ShardWriter(std::filesystem::path dir, uint64_t max_shard_tokens = kDefaultShardTokens);
+  ShardWriter(const ShardWriter&) = delete;
+  ShardWriter& operator=(const ShardWriter&) = delete;
+
+  // `tokens` must be byte tokens (0..255). Empty documents are allowed.
+  void AddDocument(std::span<const uint32_t> tokens);
+  uint64_t tokens_written() const { return total_tokens_; }
+  // `source` (any JSON object) is stored as the manifest's informational "source" field.
+  void Finish(const nlohmann::ordered_json& source);
+
+ private:
+  void FlushShard();
+
+  std::filesystem::path dir_;
+  uint64_t max_shard_tokens_;
+  std::vector<uint32_t> tokens_;   // current shard
+  std::vector<uint64_t> offsets_;  // current shard's .idx, starting with 0
+  std::vector<ShardInfo> shards_;
+  std::vector<uint64_t> counts_ = std::vector<uint64_t>(kByteVocab);  // of one packed epoch
+  uint64_t total_tokens_ = 0, total_documents_ = 0;
+  bool finished_ = false;
+};
+
+// ---- reading shards --------------------------------------------------------------------------
+// A verified dataset, held in memory (the corpora lockstep trains on here are tens of MB).
+class Dataset {
+ public:
+  const std::filesystem::path& dir() const { return dir_; }
+  const std::vector<ShardInfo>& shards() const { return shards_; }
+  uint64_t total_tokens() const { return tokens_.size(); }
+  uint64_t num_documents() const { return doc_starts_.size() - 1; }
+  // Document d, counting over all shards in manifest order.
+  std::span<const uint32_t> Document(uint64_t d) const;
+  // Informational: the unigram entropy (nats) of one packed epoch, as stored in the manifest.
+  double unigram_entropy_nats() const { return unigram_entropy_nats_; }
+  // Informational: the manifest's "source" object (how the corpus was made), as compact JSON.
+  const std::string& source() const { return source_; }
+  // The BLAKE2b-256 of manifest.json's bytes: it pins every shard through their digests.
+  const Digest& manifest_digest() const { return manifest_digest_; }
+
+ private:
+  friend Dataset OpenDataset(const std::filesystem::path& dir);
+  std::filesystem::path dir_;
+  std::vector<ShardInfo> shards_;
+  std::vector<uint32_t> tokens_;       // all shards concatenated
+  std::vector<uint64_t> doc_starts_;   // global, num_documents + 1 entries
+  double unigram_entropy_nats_ = 0;
+  std::string source_ = "{}";
+  Digest manifest_digest_{};
+};
+
+// Loads DIR/manifest.json, validates every field, checks every file's size and BLAKE2b digest
+// and every .idx against its .bin and the manifest. Fails naming the file, the field and the
+// value (for a digest mismatch: the shard file, the manifest's digest and the actual one).
+Dataset OpenDataset(const std::filesystem::path& dir);
+inline Digest ManifestDigest(const Dataset& dataset) { return dataset.manifest_digest(); }
+
+// ---- building corpora ------------------------------------------------------------------------
+inline constexpr uint64_t kDefaultSynthTokens = 4'000'000;
+// Called now and then with (tokens done, tokens total) during long work.
+using Progress = std::function<void(uint64_t done, uint64_t total)>;
+
+// A synthetic corpus of exactly `tokens` byte tokens, a pure function of (seed, tokens): a
+// seeded lexicon of made-up words with Zipfian frequencies in word classes, sentences from a
+// small grammar with noun -> verb preferences, in lowercase ASCII. Generated with Philox only.
+void WriteSynthCorpus(const std::filesystem::path& out, uint64_t seed, uint64_t tokens,
+                      const Progress& progress = {},
+                      uint64_t max_shard_tokens = kDefaultShardTokens);
+
+// Each input file becomes one document (its exact bytes, so decoding gives the file back).
+// Files must be valid UTF-8; an empty file is an empty document.
+void TokenizeFiles(std::span<const std::filesystem::path> inputs, const std::filesystem::path& out,
+                   uint64_t max_shard_tokens = kDefaultShardTokens);
+
+// ---- the canonical stream (docs/formats/stream.md) ---------------------------------------------
+// Epoch e is every document exactly once, in the order of a Fisher-Yates shuffle driven by
+// Philox keyed from `seed`, each followed by kEodToken; epochs follow one another without end.
+// Window i is the seq_len + 1 tokens at positions [i * seq_len, i * seq_len + seq_len + 1):
+// inputs are its first seq_len tokens, targets its last seq_len, and consecutive windows share
+// one token. The dataset must outlive the stream. Window() is safe to call from many threads.
+class TokenStream {
+ public:
+  TokenStream(const Dataset& dataset, uint64_t seed, uint32_t seq_len);
+  ~TokenStream();
+
+  uint32_t seq_len() const { return seq_len_; }
+  uint64_t seed() const { return seed_; }
+  // Tokens in one packed epoch: total tokens + one kEodToken per document.
+  uint64_t epoch_tokens() const { return epoch_tokens_; }
+  // Writes window i into out (out.size() must be seq_len + 1). O(log documents) per epoch
+  // touched, plus one O(documents) shuffle per epoch not among the two most recently used.
+  void Window(uint64_t i, std::span<uint32_t> out) const;
+  // The shuffled document order of epoch e (global document indices).
+  std::vector<uint32_t> EpochOrder(uint64_t epoch) const;
+
+ private:
+  struct Epoch;
+  std::shared_ptr<const Epoch> GetEpoch(uint64_t epoch) const;
+
+  const Dataset& dataset_;
+  uint64_t seed_;
+  uint32_t seq_len_;
+  uint64_t epoch_tokens_;
+  mutable std::mutex cache_mutex_;
+  mutable std::vector<std::shared_ptr<const Epoch>> cache_;  // most recently used first
+};
+
+}  // namespace lockstep::data

@@ -1,0 +1,198 @@
+// lockstep model: run configs, parameters, initialisation and the forward/backward of a
+// Llama-3-style decoder, written as plain orchestration over the kernel library ("rk").
+//
+// docs/model.md gives the architecture, the canonical parameter order and names, the exact
+// initialisation and the order in which kernels are called. Every result is a pure function of
+// the inputs (docs/numerics.md): never of the thread count or the SIMD variant.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <new>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lockstep/kernels.h"
+
+namespace lockstep {
+
+// ---- configs --------------------------------------------------------------------------------
+// Real-valued fields keep the decimal value read from YAML (so the run descriptor shows "0.02",
+// not its binary32 neighbour); they are rounded to binary32 where the arithmetic uses them.
+struct ModelConfig {
+  int64_t vocab = 0, d_model = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  int64_t ffn_hidden = 0, seq_len = 0;
+  int64_t window = 0;                // sliding-window width; 0: every layer attends fully
+  int64_t full_attention_every = 1;  // k: see LayerWindow
+  double rope_theta = 0, norm_eps = 0;
+  bool embedding_norm = false;  // RMSNorm (with gain) on the embedding output
+  bool qk_norm = false;         // gain-free RMSNorm of every q and k head vector before RoPE
+  double z_loss = 0;            // coefficient of lse²
+  double init_std = 0.02;
+};
+
+struct TrainConfig {
+  int64_t microbatch = 0;    // sequences per microbatch
+  int64_t microbatches = 0;  // microbatches per step (M)
+  int64_t steps = 0;         // default total number of steps
+  double lr = 0, min_lr = 0;
+  int64_t warmup_steps = 0;
+  std::string schedule;  // "cosine" | "wsd"
+  double wsd_decay_fraction = 0;
+  double beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
+  double clip_norm = 0;           // 0: no clipping
+  double spike_threshold = 0;     // grad norm above which the update is skipped
+  int64_t spike_max_skips = 0;    // K: halt after K skips ...
+  int64_t spike_window = 0;       // ... within this many steps
+  int64_t ckpt_every = 0;         // 0: checkpoint only at the end
+  uint64_t seed = 0;              // initialisation
+  uint64_t data_seed = 0;         // data stream
+  int64_t vocab_chunk = 0;        // fused cross-entropy chunk (a positive multiple of 256)
+};
+
+struct RunConfig {
+  std::string name;
+  ModelConfig model;
+  TrainConfig train;
+};
+
+// `name_or_path`: an embedded config name (EmbeddedConfigNames()) or a path to a .yaml file.
+// Every key is required and no other key is allowed. Fails (Error) naming the file or embedded
+// config, the field path (e.g. "train.beta2") and the offending value.
+RunConfig LoadRunConfig(const std::string& name_or_path);
+// The same from YAML text; `source` names it in errors.
+RunConfig ParseRunConfig(std::string_view yaml, const std::string& source);
+std::vector<std::string> EmbeddedConfigNames();
+
+// The canonical run descriptor: compact JSON with sorted keys holding the resolved config
+// ("name", "model", "train"), "contract_version" and "format_versions".
+std::string DescriptorJson(const RunConfig& config);
+
+// The attention window of layer l (0-based): 0 (full causal attention) when config.window == 0,
+// when (l + 1) % full_attention_every == 0, and on the last layer; config.window otherwise.
+int64_t LayerWindow(const ModelConfig& config, int64_t layer);
+
+// ---- parameters -----------------------------------------------------------------------------
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool weight_decay = false;  // AdamW decays it: the linear layers' matrices and output.weight
+  bool is_matrix = false;     // 2-D: initialised from the truncated normal (else: ones)
+  int64_t numel() const;
+};
+
+// The canonical order (docs/model.md): tok_embeddings.weight, [emb_norm.weight], per layer l:
+// layers.l.{attn_norm, attn.wq, attn.wk, attn.wv, attn.wo, ffn_norm, ffn.w_gate_up,
+// ffn.w_down}.weight, then final_norm.weight, output.weight.
+std::vector<ParamSpec> ParameterSpecs(const ModelConfig& config);
+
+// Allocates buffers whose start is 64-byte aligned.
+template <typename T>
+struct CacheLineAllocator {
+  using value_type = T;
+  static constexpr std::align_val_t kAlignment{64};
+  CacheLineAllocator() = default;
+  template <typename U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlignment)); }
+  void deallocate(T* p, size_t) { ::operator delete(p, kAlignment); }
+  template <typename U>
+  bool operator==(const CacheLineAllocator<U>&) const { return true; }
+};
+
+// One contiguous fp32 buffer holding every tensor of `specs`, each starting at a 64-byte
+// aligned offset; the padding between tensors is zero. Used for the parameters, the gradients
+// and both AdamW moments. Starts zeroed.
+class ParamStore {
+ public:
+  explicit ParamStore(std::vector<ParamSpec> specs);
+
+  size_t size() const { return specs_.size(); }
+  const ParamSpec& Spec(size_t i) const { return specs_.at(i); }
+  const std::vector<ParamSpec>& Specs() const { return specs_; }
+  std::span<float> Tensor(size_t i);
+  std::span<const float> Tensor(size_t i) const;
+  int64_t Offset(size_t i) const { return offsets_.at(i); }  // in floats
+  // Index of the tensor called `name`; fails naming it when there is none.
+  size_t Find(std::string_view name) const;
+  // The whole buffer, padding included.
+  std::span<float> Flat() { return data_; }
+  std::span<const float> Flat() const { return data_; }
+  int64_t NumParameters() const;  // sum of the tensors' element counts (no padding)
+  void Zero();
+
+ private:
+  std::vector<ParamSpec> specs_;
+  std::vector<int64_t> offsets_;
+  std::vector<float, CacheLineAllocator<float>> data_;
+};
+
+// Truncated-normal initialisation of every matrix (std = init_std, bounds ±2 std) and ones for
+// every norm gain, from one Philox4x32-10 stream keyed by PhiloxKeyFromSeed(seed); the exact
+// definition is in docs/model.md. Generated tensor by tensor; the bits do not depend on the
+// thread count. Returns the number of draws used (the stream's next draw index).
+int64_t InitParameters(const ModelConfig& config, uint64_t seed, ParamStore& params);
+
+// ---- forward / backward -----------------------------------------------------------------------
+struct LossSums {
+  float loss = 0;   // Σ over rows of the cross-entropy (rk::RowSum lane rule, fp32)
+  float zloss = 0;  // Σ over rows of z_loss · lse²
+};
+
+// The activations of one (batch, seq) shape, planned once in a single arena, and the kernels'
+// orchestration. tokens is [batch, seq + 1] row-major: row b's inputs are its first seq ids,
+// its targets the last seq. seq may be shorter than config.seq_len (never longer).
+class Model {
+ public:
+  Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int64_t seq);
+
+  int64_t batch() const { return batch_; }
+  int64_t seq() const { return seq_; }
+
+  // Runs the forward pass and keeps the activations for Backward.
+  LossSums Forward(const ParamStore& params, std::span<const uint32_t> tokens);
+  // Gradient of grad_scale · Σ_rows (loss + zloss) for the tokens of the last Forward (the same
+  // params). accumulate = false overwrites every tensor of grads; accumulate = true adds this
+  // microbatch's gradient to it as docs/model.md defines ("Gradient accumulation").
+  void Backward(const ParamStore& params, float grad_scale, bool accumulate, ParamStore& grads);
+  LossSums ForwardBackward(const ParamStore& params, std::span<const uint32_t> tokens,
+                           float grad_scale, bool accumulate, ParamStore& grads);
+
+  // After Forward: per-row results [batch * seq] and the logits [batch * seq, vocab]
+  // (one GemmXWt of the final hidden state with output.weight: the logits the loss used).
+  std::span<const float> RowLoss() const;
+  std::span<const float> RowZLoss() const;
+  void Logits(const ParamStore& params, std::span<float> logits) const;
+
+ private:
+  struct Span {
+    int64_t offset = 0, size = 0;
+  };
+  struct LayerActivations {
+    Span x_in, attn_rstd, h, q_raw, q_rstd, k_raw, k_rstd, q, k, v, attn, attn_lse;
+    Span x_mid, ffn_rstd, h2, gu, act;
+  };
+  std::span<float> A(Span s) { return {arena_.data() + s.offset, static_cast<size_t>(s.size)}; }
+  std::span<const float> A(Span s) const {
+    return {arena_.data() + s.offset, static_cast<size_t>(s.size)};
+  }
+  void CheckParams(const ParamStore& params, const char* what) const;
+  rk::AttentionShape AttentionShape(int64_t layer) const;
+  rk::CrossEntropyShape CrossEntropyShape() const;
+
+  ModelConfig config_;
+  int64_t vocab_chunk_, batch_, seq_, rows_;
+  std::vector<ParamSpec> specs_;
+  rk::RopeTable rope_;
+  std::vector<LayerActivations> layers_;
+  Span emb_, emb_rstd_, x_final_, final_rstd_, xf_, loss_, zloss_, lse_;
+  // Backward scratch.
+  Span dx_, dh_, dq_, dk_, dv_, dattn_, dgu_, dact_, dgain_;
+  std::vector<float> arena_;
+  std::vector<uint32_t> inputs_, targets_;
+  bool have_forward_ = false;
+};
+
+}  // namespace lockstep

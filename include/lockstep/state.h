@@ -1,0 +1,172 @@
+// lockstep state: safetensors files, the chained state hash, checkpoints and the state-hash log.
+// No compute lives here (the layer never includes kernels.h): verifying a checkpoint or a chain
+// needs nothing but these formats. Byte layouts: docs/formats/state-hash.md and
+// docs/formats/checkpoint.md.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "lockstep/core.h"
+
+namespace lockstep {
+
+// ---- safetensors (Hugging Face format, F32 only) ---------------------------------------------
+struct NamedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::span<const float> data;
+};
+
+// Writes `tensors` (data laid out in the given order) and `metadata` (the "__metadata__" entry,
+// omitted when empty) and fsyncs the file. The bytes are a pure function of the arguments.
+// Fails on duplicate, empty or reserved names and on a data size that does not match the shape.
+void WriteSafetensors(const std::filesystem::path& path, std::span<const NamedTensor> tensors,
+                      const std::map<std::string, std::string>& metadata);
+// The exact bytes WriteSafetensors writes.
+std::vector<uint8_t> SafetensorsBytes(std::span<const NamedTensor> tensors,
+                                      const std::map<std::string, std::string>& metadata);
+
+// A validated safetensors file held in memory. Move-only: the tensors' spans point into it.
+class SafetensorsFile {
+ public:
+  SafetensorsFile(SafetensorsFile&&) = default;
+  SafetensorsFile& operator=(SafetensorsFile&&) = default;
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  // In file order (ascending data offsets), which is the order they were written in.
+  const std::vector<NamedTensor>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Fails naming the file and the tensor when there is no tensor of that name.
+  const NamedTensor& Get(std::string_view name) const;
+
+ private:
+  friend SafetensorsFile ParseSafetensors(std::vector<uint8_t>, const std::filesystem::path&);
+  SafetensorsFile() = default;
+
+  std::filesystem::path path_;
+  std::vector<uint8_t> bytes_;
+  std::vector<NamedTensor> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Reads and validates a file: header length within the file, JSON without duplicate keys,
+// dtype F32 only, shape × 4 == data size, offsets contiguous and covering the data exactly.
+// Every error names the file and the problem (tensor, field, value).
+SafetensorsFile ReadSafetensors(const std::filesystem::path& path);
+// The same on bytes already in memory; `path` only names the source in errors.
+SafetensorsFile ParseSafetensors(std::vector<uint8_t> bytes, const std::filesystem::path& path);
+
+// ---- the state a training step leaves behind -------------------------------------------------
+struct SpikeState {
+  uint64_t total_skips = 0;
+  std::vector<uint64_t> recent_skips;  // steps (1-based) of skips still inside the window
+};
+
+struct StepState {
+  uint64_t step = 0;            // completed optimizer steps of the run (0 = init)
+  uint64_t optimizer_step = 0;  // AdamW updates applied (skipped steps don't count)
+  float lr = 0, grad_norm = 0, clip_factor = 1;  // hashed as their IEEE bits
+  bool skipped = false;
+  Digest tokens_digest{};  // BLAKE2b of the exact token windows this step consumed (zeros at init)
+  uint64_t rng_seed = 0, rng_counter = 0;  // the run's Philox stream position
+  uint64_t data_cursor = 0;                // index of the next token window of the canonical stream
+  SpikeState spike;
+  Digest prev_hash{};      // hash of step - 1 (zeros for the init state)
+  std::string descriptor;  // canonical run descriptor JSON, hashed as these exact UTF-8 bytes
+};
+
+// One parameter with its AdamW moments and its post-clip gradient. All four are always present
+// and have the shape's element count (at init m, v and grad are zeros).
+struct TensorState {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::span<const float> param, m, v, grad;
+};
+
+// ---- the chained state hash (docs/formats/state-hash.md) -------------------------------------
+// The per-tensor part of the hash: BLAKE2b-256 of each array's little-endian bytes.
+struct TensorDigest {
+  std::string name;
+  std::vector<int64_t> shape;
+  Digest param{}, m{}, v{}, grad{};
+};
+
+struct StateHash {
+  Digest hash{};
+  // Every digest the hash is made of, in hash order, so a mismatch names its component:
+  // "prev_hash", "scalars", "descriptor", "tokens", "layout", then per tensor
+  // "param:<name>", "m:<name>", "v:<name>", "grad:<name>".
+  std::vector<std::pair<std::string, Digest>> components;
+};
+
+// Fails naming the tensor when an array's size does not match its shape.
+TensorDigest DigestTensor(const TensorState& tensor);
+// The hash from per-tensor digests, so a caller can stream tensors one at a time (RAM ~ one
+// tensor). Fails on empty or duplicate tensor names.
+StateHash StateHashFromDigests(const StepState& state, std::span<const TensorDigest> tensors);
+// DigestTensor on every tensor (in parallel on Threads() threads; the result does not depend
+// on it), then StateHashFromDigests.
+StateHash ComputeStateHash(const StepState& state, std::span<const TensorState> tensors);
+// Names of the components that differ between two hashes, or that only one of them has.
+std::vector<std::string> DifferingComponents(const StateHash& a, const StateHash& b);
+
+// ---- checkpoints (docs/formats/checkpoint.md) ------------------------------------------------
+inline constexpr int kCheckpointFormatVersion = 1;
+
+// `run_dir/checkpoints/step_%09d` for `step`.
+std::filesystem::path CheckpointDir(const std::filesystem::path& run_dir, uint64_t step);
+
+// Writes run_dir/checkpoints/step_%09d/ (model, optimizer and grads safetensors, meta.json with
+// the state hash, COMPLETE last) into a temporary sibling, fsyncs every file, renames it into
+// place and fsyncs the parent. The bytes are a pure function of the arguments. If the final
+// directory exists already it must hold exactly these bytes (a deterministic rewrite is a
+// no-op); otherwise this fails naming the directory. Returns the final directory.
+std::filesystem::path WriteCheckpoint(const std::filesystem::path& run_dir, const StepState& state,
+                                      std::span<const TensorState> tensors);
+
+// A checkpoint read back and checked against its COMPLETE listing. Move-only (spans into files).
+struct Checkpoint {
+  std::filesystem::path dir;
+  StepState state;
+  Digest state_hash{};  // as meta.json records it
+  SafetensorsFile model, optimizer, grads;
+  std::vector<TensorState> tensors;  // in model.safetensors file order, spans into the files
+};
+
+// Refuses a directory without COMPLETE; checks every listed file's size and BLAKE2b; parses
+// meta.json; checks that the three tensor files agree in names and shapes. Does not recompute
+// the state hash (VerifyCheckpointHash does). Errors name the file and the field or digest.
+Checkpoint ReadCheckpoint(const std::filesystem::path& dir);
+// Recomputes the state hash from the checkpoint's contents; fails naming the directory and both
+// hashes when it differs from meta.json's state_hash. Returns the recomputed hash.
+StateHash VerifyCheckpointHash(const Checkpoint& checkpoint);
+// The complete checkpoint (a step_* directory holding COMPLETE) with the highest step, ignoring
+// temporary and incomplete directories. Does not validate its contents.
+std::optional<std::filesystem::path> LatestCompleteCheckpoint(const std::filesystem::path& run_dir);
+
+// ---- state_hashes.jsonl: one {"step": N, "hash": "<64 hex>"} object per line -----------------
+struct StateHashLine {
+  uint64_t step = 0;
+  Digest hash{};
+  bool operator==(const StateHashLine&) const = default;
+};
+// Appends one line and fsyncs the file.
+void AppendStateHashLine(const std::filesystem::path& path, const StateHashLine& line);
+// Replaces the file with `lines` atomically (temp file, fsync, rename): how a resume drops the
+// lines past its checkpoint.
+void WriteStateHashLines(const std::filesystem::path& path, std::span<const StateHashLine> lines);
+// Reads and validates every line (exact keys, 64 lowercase hex, strictly increasing steps);
+// errors name the file and the line number.
+std::vector<StateHashLine> ReadStateHashLines(const std::filesystem::path& path);
+
+}  // namespace lockstep

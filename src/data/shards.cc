@@ -1,0 +1,335 @@
+// Token shards: the .bin/.idx/manifest.json format of docs/formats/shards.md, written by
+// ShardWriter and verified field by field, byte by byte by OpenDataset.
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "lockstep/data.h"
+
+namespace lockstep::data {
+namespace {
+static_assert(std::endian::native == std::endian::little,
+              "shards are little-endian and are read and written by memcpy");
+
+using nlohmann::json;
+using nlohmann::ordered_json;
+
+constexpr std::string_view kManifestName = "manifest.json";
+constexpr std::string_view kFormat = "lockstep-shards";
+constexpr uint64_t kFormatVersion = 1;
+constexpr std::string_view kTokenizer = "bytes+eod";
+// Shuffle draws index documents with 32-bit counters (docs/formats/stream.md).
+constexpr uint64_t kMaxDocuments = uint64_t{1} << 32;
+
+template <typename T>
+std::span<const uint8_t> AsBytes(const std::vector<T>& values) {
+  return {reinterpret_cast<const uint8_t*>(values.data()), values.size() * sizeof(T)};
+}
+
+template <typename T>
+std::vector<T> FromLittleEndian(const std::vector<uint8_t>& bytes) {
+  std::vector<T> values(bytes.size() / sizeof(T));
+  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(T));
+  return values;
+}
+
+// ---- manifest validation: every error names the manifest, the field and the value -------------
+class ManifestFields {
+ public:
+  explicit ManifestFields(std::string file) : file_(std::move(file)) {}
+
+  [[noreturn]] void Bad(std::string_view field, const json& value,
+                        std::string_view expected) const {
+    std::string shown = value.dump();
+    if (shown.size() > 80) shown = shown.substr(0, 77) + "...";
+    Fail("{}: field '{}' is {}, expected {}", file_, field, shown, expected);
+  }
+
+  void RejectUnknown(const json& object, std::string_view prefix,
+                     std::initializer_list<std::string_view> known) const {
+    for (const auto& [key, value] : object.items()) {
+      if (std::find(known.begin(), known.end(), key) == known.end()) {
+        Fail("{}: unknown field '{}{}' in format_version {}", file_, prefix, key, kFormatVersion);
+      }
+    }
+  }
+
+  const json& Get(const json& object, std::string_view prefix, const char* key) const {
+    const auto it = object.find(key);
+    if (it == object.end()) Fail("{}: missing field '{}{}'", file_, prefix, key);
+    return *it;
+  }
+
+  uint64_t Unsigned(const json& object, std::string_view prefix, const char* key) const {
+    const json& v = Get(object, prefix, key);
+    if (!v.is_number_unsigned()) Bad(fmt::format("{}{}", prefix, key), v, "an unsigned integer");
+    return v.get<uint64_t>();
+  }
+
+  std::string String(const json& object, std::string_view prefix, const char* key) const {
+    const json& v = Get(object, prefix, key);
+    if (!v.is_string()) Bad(fmt::format("{}{}", prefix, key), v, "a string");
+    return v.get<std::string>();
+  }
+
+  void Expect(const json& object, const char* key, const json& expected) const {
+    const json& v = Get(object, "", key);
+    if (v != expected) Bad(key, v, expected.dump());
+  }
+
+  // A plain file name inside the dataset directory with the given extension: no directories,
+  // so a manifest cannot make the reader open files elsewhere.
+  std::string FileName(const json& object, std::string_view prefix, const char* key,
+                       std::string_view extension) const {
+    const json& v = Get(object, prefix, key);
+    const std::string name = String(object, prefix, key);
+    if (name.size() <= extension.size() || name.front() == '.' ||
+        name.find_first_of("/\\") != std::string::npos || !name.ends_with(extension)) {
+      Bad(fmt::format("{}{}", prefix, key), v,
+          fmt::format("a file name ending in {} without directories", extension));
+    }
+    return name;
+  }
+
+  Digest DigestField(const json& object, std::string_view prefix, const char* key) const {
+    return DigestFromHex(String(object, prefix, key),
+                         fmt::format("{}: field '{}{}'", file_, prefix, key));
+  }
+
+  const std::string& file() const { return file_; }
+
+ private:
+  std::string file_;
+};
+
+ShardInfo ParseShardEntry(const ManifestFields& m, const json& entry, size_t k) {
+  const std::string prefix = fmt::format("shards[{}].", k);
+  if (!entry.is_object()) m.Bad(fmt::format("shards[{}]", k), entry, "an object");
+  m.RejectUnknown(entry, prefix,
+                  {"bin", "idx", "tokens", "documents", "bin_blake2b", "idx_blake2b"});
+  ShardInfo s;
+  s.bin = m.FileName(entry, prefix, "bin", ".bin");
+  s.idx = m.FileName(entry, prefix, "idx", ".idx");
+  s.tokens = m.Unsigned(entry, prefix, "tokens");
+  s.documents = m.Unsigned(entry, prefix, "documents");
+  if (s.documents >= kMaxDocuments) {
+    m.Bad(prefix + "documents", entry["documents"], fmt::format("fewer than {}", kMaxDocuments));
+  }
+  s.bin_blake2b = m.DigestField(entry, prefix, "bin_blake2b");
+  s.idx_blake2b = m.DigestField(entry, prefix, "idx_blake2b");
+  return s;
+}
+
+// Reads one shard file and checks its size and digest against the manifest.
+std::vector<uint8_t> ReadVerified(const std::filesystem::path& path, uint64_t elements,
+                                  size_t element_size, std::string_view what,
+                                  const Digest& expected, const ManifestFields& m,
+                                  std::string_view field) {
+  std::vector<uint8_t> bytes = ReadFileBytes(path);
+  if (bytes.size() % element_size != 0 || bytes.size() / element_size != elements) {
+    Fail("{}: {} bytes, but {} lists {} {} ({} bytes each): the file is truncated or corrupt",
+         path.string(), bytes.size(), m.file(), elements, what, element_size);
+  }
+  const Digest actual = Blake2b256(bytes);
+  if (actual != expected) {
+    Fail("{}: BLAKE2b-256 mismatch: {} field '{}' expects {}, the file has {}", path.string(),
+         m.file(), field, ToHex(expected), ToHex(actual));
+  }
+  return bytes;
+}
+
+}  // namespace
+
+// ---- writing ------------------------------------------------------------------------------------
+ShardWriter::ShardWriter(std::filesystem::path dir, uint64_t max_shard_tokens)
+    : dir_(std::move(dir)), max_shard_tokens_(max_shard_tokens) {
+  if (max_shard_tokens_ == 0) Fail("{}: max_shard_tokens must be positive", dir_.string());
+  std::error_code ec;
+  if (std::filesystem::exists(dir_, ec)) {
+    if (!std::filesystem::is_directory(dir_, ec) || !std::filesystem::is_empty(dir_, ec)) {
+      Fail("{}: exists and is not an empty directory; shards are written into a new or empty one",
+           dir_.string());
+    }
+  } else if (!std::filesystem::create_directories(dir_, ec)) {
+    Fail("{}: cannot create directory: {}", dir_.string(), ec.message());
+  }
+  offsets_.push_back(0);
+}
+
+void ShardWriter::AddDocument(std::span<const uint32_t> tokens) {
+  if (finished_) Fail("{}: AddDocument after Finish", dir_.string());
+  if (tokens.size() > max_shard_tokens_) {
+    Fail("{}: document {} has {} tokens, more than the {} a shard may hold", dir_.string(),
+         total_documents_, tokens.size(), max_shard_tokens_);
+  }
+  if (total_documents_ + 1 >= kMaxDocuments) {
+    Fail("{}: more than {} documents", dir_.string(), kMaxDocuments - 1);
+  }
+  for (size_t j = 0; j < tokens.size(); ++j) {
+    if (tokens[j] > 0xFF) {
+      Fail("{}: document {} token {} is {}; shards hold byte tokens 0..255 only", dir_.string(),
+           total_documents_, j, tokens[j]);
+    }
+  }
+  if (tokens_.size() + tokens.size() > max_shard_tokens_) FlushShard();
+  tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+  offsets_.push_back(tokens_.size());
+  for (uint32_t t : tokens) ++counts_[t];
+  ++counts_[kEodToken];  // the stream follows every document with kEodToken
+  total_tokens_ += tokens.size();
+  ++total_documents_;
+}
+
+void ShardWriter::FlushShard() {
+  if (offsets_.size() == 1) return;  // no documents in this shard
+  ShardInfo s;
+  const std::string stem = fmt::format("shard_{:05d}", shards_.size());
+  s.bin = stem + ".bin";
+  s.idx = stem + ".idx";
+  s.tokens = tokens_.size();
+  s.documents = offsets_.size() - 1;
+  s.bin_blake2b = Blake2b256(AsBytes(tokens_));
+  s.idx_blake2b = Blake2b256(AsBytes(offsets_));
+  WriteFileSynced(dir_ / s.bin, AsBytes(tokens_));
+  WriteFileSynced(dir_ / s.idx, AsBytes(offsets_));
+  shards_.push_back(std::move(s));
+  tokens_.clear();
+  offsets_.assign(1, 0);
+}
+
+void ShardWriter::Finish(const ordered_json& source) {
+  if (finished_) Fail("{}: Finish called twice", dir_.string());
+  if (total_documents_ == 0) Fail("{}: no documents to write", dir_.string());
+  if (!source.is_object()) Fail("{}: the manifest's source must be a JSON object", dir_.string());
+  FlushShard();
+  ordered_json manifest;
+  manifest["format"] = kFormat;
+  manifest["format_version"] = kFormatVersion;
+  manifest["tokenizer"] = kTokenizer;
+  manifest["vocab_size"] = kByteVocab;
+  manifest["eod_token"] = kEodToken;
+  manifest["total_tokens"] = total_tokens_;
+  manifest["total_documents"] = total_documents_;
+  manifest["unigram_entropy_nats"] = EntropyNats(counts_);
+  manifest["source"] = source;
+  ordered_json& shards = manifest["shards"] = ordered_json::array();
+  for (const ShardInfo& s : shards_) {
+    shards.push_back({{"bin", s.bin},
+                      {"idx", s.idx},
+                      {"tokens", s.tokens},
+                      {"documents", s.documents},
+                      {"bin_blake2b", ToHex(s.bin_blake2b)},
+                      {"idx_blake2b", ToHex(s.idx_blake2b)}});
+  }
+  WriteFileSynced(dir_ / kManifestName, manifest.dump(2) + "\n");
+  SyncDirectory(dir_);
+  finished_ = true;
+}
+
+// ---- reading ------------------------------------------------------------------------------------
+std::span<const uint32_t> Dataset::Document(uint64_t d) const {
+  if (d >= num_documents()) {
+    Fail("{}: document {} requested, the dataset has {}", dir_.string(), d, num_documents());
+  }
+  return std::span(tokens_).subspan(doc_starts_[d], doc_starts_[d + 1] - doc_starts_[d]);
+}
+
+Dataset OpenDataset(const std::filesystem::path& dir) {
+  const std::filesystem::path manifest_path = dir / kManifestName;
+  const std::vector<uint8_t> manifest_bytes = ReadFileBytes(manifest_path);
+  const ManifestFields m(manifest_path.string());
+  json j;
+  try {
+    j = json::parse(manifest_bytes);
+  } catch (const json::parse_error& e) {
+    Fail("{}: not valid JSON: {}", m.file(), e.what());
+  }
+  if (!j.is_object()) m.Bad("(top level)", j, "an object");
+  m.Expect(j, "format", kFormat);
+  m.Expect(j, "format_version", kFormatVersion);
+  m.RejectUnknown(j, "",
+                  {"format", "format_version", "tokenizer", "vocab_size", "eod_token",
+                   "total_tokens", "total_documents", "unigram_entropy_nats", "source", "shards"});
+  m.Expect(j, "tokenizer", kTokenizer);
+  m.Expect(j, "vocab_size", kByteVocab);
+  m.Expect(j, "eod_token", kEodToken);
+  const uint64_t total_tokens = m.Unsigned(j, "", "total_tokens");
+  const uint64_t total_documents = m.Unsigned(j, "", "total_documents");
+  if (total_documents == 0 || total_documents >= kMaxDocuments) {
+    m.Bad("total_documents", j["total_documents"], fmt::format("1 to {}", kMaxDocuments - 1));
+  }
+  const json& entropy = m.Get(j, "", "unigram_entropy_nats");
+  if (!entropy.is_number() || !(entropy.get<double>() >= 0) ||
+      !(entropy.get<double>() <= DeterministicLog(kByteVocab) + 1e-9)) {
+    m.Bad("unigram_entropy_nats", entropy, "a number in [0, ln 257]");
+  }
+  if (j.contains("source") && !j["source"].is_object()) m.Bad("source", j["source"], "an object");
+  const json& shard_list = m.Get(j, "", "shards");
+  if (!shard_list.is_array() || shard_list.empty()) {
+    m.Bad("shards", shard_list, "a non-empty array");
+  }
+
+  Dataset dataset;
+  dataset.dir_ = dir;
+  dataset.manifest_digest_ = Blake2b256(manifest_bytes);
+  dataset.unigram_entropy_nats_ = entropy.get<double>();
+  if (j.contains("source")) dataset.source_ = j["source"].dump();
+  uint64_t sum_tokens = 0, sum_documents = 0;
+  for (size_t k = 0; k < shard_list.size(); ++k) {
+    ShardInfo s = ParseShardEntry(m, shard_list[k], k);
+    if (sum_tokens + s.tokens < sum_tokens || sum_tokens + s.tokens > total_tokens) {
+      m.Bad("total_tokens", total_tokens,
+            fmt::format("the sum of shards[].tokens, which exceeds it at shards[{}]", k));
+    }
+    sum_tokens += s.tokens;
+    sum_documents += s.documents;  // no overflow: each is below 2^32
+    dataset.shards_.push_back(std::move(s));
+  }
+  if (sum_tokens != total_tokens) {
+    m.Bad("total_tokens", total_tokens, fmt::format("{} (the sum of shards[].tokens)", sum_tokens));
+  }
+  if (sum_documents != total_documents) {
+    m.Bad("total_documents", total_documents,
+          fmt::format("{} (the sum of shards[].documents)", sum_documents));
+  }
+
+  dataset.tokens_.reserve(total_tokens);
+  dataset.doc_starts_.reserve(total_documents + 1);
+  dataset.doc_starts_.push_back(0);
+  for (size_t k = 0; k < dataset.shards_.size(); ++k) {
+    const ShardInfo& s = dataset.shards_[k];
+    const std::filesystem::path bin_path = dir / s.bin, idx_path = dir / s.idx;
+    const std::vector<uint32_t> tokens = FromLittleEndian<uint32_t>(
+        ReadVerified(bin_path, s.tokens, sizeof(uint32_t), "tokens", s.bin_blake2b, m,
+                     fmt::format("shards[{}].bin_blake2b", k)));
+    const std::vector<uint64_t> offsets = FromLittleEndian<uint64_t>(
+        ReadVerified(idx_path, s.documents + 1, sizeof(uint64_t), "document offsets + 1",
+                     s.idx_blake2b, m, fmt::format("shards[{}].idx_blake2b", k)));
+    if (offsets.front() != 0) {
+      Fail("{}: offset 0 is {}, expected 0", idx_path.string(), offsets.front());
+    }
+    for (size_t d = 1; d < offsets.size(); ++d) {
+      if (offsets[d] < offsets[d - 1]) {
+        Fail("{}: offset {} is {}, less than offset {} ({}): offsets must not decrease",
+             idx_path.string(), d, offsets[d], d - 1, offsets[d - 1]);
+      }
+    }
+    if (offsets.back() != s.tokens) {
+      Fail("{}: the last offset is {}, expected the shard's token count {} ({})",
+           idx_path.string(), offsets.back(), s.tokens, bin_path.string());
+    }
+    for (size_t t = 0; t < tokens.size(); ++t) {
+      if (tokens[t] > 0xFF) {
+        Fail("{}: token {} is {}; .bin files hold byte tokens 0..255 only", bin_path.string(), t,
+             tokens[t]);
+      }
+    }
+    const uint64_t base = dataset.tokens_.size();
+    dataset.tokens_.insert(dataset.tokens_.end(), tokens.begin(), tokens.end());
+    for (size_t d = 1; d < offsets.size(); ++d) dataset.doc_starts_.push_back(base + offsets[d]);
+  }
+  return dataset;
+}
+
+}  // namespace lockstep::data

@@ -1,0 +1,295 @@
+// Run configs: YAML (configs/*.yaml, also embedded in the binary) -> RunConfig, validated, and
+// the canonical run descriptor.
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "lockstep/build_info.h"
+#include "lockstep/core.h"
+#include "lockstep/embedded_configs.h"
+#include "lockstep/model.h"
+
+namespace lockstep {
+namespace {
+
+// Reads the keys of one YAML map, each exactly once; Finish() rejects any key not read.
+class MapReader {
+ public:
+  MapReader(const YAML::Node& node, std::string source, std::string path)
+      : node_(node), source_(std::move(source)), path_(std::move(path)) {
+    if (!node_.IsMap()) {
+      Fail("{}: {} must be a map of keys to values, got {}", source_,
+           path_.empty() ? "the document" : path_, Describe(node_));
+    }
+  }
+
+  const std::string& source() const { return source_; }
+  std::string FieldPath(const std::string& key) const {
+    return path_.empty() ? key : path_ + "." + key;
+  }
+
+  YAML::Node Get(const std::string& key) {
+    const YAML::Node value = node_[key];
+    if (!value) Fail("{}: missing required key {}", source_, FieldPath(key));
+    read_.insert(key);
+    return value;
+  }
+
+  template <typename T>
+  T Scalar(const std::string& key, const char* type_name) {
+    const YAML::Node value = Get(key);
+    T result{};
+    if (!value.IsScalar() || !YAML::convert<T>::decode(value, result)) {
+      Fail("{}: {} = {} is not {}", source_, FieldPath(key), Describe(value), type_name);
+    }
+    return result;
+  }
+  int64_t Int(const std::string& key) {
+    return Scalar<int64_t>(key, "an integer");  // "2.5", "1e3" and "two" are all rejected
+  }
+  uint64_t Uint(const std::string& key) {
+    const YAML::Node value = Get(key);
+    uint64_t result = 0;
+    if (!value.IsScalar() || value.Scalar().starts_with('-') ||
+        !YAML::convert<uint64_t>::decode(value, result)) {
+      Fail("{}: {} = {} is not an unsigned 64-bit integer", source_, FieldPath(key),
+           Describe(value));
+    }
+    return result;
+  }
+  double Real(const std::string& key) {
+    const double v = Scalar<double>(key, "a number");
+    if (!std::isfinite(v)) Fail("{}: {} = {} is not finite", source_, FieldPath(key), v);
+    return v;
+  }
+  bool Bool(const std::string& key) { return Scalar<bool>(key, "a boolean (true or false)"); }
+  std::string String(const std::string& key) { return Scalar<std::string>(key, "a string"); }
+
+  void Finish() const {
+    for (const auto& entry : node_) {
+      const std::string key = entry.first.as<std::string>();
+      if (!read_.count(key)) Fail("{}: unknown key {}", source_, FieldPath(key));
+    }
+  }
+
+  static std::string Describe(const YAML::Node& node) {
+    if (node.IsScalar()) return "'" + node.Scalar() + "'";
+    if (node.IsMap()) return "a map";
+    if (node.IsSequence()) return "a list";
+    return "null";
+  }
+
+ private:
+  YAML::Node node_;
+  std::string source_, path_;
+  std::set<std::string> read_;
+};
+
+// Fails unless ok, naming the field, its value and the rule it breaks.
+template <typename T>
+void Require(bool ok, const MapReader& r, const char* key, const T& value, const char* rule) {
+  if (!ok) Fail("{}: {} = {} is invalid: {}", r.source(), r.FieldPath(key), value, rule);
+}
+
+ModelConfig ReadModel(MapReader r) {
+  ModelConfig m;
+  m.vocab = r.Int("vocab");
+  m.d_model = r.Int("d_model");
+  m.n_layers = r.Int("n_layers");
+  m.n_heads = r.Int("n_heads");
+  m.n_kv_heads = r.Int("n_kv_heads");
+  m.head_dim = r.Int("head_dim");
+  m.ffn_hidden = r.Int("ffn_hidden");
+  m.seq_len = r.Int("seq_len");
+  m.window = r.Int("window");
+  m.full_attention_every = r.Int("full_attention_every");
+  m.rope_theta = r.Real("rope_theta");
+  m.norm_eps = r.Real("norm_eps");
+  m.embedding_norm = r.Bool("embedding_norm");
+  m.qk_norm = r.Bool("qk_norm");
+  m.z_loss = r.Real("z_loss");
+  m.init_std = r.Real("init_std");
+  r.Finish();
+
+  // Token ids are uint32 and the byte tokenizer needs 256 byte ids plus end-of-document.
+  Require(m.vocab >= 257 && m.vocab <= (int64_t{1} << 31), r, "vocab", m.vocab,
+          "must be in [257, 2^31] (the byte tokenizer needs 257 ids)");
+  Require(m.d_model >= 1, r, "d_model", m.d_model, "must be >= 1");
+  Require(m.n_layers >= 1, r, "n_layers", m.n_layers, "must be >= 1");
+  Require(m.n_heads >= 1, r, "n_heads", m.n_heads, "must be >= 1");
+  Require(m.n_kv_heads >= 1, r, "n_kv_heads", m.n_kv_heads, "must be >= 1");
+  if (m.n_heads % m.n_kv_heads != 0) {
+    Fail("{}: model.n_heads = {} is invalid: must be a multiple of model.n_kv_heads = {}",
+         r.source(), m.n_heads, m.n_kv_heads);
+  }
+  Require(m.head_dim >= 2 && m.head_dim % 2 == 0, r, "head_dim", m.head_dim,
+          "must be even and >= 2 (RoPE rotates pairs)");
+  Require(m.ffn_hidden >= 1, r, "ffn_hidden", m.ffn_hidden, "must be >= 1");
+  Require(m.seq_len >= 1, r, "seq_len", m.seq_len, "must be >= 1");
+  Require(m.window >= 0, r, "window", m.window, "must be >= 0 (0: no sliding window)");
+  Require(m.full_attention_every >= 1, r, "full_attention_every", m.full_attention_every,
+          "must be >= 1");
+  Require(m.rope_theta > 1, r, "rope_theta", m.rope_theta, "must be > 1");
+  Require(m.norm_eps > 0, r, "norm_eps", m.norm_eps, "must be > 0");
+  Require(m.z_loss >= 0, r, "z_loss", m.z_loss, "must be >= 0");
+  Require(m.init_std > 0, r, "init_std", m.init_std, "must be > 0");
+  return m;
+}
+
+TrainConfig ReadTrain(MapReader r) {
+  TrainConfig t;
+  t.microbatch = r.Int("microbatch");
+  t.microbatches = r.Int("microbatches");
+  t.steps = r.Int("steps");
+  t.lr = r.Real("lr");
+  t.min_lr = r.Real("min_lr");
+  t.warmup_steps = r.Int("warmup_steps");
+  t.schedule = r.String("schedule");
+  t.wsd_decay_fraction = r.Real("wsd_decay_fraction");
+  t.beta1 = r.Real("beta1");
+  t.beta2 = r.Real("beta2");
+  t.eps = r.Real("eps");
+  t.weight_decay = r.Real("weight_decay");
+  t.clip_norm = r.Real("clip_norm");
+  t.spike_threshold = r.Real("spike_threshold");
+  t.spike_max_skips = r.Int("spike_max_skips");
+  t.spike_window = r.Int("spike_window");
+  t.ckpt_every = r.Int("ckpt_every");
+  t.seed = r.Uint("seed");
+  t.data_seed = r.Uint("data_seed");
+  t.vocab_chunk = r.Int("vocab_chunk");
+  r.Finish();
+
+  Require(t.microbatch >= 1, r, "microbatch", t.microbatch, "must be >= 1");
+  Require(t.microbatches >= 1, r, "microbatches", t.microbatches, "must be >= 1");
+  Require(t.steps >= 1, r, "steps", t.steps, "must be >= 1");
+  Require(t.lr > 0 && t.lr <= 1, r, "lr", t.lr, "must be in (0, 1]");
+  Require(t.min_lr >= 0 && t.min_lr <= t.lr, r, "min_lr", t.min_lr, "must be in [0, train.lr]");
+  Require(t.warmup_steps >= 0, r, "warmup_steps", t.warmup_steps, "must be >= 0");
+  Require(t.schedule == "cosine" || t.schedule == "wsd", r, "schedule", t.schedule,
+          "must be 'cosine' or 'wsd'");
+  Require(t.wsd_decay_fraction > 0 && t.wsd_decay_fraction <= 1, r, "wsd_decay_fraction",
+          t.wsd_decay_fraction, "must be in (0, 1]");
+  Require(t.beta1 >= 0 && t.beta1 < 1, r, "beta1", t.beta1, "must be in [0, 1)");
+  Require(t.beta2 >= 0 && t.beta2 < 1, r, "beta2", t.beta2, "must be in [0, 1)");
+  Require(t.eps > 0, r, "eps", t.eps, "must be > 0");
+  Require(t.weight_decay >= 0 && t.weight_decay < 1, r, "weight_decay", t.weight_decay,
+          "must be in [0, 1)");
+  Require(t.clip_norm >= 0, r, "clip_norm", t.clip_norm, "must be >= 0 (0: no clipping)");
+  Require(t.spike_threshold > 0, r, "spike_threshold", t.spike_threshold, "must be > 0");
+  // The protocol halts after spike_max_skips skips within spike_window steps: it must be
+  // possible to reach, or a diverged run would skip forever.
+  Require(t.spike_window >= 1, r, "spike_window", t.spike_window, "must be >= 1");
+  Require(t.spike_max_skips >= 1 && t.spike_max_skips <= t.spike_window, r, "spike_max_skips",
+          t.spike_max_skips,
+          "must be in [1, train.spike_window] (otherwise the run can never halt)");
+  Require(t.ckpt_every >= 0, r, "ckpt_every", t.ckpt_every, "must be >= 0 (0: only at the end)");
+  Require(t.vocab_chunk >= 256 && t.vocab_chunk % 256 == 0, r, "vocab_chunk", t.vocab_chunk,
+          "must be a positive multiple of 256");
+  return t;
+}
+
+}  // namespace
+
+RunConfig ParseRunConfig(std::string_view yaml, const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml));
+  } catch (const YAML::Exception& e) {
+    Fail("{}: not valid YAML: {}", source, e.what());
+  }
+  MapReader top(root, source, "");
+  RunConfig config;
+  config.name = top.String("name");
+  if (config.name.empty()) Fail("{}: name = '' is invalid: must not be empty", source);
+  config.model = ReadModel(MapReader(top.Get("model"), source, "model"));
+  config.train = ReadTrain(MapReader(top.Get("train"), source, "train"));
+  top.Finish();
+  return config;
+}
+
+std::vector<std::string> EmbeddedConfigNames() {
+  std::vector<std::string> names;
+  for (const auto& [name, text] : embedded::kConfigs) names.emplace_back(name);
+  return names;
+}
+
+RunConfig LoadRunConfig(const std::string& name_or_path) {
+  for (const auto& [name, text] : embedded::kConfigs) {
+    if (name == name_or_path) return ParseRunConfig(text, "embedded config '" + name_or_path + "'");
+  }
+  const std::filesystem::path path(name_or_path);
+  if (path.extension() != ".yaml" && path.extension() != ".yml") {
+    std::string known;
+    for (const std::string& name : EmbeddedConfigNames()) known += (known.empty() ? "" : ", ") + name;
+    Fail("config '{}' is neither an embedded config ({}) nor a .yaml file", name_or_path, known);
+  }
+  return ParseRunConfig(ReadFileText(path), path.string());
+}
+
+std::string DescriptorJson(const RunConfig& config) {
+  const ModelConfig& m = config.model;
+  const TrainConfig& t = config.train;
+  // nlohmann::json objects keep their keys sorted, and dump() without indent is compact.
+  nlohmann::json model = {
+      {"vocab", m.vocab},
+      {"d_model", m.d_model},
+      {"n_layers", m.n_layers},
+      {"n_heads", m.n_heads},
+      {"n_kv_heads", m.n_kv_heads},
+      {"head_dim", m.head_dim},
+      {"ffn_hidden", m.ffn_hidden},
+      {"seq_len", m.seq_len},
+      {"window", m.window},
+      {"full_attention_every", m.full_attention_every},
+      {"rope_theta", m.rope_theta},
+      {"norm_eps", m.norm_eps},
+      {"embedding_norm", m.embedding_norm},
+      {"qk_norm", m.qk_norm},
+      {"z_loss", m.z_loss},
+      {"init_std", m.init_std},
+  };
+  nlohmann::json train = {
+      {"microbatch", t.microbatch},
+      {"microbatches", t.microbatches},
+      {"steps", t.steps},
+      {"lr", t.lr},
+      {"min_lr", t.min_lr},
+      {"warmup_steps", t.warmup_steps},
+      {"schedule", t.schedule},
+      {"wsd_decay_fraction", t.wsd_decay_fraction},
+      {"beta1", t.beta1},
+      {"beta2", t.beta2},
+      {"eps", t.eps},
+      {"weight_decay", t.weight_decay},
+      {"clip_norm", t.clip_norm},
+      {"spike_threshold", t.spike_threshold},
+      {"spike_max_skips", t.spike_max_skips},
+      {"spike_window", t.spike_window},
+      {"ckpt_every", t.ckpt_every},
+      {"seed", t.seed},
+      {"data_seed", t.data_seed},
+      {"vocab_chunk", t.vocab_chunk},
+  };
+  nlohmann::json descriptor = {
+      {"name", config.name},
+      {"model", model},
+      {"train", train},
+      {"contract_version", build::kContractVersion},
+      {"format_versions", {{"state_hash", 1}, {"checkpoint", 1}, {"shards", 1}}},
+  };
+  return descriptor.dump();
+}
+
+int64_t LayerWindow(const ModelConfig& config, int64_t layer) {
+  const bool full = config.window == 0 || (layer + 1) % config.full_attention_every == 0 ||
+                    layer == config.n_layers - 1;
+  return full ? 0 : config.window;
+}
+
+}  // namespace lockstep

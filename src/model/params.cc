@@ -1,0 +1,141 @@
+// Parameters: the canonical list, the contiguous store, and the seeded initialisation.
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "lockstep/core.h"
+#include "lockstep/kernels.h"
+#include "lockstep/model.h"
+
+namespace lockstep {
+
+int64_t ParamSpec::numel() const {
+  int64_t n = 1;
+  for (int64_t extent : shape) n *= extent;
+  return n;
+}
+
+std::vector<ParamSpec> ParameterSpecs(const ModelConfig& c) {
+  const int64_t d = c.d_model, q_dim = c.n_heads * c.head_dim, kv_dim = c.n_kv_heads * c.head_dim;
+  std::vector<ParamSpec> specs;
+  auto gain = [&](std::string name) { specs.push_back({std::move(name), {d}, false, false}); };
+  auto matrix = [&](std::string name, int64_t rows, int64_t cols, bool decay = true) {
+    specs.push_back({std::move(name), {rows, cols}, decay, true});
+  };
+  matrix("tok_embeddings.weight", c.vocab, d, /*decay=*/false);
+  if (c.embedding_norm) gain("emb_norm.weight");
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    gain(p + "attn_norm.weight");
+    matrix(p + "attn.wq.weight", q_dim, d);
+    matrix(p + "attn.wk.weight", kv_dim, d);
+    matrix(p + "attn.wv.weight", kv_dim, d);
+    matrix(p + "attn.wo.weight", d, q_dim);
+    gain(p + "ffn_norm.weight");
+    matrix(p + "ffn.w_gate_up.weight", 2 * c.ffn_hidden, d);  // gate rows, then up rows
+    matrix(p + "ffn.w_down.weight", d, c.ffn_hidden);
+  }
+  gain("final_norm.weight");
+  matrix("output.weight", c.vocab, d);
+  return specs;
+}
+
+ParamStore::ParamStore(std::vector<ParamSpec> specs) : specs_(std::move(specs)) {
+  constexpr int64_t kAlignFloats = 64 / sizeof(float);
+  int64_t end = 0;
+  for (const ParamSpec& spec : specs_) {
+    offsets_.push_back(end);
+    end += (spec.numel() + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+  }
+  data_.assign(static_cast<size_t>(end), 0.0f);
+}
+
+std::span<float> ParamStore::Tensor(size_t i) {
+  return {data_.data() + offsets_.at(i), static_cast<size_t>(specs_[i].numel())};
+}
+
+std::span<const float> ParamStore::Tensor(size_t i) const {
+  return {data_.data() + offsets_.at(i), static_cast<size_t>(specs_[i].numel())};
+}
+
+size_t ParamStore::Find(std::string_view name) const {
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    if (specs_[i].name == name) return i;
+  }
+  Fail("ParamStore: no tensor named '{}'", name);
+}
+
+int64_t ParamStore::NumParameters() const {
+  int64_t n = 0;
+  for (const ParamSpec& spec : specs_) n += spec.numel();
+  return n;
+}
+
+void ParamStore::Zero() { std::fill(data_.begin(), data_.end(), 0.0f); }
+
+// ---- initialisation (docs/model.md, "Initialisation") ----------------------------------------
+namespace {
+
+// Draws handled by one parallel task: a multiple of 4, so that each Philox block (4 words) is
+// generated once. The bits do not depend on it; only the split of the work does.
+constexpr int64_t kInitBlock = 16384;
+
+struct TruncatedNormal {
+  float scale;  // (float)init_std * (float)sqrt(2)
+  float bound;  // Erf((float)sqrt(2)): erfinv(t * bound) * sqrt(2) stays inside (-2, 2)
+  PhiloxKey key;
+
+  // The four draws 4c .. 4c+3 of the stream: Philox4x32({c low, c high, 0, 0}, key).
+  PhiloxCounter Words(uint64_t c) const {
+    return Philox4x32({static_cast<uint32_t>(c), static_cast<uint32_t>(c >> 32), 0, 0}, key);
+  }
+
+  float FromWord(uint32_t word) const {
+    const int32_t k = static_cast<int32_t>(word >> 8);  // 24 uniform bits
+    // 2k + 1 - 2^24 is an odd integer of magnitude < 2^24: exact in binary32, as is the scaling.
+    const float t = static_cast<float>(2 * k + 1 - (1 << 24)) * 0x1.0p-24f;  // in (-1, 1)
+    return scale * dmath::Erfinv(t * bound);
+  }
+};
+
+}  // namespace
+
+int64_t InitParameters(const ModelConfig& config, uint64_t seed, ParamStore& params) {
+  const std::vector<ParamSpec> expected = ParameterSpecs(config);
+  if (params.size() != expected.size()) {
+    Fail("InitParameters: the store holds {} tensors, the config has {}", params.size(),
+         expected.size());
+  }
+  constexpr float kSqrt2 = 0x1.6a09e6p+0f;  // sqrt(2) rounded to binary32
+  const TruncatedNormal dist{static_cast<float>(config.init_std) * kSqrt2, dmath::Erf(kSqrt2),
+                             PhiloxKeyFromSeed(seed)};
+  int64_t draw = 0;  // global index of the next draw
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamSpec& spec = params.Spec(i);
+    if (spec.name != expected[i].name || spec.shape != expected[i].shape) {
+      Fail("InitParameters: tensor {} is '{}', the config expects '{}'", i, spec.name,
+           expected[i].name);
+    }
+    std::span<float> tensor = params.Tensor(i);
+    if (!spec.is_matrix) {
+      std::fill(tensor.begin(), tensor.end(), 1.0f);
+      continue;
+    }
+    const int64_t n = spec.numel(), first = draw;
+    ParallelFor((n + kInitBlock - 1) / kInitBlock, [&](int64_t block) {
+      const int64_t begin = block * kInitBlock, end = std::min(n, begin + kInitBlock);
+      // Draw g is word g % 4 of counter g / 4; each counter is generated once per task.
+      uint64_t counter = static_cast<uint64_t>(first + begin) / 4;
+      PhiloxCounter words = dist.Words(counter);
+      for (int64_t e = begin; e < end; ++e) {
+        const uint64_t g = static_cast<uint64_t>(first + e);
+        if (g / 4 != counter) words = dist.Words(counter = g / 4);
+        tensor[static_cast<size_t>(e)] = dist.FromWord(words[g % 4]);
+      }
+    });
+    draw += n;
+  }
+  return draw;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,90 @@
+#include "state/internal.h"
+
+#include <fmt/ranges.h>
+
+#include <set>
+#include <vector>
+
+namespace lockstep::state_internal {
+
+// Cut short so that a wrong array of a million entries is not a million-character message.
+std::string Shown(const Json& value) {
+  std::string text = value.dump();
+  if (text.size() > 80) text = text.substr(0, 77) + "...";
+  return text;
+}
+
+uint64_t ElementCount(const std::vector<int64_t>& shape, std::string_view what) {
+  constexpr uint64_t kMaxElements = (uint64_t{1} << 61) - 1;  // so that bytes fit in int64
+  uint64_t count = 1;
+  for (int64_t dim : shape) {
+    if (dim < 0) Fail("{}: negative dimension {} in shape [{}]", what, dim, fmt::join(shape, ", "));
+    const auto d = static_cast<uint64_t>(dim);
+    if (d != 0 && count > kMaxElements / d) {
+      Fail("{}: shape [{}] has more than 2^61 elements", what, fmt::join(shape, ", "));
+    }
+    count *= d;
+  }
+  return count;
+}
+
+Json ParseJsonStrict(std::string_view text, std::string_view what) {
+  std::vector<std::set<std::string>> open_objects;
+  std::string duplicate;
+  auto track_keys = [&](int, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::object_start) open_objects.emplace_back();
+    if (event == Json::parse_event_t::object_end) open_objects.pop_back();
+    if (event == Json::parse_event_t::key && duplicate.empty() &&
+        !open_objects.back().insert(parsed.get<std::string>()).second) {
+      duplicate = parsed.get<std::string>();
+    }
+    return true;
+  };
+  Json value;
+  try {
+    value = Json::parse(text.begin(), text.end(), track_keys);
+  } catch (const Json::exception& e) {
+    Fail("{}: invalid JSON: {}", what, e.what());
+  }
+  if (!duplicate.empty()) Fail("{}: duplicate key \"{}\"", what, duplicate);
+  return value;
+}
+
+void RequireKeys(const Json& value, std::initializer_list<std::string_view> keys,
+                 std::string_view what) {
+  if (!value.is_object()) Fail("{}: expected a JSON object, got {}", what, Shown(value));
+  for (std::string_view key : keys) {
+    if (!value.contains(key)) Fail("{}: missing field \"{}\"", what, key);
+  }
+  for (const auto& [key, unused] : value.items()) {
+    bool known = false;
+    for (std::string_view k : keys) known = known || k == key;
+    if (!known) Fail("{}: unknown field \"{}\"", what, key);
+  }
+}
+
+uint64_t AsU64(const Json& value, std::string_view what) {
+  // nlohmann parses every non-negative integer literal as number_unsigned; anything else
+  // (negative, fractional, string) would otherwise be converted silently.
+  if (!value.is_number_unsigned()) {
+    Fail("{}: expected an unsigned integer, got {}", what, Shown(value));
+  }
+  return value.get<uint64_t>();
+}
+
+uint64_t U64Field(const Json& object, const char* key, std::string_view what) {
+  return AsU64(object.at(key), fmt::format("{}: field \"{}\"", what, key));
+}
+
+std::string StringField(const Json& object, const char* key, std::string_view what) {
+  const Json& value = object.at(key);
+  if (!value.is_string())
+    Fail("{}: field \"{}\": expected a string, got {}", what, key, Shown(value));
+  return value.get<std::string>();
+}
+
+Digest DigestField(const Json& object, const char* key, std::string_view what) {
+  return DigestFromHex(StringField(object, key, what), fmt::format("{}: field \"{}\"", what, key));
+}
+
+}  // namespace lockstep::state_internal

@@ -1,0 +1,214 @@
+// safetensors (https://huggingface.co/docs/safetensors): an 8-byte little-endian header length
+// N, N bytes of JSON header, then the tensors' bytes. lockstep writes and reads F32 only.
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <tuple>
+
+#include "lockstep/state.h"
+#include "state/internal.h"
+
+namespace lockstep {
+namespace {
+using state_internal::Json;
+
+static_assert(std::endian::native == std::endian::little, "lockstep assumes little-endian");
+constexpr std::string_view kMetadataKey = "__metadata__";
+
+std::vector<uint8_t> Serialize(std::span<const NamedTensor> tensors,
+                               const std::map<std::string, std::string>& metadata,
+                               std::string_view what) {
+  Json header = Json::object();
+  std::set<std::string_view> names;
+  uint64_t data_size = 0;
+  for (const NamedTensor& t : tensors) {
+    if (t.name.empty() || t.name == kMetadataKey) {
+      Fail("{}: invalid tensor name '{}' (empty or reserved)", what, t.name);
+    }
+    if (!names.insert(t.name).second) Fail("{}: duplicate tensor name '{}'", what, t.name);
+    const std::string tensor_what = fmt::format("{}: tensor '{}'", what, t.name);
+    const uint64_t count = state_internal::ElementCount(t.shape, tensor_what);
+    if (count != t.data.size()) {
+      Fail("{}: shape [{}] has {} elements but the data has {}", tensor_what,
+           fmt::join(t.shape, ", "), count, t.data.size());
+    }
+    header[t.name] = {
+        {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {data_size, data_size + 4 * count}}};
+    data_size += 4 * count;
+  }
+  if (!metadata.empty()) header[kMetadataKey] = metadata;
+
+  std::string text;
+  try {
+    text = header.dump();  // nlohmann::json keeps object keys sorted: the bytes are canonical
+  } catch (const Json::exception& e) {
+    Fail("{}: cannot encode the header (tensor names and metadata must be UTF-8): {}", what,
+         e.what());
+  }
+  // The format allows trailing spaces in the header; padding to 8 aligns the data.
+  text.resize((text.size() + 7) / 8 * 8, ' ');
+
+  std::vector<uint8_t> bytes(8 + text.size() + data_size);
+  const uint64_t header_size = text.size();
+  std::memcpy(bytes.data(), &header_size, 8);
+  std::memcpy(bytes.data() + 8, text.data(), text.size());
+  uint8_t* out = bytes.data() + 8 + text.size();
+  for (const NamedTensor& t : tensors) {
+    if (!t.data.empty()) std::memcpy(out, t.data.data(), t.data.size_bytes());
+    out += t.data.size_bytes();
+  }
+  return bytes;
+}
+
+std::map<std::string, std::string> ParseMetadata(const Json& value, std::string_view what) {
+  if (!value.is_object()) {
+    Fail("{}: \"{}\" must be an object of strings, got {}", what, kMetadataKey,
+         state_internal::Shown(value));
+  }
+  std::map<std::string, std::string> metadata;
+  for (const auto& [key, entry] : value.items()) {
+    if (!entry.is_string()) {
+      Fail("{}: \"{}\" entry \"{}\" must be a string, got {}", what, kMetadataKey, key,
+           state_internal::Shown(entry));
+    }
+    metadata.emplace(key, entry.get<std::string>());
+  }
+  return metadata;
+}
+
+// One header entry, validated on its own; the offsets are checked together afterwards.
+struct HeaderEntry {
+  uint64_t begin, end;
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+HeaderEntry ParseEntry(const std::string& name, const Json& info, uint64_t data_size,
+                       std::string_view file) {
+  const std::string what = fmt::format("{}: tensor '{}'", file, name);
+  if (name.empty()) Fail("{}: a tensor has an empty name", file);
+  state_internal::RequireKeys(info, {"dtype", "shape", "data_offsets"}, what);
+  if (info["dtype"] != "F32") {
+    Fail("{}: dtype {} is not supported (lockstep reads F32 only)", what,
+         state_internal::Shown(info["dtype"]));
+  }
+  const Json& shape = info["shape"];
+  if (!shape.is_array())
+    Fail("{}: shape must be an array, got {}", what, state_internal::Shown(shape));
+  HeaderEntry entry{.begin = 0, .end = 0, .name = name, .shape = {}};
+  for (const Json& dim : shape) {
+    const uint64_t d = state_internal::AsU64(dim, what + ": shape entry");
+    if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      Fail("{}: shape entry {} is too large", what, d);
+    }
+    entry.shape.push_back(static_cast<int64_t>(d));
+  }
+  const Json& offsets = info["data_offsets"];
+  if (!offsets.is_array() || offsets.size() != 2) {
+    Fail("{}: data_offsets must be [begin, end], got {}", what, state_internal::Shown(offsets));
+  }
+  entry.begin = state_internal::AsU64(offsets[0], what + ": data_offsets[0]");
+  entry.end = state_internal::AsU64(offsets[1], what + ": data_offsets[1]");
+  if (entry.begin > entry.end || entry.end > data_size) {
+    Fail("{}: data_offsets [{}, {}] out of range (the data section holds {} bytes)", what,
+         entry.begin, entry.end, data_size);
+  }
+  const uint64_t count = state_internal::ElementCount(entry.shape, what);
+  if (count * 4 != entry.end - entry.begin) {
+    Fail("{}: shape [{}] needs {} bytes but data_offsets [{}, {}] span {}", what,
+         fmt::join(entry.shape, ", "), count * 4, entry.begin, entry.end, entry.end - entry.begin);
+  }
+  return entry;
+}
+}  // namespace
+
+std::vector<uint8_t> SafetensorsBytes(std::span<const NamedTensor> tensors,
+                                      const std::map<std::string, std::string>& metadata) {
+  return Serialize(tensors, metadata, "safetensors");
+}
+
+void WriteSafetensors(const std::filesystem::path& path, std::span<const NamedTensor> tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  WriteFileSynced(path, Serialize(tensors, metadata, path.string()));
+}
+
+SafetensorsFile ParseSafetensors(std::vector<uint8_t> bytes, const std::filesystem::path& path) {
+  const std::string file = path.string();
+  if (bytes.size() < 8) {
+    Fail("{}: {} bytes, too short for a safetensors file (the header length alone is 8)", file,
+         bytes.size());
+  }
+  uint64_t header_size;
+  std::memcpy(&header_size, bytes.data(), 8);
+  if (header_size > bytes.size() - 8) {
+    Fail("{}: header length {} exceeds the {} bytes that follow it", file, header_size,
+         bytes.size() - 8);
+  }
+  const std::string_view header_text(reinterpret_cast<const char*>(bytes.data()) + 8, header_size);
+  const Json header = state_internal::ParseJsonStrict(header_text, file + ": header");
+  if (!header.is_object()) {
+    Fail("{}: header must be a JSON object, got {}", file, state_internal::Shown(header));
+  }
+
+  const uint64_t data_size = bytes.size() - 8 - header_size;
+  SafetensorsFile result;
+  result.path_ = path;
+  std::vector<HeaderEntry> entries;
+  for (const auto& [name, info] : header.items()) {
+    if (name == kMetadataKey) {
+      result.metadata_ = ParseMetadata(info, file);
+    } else {
+      entries.push_back(ParseEntry(name, info, data_size, file));
+    }
+  }
+  // File order is data order; the name breaks ties between empty tensors.
+  std::sort(entries.begin(), entries.end(), [](const HeaderEntry& a, const HeaderEntry& b) {
+    return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
+  });
+  uint64_t covered = 0;
+  for (const HeaderEntry& e : entries) {
+    if (e.begin != covered) {
+      Fail("{}: tensor '{}' data_offsets [{}, {}] {} (the previous tensor ends at {})", file,
+           e.name, e.begin, e.end,
+           e.begin < covered ? "overlap the previous tensor" : "leave a gap", covered);
+    }
+    covered = e.end;
+  }
+  if (covered != data_size) {
+    Fail("{}: the tensors cover {} bytes but the data section holds {}", file, covered, data_size);
+  }
+
+  // Foreign writers need not pad the header: move the data to the buffer's (aligned) start so
+  // that it can be viewed as floats.
+  size_t data_start = 8 + header_size;
+  if (data_start % alignof(float) != 0) {
+    std::memmove(bytes.data(), bytes.data() + data_start, data_size);
+    bytes.resize(data_size);
+    data_start = 0;
+  }
+  result.bytes_ = std::move(bytes);
+  const auto* data = reinterpret_cast<const float*>(result.bytes_.data() + data_start);
+  for (HeaderEntry& e : entries) {
+    result.tensors_.push_back({.name = std::move(e.name),
+                               .shape = std::move(e.shape),
+                               .data = std::span(data + e.begin / 4, (e.end - e.begin) / 4)});
+  }
+  return result;
+}
+
+SafetensorsFile ReadSafetensors(const std::filesystem::path& path) {
+  return ParseSafetensors(ReadFileBytes(path), path);
+}
+
+const NamedTensor& SafetensorsFile::Get(std::string_view name) const {
+  for (const NamedTensor& t : tensors_) {
+    if (t.name == name) return t;
+  }
+  Fail("{}: no tensor named '{}'", path_.string(), name);
+}
+
+}  // namespace lockstep

@@ -1,0 +1,164 @@
+// `lockstep train`: the run directory, resume, metrics, checkpoints and the progress line.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "lockstep/train.h"
+
+namespace lockstep::train {
+namespace {
+namespace fs = std::filesystem;
+
+// metrics.jsonl: one JSON object per step, appended and flushed as the step ends.
+class MetricsLog {
+ public:
+  explicit MetricsLog(fs::path path) : path_(std::move(path)) {}
+
+  // Keeps the lines of steps <= last_step (a resume drops what followed its checkpoint).
+  void TruncateAfter(uint64_t last_step) {
+    if (!fs::exists(path_)) return;
+    std::ifstream in(path_);
+    std::string line, kept;
+    for (int number = 1; std::getline(in, line); ++number) {
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(line);
+      } catch (const nlohmann::json::exception&) {
+        break;  // a line cut short by a crash is the end of the log
+      }
+      if (!j.contains("step") || !j["step"].is_number_unsigned()) {
+        Fail("{}: line {} has no unsigned \"step\"", path_.string(), number);
+      }
+      if (j["step"].get<uint64_t>() > last_step) break;
+      kept += line + "\n";
+    }
+    const fs::path tmp = path_.string() + ".tmp";
+    WriteFileSynced(tmp, kept);
+    fs::rename(tmp, path_);
+  }
+
+  void Append(const StepReport& r, uint64_t total_tokens) {
+    const nlohmann::json j = {{"step", r.step},
+                              {"loss", r.loss},
+                              {"zloss", r.zloss},
+                              {"grad_norm", r.grad_norm},
+                              {"clip_factor", r.clip_factor},
+                              {"lr", r.lr},
+                              {"skipped", r.skipped},
+                              {"tokens", total_tokens},
+                              {"step_seconds", r.seconds},
+                              {"tokens_per_second", r.tokens / r.seconds}};
+    std::FILE* f = std::fopen(path_.c_str(), "a");
+    if (f == nullptr) Fail("{}: cannot open for appending", path_.string());
+    const std::string line = j.dump() + "\n";
+    const bool ok = std::fwrite(line.data(), 1, line.size(), f) == line.size();
+    if (std::fclose(f) != 0 || !ok) Fail("{}: write failed", path_.string());
+  }
+
+ private:
+  fs::path path_;
+};
+
+std::string Duration(double seconds) {
+  const int s = static_cast<int>(std::lround(seconds));
+  return s >= 3600 ? fmt::format("{}h{:02}m", s / 3600, s / 60 % 60)
+                   : fmt::format("{}m{:02}s", s / 60, s % 60);
+}
+
+}  // namespace
+
+int RunTraining(const TrainOptions& options) {
+  SetThreads(options.threads);
+  const RunConfig config = LoadRunConfig(options.config);
+  const data::Dataset dataset = data::OpenDataset(options.data_dir);
+  if (config.model.vocab < static_cast<int64_t>(data::kByteVocab)) {
+    Fail("{}: model.vocab = {} is smaller than the dataset's vocabulary ({})", options.config,
+         config.model.vocab, data::kByteVocab);
+  }
+  const uint64_t target = static_cast<uint64_t>(options.steps.value_or(config.train.steps));
+  if (options.steps && *options.steps < 0) Fail("--steps = {} (must be >= 0)", *options.steps);
+
+  const fs::path hashes_path = options.run_dir / "state_hashes.jsonl";
+  const fs::path metrics_path = options.run_dir / "metrics.jsonl";
+  Trainer trainer(config, dataset, RunDescriptor(config, dataset));
+  MetricsLog metrics(metrics_path);
+
+  if (options.resume) {
+    const auto latest = LatestCompleteCheckpoint(options.run_dir);
+    if (!latest) {
+      Fail("--resume: {} has no complete checkpoint (checkpoints/step_*/COMPLETE)",
+           options.run_dir.string());
+    }
+    const Checkpoint checkpoint = ReadCheckpoint(*latest);
+    VerifyCheckpointHash(checkpoint);
+    trainer.Restore(checkpoint);
+    // The logs may run past the checkpoint (a crash after it): keep what the checkpoint covers,
+    // and insist that the chain recorded there is the checkpoint's.
+    std::vector<StateHashLine> lines = ReadStateHashLines(hashes_path);
+    std::erase_if(lines, [&](const StateHashLine& l) { return l.step > trainer.state().step; });
+    if (lines.empty() || lines.back().step != trainer.state().step ||
+        lines.back().hash != trainer.hash()) {
+      Fail("{}: its line for step {} does not hold the checkpoint's hash {}", hashes_path.string(),
+           trainer.state().step, ToHex(trainer.hash()));
+    }
+    WriteStateHashLines(hashes_path, lines);
+    metrics.TruncateAfter(trainer.state().step);
+    std::fprintf(stderr, "resumed from %s (step %llu, hash %s)\n", latest->c_str(),
+                 static_cast<unsigned long long>(trainer.state().step), ToHex(trainer.hash()).c_str());
+  } else {
+    if (fs::exists(hashes_path) || fs::exists(options.run_dir / "checkpoints")) {
+      Fail("{} already holds a run (state_hashes.jsonl or checkpoints/): use --resume to continue "
+           "it, or choose another --out",
+           options.run_dir.string());
+    }
+    fs::create_directories(options.run_dir);
+    trainer.Initialize();
+    AppendStateHashLine(hashes_path, {0, trainer.hash()});
+    if (target == 0) WriteCheckpoint(options.run_dir, trainer.state(), trainer.Tensors());
+  }
+
+  const bool tty = options.progress && isatty(STDERR_FILENO);
+  const auto start = std::chrono::steady_clock::now();
+  const uint64_t first = trainer.state().step;
+  uint64_t tokens = trainer.state().step * static_cast<uint64_t>(trainer.tokens_per_step());
+  int exit_code = 0;
+  while (trainer.state().step < target) {
+    const StepReport r = trainer.Step();
+    tokens += static_cast<uint64_t>(r.tokens);
+    AppendStateHashLine(hashes_path, {r.step, trainer.hash()});
+    metrics.Append(r, tokens);
+    const bool last = r.step == target || r.halt;
+    if (last || (config.train.ckpt_every > 0 && r.step % config.train.ckpt_every == 0)) {
+      WriteCheckpoint(options.run_dir, trainer.state(), trainer.Tensors());
+    }
+    if (options.progress) {
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double eta = elapsed / static_cast<double>(r.step - first) *
+                         static_cast<double>(target - r.step);
+      const std::string line = fmt::format(
+          "step {}/{}  loss {:.4f}  gnorm {:.3f}  lr {:.2e}  {:.0f} tok/s  elapsed {}  eta {}{}",
+          r.step, target, r.loss, r.grad_norm, r.lr, r.tokens / r.seconds, Duration(elapsed),
+          Duration(eta), r.skipped ? "  SKIPPED (spike)" : "");
+      std::fprintf(stderr, tty ? "\r%s\033[K" : "%s\n", line.c_str());
+    }
+    if (r.halt) {
+      std::fprintf(stderr, "\nhalted by the spike protocol: %zu skipped steps within %lld steps "
+                   "(train.spike_max_skips = %lld); state saved at step %llu\n",
+                   trainer.state().spike.recent_skips.size(),
+                   static_cast<long long>(config.train.spike_window),
+                   static_cast<long long>(config.train.spike_max_skips),
+                   static_cast<unsigned long long>(r.step));
+      exit_code = 1;
+      break;
+    }
+  }
+  if (tty) std::fprintf(stderr, "\n");
+  return exit_code;
+}
+
+}  // namespace lockstep::train

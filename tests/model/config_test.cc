@@ -1,0 +1,185 @@
+// Run configs: the embedded set, the published shapes, and errors that name file, field, value.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "lockstep/core.h"
+#include "lockstep/model.h"
+
+namespace lockstep {
+namespace {
+
+int64_t CountParameters(const ModelConfig& config) {
+  int64_t n = 0;
+  for (const ParamSpec& spec : ParameterSpecs(config)) n += spec.numel();
+  return n;
+}
+
+TEST(Config, EveryEmbeddedConfigLoads) {
+  const std::vector<std::string> names = EmbeddedConfigNames();
+  for (const char* expected : {"tiny", "smoke", "bench-8x512", "open-100m", "open-1b"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), expected), names.end()) << expected;
+  }
+  for (const std::string& name : names) {
+    const RunConfig config = LoadRunConfig(name);
+    EXPECT_EQ(config.name, name);
+    std::printf("%-12s %12lld parameters\n", name.c_str(),
+                static_cast<long long>(CountParameters(config.model)));
+  }
+}
+
+TEST(Config, SizesOfTheNamedModels) {
+  EXPECT_EQ(CountParameters(LoadRunConfig("open-1b").model), 1607569408);  // "1.61B"
+  const int64_t tiny = CountParameters(LoadRunConfig("tiny").model);
+  EXPECT_GT(tiny, 800000);
+  EXPECT_LT(tiny, 1300000);
+  const int64_t smoke = CountParameters(LoadRunConfig("smoke").model);
+  EXPECT_GE(smoke, 10000000);
+  EXPECT_LE(smoke, 20000000);
+
+  const ModelConfig bench = LoadRunConfig("bench-8x512").model;
+  EXPECT_EQ(bench.n_layers, 8);
+  EXPECT_EQ(bench.d_model, 512);
+  EXPECT_EQ(bench.n_heads, 8);
+  EXPECT_EQ(bench.n_kv_heads, 2);
+  EXPECT_EQ(bench.head_dim, 64);
+  EXPECT_EQ(bench.ffn_hidden, 1408);
+  EXPECT_EQ(bench.vocab, 8192);
+  EXPECT_EQ(bench.seq_len, 256);
+  EXPECT_EQ(LoadRunConfig("bench-8x512").train.microbatch, 8);
+  const std::vector<ParamSpec> specs = ParameterSpecs(bench);
+  ASSERT_FALSE(bench.embedding_norm);  // so layer 0 starts at index 1
+  EXPECT_EQ(specs[3].name, "layers.0.attn.wk.weight");
+  EXPECT_EQ(specs[3].shape, (std::vector<int64_t>{128, 512}));
+  EXPECT_EQ(specs[7].name, "layers.0.ffn.w_gate_up.weight");
+  EXPECT_EQ(specs[7].shape, (std::vector<int64_t>{2816, 512}));
+
+  const ModelConfig m100 = LoadRunConfig("open-100m").model;
+  EXPECT_EQ(m100.n_layers, 6);
+  EXPECT_EQ(m100.d_model, 768);
+  EXPECT_EQ(m100.n_heads, 12);
+  EXPECT_EQ(m100.n_kv_heads, 4);
+  EXPECT_EQ(m100.head_dim, 64);
+  EXPECT_EQ(m100.ffn_hidden, 2048);
+  EXPECT_EQ(m100.vocab, 128256);
+}
+
+TEST(Config, ParameterOrderAndGroups) {
+  const std::vector<ParamSpec> specs = ParameterSpecs(LoadRunConfig("tiny").model);
+  std::vector<std::string> names;
+  for (const ParamSpec& s : specs) names.push_back(s.name);
+  const std::vector<std::string> expected = {
+      "tok_embeddings.weight",         "emb_norm.weight",
+      "layers.0.attn_norm.weight",     "layers.0.attn.wq.weight",
+      "layers.0.attn.wk.weight",       "layers.0.attn.wv.weight",
+      "layers.0.attn.wo.weight",       "layers.0.ffn_norm.weight",
+      "layers.0.ffn.w_gate_up.weight", "layers.0.ffn.w_down.weight",
+      "layers.1.attn_norm.weight",     "layers.1.attn.wq.weight",
+      "layers.1.attn.wk.weight",       "layers.1.attn.wv.weight",
+      "layers.1.attn.wo.weight",       "layers.1.ffn_norm.weight",
+      "layers.1.ffn.w_gate_up.weight", "layers.1.ffn.w_down.weight",
+      "final_norm.weight",             "output.weight"};
+  EXPECT_EQ(names, expected);
+  for (const ParamSpec& s : specs) {
+    EXPECT_EQ(s.is_matrix, s.shape.size() == 2) << s.name;
+    EXPECT_EQ(s.weight_decay, s.is_matrix && s.name != "tok_embeddings.weight") << s.name;
+  }
+}
+
+TEST(Config, LayerWindowPattern) {
+  const ModelConfig open1b = LoadRunConfig("open-1b").model;
+  for (int64_t l = 0; l < open1b.n_layers; ++l) {
+    const bool full = (l + 1) % 5 == 0 || l == 23;
+    EXPECT_EQ(LayerWindow(open1b, l), full ? 0 : 512) << l;
+  }
+  const ModelConfig tiny = LoadRunConfig("tiny").model;
+  EXPECT_GT(LayerWindow(tiny, 0), 0);
+  EXPECT_EQ(LayerWindow(tiny, 1), 0);
+}
+
+TEST(Config, DescriptorIsCanonicalJson) {
+  const RunConfig config = LoadRunConfig("tiny");
+  const std::string text = DescriptorJson(config);
+  EXPECT_EQ(text.find(' '), std::string::npos) << text;  // compact
+  EXPECT_EQ(text.rfind("{\"contract_version\":", 0), 0u) << text;  // keys sorted
+  const nlohmann::json j = nlohmann::json::parse(text);
+  EXPECT_EQ(j["format_versions"], (nlohmann::json{{"state_hash", 1}, {"checkpoint", 1}, {"shards", 1}}));
+  EXPECT_EQ(j["model"]["init_std"].dump(), "0.02");
+  EXPECT_EQ(j["train"]["vocab_chunk"], 256);
+  EXPECT_EQ(j["name"], "tiny");
+  EXPECT_EQ(j.dump(), text);
+}
+
+// tiny.yaml with `from` (a whole line fragment) replaced by `to`.
+std::string TinyWith(const std::string& from, const std::string& to) {
+  std::string text = ReadFileText(std::filesystem::path(LOCKSTEP_SOURCE_DIR) / "configs/tiny.yaml");
+  const size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  return text.replace(at, from.size(), to);
+}
+
+std::string ErrorOf(const std::string& yaml) {
+  try {
+    ParseRunConfig(yaml, "bad.yaml");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Config, BadConfigsNameTheFieldAndTheValue) {
+  struct Case {
+    std::string from, to;
+    std::vector<std::string> expect;
+  };
+  const std::vector<Case> cases = {
+      {"  d_model: 128", "  d_model: 128\n  dmodel: 64", {"bad.yaml", "unknown key", "model.dmodel"}},
+      {"  beta2: 0.95\n", "", {"bad.yaml", "missing", "train.beta2"}},
+      {"  n_layers: 2", "  n_layers: two", {"bad.yaml", "model.n_layers", "'two'", "integer"}},
+      {"  n_layers: 2", "  n_layers: 2.5", {"model.n_layers", "'2.5'"}},
+      {"  qk_norm: true", "  qk_norm: 3", {"model.qk_norm", "'3'", "boolean"}},
+      {"  n_kv_heads: 2", "  n_kv_heads: 3", {"bad.yaml", "model.n_heads = 4", "model.n_kv_heads = 3"}},
+      {"  head_dim: 32", "  head_dim: 33", {"model.head_dim = 33", "even"}},
+      {"  vocab: 512", "  vocab: 256", {"model.vocab = 256", "257"}},
+      {"  spike_max_skips: 3", "  spike_max_skips: 11", {"bad.yaml", "train.spike_max_skips = 11", "never halt"}},
+      {"  spike_max_skips: 3", "  spike_max_skips: 0", {"train.spike_max_skips = 0"}},
+      {"  vocab_chunk: 256", "  vocab_chunk: 300", {"bad.yaml", "train.vocab_chunk = 300", "multiple of 256"}},
+      {"  vocab_chunk: 256", "  vocab_chunk: 0", {"train.vocab_chunk = 0"}},
+      {"  beta2: 0.95", "  beta2: 1.5", {"train.beta2 = 1.5"}},
+      {"  lr: 3.0e-3", "  lr: -1", {"train.lr = -1"}},
+      {"  schedule: cosine", "  schedule: linear", {"train.schedule = linear"}},
+      {"  seed: 1234", "  seed: -5", {"train.seed", "'-5'"}},
+      {"  norm_eps: 1.0e-5", "  norm_eps: .nan", {"model.norm_eps", "not finite"}},
+      {"train:", "extra: 1\ntrain:", {"unknown key extra"}},
+  };
+  for (const Case& c : cases) {
+    const std::string message = ErrorOf(TinyWith(c.from, c.to));
+    for (const std::string& part : c.expect) {
+      EXPECT_NE(message.find(part), std::string::npos)
+          << "case '" << c.to << "': expected '" << part << "' in: " << message;
+    }
+  }
+  EXPECT_NE(ErrorOf("name: [unclosed").find("bad.yaml"), std::string::npos);
+}
+
+TEST(Config, FileErrorsNameThePath) {
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() / "lockstep_model_bad_config.yaml";
+  WriteFileSynced(path, TinyWith("  vocab_chunk: 256", "  vocab_chunk: 100"));
+  try {
+    LoadRunConfig(path.string());
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path.string() + ": train.vocab_chunk = 100"),
+              std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove(path);
+  EXPECT_THROW(LoadRunConfig("no-such-config"), Error);
+}
+
+}  // namespace
+}  // namespace lockstep

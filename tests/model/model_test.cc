@@ -1,0 +1,336 @@
+// The model's forward and backward: an independent fp64 reference and finite differences,
+// bit-identical results across threads and SIMD variants, and gradient accumulation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "lockstep/core.h"
+#include "lockstep/kernels.h"
+#include "lockstep/model.h"
+
+namespace lockstep {
+namespace {
+
+using Matrix = std::vector<std::vector<double>>;  // [rows][cols]
+
+std::vector<uint32_t> RandomTokens(int64_t n, int64_t vocab, uint32_t seed) {
+  std::vector<uint32_t> ids(static_cast<size_t>(n));
+  uint32_t s = seed;
+  for (uint32_t& id : ids) {
+    s = s * 1664525u + 1013904223u;
+    id = (s >> 8) % static_cast<uint32_t>(vocab);
+  }
+  return ids;
+}
+
+// Initialised parameters with every norm gain moved away from 1, so that a gain applied in the
+// wrong place (or not at all) shows up in the gradient check.
+ParamStore TestParams(const ModelConfig& config) {
+  ParamStore params(ParameterSpecs(config));
+  InitParameters(config, 99, params);
+  uint32_t s = 7;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params.Spec(i).is_matrix) continue;
+    for (float& g : params.Tensor(i)) {
+      s = s * 1664525u + 1013904223u;
+      g = 0.75f + 0.5f * static_cast<float>(s >> 8) * 0x1.0p-24f;
+    }
+  }
+  return params;
+}
+
+// ---- the fp64 reference: the same architecture written naively, sequence by sequence --------
+class Reference {
+ public:
+  Reference(const ModelConfig& c, const ParamStore& params) : c_(c) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      p_.emplace_back(params.Tensor(i).begin(), params.Tensor(i).end());
+    }
+  }
+  std::vector<double>& Tensor(size_t i) { return p_[i]; }
+
+  // grad_scale * Σ_t (loss_t + zloss_t) for one sequence (tokens[T + 1]); per-row losses out.
+  double Objective(const std::vector<uint32_t>& tokens, double grad_scale,
+                   std::vector<double>* row_loss = nullptr) const {
+    const int64_t T = static_cast<int64_t>(tokens.size()) - 1, d = c_.d_model, hd = c_.head_dim;
+    const int64_t hq = c_.n_heads, hkv = c_.n_kv_heads, f = c_.ffn_hidden;
+    size_t next = 0;
+    const std::vector<double>& tok = p_[next++];
+    Matrix x(T, std::vector<double>(d));
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t i = 0; i < d; ++i) x[t][i] = tok[tokens[t] * d + i];
+    }
+    if (c_.embedding_norm) x = Norm(x, &p_[next++]);
+    for (int64_t l = 0; l < c_.n_layers; ++l) {
+      const auto& [attn_norm, wq, wk, wv, wo, ffn_norm, wgu, wdown] =
+          std::tie(p_[next], p_[next + 1], p_[next + 2], p_[next + 3], p_[next + 4],
+                   p_[next + 5], p_[next + 6], p_[next + 7]);
+      next += 8;
+      const Matrix h = Norm(x, &attn_norm);
+      Matrix q = Linear(h, wq, hq * hd), k = Linear(h, wk, hkv * hd);
+      const Matrix v = Linear(h, wv, hkv * hd);
+      HeadsNormRope(q, hq);
+      HeadsNormRope(k, hkv);
+      const int64_t window = LayerWindow(c_, l);
+      Matrix o(T, std::vector<double>(hq * hd, 0.0));
+      for (int64_t head = 0; head < hq; ++head) {
+        const int64_t g = head / (hq / hkv);
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t first = window > 0 ? std::max<int64_t>(0, t - window + 1) : 0;
+          std::vector<double> s;
+          double m = -INFINITY;
+          for (int64_t j = first; j <= t; ++j) {
+            double dot = 0;
+            for (int64_t e = 0; e < hd; ++e) dot += q[t][head * hd + e] * k[j][g * hd + e];
+            s.push_back(dot / std::sqrt(static_cast<double>(hd)));
+            m = std::max(m, s.back());
+          }
+          double z = 0;
+          for (double& si : s) z += (si = std::exp(si - m));
+          for (int64_t j = first; j <= t; ++j) {
+            for (int64_t e = 0; e < hd; ++e) o[t][head * hd + e] += s[j - first] / z * v[j][g * hd + e];
+          }
+        }
+      }
+      Add(x, Linear(o, wo, d));
+      const Matrix gu = Linear(Norm(x, &ffn_norm), wgu, 2 * f);
+      Matrix a(T, std::vector<double>(f));
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t j = 0; j < f; ++j) a[t][j] = gu[t][j] / (1 + std::exp(-gu[t][j])) * gu[t][f + j];
+      }
+      Add(x, Linear(a, wdown, d));
+    }
+    const Matrix logits = Linear(Norm(x, &p_[next]), p_[next + 1], c_.vocab);
+    double objective = 0;
+    if (row_loss) row_loss->clear();
+    for (int64_t t = 0; t < T; ++t) {
+      const double m = *std::max_element(logits[t].begin(), logits[t].end());
+      double sum = 0;
+      for (double z : logits[t]) sum += std::exp(z - m);
+      const double lse = m + std::log(sum);
+      const double loss = lse - logits[t][tokens[t + 1]];
+      if (row_loss) row_loss->push_back(loss);
+      objective += loss + c_.z_loss * lse * lse;
+    }
+    return grad_scale * objective;
+  }
+
+ private:
+  Matrix Linear(const Matrix& x, const std::vector<double>& w, int64_t out) const {
+    const int64_t in = static_cast<int64_t>(x[0].size());
+    Matrix y(x.size(), std::vector<double>(out));
+    for (size_t t = 0; t < x.size(); ++t) {
+      for (int64_t o = 0; o < out; ++o) {
+        double acc = 0;
+        for (int64_t i = 0; i < in; ++i) acc += x[t][i] * w[o * in + i];
+        y[t][o] = acc;
+      }
+    }
+    return y;
+  }
+  // RMSNorm of each row (gain null: gain-free), or of each `width`-wide piece of a row.
+  void NormInPlace(double* x, int64_t n, const double* gain) const {
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+    const double r = 1 / std::sqrt(ss / n + c_.norm_eps);
+    for (int64_t i = 0; i < n; ++i) x[i] = x[i] * r * (gain ? gain[i] : 1.0);
+  }
+  Matrix Norm(Matrix x, const std::vector<double>* gain) const {
+    for (auto& row : x) NormInPlace(row.data(), static_cast<int64_t>(row.size()), gain->data());
+    return x;
+  }
+  void HeadsNormRope(Matrix& x, int64_t heads) const {
+    const int64_t hd = c_.head_dim, half = hd / 2;
+    for (size_t t = 0; t < x.size(); ++t) {
+      for (int64_t h = 0; h < heads; ++h) {
+        double* v = x[t].data() + h * hd;
+        if (c_.qk_norm) NormInPlace(v, hd, nullptr);
+        for (int64_t i = 0; i < half; ++i) {
+          const double angle = t * std::pow(c_.rope_theta, -2.0 * i / hd);
+          const double x1 = v[i], x2 = v[i + half];
+          v[i] = x1 * std::cos(angle) - x2 * std::sin(angle);
+          v[i + half] = x2 * std::cos(angle) + x1 * std::sin(angle);
+        }
+      }
+    }
+  }
+  static void Add(Matrix& x, const Matrix& y) {
+    for (size_t t = 0; t < x.size(); ++t) {
+      for (size_t i = 0; i < x[t].size(); ++i) x[t][i] += y[t][i];
+    }
+  }
+
+  ModelConfig c_;
+  std::vector<std::vector<double>> p_;
+};
+
+// The gradient check runs `tiny` on one sequence of 16 positions: layer 0's window (8) is
+// exercised, and the fp64 reference stays fast.
+TEST(ModelGradient, MatchesFp64FiniteDifferencesOnTiny) {
+  const RunConfig run = LoadRunConfig("tiny");
+  const ModelConfig& config = run.model;
+  constexpr int64_t kSeq = 16;
+  ASSERT_LT(LayerWindow(config, 0), kSeq);
+  const ParamStore params = TestParams(config);
+  const std::vector<uint32_t> tokens = RandomTokens(kSeq + 1, config.vocab, 3);
+  const float grad_scale = 1.0f / kSeq;
+
+  Model model(config, run.train.vocab_chunk, 1, kSeq);
+  ParamStore grads(ParameterSpecs(config));
+  const LossSums sums = model.ForwardBackward(params, tokens, grad_scale, false, grads);
+
+  Reference ref(config, params);
+  std::vector<double> ref_rows;
+  ref.Objective(tokens, grad_scale, &ref_rows);
+  double ref_sum = 0, worst_row = 0;
+  for (int64_t t = 0; t < kSeq; ++t) {
+    ref_sum += ref_rows[t];
+    worst_row = std::max(worst_row, std::fabs(model.RowLoss()[t] - ref_rows[t]));
+  }
+  EXPECT_LT(worst_row, 2e-5);
+  EXPECT_NEAR(sums.loss, ref_sum, 1e-4);
+  std::printf("fp32 vs fp64 loss: worst row error %.3g, sum %.7g vs %.7g\n", worst_row, sums.loss,
+              ref_sum);
+
+  // Central differences of the fp64 objective, step 1e-4 (truncation ~1e-10 relative, rounding
+  // ~1e-12): the error measured is the fp32 gradient's. Each tensor's error is relative to its
+  // largest fp32 gradient element; the worst seen is ~4e-7, the bound 2e-5.
+  constexpr double kStep = 1e-4, kTolerance = 2e-5;
+  constexpr int kSamplesPerTensor = 4;
+  double worst = 0;
+  uint32_t s = 11;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::span<const float> g = grads.Tensor(i);
+    double scale = 0;
+    for (float v : g) scale = std::max(scale, double{std::fabs(v)});
+    ASSERT_GT(scale, 0) << params.Spec(i).name;
+    double tensor_worst = 0;
+    for (int sample = 0; sample < kSamplesPerTensor; ++sample) {
+      s = s * 1664525u + 1013904223u;
+      int64_t e = (s >> 4) % g.size();
+      if (i == 0) {  // the token table: only the rows of the input tokens have a gradient
+        e = tokens[(s >> 4) % kSeq] * config.d_model + (s >> 12) % config.d_model;
+      }
+      double& p = ref.Tensor(i)[e];
+      const double saved = p;
+      p = saved + kStep;
+      const double plus = ref.Objective(tokens, grad_scale);
+      p = saved - kStep;
+      const double minus = ref.Objective(tokens, grad_scale);
+      p = saved;
+      const double fd = (plus - minus) / (2 * kStep);
+      tensor_worst = std::max(tensor_worst, std::fabs(g[e] - fd) / scale);
+    }
+    EXPECT_LT(tensor_worst, kTolerance) << params.Spec(i).name;
+    worst = std::max(worst, tensor_worst);
+  }
+  std::printf("gradient check: worst relative error %.3g over %zu tensors\n", worst, params.size());
+}
+
+// Loss, z-loss and every gradient of one microbatch, concatenated.
+std::vector<float> StepResult(const RunConfig& run, const ParamStore& params,
+                              const std::vector<uint32_t>& tokens, int64_t batch, int64_t seq) {
+  Model model(run.model, run.train.vocab_chunk, batch, seq);
+  ParamStore grads(ParameterSpecs(run.model));
+  const LossSums sums = model.ForwardBackward(params, tokens, 0.01f, false, grads);
+  std::vector<float> out = {sums.loss, sums.zloss};
+  out.insert(out.end(), grads.Flat().begin(), grads.Flat().end());
+  return out;
+}
+
+TEST(ModelDeterminism, SameBitsOnEveryThreadCountAndIsa) {
+  const RunConfig run = LoadRunConfig("tiny");
+  const ParamStore params = TestParams(run.model);
+  // Two sequences of 24 positions keep the sweep (every variant x 3 thread counts) fast while
+  // crossing layer 0's window (8) and the batch boundary.
+  constexpr int64_t kBatch = 2, kSeq = 24;
+  const std::vector<uint32_t> tokens = RandomTokens(kBatch * (kSeq + 1), run.model.vocab, 5);
+  const int threads[] = {1, 2, 3};
+  const auto results =
+      rk::SweepVariants([&] { return StepResult(run, params, tokens, kBatch, kSeq); }, threads);
+  ASSERT_FALSE(results.empty());
+  for (const rk::SweepResult& r : results) {
+    EXPECT_TRUE(r.equal) << r.isa.name << " at " << r.threads << " threads: first difference at "
+                         << r.first_diff;
+  }
+}
+
+// Documented rule (docs/model.md): accumulating microbatch 2 onto microbatch 1 gives, for every
+// matrix and the embedding table, exactly the gradient of the two as one microbatch when
+// microbatch 1 has a multiple of 256 rows; each norm gain's gradient is g1 + g2 (one addition).
+TEST(ModelAccumulate, TwoMicrobatchesFollowTheDocumentedRule) {
+  const RunConfig run = LoadRunConfig("tiny");
+  const ModelConfig& c = run.model;
+  const int64_t batch = 256 / c.seq_len;  // 256 rows per microbatch
+  const ParamStore params = TestParams(c);
+  const std::vector<uint32_t> tokens = RandomTokens(2 * batch * (c.seq_len + 1), c.vocab, 9);
+  const std::span<const uint32_t> first(tokens.data(), tokens.size() / 2);
+  const std::span<const uint32_t> second(tokens.data() + tokens.size() / 2, tokens.size() / 2);
+  const float scale = 1.0f / 512;
+
+  Model half(c, run.train.vocab_chunk, batch, c.seq_len);
+  ParamStore accumulated(ParameterSpecs(c)), g1(ParameterSpecs(c)), g2(ParameterSpecs(c));
+  accumulated.Flat()[3] = 123.0f;  // garbage that overwriting must clear
+  half.ForwardBackward(params, first, scale, false, accumulated);
+  half.ForwardBackward(params, second, scale, true, accumulated);
+  half.ForwardBackward(params, first, scale, false, g1);
+  half.ForwardBackward(params, second, scale, false, g2);
+
+  Model whole(c, run.train.vocab_chunk, 2 * batch, c.seq_len);
+  ParamStore joint(ParameterSpecs(c));
+  whole.ForwardBackward(params, tokens, scale, false, joint);
+
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::span<const float> got = accumulated.Tensor(i);
+    std::vector<float> expected(got.size());
+    if (params.Spec(i).is_matrix) {
+      std::copy(joint.Tensor(i).begin(), joint.Tensor(i).end(), expected.begin());
+    } else {
+      for (size_t e = 0; e < expected.size(); ++e) expected[e] = g1.Tensor(i)[e] + g2.Tensor(i)[e];
+    }
+    EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)), 0)
+        << params.Spec(i).name;
+  }
+}
+
+TEST(ModelForward, LogitsAndLossMatchTraining) {
+  const RunConfig run = LoadRunConfig("tiny");
+  const ModelConfig& c = run.model;
+  const ParamStore params = TestParams(c);
+  const int64_t T = c.seq_len;
+  const std::vector<uint32_t> tokens = RandomTokens(2 * (T + 1), c.vocab, 21);
+  Model training(c, run.train.vocab_chunk, 2, T);
+  training.Forward(params, tokens);
+
+  // The second sequence alone, as `lockstep forward` runs it: the same loss bits.
+  const std::vector<uint32_t> row(tokens.begin() + (T + 1), tokens.end());
+  Model single(c, run.train.vocab_chunk, 1, T);
+  single.Forward(params, row);
+  EXPECT_EQ(std::memcmp(single.RowLoss().data(), training.RowLoss().data() + T, T * sizeof(float)), 0);
+
+  std::vector<float> logits(static_cast<size_t>(T * c.vocab));
+  single.Logits(params, logits);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* z = logits.data() + t * c.vocab;
+    double sum = 0;
+    const double m = *std::max_element(z, z + c.vocab);
+    for (int64_t v = 0; v < c.vocab; ++v) sum += std::exp(z[v] - m);
+    EXPECT_NEAR(single.RowLoss()[t], m + std::log(sum) - z[row[t + 1]], 1e-5) << t;
+  }
+}
+
+TEST(ModelForward, RejectsBadShapes) {
+  const RunConfig run = LoadRunConfig("tiny");
+  EXPECT_THROW(Model(run.model, 256, 1, run.model.seq_len + 1), Error);
+  Model model(run.model, 256, 1, 8);
+  const ParamStore params = TestParams(run.model);
+  EXPECT_THROW(model.Forward(params, std::vector<uint32_t>(8, 0)), Error);
+  EXPECT_THROW(model.Forward(params, std::vector<uint32_t>(9, 100000)), Error);
+  ParamStore wrong(ParameterSpecs(LoadRunConfig("smoke").model));
+  EXPECT_THROW(model.Forward(wrong, std::vector<uint32_t>(9, 0)), Error);
+}
+
+}  // namespace
+}  // namespace lockstep

@@ -1,0 +1,240 @@
+// Checkpoints: round trip, byte-identical rewrites, every damaged-file case named, the latest
+// complete checkpoint, the state-hash log, and the independent Python recomputation.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "state/state_fixtures.h"
+
+namespace lockstep {
+namespace {
+namespace fs = std::filesystem;
+using test::ExpectError;
+using test::SampleState;
+
+class CheckpointTest : public test::ScratchDirTest {};
+
+void ExpectSameBits(std::span<const float> a, std::span<const float> b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size_bytes())) << what;
+}
+
+// Replaces a checkpoint file and updates its COMPLETE entry, as a forger would: the damage
+// then has to be caught by the file's own parser or by the state hash.
+void Forge(const fs::path& dir, const std::string& name, const std::string& text) {
+  WriteFileSynced(dir / name, text);
+  nlohmann::json complete = nlohmann::json::parse(ReadFileText(dir / "COMPLETE"));
+  const auto bytes = std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size());
+  complete["files"][name] = {{"blake2b", ToHex(Blake2b256(bytes))}, {"size", text.size()}};
+  WriteFileSynced(dir / "COMPLETE", complete.dump(2) + "\n");
+}
+
+std::string Replace(std::string text, const std::string& from, const std::string& to) {
+  const size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) text.replace(at, from.size(), to);
+  return text;
+}
+
+TEST_F(CheckpointTest, RoundTripKeepsStateTensorsAndHash) {
+  const SampleState s;
+  // What a writer that crashed at this step left behind is replaced.
+  fs::create_directories(dir_ / "checkpoints" / ".tmp-step_000000007");
+  WriteFileSynced(dir_ / "checkpoints" / ".tmp-step_000000007" / "model.safetensors", "junk");
+  const fs::path dir = WriteCheckpoint(dir_, s.state, s.Tensors());
+  EXPECT_EQ(dir, dir_ / "checkpoints" / "step_000000007");
+  EXPECT_EQ(dir, CheckpointDir(dir_, 7));
+  EXPECT_FALSE(fs::exists(dir_ / "checkpoints" / ".tmp-step_000000007"));
+
+  const Checkpoint c = ReadCheckpoint(dir);
+  const StepState& got = c.state;
+  EXPECT_EQ(got.step, s.state.step);
+  EXPECT_EQ(got.optimizer_step, s.state.optimizer_step);
+  EXPECT_EQ(std::bit_cast<uint32_t>(got.lr), std::bit_cast<uint32_t>(s.state.lr));
+  EXPECT_EQ(std::bit_cast<uint32_t>(got.grad_norm), std::bit_cast<uint32_t>(s.state.grad_norm));
+  EXPECT_EQ(std::bit_cast<uint32_t>(got.clip_factor), std::bit_cast<uint32_t>(s.state.clip_factor));
+  EXPECT_EQ(got.skipped, s.state.skipped);
+  EXPECT_EQ(got.tokens_digest, s.state.tokens_digest);
+  EXPECT_EQ(got.rng_seed, s.state.rng_seed);
+  EXPECT_EQ(got.rng_counter, s.state.rng_counter);
+  EXPECT_EQ(got.data_cursor, s.state.data_cursor);
+  EXPECT_EQ(got.spike.total_skips, s.state.spike.total_skips);
+  EXPECT_EQ(got.spike.recent_skips, s.state.spike.recent_skips);
+  EXPECT_EQ(got.prev_hash, s.state.prev_hash);
+  EXPECT_EQ(got.descriptor, s.state.descriptor);
+
+  const std::vector<TensorState> want = s.Tensors();
+  ASSERT_EQ(c.tensors.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(c.tensors[i].name, want[i].name);
+    EXPECT_EQ(c.tensors[i].shape, want[i].shape);
+    ExpectSameBits(c.tensors[i].param, want[i].param, want[i].name + " param");
+    ExpectSameBits(c.tensors[i].m, want[i].m, want[i].name + " m");
+    ExpectSameBits(c.tensors[i].v, want[i].v, want[i].name + " v");
+    ExpectSameBits(c.tensors[i].grad, want[i].grad, want[i].name + " grad");
+  }
+  const Digest expected = ComputeStateHash(s.state, want).hash;
+  EXPECT_EQ(c.state_hash, expected);
+  EXPECT_EQ(VerifyCheckpointHash(c).hash, expected);
+
+  // The optimizer file uses the exp_avg / exp_avg_sq names.
+  EXPECT_EQ(c.optimizer.tensors()[0].name, "embed.weight.exp_avg");
+  EXPECT_EQ(c.optimizer.tensors()[1].name, "embed.weight.exp_avg_sq");
+}
+
+TEST_F(CheckpointTest, SameStateGivesIdenticalBytesAndRewritesAreNoOps) {
+  const SampleState s;
+  const fs::path a = WriteCheckpoint(dir_ / "run_a", s.state, s.Tensors());
+  const fs::path b = WriteCheckpoint(dir_ / "run_b", s.state, s.Tensors());
+  for (const char* name : {"model.safetensors", "optimizer.safetensors", "grads.safetensors",
+                           "meta.json", "COMPLETE"}) {
+    EXPECT_EQ(ReadFileBytes(a / name), ReadFileBytes(b / name)) << name;
+  }
+  EXPECT_EQ(WriteCheckpoint(dir_ / "run_a", s.state, s.Tensors()), a);
+
+  SampleState other;
+  other.state.rng_counter++;
+  ExpectError([&] { WriteCheckpoint(dir_ / "run_a", other.state, other.Tensors()); },
+              {a.string(), "already exists", "refusing"});
+  EXPECT_FALSE(fs::exists(dir_ / "run_a" / "checkpoints" / ".tmp-step_000000007"));
+  EXPECT_EQ(ReadCheckpoint(a).state.rng_counter, s.state.rng_counter);
+}
+
+TEST_F(CheckpointTest, DamagedCheckpointsNameTheFile) {
+  const SampleState s;
+  const fs::path dir = WriteCheckpoint(dir_, s.state, s.Tensors());
+  const std::vector<uint8_t> model = ReadFileBytes(dir / "model.safetensors");
+
+  WriteFileSynced(dir / "model.safetensors", std::span(model).first(model.size() - 3));
+  ExpectError([&] { ReadCheckpoint(dir); },
+              {(dir / "model.safetensors").string(), std::to_string(model.size() - 3) + " bytes",
+               "lists " + std::to_string(model.size())});
+
+  std::vector<uint8_t> flipped = model;
+  flipped[flipped.size() - 5] ^= 0x10;
+  WriteFileSynced(dir / "model.safetensors", flipped);
+  ExpectError([&] { ReadCheckpoint(dir); },
+              {(dir / "model.safetensors").string(), ToHex(Blake2b256(flipped)),
+               ToHex(Blake2b256(model)), "corrupt"});
+  WriteFileSynced(dir / "model.safetensors", model);
+  EXPECT_NO_THROW(ReadCheckpoint(dir));
+
+  fs::rename(dir / "grads.safetensors", dir / "grads.moved");
+  ExpectError([&] { ReadCheckpoint(dir); }, {(dir / "grads.safetensors").string(), "missing"});
+  fs::rename(dir / "grads.moved", dir / "grads.safetensors");
+
+  fs::remove(dir / "COMPLETE");
+  ExpectError([&] { ReadCheckpoint(dir); }, {dir.string(), "no COMPLETE"});
+}
+
+TEST_F(CheckpointTest, ForgedMetaIsCaughtByItsParserOrByTheHash) {
+  const SampleState s;
+  const fs::path dir = WriteCheckpoint(dir_, s.state, s.Tensors());
+  const std::string meta = ReadFileText(dir / "meta.json");
+
+  Forge(dir, "meta.json", Replace(meta, "\"rng_seed\": 1234", "\"rng_seed\": -1234"));
+  ExpectError([&] { ReadCheckpoint(dir); },
+              {(dir / "meta.json").string(), "\"rng_seed\"", "unsigned integer", "-1234"});
+  Forge(dir, "meta.json", Replace(meta, "\"lr_bits\": \"", "\"lr_bits\": \"x"));
+  ExpectError([&] { ReadCheckpoint(dir); }, {(dir / "meta.json").string(), "\"lr_bits\""});
+  Forge(dir, "meta.json", Replace(meta, "\"step\": 7", "\"step\": 8"));
+  ExpectError([&] { ReadCheckpoint(dir); }, {"\"step\" is 8", "named for step 7"});
+
+  // Well-formed but altered: only the state hash can tell.
+  Forge(dir, "meta.json", Replace(meta, "\"data_cursor\": 56", "\"data_cursor\": 57"));
+  const Checkpoint c = ReadCheckpoint(dir);
+  ExpectError([&] { VerifyCheckpointHash(c); }, {dir.string(), "recomputed", ToHex(c.state_hash)});
+}
+
+TEST_F(CheckpointTest, TensorFilesMustAgree) {
+  const SampleState s;
+  const fs::path dir = WriteCheckpoint(dir_, s.state, s.Tensors());
+  // grads.safetensors with one tensor renamed (and valid metadata and COMPLETE entry).
+  const SafetensorsFile grads = ReadSafetensors(dir / "grads.safetensors");
+  std::vector<NamedTensor> renamed = grads.tensors();
+  renamed[1].name = "other";
+  const std::vector<uint8_t> bytes = SafetensorsBytes(renamed, grads.metadata());
+  Forge(dir, "grads.safetensors", std::string(bytes.begin(), bytes.end()));
+  ExpectError([&] { ReadCheckpoint(dir); },
+              {(dir / "grads.safetensors").string(), "no tensor named 'final_norm.gain'"});
+}
+
+TEST_F(CheckpointTest, LatestCompleteCheckpointIgnoresTempAndIncompleteDirs) {
+  EXPECT_EQ(LatestCompleteCheckpoint(dir_), std::nullopt);
+  SampleState s;
+  for (uint64_t step : {5, 10}) {
+    s.state.step = step;
+    WriteCheckpoint(dir_, s.state, s.Tensors());
+  }
+  const fs::path checkpoints = dir_ / "checkpoints";
+  fs::create_directories(checkpoints / ".tmp-step_000000020");
+  WriteFileSynced(checkpoints / ".tmp-step_000000020" / "COMPLETE", "{}");
+  fs::create_directories(checkpoints / "step_000000015");  // renamed in without COMPLETE
+  fs::create_directories(checkpoints / "step_12");         // not a canonical name
+  WriteFileSynced(checkpoints / "step_12" / "COMPLETE", "{}");
+  EXPECT_EQ(LatestCompleteCheckpoint(dir_), checkpoints / "step_000000010");
+}
+
+TEST_F(CheckpointTest, StateHashLogRoundTripAndValidation) {
+  const fs::path path = dir_ / "state_hashes.jsonl";
+  std::vector<StateHashLine> lines;
+  for (uint64_t step = 0; step < 3; ++step) {
+    StateHashLine line{.step = step};
+    line.hash.fill(static_cast<uint8_t>(step * 17));
+    AppendStateHashLine(path, line);
+    lines.push_back(line);
+  }
+  EXPECT_EQ(ReadStateHashLines(path), lines);
+  EXPECT_EQ(ReadFileText(path).substr(0, 20), "{\"step\": 0, \"hash\": ");
+
+  WriteStateHashLines(path, std::span(lines).first(2));
+  EXPECT_EQ(ReadStateHashLines(path), std::vector(lines.begin(), lines.begin() + 2));
+
+  const std::string good = ReadFileText(path);
+  WriteFileSynced(path, good + "{\"step\": 2, \"hash\": \"00");
+  ExpectError([&] { ReadStateHashLines(path); }, {path.string(), "line 3", "newline"});
+  WriteFileSynced(path, good + "{\"step\": 1, \"hash\": \"" + std::string(64, 'a') + "\"}\n");
+  ExpectError([&] { ReadStateHashLines(path); }, {"line 3", "step 1 does not follow step 1"});
+  WriteFileSynced(path, good + "{\"step\": 2, \"hash\": \"" + std::string(63, 'a') + "\"}\n");
+  ExpectError([&] { ReadStateHashLines(path); }, {"line 3", "\"hash\"", "63 characters"});
+  WriteFileSynced(path, good + "{\"step\": 2}\n");
+  ExpectError([&] { ReadStateHashLines(path); }, {"line 3", "missing field \"hash\""});
+}
+
+// tools/state_hash.py recomputes the hash from the files with nothing but Python's stdlib: the
+// auditor's independent check of the byte layout.
+TEST_F(CheckpointTest, PythonRecomputesTheStateHash) {
+  if (std::system("python3 --version > /dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "python3 is not installed: the independent recomputation is not checked";
+  }
+  const SampleState s;
+  const fs::path dir = WriteCheckpoint(dir_, s.state, s.Tensors());
+  const auto run = [&](std::string* output) {
+    const std::string command = std::string("python3 ") + LOCKSTEP_SOURCE_DIR +
+                                "/tools/state_hash.py '" + dir.string() + "' 2>/dev/null";
+    FILE* pipe = ::popen(command.c_str(), "r");
+    if (pipe == nullptr) ADD_FAILURE() << "popen failed: " << command;
+    char buf[256];
+    while (pipe != nullptr && std::fgets(buf, sizeof buf, pipe) != nullptr) *output += buf;
+    const int status = pipe == nullptr ? -1 : ::pclose(pipe);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  std::string output;
+  EXPECT_EQ(run(&output), 0);
+  EXPECT_EQ(output, ToHex(ComputeStateHash(s.state, s.Tensors()).hash) + "\n");
+
+  // A forged (self-consistent) meta.json: the script recomputes a different hash, exit 1.
+  Forge(dir, "meta.json",
+        Replace(ReadFileText(dir / "meta.json"), "\"rng_counter\": 99", "\"rng_counter\": 98"));
+  SampleState forged;
+  forged.state.rng_counter = 98;
+  output.clear();
+  EXPECT_EQ(run(&output), 1);
+  EXPECT_EQ(output, ToHex(ComputeStateHash(forged.state, forged.Tensors()).hash) + "\n");
+}
+
+}  // namespace
+}  // namespace lockstep

@@ -1,0 +1,160 @@
+// safetensors: round trip, byte determinism, and an error naming the file for every kind of
+// malformed input.
+#include <bit>
+#include <cstring>
+
+#include "state/state_fixtures.h"
+
+namespace lockstep {
+namespace {
+using test::ExpectError;
+
+class SafetensorsTest : public test::ScratchDirTest {};
+
+const std::vector<float> kMatrix = {1.0f, -2.5f, 0.0f, -0.0f, 1e-40f, 3.0f};
+const std::vector<float> kScalar = {42.0f};
+
+std::vector<NamedTensor> SampleTensors() {
+  // Deliberately not in name order: the data must be laid out in the given order.
+  return {{"z.weight", {2, 3}, kMatrix}, {"a.scalar", {}, kScalar}, {"empty", {0, 4}, {}}};
+}
+
+// A file made of a hand-written header (padded as the writer pads) and `data_size` zero bytes.
+std::vector<uint8_t> FileWithHeader(std::string header, size_t data_size) {
+  header.resize((header.size() + 7) / 8 * 8, ' ');
+  std::vector<uint8_t> bytes(8 + header.size() + data_size, 0);
+  const uint64_t n = header.size();
+  std::memcpy(bytes.data(), &n, 8);
+  std::memcpy(bytes.data() + 8, header.data(), header.size());
+  return bytes;
+}
+
+void ExpectParseError(const std::vector<uint8_t>& bytes, std::initializer_list<std::string> words) {
+  ExpectError([&] { ParseSafetensors(bytes, "bad.safetensors"); }, {"bad.safetensors"});
+  ExpectError([&] { ParseSafetensors(bytes, "bad.safetensors"); }, words);
+}
+
+TEST_F(SafetensorsTest, RoundTripKeepsOrderShapesBitsAndMetadata) {
+  const auto path = dir_ / "t.safetensors";
+  const std::vector<NamedTensor> tensors = SampleTensors();
+  const std::map<std::string, std::string> metadata = {{"step", "7"}, {"format", "x"}};
+  WriteSafetensors(path, tensors, metadata);
+
+  const SafetensorsFile file = ReadSafetensors(path);
+  EXPECT_EQ(file.path(), path);
+  EXPECT_EQ(file.metadata(), metadata);
+  ASSERT_EQ(file.tensors().size(), tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const NamedTensor& got = file.tensors()[i];
+    EXPECT_EQ(got.name, tensors[i].name);
+    EXPECT_EQ(got.shape, tensors[i].shape);
+    ASSERT_EQ(got.data.size(), tensors[i].data.size());
+    EXPECT_EQ(0, std::memcmp(got.data.data(), tensors[i].data.data(), got.data.size_bytes()))
+        << got.name;
+  }
+  EXPECT_EQ(std::bit_cast<uint32_t>(file.Get("z.weight").data[3]), 0x80000000u);  // -0.0 kept
+  ExpectError([&] { file.Get("missing"); }, {path.string(), "missing"});
+}
+
+TEST_F(SafetensorsTest, BytesAreCanonical) {
+  const std::vector<uint8_t> a = SafetensorsBytes(SampleTensors(), {{"k", "v"}});
+  const std::vector<uint8_t> b = SafetensorsBytes(SampleTensors(), {{"k", "v"}});
+  EXPECT_EQ(a, b);
+  WriteSafetensors(dir_ / "t.safetensors", SampleTensors(), {{"k", "v"}});
+  EXPECT_EQ(ReadFileBytes(dir_ / "t.safetensors"), a);
+
+  uint64_t header_size;
+  std::memcpy(&header_size, a.data(), 8);
+  EXPECT_EQ(header_size % 8, 0u);
+  const std::string header(a.begin() + 8, a.begin() + 8 + static_cast<int64_t>(header_size));
+  EXPECT_EQ(header, R"({"__metadata__":{"k":"v"},"a.scalar":{"data_offsets":[24,28],"dtype":"F32",)"
+                    R"("shape":[]},"empty":{"data_offsets":[28,28],"dtype":"F32","shape":[0,4]},)"
+                    R"("z.weight":{"data_offsets":[0,24],"dtype":"F32","shape":[2,3]}}     )");
+  EXPECT_EQ(a.size(), 8 + header_size + 28);
+  // No metadata: no "__metadata__" entry.
+  const std::vector<uint8_t> bare = SafetensorsBytes(SampleTensors(), {});
+  EXPECT_EQ(std::string(bare.begin(), bare.end()).find("__metadata__"), std::string::npos);
+}
+
+TEST_F(SafetensorsTest, WriterRejectsBadTensors) {
+  const std::vector<float> three(3);
+  const auto write = [&](std::vector<NamedTensor> tensors) {
+    WriteSafetensors(dir_ / "w.safetensors", tensors, {});
+  };
+  const std::vector<NamedTensor> short_data = {{"a", {2, 2}, three}};
+  ExpectError([&] { write(short_data); },
+              {"w.safetensors", "'a'", "[2, 2] has 4 elements", "data has 3"});
+  ExpectError([&] { write({{"a", {3}, three}, {"a", {3}, three}}); }, {"duplicate", "'a'"});
+  ExpectError([&] { write({{"__metadata__", {3}, three}}); }, {"reserved"});
+  ExpectError([&] { write({{"", {3}, three}}); }, {"empty"});
+  ExpectError([&] { write({{"a", {-1, -3}, three}}); }, {"negative dimension -1"});
+}
+
+TEST_F(SafetensorsTest, TruncatedOrMisSizedFilesNameTheFile) {
+  const std::vector<uint8_t> good = SafetensorsBytes(SampleTensors(), {});
+  ExpectParseError({good.begin(), good.begin() + 5}, {"5 bytes", "too short"});
+  ExpectParseError({good.begin(), good.end() - 4}, {"'a.scalar'", "[24, 28] out of range"});
+  std::vector<uint8_t> long_header = good;
+  long_header[6] = 1;  // header length 2^48 + ...
+  ExpectParseError(long_header, {"header length", "exceeds"});
+
+  // Written to disk and truncated: the reader names the path.
+  const auto path = dir_ / "cut.safetensors";
+  WriteFileSynced(path, std::span(good).first(good.size() - 1));
+  ExpectError([&] { ReadSafetensors(path); }, {path.string(), "out of range"});
+  // Extra bytes after the last tensor are refused too.
+  std::vector<uint8_t> longer = good;
+  longer.resize(good.size() + 4);
+  ExpectParseError(longer, {"cover 28 bytes", "holds 32"});
+}
+
+TEST_F(SafetensorsTest, MalformedHeadersNameTheProblem) {
+  ExpectParseError(FileWithHeader(R"({"a": {"dtype": "F32", )", 0), {"invalid JSON"});
+  ExpectParseError(FileWithHeader("[1, 2]", 0), {"must be a JSON object"});
+  ExpectParseError(FileWithHeader(R"({"a":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}})", 4),
+                   {"'a'", "dtype \"F16\"", "F32 only"});
+  ExpectParseError(FileWithHeader(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", 8),
+                   {"'a'", "[0, 16] out of range", "8 bytes"});
+  ExpectParseError(FileWithHeader(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[4,0]}})", 8),
+                   {"'a'", "[4, 0] out of range"});
+  ExpectParseError(FileWithHeader(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
+                   {"'a'", "[3] needs 12 bytes", "span 8"});
+  ExpectParseError(FileWithHeader(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                  R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                                  12),
+                   {"'b'", "[4, 12] overlap", "ends at 8"});
+  ExpectParseError(FileWithHeader(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                                  R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+                                  12),
+                   {"'b'", "leave a gap"});
+  ExpectParseError(FileWithHeader(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8),
+                   {"'a'", "shape entry", "unsigned integer", "-2"});
+  ExpectParseError(
+      FileWithHeader(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", 8),
+      {"'a'", "unknown field \"x\""});
+  ExpectParseError(FileWithHeader(R"({"a":{"dtype":"F32","shape":[2]}})", 8),
+                   {"'a'", "missing field \"data_offsets\""});
+  ExpectParseError(FileWithHeader(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                                  R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                                  4),
+                   {"duplicate key \"a\""});
+  ExpectParseError(FileWithHeader(R"({"__metadata__":{"k":1}})", 0), {"\"k\"", "must be a string"});
+}
+
+TEST_F(SafetensorsTest, UnpaddedHeaderFromAnotherWriterIsRead) {
+  // 53-byte header (not a multiple of 4): the data must still be readable as floats.
+  const std::string header = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  std::vector<uint8_t> bytes(8 + header.size() + 8);
+  const uint64_t n = header.size();
+  std::memcpy(bytes.data(), &n, 8);
+  std::memcpy(bytes.data() + 8, header.data(), header.size());
+  const float values[2] = {1.5f, -7.0f};
+  std::memcpy(bytes.data() + 8 + header.size(), values, 8);
+  const SafetensorsFile file = ParseSafetensors(bytes, "foreign.safetensors");
+  ASSERT_EQ(file.Get("a").data.size(), 2u);
+  EXPECT_EQ(file.Get("a").data[0], 1.5f);
+  EXPECT_EQ(file.Get("a").data[1], -7.0f);
+}
+
+}  // namespace
+}  // namespace lockstep

@@ -1,0 +1,100 @@
+// Shared helpers for the state tests: a scratch directory, a small deterministic training
+// state, and error expectations.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <filesystem>
+#include <functional>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "lockstep/state.h"
+
+namespace lockstep::test {
+
+// Expects `call` to throw lockstep::Error whose message contains every one of `words`.
+inline void ExpectError(const std::function<void()>& call,
+                        std::initializer_list<std::string> words) {
+  try {
+    call();
+    ADD_FAILURE() << "no lockstep::Error thrown";
+  } catch (const Error& e) {
+    for (const std::string& w : words) {
+      EXPECT_NE(std::string(e.what()).find(w), std::string::npos)
+          << "'" << w << "' missing from: " << e.what();
+    }
+  }
+}
+
+// A fresh directory per test, removed afterwards.
+class ScratchDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           (std::string("lockstep_state_") + info->test_suite_name() + "_" + info->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::filesystem::path dir_;
+};
+
+// Two parameters with moments and gradients whose values cover the awkward cases: negative
+// zero, a subnormal, large and small magnitudes.
+struct SampleState {
+  struct Arrays {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::vector<float> param, m, v, grad;
+  };
+  std::vector<Arrays> arrays;
+  StepState state;
+
+  SampleState() {
+    arrays.push_back(MakeArrays("embed.weight", {4, 3}, 1));
+    arrays.push_back(MakeArrays("final_norm.gain", {3}, 2));
+    arrays[0].param[5] = -0.0f;
+    arrays[1].grad[2] = std::bit_cast<float>(uint32_t{0x00000003});  // subnormal
+    state.step = 7;
+    state.optimizer_step = 6;
+    state.lr = 3e-4f;
+    state.grad_norm = 1.25f;
+    state.clip_factor = 0.8f;
+    state.skipped = false;
+    for (size_t i = 0; i < state.tokens_digest.size(); ++i) state.tokens_digest[i] = uint8_t(i);
+    state.rng_seed = 1234;
+    state.rng_counter = 99;
+    state.data_cursor = 56;
+    state.spike = {.total_skips = 1, .recent_skips = {3}};
+    state.prev_hash.fill(0xab);
+    state.descriptor = "{\"config\":\"tiny\",\"contract\":1,\"note\":\"caf\xc3\xa9\"}";  // UTF-8
+  }
+
+  std::vector<TensorState> Tensors() const {
+    std::vector<TensorState> tensors;
+    for (const Arrays& a : arrays) tensors.push_back({a.name, a.shape, a.param, a.m, a.v, a.grad});
+    return tensors;
+  }
+
+ private:
+  static Arrays MakeArrays(std::string name, std::vector<int64_t> shape, int seed) {
+    int64_t count = 1;
+    for (int64_t d : shape) count *= d;
+    Arrays a{std::move(name), std::move(shape), {}, {}, {}, {}};
+    for (int64_t i = 0; i < count; ++i) {
+      const float x = static_cast<float>(i + 1) * 0.37f * static_cast<float>(seed);
+      a.param.push_back(x - 1.5f);
+      a.m.push_back(x * 1e-3f);
+      a.v.push_back(x * x * 1e-6f);
+      a.grad.push_back(-x * 0.125f);
+    }
+    return a;
+  }
+};
+
+}  // namespace lockstep::test

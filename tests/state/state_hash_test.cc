@@ -1,0 +1,115 @@
+// The state hash: pinned layout, independence from the thread count, and sensitivity to every
+// component with the per-component digest naming what changed.
+#include <bit>
+#include <functional>
+
+#include "state/state_fixtures.h"
+
+namespace lockstep {
+namespace {
+using test::ExpectError;
+using test::SampleState;
+
+void FlipLowBit(float& x) { x = std::bit_cast<float>(std::bit_cast<uint32_t>(x) ^ 1u); }
+
+TEST(StateHash, PinnedValueOfTheSampleState) {
+  // The layout is normative (docs/formats/state-hash.md; tools/state_hash.py recomputes it):
+  // this value changes only with a deliberate, versioned layout change.
+  const SampleState s;
+  EXPECT_EQ(ToHex(ComputeStateHash(s.state, s.Tensors()).hash),
+            "054b1bff46766bae23629eade068710a88ca839f76c3ba86582b4ab8650165f9");
+}
+
+TEST(StateHash, ComponentsInHashOrder) {
+  const SampleState s;
+  const StateHash h = ComputeStateHash(s.state, s.Tensors());
+  std::vector<std::string> names;
+  for (const auto& [name, digest] : h.components) names.push_back(name);
+  EXPECT_EQ(names,
+            (std::vector<std::string>{
+                "prev_hash", "scalars", "descriptor", "tokens", "layout", "param:embed.weight",
+                "m:embed.weight", "v:embed.weight", "grad:embed.weight", "param:final_norm.gain",
+                "m:final_norm.gain", "v:final_norm.gain", "grad:final_norm.gain"}));
+  EXPECT_EQ(h.components[0].second, s.state.prev_hash);
+  EXPECT_EQ(h.components[3].second, s.state.tokens_digest);
+  // A tensor digest is the plain BLAKE2b-256 of the array's little-endian bytes.
+  EXPECT_EQ(h.components[5].second, Blake2b().Update(s.arrays[0].param).Final());
+}
+
+TEST(StateHash, SameAtAnyThreadCountAndWhenStreamed) {
+  const SampleState s;
+  SetThreads(1);
+  const StateHash one = ComputeStateHash(s.state, s.Tensors());
+  for (int threads : {2, 3, 7}) {
+    SetThreads(threads);
+    EXPECT_EQ(ComputeStateHash(s.state, s.Tensors()).hash, one.hash) << threads << " threads";
+  }
+  SetThreads(1);
+  std::vector<TensorDigest> streamed;
+  for (const TensorState& t : s.Tensors()) streamed.push_back(DigestTensor(t));
+  const StateHash from_digests = StateHashFromDigests(s.state, streamed);
+  EXPECT_EQ(from_digests.hash, one.hash);
+  EXPECT_EQ(from_digests.components, one.components);
+}
+
+TEST(StateHash, EveryComponentChangesTheHashAndIsNamed) {
+  struct Change {
+    const char* what;
+    std::function<void(SampleState&)> apply;
+    std::vector<std::string> differing;
+  };
+  const std::vector<Change> changes = {
+      {"param bit",
+       [](SampleState& s) { FlipLowBit(s.arrays[0].param[4]); },
+       {"param:embed.weight"}},
+      {"-0.0 -> +0.0", [](SampleState& s) { s.arrays[0].param[5] = 0.0f; }, {"param:embed.weight"}},
+      {"m bit", [](SampleState& s) { FlipLowBit(s.arrays[1].m[0]); }, {"m:final_norm.gain"}},
+      {"v bit", [](SampleState& s) { FlipLowBit(s.arrays[0].v[11]); }, {"v:embed.weight"}},
+      {"grad bit",
+       [](SampleState& s) { FlipLowBit(s.arrays[1].grad[2]); },
+       {"grad:final_norm.gain"}},
+      {"step", [](SampleState& s) { s.state.step++; }, {"scalars"}},
+      {"optimizer_step", [](SampleState& s) { s.state.optimizer_step++; }, {"scalars"}},
+      {"lr", [](SampleState& s) { FlipLowBit(s.state.lr); }, {"scalars"}},
+      {"grad_norm", [](SampleState& s) { FlipLowBit(s.state.grad_norm); }, {"scalars"}},
+      {"clip_factor", [](SampleState& s) { s.state.clip_factor = 1.0f; }, {"scalars"}},
+      {"skipped", [](SampleState& s) { s.state.skipped = true; }, {"scalars"}},
+      {"rng_seed", [](SampleState& s) { s.state.rng_seed ^= 1u << 20; }, {"scalars"}},
+      {"rng_counter", [](SampleState& s) { s.state.rng_counter++; }, {"scalars"}},
+      {"data_cursor", [](SampleState& s) { s.state.data_cursor++; }, {"scalars"}},
+      {"spike total", [](SampleState& s) { s.state.spike.total_skips++; }, {"scalars"}},
+      {"spike window", [](SampleState& s) { s.state.spike.recent_skips = {4}; }, {"scalars"}},
+      {"spike window size",
+       [](SampleState& s) { s.state.spike.recent_skips.push_back(5); },
+       {"scalars"}},
+      {"tokens", [](SampleState& s) { s.state.tokens_digest[31] ^= 1; }, {"tokens"}},
+      {"descriptor", [](SampleState& s) { s.state.descriptor.back() = ' '; }, {"descriptor"}},
+      {"prev_hash", [](SampleState& s) { s.state.prev_hash[0] ^= 0x80; }, {"prev_hash"}},
+      {"shape", [](SampleState& s) { s.arrays[0].shape.assign({3, 4}); }, {"layout"}},
+      // Components are matched by name: reordering tensors shows up in the layout only.
+      {"order", [](SampleState& s) { std::swap(s.arrays[0], s.arrays[1]); }, {"layout"}},
+  };
+  const SampleState base;
+  const StateHash base_hash = ComputeStateHash(base.state, base.Tensors());
+  for (const Change& change : changes) {
+    SampleState changed;
+    change.apply(changed);
+    const StateHash h = ComputeStateHash(changed.state, changed.Tensors());
+    EXPECT_NE(h.hash, base_hash.hash) << change.what;
+    EXPECT_EQ(DifferingComponents(base_hash, h), change.differing) << change.what;
+  }
+}
+
+TEST(StateHash, RejectsInconsistentTensors) {
+  SampleState s;
+  std::vector<TensorState> tensors = s.Tensors();
+  tensors[1].v = tensors[1].v.first(2);
+  ExpectError([&] { ComputeStateHash(s.state, tensors); },
+              {"'final_norm.gain'", "v has 2 elements", "[3] has 3"});
+  tensors = s.Tensors();
+  tensors[1].name = tensors[0].name;
+  ExpectError([&] { ComputeStateHash(s.state, tensors); }, {"duplicate", "'embed.weight'"});
+}
+
+}  // namespace
+}  // namespace lockstep

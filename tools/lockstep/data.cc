@@ -1,0 +1,144 @@
+// `lockstep data synth|tokenize|inspect`: build token shards and verify them
+// (docs/formats/shards.md).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockstep/core.h"
+#include "lockstep/data.h"
+#include "tools/lockstep/commands.h"
+
+namespace lockstep::cli {
+namespace {
+
+struct SynthOptions {
+  std::string out;
+  uint64_t seed = 0;
+  uint64_t tokens = data::kDefaultSynthTokens;
+  uint64_t shard_tokens = data::kDefaultShardTokens;
+};
+
+struct TokenizeOptions {
+  std::vector<std::string> inputs;
+  std::string out;
+  uint64_t shard_tokens = data::kDefaultShardTokens;
+};
+
+struct InspectOptions {
+  std::string dir;
+  uint64_t show_tokens = 200;
+};
+
+void PrintSummary(const data::Dataset& dataset) {
+  fmt::print("dataset: {}\n", dataset.dir().string());
+  fmt::print("manifest blake2b: {}\n", ToHex(dataset.manifest_digest()));
+  fmt::print("tokenizer: bytes+eod (vocab {}, end of document {})\n", data::kByteVocab,
+             data::kEodToken);
+  fmt::print("source: {}\n", dataset.source());
+  fmt::print("tokens: {}  documents: {}  shards: {}\n", dataset.total_tokens(),
+             dataset.num_documents(), dataset.shards().size());
+  fmt::print("unigram entropy: {:.4f} nats/token (one packed epoch, end-of-document included)\n",
+             dataset.unigram_entropy_nats());
+}
+
+int RunSynth(const SynthOptions& o) {
+  const auto show = [](uint64_t done, uint64_t total) {
+    std::fprintf(stderr, "\rdata synth: %llu / %llu tokens (%.0f%%)",
+                 static_cast<unsigned long long>(done), static_cast<unsigned long long>(total),
+                 100.0 * static_cast<double>(done) / static_cast<double>(total));
+    if (done == total) std::fputc('\n', stderr);
+  };
+  data::WriteSynthCorpus(o.out, o.seed, o.tokens, show, o.shard_tokens);
+  PrintSummary(data::OpenDataset(o.out));  // read back: what was written verifies
+  return 0;
+}
+
+int RunTokenize(const TokenizeOptions& o) {
+  const std::vector<std::filesystem::path> inputs(o.inputs.begin(), o.inputs.end());
+  data::TokenizeFiles(inputs, o.out, o.shard_tokens);
+  PrintSummary(data::OpenDataset(o.out));
+  return 0;
+}
+
+int RunInspect(const InspectOptions& o) {
+  const data::Dataset dataset = data::OpenDataset(o.dir);  // fails on any mismatch
+  PrintSummary(dataset);
+  fmt::print("{:<18} {:<18} {:>12} {:>10}  {:<64}  {}\n", "bin", "idx", "tokens", "documents",
+             "bin blake2b", "idx blake2b");
+  for (const data::ShardInfo& s : dataset.shards()) {
+    fmt::print("{:<18} {:<18} {:>12} {:>10}  {}  {}\n", s.bin, s.idx, s.tokens, s.documents,
+               ToHex(s.bin_blake2b), ToHex(s.idx_blake2b));
+  }
+  std::vector<uint64_t> lengths(dataset.num_documents());
+  for (uint64_t d = 0; d < lengths.size(); ++d) lengths[d] = dataset.Document(d).size();
+  std::sort(lengths.begin(), lengths.end());
+  fmt::print("document length (tokens): min {}  median {}  mean {:.1f}  max {}\n", lengths.front(),
+             lengths[lengths.size() / 2],
+             static_cast<double>(dataset.total_tokens()) / static_cast<double>(lengths.size()),
+             lengths.back());
+  const std::span<const uint32_t> first = dataset.Document(0);
+  const size_t shown = std::min<uint64_t>(first.size(), o.show_tokens);
+  fmt::print("document 0, first {} of {} tokens: \"{}\"\n", shown, first.size(),
+             data::DescribeTokens(first.first(shown)));
+  fmt::print("verified: manifest fields, file sizes, BLAKE2b digests and document offsets\n");
+  return 0;
+}
+
+}  // namespace
+
+void AddDataCommands(CLI::App& app, int* exit_code) {
+  CLI::App* cmd = app.add_subcommand(
+      "data", "build and verify token shards: .bin + .idx + manifest.json with BLAKE2b digests "
+              "(docs/formats/shards.md)");
+  cmd->require_subcommand(1);
+
+  auto synth = std::make_shared<SynthOptions>();
+  CLI::App* s = cmd->add_subcommand(
+      "synth",
+      "write a deterministic synthetic corpus (a pure function of --seed and --tokens): made-up "
+      "words with Zipfian frequencies in sentences from a small grammar, byte-tokenized");
+  s->add_option("--out", synth->out, "output directory (must not exist or be empty)")
+      ->required();
+  s->add_option("--seed", synth->seed, "corpus seed (Philox key)")->capture_default_str();
+  s->add_option("--tokens", synth->tokens, "exact number of byte tokens, end-of-document not "
+                                           "counted")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  s->add_option("--shard-tokens", synth->shard_tokens, "at most this many tokens per shard")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  s->final_callback([synth, exit_code] { *exit_code = RunSynth(*synth); });
+
+  auto tokenize = std::make_shared<TokenizeOptions>();
+  CLI::App* t = cmd->add_subcommand(
+      "tokenize",
+      "tokenize UTF-8 text files at the byte level: each file is one document (its exact bytes); "
+      "invalid UTF-8 is an error naming the file and byte offset");
+  t->add_option("--input", tokenize->inputs, "text files, one document each, in this order")
+      ->required()
+      ->expected(1, -1)
+      ->check(CLI::ExistingFile);
+  t->add_option("--out", tokenize->out, "output directory (must not exist or be empty)")
+      ->required();
+  t->add_option("--shard-tokens", tokenize->shard_tokens, "at most this many tokens per shard")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  t->final_callback([tokenize, exit_code] { *exit_code = RunTokenize(*tokenize); });
+
+  auto inspect = std::make_shared<InspectOptions>();
+  CLI::App* i = cmd->add_subcommand(
+      "inspect",
+      "verify a dataset (manifest fields, file sizes, BLAKE2b digests, document offsets) and "
+      "print its summary, shards, document lengths and the start of document 0; exit 0 only if "
+      "everything verifies");
+  i->add_option("dir", inspect->dir, "dataset directory (holding manifest.json)")->required();
+  i->add_option("--show", inspect->show_tokens, "tokens of document 0 to print")
+      ->capture_default_str();
+  i->final_callback([inspect, exit_code] { *exit_code = RunInspect(*inspect); });
+}
+
+}  // namespace lockstep::cli

@@ -1,0 +1,103 @@
+// `lockstep forward`: logits and per-position loss of a token sequence under a checkpoint, for
+// cross-checking the model against another framework.
+#include <fmt/format.h>
+
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "lockstep/model.h"
+#include "lockstep/state.h"
+#include "tools/lockstep/commands.h"
+
+namespace lockstep::cli {
+namespace {
+
+struct ForwardOptions {
+  std::filesystem::path checkpoint, tokens, out;
+  int threads = 1;
+};
+
+// The run config a checkpoint was trained with, from its descriptor (JSON is YAML).
+RunConfig ConfigOfCheckpoint(const Checkpoint& ckpt) {
+  nlohmann::json descriptor;
+  try {
+    descriptor = nlohmann::json::parse(ckpt.state.descriptor);
+  } catch (const nlohmann::json::exception& e) {
+    Fail("{}/meta.json: descriptor is not JSON: {}", ckpt.dir.string(), e.what());
+  }
+  nlohmann::json config;
+  for (const char* key : {"name", "model", "train"}) {
+    if (!descriptor.contains(key)) {
+      Fail("{}/meta.json: descriptor has no \"{}\"", ckpt.dir.string(), key);
+    }
+    config[key] = descriptor[key];
+  }
+  return ParseRunConfig(config.dump(), (ckpt.dir / "meta.json").string() + " descriptor");
+}
+
+int RunForward(const ForwardOptions& o) {
+  SetThreads(o.threads);
+  const Checkpoint ckpt = ReadCheckpoint(o.checkpoint);
+  VerifyCheckpointHash(ckpt);
+  const RunConfig config = ConfigOfCheckpoint(ckpt);
+  const std::vector<uint8_t> bytes = ReadFileBytes(o.tokens);
+  if (bytes.size() % 4 != 0 || bytes.size() < 8) {
+    Fail("{}: {} bytes; expected little-endian uint32 token ids, at least 2 (input + target)",
+         o.tokens.string(), bytes.size());
+  }
+  std::vector<uint32_t> tokens(bytes.size() / 4);
+  std::memcpy(tokens.data(), bytes.data(), bytes.size());
+  const int64_t seq = static_cast<int64_t>(tokens.size()) - 1;
+  if (seq > config.model.seq_len) {
+    Fail("{}: {} tokens give {} positions; the model's seq_len is {}", o.tokens.string(),
+         tokens.size(), seq, config.model.seq_len);
+  }
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] >= static_cast<uint64_t>(config.model.vocab)) {
+      Fail("{}: token {} is {}, outside the vocabulary (model.vocab = {})", o.tokens.string(), i,
+           tokens[i], config.model.vocab);
+    }
+  }
+  ParamStore params(ParameterSpecs(config.model));
+  for (const TensorState& t : ckpt.tensors) {
+    std::copy(t.param.begin(), t.param.end(), params.Tensor(params.Find(t.name)).begin());
+  }
+  Model model(config.model, config.train.vocab_chunk, 1, seq);
+  model.Forward(params, tokens);
+  std::vector<float> logits(static_cast<size_t>(seq * config.model.vocab));
+  model.Logits(params, logits);
+  const std::vector<NamedTensor> out = {
+      {"logits", {seq, config.model.vocab}, logits},
+      {"loss", {seq}, model.RowLoss()},
+      {"zloss", {seq}, model.RowZLoss()},
+  };
+  WriteSafetensors(o.out, out,
+                   {{"checkpoint", o.checkpoint.string()},
+                    {"state_hash", ToHex(ckpt.state_hash)},
+                    {"note", "positions t = 0..seq-1 predict tokens[t+1] from tokens[0..t]"}});
+  fmt::print("wrote {} ({} positions, vocab {})\n", o.out.string(), seq, config.model.vocab);
+  return 0;
+}
+
+}  // namespace
+
+void AddForwardCommand(CLI::App& app, int* exit_code) {
+  auto o = std::make_shared<ForwardOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "forward",
+      "write the logits and per-position loss of a token sequence under a checkpoint's weights "
+      "(safetensors: logits [T, V], loss [T], zloss [T]) to cross-check the model elsewhere");
+  cmd->add_option("--checkpoint", o->checkpoint, "checkpoint directory (checkpoints/step_*)")
+      ->required();
+  cmd->add_option("--tokens", o->tokens,
+                  "raw little-endian uint32 token ids: T+1 ids give T positions")
+      ->required();
+  cmd->add_option("--out", o->out, "output .safetensors file")->required();
+  cmd->add_option("--threads", o->threads, "worker threads (results do not depend on it)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  cmd->final_callback([o, exit_code] { *exit_code = RunForward(*o); });
+}
+
+}  // namespace lockstep::cli

@@ -1,0 +1,42 @@
+// `lockstep train`.
+#include <memory>
+
+#include "lockstep/train.h"
+#include "tools/lockstep/commands.h"
+
+namespace lockstep::cli {
+
+void AddTrainCommand(CLI::App& app, int* exit_code) {
+  auto options = std::make_shared<train::TrainOptions>();
+  options->config = "smoke";
+  CLI::App* cmd = app.add_subcommand(
+      "train",
+      "train a model on a token dataset; writes metrics.jsonl, state_hashes.jsonl (the chained "
+      "state hash of every step) and checkpoints/step_%09d/ into the run directory. Exit 0 when "
+      "done, 1 when the spike protocol halted the run, 2 on bad input");
+  cmd->add_option("--config", options->config,
+                  "embedded config name (tiny, smoke, bench-8x512, open-100m, open-1b) or a YAML "
+                  "file")
+      ->capture_default_str();
+  cmd->add_option("--data", options->data_dir, "dataset directory (lockstep data synth|tokenize)")
+      ->required();
+  cmd->add_option("--out", options->run_dir, "run directory")->required();
+  auto steps = std::make_shared<int64_t>(-1);
+  auto* steps_opt = cmd->add_option(
+      "--steps", *steps,
+      "stop once this many steps are done (default: the config's train.steps; the learning-rate "
+      "schedule always follows train.steps). 0 writes the initial state as checkpoint step 0");
+  cmd->add_option("--threads", options->threads, "worker threads (results do not depend on it)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  cmd->add_flag("--resume", options->resume,
+                "continue the run in --out from its newest complete checkpoint, bit-exact");
+  cmd->add_flag("--progress,!--no-progress", options->progress,
+                "show (default) or hide the progress line on stderr");
+  cmd->final_callback([options, exit_code, steps_opt, steps] {
+    if (steps_opt->count() > 0) options->steps = *steps;
+    *exit_code = train::RunTraining(*options);
+  });
+}
+
+}  // namespace lockstep::cli

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Recompute a lockstep checkpoint's state hash from its files alone.
+
+usage: state_hash.py CHECKPOINT_DIR [--components]
+
+Checks every file against COMPLETE, recomputes the state hash with the byte layout of
+docs/formats/state-hash.md and prints it (64 hex digits) on stdout; --components also prints
+each component digest. Exit status: 0 when the hash equals meta.json's "state_hash", 1 when it
+differs, 2 when the checkpoint cannot be read. Python's standard library only, so that an
+auditor can check lockstep's hashes without lockstep.
+"""
+import hashlib
+import json
+import os
+import struct
+import sys
+
+TAG = b"lockstep/state-hash/v1\x00"
+
+
+def blake2b(data):
+    return hashlib.blake2b(data, digest_size=32).digest()
+
+
+class CheckpointError(Exception):
+    pass
+
+
+def read_listed_files(directory):
+    """Returns {name: bytes} for every file COMPLETE lists, after checking size and digest."""
+    with open(os.path.join(directory, "COMPLETE"), "rb") as f:
+        listing = json.load(f)
+    files = {}
+    for name, entry in sorted(listing["files"].items()):
+        path = os.path.join(directory, name)
+        with open(path, "rb") as f:
+            data = f.read()
+        if len(data) != entry["size"] or blake2b(data).hex() != entry["blake2b"]:
+            raise CheckpointError(f"{path}: size or BLAKE2b differs from COMPLETE")
+        files[name] = data
+    return files
+
+
+def read_safetensors(name, data):
+    """Returns [(tensor name, shape, raw little-endian F32 bytes)] in file (data) order."""
+    (header_size,) = struct.unpack_from("<Q", data, 0)
+    header = json.loads(data[8:8 + header_size])
+    body = memoryview(data)[8 + header_size:]
+    entries = sorted((info["data_offsets"], key, info) for key, info in header.items()
+                     if key != "__metadata__")
+    tensors = []
+    for (begin, end), key, info in entries:
+        if info["dtype"] != "F32":
+            raise CheckpointError(f"{name}: tensor {key}: dtype {info['dtype']} is not F32")
+        tensors.append((key, info["shape"], body[begin:end]))
+    return tensors
+
+
+def u64(*values):
+    return struct.pack(f"<{len(values)}Q", *values)
+
+
+def u32(*values):
+    return struct.pack(f"<{len(values)}I", *values)
+
+
+def state_hash(meta, model, optimizer, grads):
+    """Returns (hash, [(component name, digest)]) as docs/formats/state-hash.md defines them."""
+    spike = meta["spike"]
+    scalars = (u64(meta["step"], meta["optimizer_step"]) +
+               u32(int(meta["lr_bits"], 16), int(meta["grad_norm_bits"], 16),
+                   int(meta["clip_factor_bits"], 16), 1 if meta["skipped"] else 0) +
+               u64(meta["rng_seed"], meta["rng_counter"], meta["data_cursor"],
+                   spike["total_skips"], len(spike["recent_skips"]), *spike["recent_skips"]))
+    layout = u64(len(model))
+    for name, shape, _ in model:
+        encoded = name.encode("utf-8")
+        layout += u32(len(encoded)) + encoded + u32(len(shape)) + u64(*shape)
+    components = [
+        ("prev_hash", bytes.fromhex(meta["prev_hash"])),
+        ("scalars", blake2b(scalars)),
+        ("descriptor", blake2b(meta["descriptor"].encode("utf-8"))),
+        ("tokens", bytes.fromhex(meta["tokens_digest"])),
+        ("layout", blake2b(layout)),
+    ]
+    moments = {name: data for name, _, data in optimizer}
+    gradients = {name: data for name, _, data in grads}
+    for name, _, param in model:
+        components += [
+            ("param:" + name, blake2b(param)),
+            ("m:" + name, blake2b(moments[name + ".exp_avg"])),
+            ("v:" + name, blake2b(moments[name + ".exp_avg_sq"])),
+            ("grad:" + name, blake2b(gradients[name])),
+        ]
+    return blake2b(TAG + b"".join(digest for _, digest in components)), components
+
+
+def main(argv):
+    if len(argv) not in (2, 3) or (len(argv) == 3 and argv[2] != "--components"):
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    directory = argv[1]
+    try:
+        files = read_listed_files(directory)
+        meta = json.loads(files["meta.json"])
+        tensors = {name: read_safetensors(name, files[name + ".safetensors"])
+                   for name in ("model", "optimizer", "grads")}
+        digest, components = state_hash(meta, tensors["model"], tensors["optimizer"],
+                                        tensors["grads"])
+    except (OSError, ValueError, KeyError, TypeError, struct.error, CheckpointError) as e:
+        print(f"state_hash.py: {directory}: cannot read the checkpoint: {type(e).__name__}: {e}",
+              file=sys.stderr)
+        return 2
+    print(digest.hex())
+    if len(argv) == 3:
+        for name, component in components:
+            print(f"{component.hex()}  {name}")
+    if digest.hex() != meta["state_hash"]:
+        print(f"state_hash.py: {directory}: recomputed {digest.hex()}, "
+              f"meta.json records {meta['state_hash']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
