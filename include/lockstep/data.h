@@ -5,14 +5,12 @@
 // (seed, manifest, seq_len, i) only, never on how many threads or processes read it.
 #pragma once
 
-#include <nlohmann/json_fwd.hpp>
-
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <optional>
+#include <nlohmann/json_fwd.hpp>
 #include <span>
 #include <string>
 #include <string_view>
@@ -42,8 +40,9 @@ double DeterministicLog(double x);
 // Entropy in nats of the distribution given by `counts`, summed in index order.
 double EntropyNats(std::span<const uint64_t> counts);
 
-// ---- shards --------------------------------------------------------------------------------------
-// One manifest "shards" entry.
+// ---- shards
+// -------------------------------------------------------------------------------------- One
+// manifest "shards" entry.
 struct ShardInfo {
   std::string bin, idx;  // file names inside the dataset directory
   uint64_t tokens = 0, documents = 0;
@@ -103,8 +102,8 @@ class Dataset {
   friend Dataset OpenDataset(const std::filesystem::path& dir);
   std::filesystem::path dir_;
   std::vector<ShardInfo> shards_;
-  std::vector<uint32_t> tokens_;       // all shards concatenated
-  std::vector<uint64_t> doc_starts_;   // global, num_documents + 1 entries
+  std::vector<uint32_t> tokens_;      // all shards concatenated
+  std::vector<uint64_t> doc_starts_;  // global, num_documents + 1 entries
   double unigram_entropy_nats_ = 0;
   std::string source_ = "{}";
   Digest manifest_digest_{};

@@ -316,8 +316,8 @@ Dataset OpenDataset(const std::filesystem::path& dir) {
       }
     }
     if (offsets.back() != s.tokens) {
-      Fail("{}: the last offset is {}, expected the shard's token count {} ({})",
-           idx_path.string(), offsets.back(), s.tokens, bin_path.string());
+      Fail("{}: the last offset is {}, expected the shard's token count {} ({})", idx_path.string(),
+           offsets.back(), s.tokens, bin_path.string());
     }
     for (size_t t = 0; t < tokens.size(); ++t) {
       if (tokens[t] > 0xFF) {

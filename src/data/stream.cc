@@ -30,8 +30,8 @@ TokenStream::~TokenStream() = default;
 
 std::shared_ptr<const TokenStream::Epoch> TokenStream::GetEpoch(uint64_t epoch) const {
   std::lock_guard lock(cache_mutex_);
-  const auto hit = std::find_if(cache_.begin(), cache_.end(),
-                                [&](const auto& e) { return e->number == epoch; });
+  const auto hit =
+      std::find_if(cache_.begin(), cache_.end(), [&](const auto& e) { return e->number == epoch; });
   if (hit != cache_.end()) {
     std::rotate(cache_.begin(), hit, hit + 1);
     return cache_.front();
@@ -48,10 +48,9 @@ std::shared_ptr<const TokenStream::Epoch> TokenStream::GetEpoch(uint64_t epoch) 
   // call, which keeps the definition simple to reimplement.
   const PhiloxKey key = PhiloxKeyFromSeed(seed_);
   for (uint64_t j = n - 1; j >= 1; --j) {
-    const PhiloxCounter w =
-        Philox4x32({static_cast<uint32_t>(j), static_cast<uint32_t>(epoch),
-                    static_cast<uint32_t>(epoch >> 32), kShuffleTag},
-                   key);
+    const PhiloxCounter w = Philox4x32({static_cast<uint32_t>(j), static_cast<uint32_t>(epoch),
+                                        static_cast<uint32_t>(epoch >> 32), kShuffleTag},
+                                       key);
     const uint64_t x = uint64_t{w[0]} | uint64_t{w[1]} << 32;
     const auto r = static_cast<uint64_t>((static_cast<unsigned __int128>(x) * (j + 1)) >> 64);
     std::swap(e->order[j], e->order[r]);
@@ -76,8 +75,7 @@ void TokenStream::Window(uint64_t i, std::span<uint32_t> out) const {
          uint64_t{seq_len_} + 1);
   }
   if (i > (UINT64_MAX - seq_len_) / seq_len_) {
-    Fail("TokenStream::Window({}): the window lies beyond position 2^64 (seq_len {})", i,
-         seq_len_);
+    Fail("TokenStream::Window({}): the window lies beyond position 2^64 (seq_len {})", i, seq_len_);
   }
   const uint64_t start = i * seq_len_;
   size_t filled = 0;

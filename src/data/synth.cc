@@ -34,9 +34,8 @@ class DrawSequence {
  private:
   uint32_t Next() {
     if (used_ == 4) {
-      words_ = Philox4x32({static_cast<uint32_t>(block_), static_cast<uint32_t>(block_ >> 32), 0,
-                           kSynthTag},
-                          key_);
+      words_ = Philox4x32(
+          {static_cast<uint32_t>(block_), static_cast<uint32_t>(block_ >> 32), 0, kSynthTag}, key_);
       ++block_;
       used_ = 0;
     }
@@ -70,9 +69,9 @@ class WordClass {
   std::vector<uint64_t> cumulative_;
 };
 
-constexpr std::array<std::string_view, 22> kOnsets = {
-    "b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s",
-    "t", "v", "z", "ch", "sh", "th", "br", "kr", "st", "pl", "gr"};
+constexpr std::array<std::string_view, 22> kOnsets = {"b",  "d",  "f",  "g",  "k",  "l", "m",  "n",
+                                                      "p",  "r",  "s",  "t",  "v",  "z", "ch", "sh",
+                                                      "th", "br", "kr", "st", "pl", "gr"};
 constexpr std::array<std::string_view, 8> kVowels = {"a", "e", "i", "o", "u", "ai", "ou", "ee"};
 constexpr std::array<std::string_view, 8> kCodas = {"", "", "", "n", "r", "s", "l", "k"};
 constexpr size_t kPreferences = 3;  // preferred verbs per noun, preferred objects per verb

@@ -32,17 +32,18 @@ void ValidateUtf8(std::span<const uint8_t> bytes, std::string_view what) {
       Fail("{}: invalid UTF-8 at byte offset {}: byte 0x{:02x} cannot start a character", what, i,
            lead);
     }
-    if (bytes.size() - i < length) {
-      Fail("{}: invalid UTF-8 at byte offset {}: the file ends inside a {}-byte character", what,
-           i, length);
-    }
     for (size_t k = 1; k < length; ++k) {
+      if (i + k == bytes.size()) {
+        Fail("{}: invalid UTF-8 at byte offset {}: the data ends inside a {}-byte character", what,
+             i, length);
+      }
       const uint8_t b = bytes[i + k];
       const bool ok = k == 1 ? (b >= second_min && b <= second_max) : (b >= 0x80 && b <= 0xBF);
       if (!ok) {
-        Fail("{}: invalid UTF-8 at byte offset {}: byte 0x{:02x} at offset {} does not continue "
-             "the character starting with 0x{:02x}",
-             what, i, b, i + k, lead);
+        Fail(
+            "{}: invalid UTF-8 at byte offset {}: byte 0x{:02x} at offset {} does not continue "
+            "the character starting with 0x{:02x}",
+            what, i, b, i + k, lead);
       }
     }
     i += length;
@@ -114,7 +115,8 @@ void TokenizeFiles(std::span<const std::filesystem::path> inputs, const std::fil
                    uint64_t max_shard_tokens) {
   if (inputs.empty()) Fail("data tokenize: no input files");
   // Every input is checked before the output directory is created: a bad file leaves nothing.
-  for (const std::filesystem::path& input : inputs) ValidateUtf8(ReadFileBytes(input), input.string());
+  for (const std::filesystem::path& input : inputs)
+    ValidateUtf8(ReadFileBytes(input), input.string());
   ShardWriter writer(out, max_shard_tokens);
   nlohmann::ordered_json files = nlohmann::ordered_json::array();
   for (const std::filesystem::path& input : inputs) {

@@ -261,10 +261,9 @@ fs::path WriteCheckpoint(const fs::path& run_dir, const StepState& state,
     RemoveAll(temp_dir);
     SyncDirectory(parent);
     if (!same) {
-      Fail(
-          "{}: already exists with other contents than step {} written now; refusing to "
-          "replace a committed checkpoint",
-          final_dir.string(), state.step);
+      Fail("{}: already exists and differs from the step {} state being written; refusing to "
+           "replace a committed checkpoint",
+           final_dir.string(), state.step);
     }
     return final_dir;
   }

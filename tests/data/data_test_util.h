@@ -2,11 +2,11 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -20,9 +20,9 @@ class TempDir {
   TempDir() {
     static std::atomic<int> next{0};
     const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = std::filesystem::temp_directory_path() /
-            fmt::format("lockstep_data_{}_{}_{}_{}", test->test_suite_name(), test->name(),
-                        ::getpid(), next++);
+    path_ = std::filesystem::temp_directory_path() / fmt::format("lockstep_data_{}_{}_{}_{}",
+                                                                 test->test_suite_name(),
+                                                                 test->name(), ::getpid(), next++);
     std::filesystem::remove_all(path_);
     std::filesystem::create_directories(path_);
   }

@@ -11,9 +11,8 @@ using testing::TempDir;
 using testing::Tokens;
 using testing::WriteDataset;
 
-const std::vector<std::vector<uint32_t>> kDocs = {Tokens("first document"), Tokens(""),
-                                                  Tokens("third"), Tokens("the fourth one"),
-                                                  Tokens("5")};
+const std::vector<std::vector<uint32_t>> kDocs = {
+    Tokens("first document"), Tokens(""), Tokens("third"), Tokens("the fourth one"), Tokens("5")};
 
 ordered_json ReadManifest(const std::filesystem::path& dir) {
   return ordered_json::parse(ReadFileText(dir / "manifest.json"));

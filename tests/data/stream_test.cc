@@ -16,7 +16,8 @@ using testing::WriteDataset;
 std::vector<std::vector<uint32_t>> VariedDocuments(size_t count) {
   std::vector<std::vector<uint32_t>> docs(count);
   for (size_t d = 0; d < count; ++d) {
-    for (size_t j = 0; j < (d * 5) % 13; ++j) docs[d].push_back(static_cast<uint32_t>((d * 31 + j) % 256));
+    for (size_t j = 0; j < (d * 5) % 13; ++j)
+      docs[d].push_back(static_cast<uint32_t>((d * 31 + j) % 256));
   }
   return docs;
 }
@@ -80,7 +81,8 @@ TEST_F(StreamTest, SameWindowsInOrderInReverseAndFromSeveralThreads) {
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
-      for (uint64_t i = t; i < kCount; i += 4) shared.Window(kCount - 1 - i, threaded[kCount - 1 - i]);
+      for (uint64_t i = t; i < kCount; i += 4)
+        shared.Window(kCount - 1 - i, threaded[kCount - 1 - i]);
     });
   }
   for (auto& th : threads) th.join();

@@ -29,6 +29,19 @@ TEST(Synth, SameSeedSameBytesOtherSeedOtherCorpus) {
   EXPECT_NE(a.at("manifest.json"), c.at("manifest.json"));
 }
 
+// The generator's output is pinned: any change to it must bump kSynthVersion (src/data/synth.cc)
+// and these digests together.
+TEST(Synth, PinnedOutputOfVersion1) {
+  TempDir tmp;
+  WriteSynthCorpus(tmp / "ds", 0, 10'000);
+  const Dataset ds = OpenDataset(tmp / "ds");
+  ASSERT_EQ(ds.shards().size(), 1u);
+  EXPECT_EQ(ToHex(ds.shards()[0].bin_blake2b),
+            "6e58d54cb70b09743debefa513a55e9cb6cae80f821d5bff3fd080c8a6951b8f");
+  EXPECT_EQ(ToHex(ds.manifest_digest()),
+            "c61ed6747a57aa0de118a261ed980ad5fd6946cf7557671e8f9fdbe9d61fd442");
+}
+
 TEST(Synth, ExactTokenCountLowercaseTextAndProgress) {
   TempDir tmp;
   uint64_t last_done = 0, reports = 0;
@@ -71,10 +84,11 @@ TEST(Synth, HasStructureBeyondUnigramFrequencies) {
     previous = kEodToken;
   }
   const double h1 = EntropyNats(unigram);
-  EXPECT_EQ(h1, ds.unigram_entropy_nats());  // same bits: same counts, same order
+  EXPECT_EQ(h1, ds.unigram_entropy_nats());               // same bits: same counts, same order
   const double h_conditional = EntropyNats(bigram) - h1;  // H(X, Y) - H(X)
   EXPECT_GT(h1, 2.5);
-  EXPECT_LT(h_conditional, 0.75 * h1) << "unigram " << h1 << " bigram conditional " << h_conditional;
+  EXPECT_LT(h_conditional, 0.75 * h1)
+      << "unigram " << h1 << " bigram conditional " << h_conditional;
 }
 
 }  // namespace

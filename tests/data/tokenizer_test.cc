@@ -15,7 +15,8 @@ std::span<const uint8_t> Bytes(std::string_view s) {
 
 TEST(Utf8, AcceptsEveryLengthOfCharacter) {
   EXPECT_NO_THROW(ValidateUtf8(Bytes("plain ascii\n"), "t"));
-  EXPECT_NO_THROW(ValidateUtf8(Bytes("h\xc3\xa9llo \xe2\x98\x83 \xf0\x9f\x98\x80 \xf4\x8f\xbf\xbf"), "t"));
+  EXPECT_NO_THROW(
+      ValidateUtf8(Bytes("h\xc3\xa9llo \xe2\x98\x83 \xf0\x9f\x98\x80 \xf4\x8f\xbf\xbf"), "t"));
   EXPECT_NO_THROW(ValidateUtf8(Bytes(""), "t"));
 }
 
@@ -24,14 +25,14 @@ TEST(Utf8, RejectsMalformedSequencesNamingTheOffset) {
     std::string text;
     std::string offset;
   } cases[] = {
-      {"abc\xff", "offset 3"},                // never a lead byte
-      {"a\xc0\x80", "offset 1"},              // overlong NUL
-      {"ab\xe0\x80\x80", "offset 2"},         // overlong 3-byte form
-      {"\xed\xa0\x80", "offset 0"},           // UTF-16 surrogate
-      {"xx\xf4\x90\x80\x80", "offset 2"},     // above U+10FFFF
-      {"ok \xe2\x98", "offset 3"},            // truncated at the end
-      {"\xc3(", "offset 0"},                  // bad continuation
-      {"\x80", "offset 0"},                   // lone continuation byte
+      {"abc\xff", "offset 3"},             // never a lead byte
+      {"a\xc0\x80", "offset 1"},           // overlong NUL
+      {"ab\xe0\x80\x80", "offset 2"},      // overlong 3-byte form
+      {"\xed\xa0\x80", "offset 0"},        // UTF-16 surrogate
+      {"xx\xf4\x90\x80\x80", "offset 2"},  // above U+10FFFF
+      {"ok \xe2\x98", "offset 3"},         // truncated at the end
+      {"\xc3(", "offset 0"},               // bad continuation
+      {"\x80", "offset 0"},                // lone continuation byte
   };
   for (const auto& c : cases) {
     ExpectErrorMentioning([&] { ValidateUtf8(Bytes(c.text), "file.txt"); },
@@ -41,8 +42,9 @@ TEST(Utf8, RejectsMalformedSequencesNamingTheOffset) {
 
 TEST(Tokenize, RoundTripsFilesIncludingMultibyteAndEmpty) {
   TempDir tmp;
-  const std::vector<std::string> texts = {"hello, world\n", "", "na\xc3\xafve \xe2\x98\x83 \xf0\x9f\x98\x80\n\nsecond paragraph",
-                                          std::string("nul\0byte", 8)};
+  const std::vector<std::string> texts = {
+      "hello, world\n", "", "na\xc3\xafve \xe2\x98\x83 \xf0\x9f\x98\x80\n\nsecond paragraph",
+      std::string("nul\0byte", 8)};
   std::vector<std::filesystem::path> files;
   for (size_t k = 0; k < texts.size(); ++k) {
     files.push_back(tmp / fmt::format("in{}.txt", k));
@@ -66,8 +68,7 @@ TEST(Tokenize, InvalidUtf8NamesFileAndOffsetAndWritesNothing) {
   WriteFileSynced(tmp / "good.txt", "fine");
   WriteFileSynced(tmp / "bad.txt", "caf\xe9 au lait");  // Latin-1, not UTF-8
   const std::vector<std::filesystem::path> files = {tmp / "good.txt", tmp / "bad.txt"};
-  ExpectErrorMentioning([&] { TokenizeFiles(files, tmp / "out"); },
-                        {"bad.txt", "byte offset 3"});
+  ExpectErrorMentioning([&] { TokenizeFiles(files, tmp / "out"); }, {"bad.txt", "byte offset 3"});
   EXPECT_FALSE(std::filesystem::exists(tmp / "out"));
 }
 
@@ -75,7 +76,8 @@ TEST(Tokenize, RefusesANonEmptyOutputDirectory) {
   TempDir tmp;
   WriteFileSynced(tmp / "a.txt", "a");
   const std::vector<std::filesystem::path> files = {tmp / "a.txt"};
-  ExpectErrorMentioning([&] { TokenizeFiles(files, tmp.path()); }, {tmp.path().string(), "not an empty directory"});
+  ExpectErrorMentioning([&] { TokenizeFiles(files, tmp.path()); },
+                        {tmp.path().string(), "not an empty directory"});
 }
 
 TEST(Tokens, DescribeEscapesControlBytesAndEod) {

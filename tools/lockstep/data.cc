@@ -1,15 +1,16 @@
 // `lockstep data synth|tokenize|inspect`: build token shards and verify them
 // (docs/formats/shards.md).
+#include "lockstep/data.h"
+
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "lockstep/core.h"
-#include "lockstep/data.h"
 #include "tools/lockstep/commands.h"
 
 namespace lockstep::cli {
@@ -46,11 +47,12 @@ void PrintSummary(const data::Dataset& dataset) {
 }
 
 int RunSynth(const SynthOptions& o) {
-  const auto show = [](uint64_t done, uint64_t total) {
-    std::fprintf(stderr, "\rdata synth: %llu / %llu tokens (%.0f%%)",
-                 static_cast<unsigned long long>(done), static_cast<unsigned long long>(total),
-                 100.0 * static_cast<double>(done) / static_cast<double>(total));
-    if (done == total) std::fputc('\n', stderr);
+  // One updating line on a terminal, one line per report in a log.
+  const bool terminal = ::isatty(STDERR_FILENO) == 1;
+  const auto show = [terminal](uint64_t done, uint64_t total) {
+    fmt::print(stderr, "{}data synth: {} / {} tokens ({:.0f}%){}", terminal ? "\r" : "", done,
+               total, 100.0 * static_cast<double>(done) / static_cast<double>(total),
+               terminal && done < total ? "" : "\n");
   };
   data::WriteSynthCorpus(o.out, o.seed, o.tokens, show, o.shard_tokens);
   PrintSummary(data::OpenDataset(o.out));  // read back: what was written verifies
@@ -92,8 +94,9 @@ int RunInspect(const InspectOptions& o) {
 
 void AddDataCommands(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand(
-      "data", "build and verify token shards: .bin + .idx + manifest.json with BLAKE2b digests "
-              "(docs/formats/shards.md)");
+      "data",
+      "build and verify token shards: .bin + .idx + manifest.json with BLAKE2b digests "
+      "(docs/formats/shards.md)");
   cmd->require_subcommand(1);
 
   auto synth = std::make_shared<SynthOptions>();
@@ -101,11 +104,11 @@ void AddDataCommands(CLI::App& app, int* exit_code) {
       "synth",
       "write a deterministic synthetic corpus (a pure function of --seed and --tokens): made-up "
       "words with Zipfian frequencies in sentences from a small grammar, byte-tokenized");
-  s->add_option("--out", synth->out, "output directory (must not exist or be empty)")
-      ->required();
+  s->add_option("--out", synth->out, "output directory (must not exist or be empty)")->required();
   s->add_option("--seed", synth->seed, "corpus seed (Philox key)")->capture_default_str();
-  s->add_option("--tokens", synth->tokens, "exact number of byte tokens, end-of-document not "
-                                           "counted")
+  s->add_option("--tokens", synth->tokens,
+                "exact number of byte tokens, end-of-document not "
+                "counted")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   s->add_option("--shard-tokens", synth->shard_tokens, "at most this many tokens per shard")

@@ -1,0 +1,264 @@
+// End to end, through the lockstep binary: thread-count invariance of the state-hash chain,
+// bit-exact resume (also after SIGKILL), the training signal, and errors that name their cause.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "lockstep/core.h"
+#include "lockstep/state.h"
+
+namespace lockstep {
+namespace {
+namespace fs = std::filesystem;
+
+struct Result {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+Result Lockstep(const std::string& args) {
+  const std::string command = std::string(LOCKSTEP_BINARY) + " " + args + " 2>&1";
+  std::FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return {};
+  Result r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, n);
+  const int status = ::pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// A scratch directory per test, removed afterwards.
+class E2e : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           (std::string("lockstep_e2e_") + info->name() + "_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  // The small synthetic corpus every test here trains on (made once per test: ~0.1 s).
+  fs::path Data() {
+    const fs::path data = dir_ / "data";
+    if (!fs::exists(data)) {
+      const Result r = Lockstep("data synth --out " + data.string() + " --seed 7 --tokens 200000");
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+    }
+    return data;
+  }
+
+  Result Train(const std::string& run, const std::string& extra) {
+    return Lockstep("train --config tiny --data " + Data().string() + " --out " +
+                    (dir_ / run).string() + " --no-progress " + extra);
+  }
+
+  std::string Text(const fs::path& p) { return ReadFileText(dir_ / p); }
+
+  fs::path dir_;
+};
+
+TEST_F(E2e, ChainIsIdenticalAtOneTwoAndThreeThreads) {
+  for (int threads : {1, 2, 3}) {
+    const Result r = Train("t" + std::to_string(threads), "--steps 30 --threads " +
+                                                              std::to_string(threads));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  const std::string chain = Text("t1/state_hashes.jsonl");
+  EXPECT_EQ(std::count(chain.begin(), chain.end(), '\n'), 31);  // steps 0..30
+  EXPECT_EQ(chain, Text("t2/state_hashes.jsonl"));
+  EXPECT_EQ(chain, Text("t3/state_hashes.jsonl"));
+}
+
+// Every file of two checkpoint directories, byte for byte.
+void ExpectSameCheckpoint(const fs::path& a, const fs::path& b) {
+  size_t files = 0;
+  for (const auto& entry : fs::directory_iterator(a)) {
+    const fs::path other = b / entry.path().filename();
+    ASSERT_TRUE(fs::exists(other)) << other;
+    EXPECT_EQ(ReadFileBytes(entry.path()), ReadFileBytes(other)) << entry.path().filename();
+    ++files;
+  }
+  EXPECT_EQ(files, static_cast<size_t>(std::distance(fs::directory_iterator(b), {})));
+  EXPECT_GE(files, 5u);  // model, optimizer, grads, meta.json, COMPLETE
+}
+
+TEST_F(E2e, StopAndResumeEqualsStraightRun) {
+  ASSERT_EQ(Train("straight", "--steps 30").exit_code, 0);
+  ASSERT_EQ(Train("resumed", "--steps 15").exit_code, 0);
+  const Result r = Train("resumed", "--steps 30 --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step_000000015"), std::string::npos) << r.output;
+  EXPECT_EQ(Text("straight/state_hashes.jsonl"), Text("resumed/state_hashes.jsonl"));
+  ExpectSameCheckpoint(dir_ / "straight/checkpoints/step_000000030",
+                       dir_ / "resumed/checkpoints/step_000000030");
+  // metrics.jsonl has one line per step, none repeated by the resume.
+  const std::string metrics = Text("resumed/metrics.jsonl");
+  EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), 30);
+}
+
+TEST_F(E2e, ResumeAfterSigkillRecoversTheSameChain) {
+  ASSERT_EQ(Train("straight", "--steps 30").exit_code, 0);
+  const fs::path run = dir_ / "killed";
+  // Kill a run at an arbitrary point after its first checkpoint (step 10): whatever it was
+  // doing, a resume must reproduce the straight run exactly.
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::execl(LOCKSTEP_BINARY, LOCKSTEP_BINARY, "train", "--config", "tiny", "--data",
+            Data().c_str(), "--out", run.c_str(), "--steps", "30", "--no-progress", nullptr);
+    ::_exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(run / "checkpoints/step_000000010/COMPLETE") &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(fs::exists(run / "checkpoints/step_000000010/COMPLETE"));
+
+  // And the state a kill during a checkpoint write leaves: a half-written temporary directory,
+  // plus (as if the kill came while step 20 was being written) hash lines past the checkpoint.
+  fs::remove_all(run / "checkpoints/step_000000020");
+  fs::create_directories(run / "checkpoints/.tmp-step_000000020");
+  WriteFileSynced(run / "checkpoints/.tmp-step_000000020/model.safetensors",
+                  std::string_view("partial"));
+
+  const Result r = Lockstep("train --config tiny --data " + Data().string() + " --out " +
+                            run.string() + " --steps 30 --resume --no-progress");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(Text("straight/state_hashes.jsonl"), Text("killed/state_hashes.jsonl"));
+  ExpectSameCheckpoint(dir_ / "straight/checkpoints/step_000000030",
+                       run / "checkpoints/step_000000030");
+}
+
+TEST_F(E2e, StartingOverAnExistingRunIsRefused) {
+  ASSERT_EQ(Train("run", "--steps 2").exit_code, 0);
+  const Result r = Train("run", "--steps 2");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("--resume"), std::string::npos) << r.output;
+  const Result none = Train("empty", "--steps 2 --resume");
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_NE(none.output.find("no complete checkpoint"), std::string::npos) << none.output;
+}
+
+TEST_F(E2e, LossFallsBelowTheUnigramEntropy) {
+  ASSERT_EQ(Train("run", "--steps 30").exit_code, 0);
+  const auto manifest = nlohmann::json::parse(ReadFileText(Data() / "manifest.json"));
+  const double unigram = manifest.at("unigram_entropy_nats").get<double>();
+  std::ifstream metrics(dir_ / "run/metrics.jsonl");
+  std::string line;
+  double first = 0, last = 0;
+  while (std::getline(metrics, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("step") == 1) first = j.at("loss").get<double>();
+    last = j.at("loss").get<double>();
+  }
+  EXPECT_GT(first, unigram);  // an untrained model is worse than unigram statistics
+  EXPECT_LT(last, unigram - 0.3) << "first " << first << ", unigram " << unigram;
+}
+
+TEST_F(E2e, CorruptShardIsNamedWithBothDigests) {
+  const fs::path data = Data();
+  fs::path bin;
+  for (const auto& e : fs::directory_iterator(data)) {
+    if (e.path().extension() == ".bin") bin = e.path();
+  }
+  ASSERT_FALSE(bin.empty());
+  std::vector<uint8_t> bytes = ReadFileBytes(bin);
+  bytes[bytes.size() / 2] ^= 0x01;
+  WriteFileSynced(bin, bytes);
+  const Result r = Train("run", "--steps 1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find(bin.filename().string()), std::string::npos) << r.output;
+  const auto manifest = nlohmann::json::parse(ReadFileText(data / "manifest.json"));
+  const std::string expected = manifest.at("shards").at(0).at("bin_blake2b").get<std::string>();
+  EXPECT_NE(r.output.find(expected), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(ToHex(Blake2b256(bytes))), std::string::npos) << r.output;
+}
+
+TEST_F(E2e, DamagedCheckpointFileIsNamed) {
+  // A truncated file in one run, a missing file in another: each error names the file.
+  for (const char* damage : {"truncate", "remove"}) {
+    const std::string run = std::string("run_") + damage;
+    ASSERT_EQ(Train(run, "--steps 10").exit_code, 0);
+    const fs::path ckpt = dir_ / run / "checkpoints/step_000000010";
+    const fs::path file = ckpt / (damage == std::string("truncate") ? "optimizer.safetensors"
+                                                                     : "grads.safetensors");
+    if (damage == std::string("truncate")) {
+      fs::resize_file(file, 100);
+    } else {
+      fs::remove(file);
+    }
+    const Result r = Train(run, "--steps 12 --resume");
+    EXPECT_EQ(r.exit_code, 2) << damage;
+    EXPECT_NE(r.output.find(file.filename().string()), std::string::npos) << r.output;
+  }
+}
+
+TEST_F(E2e, BadConfigNamesFieldAndValue) {
+  const fs::path config = dir_ / "bad.yaml";
+  std::string yaml = ReadFileText(fs::path(LOCKSTEP_SOURCE_DIR) / "configs/tiny.yaml");
+  const std::string from = "beta2: 0.95";
+  ASSERT_NE(yaml.find(from), std::string::npos);
+  yaml.replace(yaml.find(from), from.size(), "beta2: 1.5");
+  WriteFileSynced(config, yaml);
+  const Result r = Lockstep("train --config " + config.string() + " --data " + Data().string() +
+                            " --out " + (dir_ / "run").string() + " --steps 1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("train.beta2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("1.5"), std::string::npos) << r.output;
+}
+
+TEST_F(E2e, ForwardWritesLogitsConsistentWithItsLoss) {
+  ASSERT_EQ(Train("run", "--steps 3").exit_code, 0);
+  // A sequence of byte tokens; forward writes logits and per-position loss.
+  std::vector<uint32_t> tokens;
+  for (char c : std::string("the quick brown fox")) tokens.push_back(static_cast<uint8_t>(c));
+  WriteFileSynced(dir_ / "tokens.bin",
+                  std::span(reinterpret_cast<const uint8_t*>(tokens.data()), tokens.size() * 4));
+  const Result r = Lockstep("forward --checkpoint " +
+                            (dir_ / "run/checkpoints/step_000000003").string() + " --tokens " +
+                            (dir_ / "tokens.bin").string() + " --out " +
+                            (dir_ / "out.safetensors").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const SafetensorsFile out = ReadSafetensors(dir_ / "out.safetensors");
+  const NamedTensor& logits = out.Get("logits");
+  const NamedTensor& loss = out.Get("loss");
+  const int64_t positions = static_cast<int64_t>(tokens.size()) - 1;
+  ASSERT_EQ(logits.shape, (std::vector<int64_t>{positions, 512}));
+  ASSERT_EQ(loss.shape, (std::vector<int64_t>{positions}));
+  // Each position's loss is log-sum-exp of its logits minus the next token's logit (fp64 here).
+  for (int64_t t = 0; t < positions; ++t) {
+    const float* z = logits.data.data() + t * 512;
+    double m = z[0], sum = 0;
+    for (int v = 1; v < 512; ++v) m = std::max<double>(m, z[v]);
+    for (int v = 0; v < 512; ++v) sum += std::exp(z[v] - m);
+    EXPECT_NEAR(loss.data[t], m + std::log(sum) - z[tokens[t + 1]], 1e-4) << "position " << t;
+  }
+  const Result bad = Lockstep("forward --checkpoint " + (dir_ / "run").string() + " --tokens " +
+                              (dir_ / "tokens.bin").string() + " --out " +
+                              (dir_ / "x.safetensors").string());
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.output.find("COMPLETE"), std::string::npos) << bad.output;
+}
+
+}  // namespace
+}  // namespace lockstep
