@@ -69,6 +69,27 @@ std::string Duration(double seconds) {
                    : fmt::format("{}m{:02}s", s / 60, s % 60);
 }
 
+// A summary of metrics.jsonl on stdout: the mean loss over each tenth of the run.
+void PrintLossCurve(const fs::path& metrics_path, double unigram_entropy) {
+  std::vector<std::pair<uint64_t, double>> losses;
+  std::ifstream in(metrics_path);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    losses.emplace_back(j.at("step").get<uint64_t>(), j.at("loss").get<double>());
+  }
+  if (losses.empty()) return;
+  fmt::print("loss curve ({} steps; unigram entropy of the corpus: {:.4f} nats/token)\n",
+             losses.size(), unigram_entropy);
+  const size_t parts = std::min<size_t>(10, losses.size());
+  for (size_t p = 0; p < parts; ++p) {
+    const size_t begin = losses.size() * p / parts, end = losses.size() * (p + 1) / parts;
+    double sum = 0;
+    for (size_t i = begin; i < end; ++i) sum += losses[i].second;
+    fmt::print("  steps {:>6} - {:<6} mean loss {:.4f}\n", losses[begin].first,
+               losses[end - 1].first, sum / static_cast<double>(end - begin));
+  }
+}
+
 }  // namespace
 
 int RunTraining(const TrainOptions& options) {
@@ -158,6 +179,7 @@ int RunTraining(const TrainOptions& options) {
     }
   }
   if (tty) std::fprintf(stderr, "\n");
+  PrintLossCurve(metrics_path, dataset.unigram_entropy_nats());
   return exit_code;
 }
 
