@@ -2,7 +2,7 @@
 # Installs lockstep's build and test dependencies from Debian 12 packages (needs root).
 set -euo pipefail
 packages=(
-  build-essential cmake ninja-build pkg-config git
+  build-essential cmake ninja-build pkg-config git python3
   libhwy-dev libsleef-dev libsodium-dev libfmt-dev libcli11-dev nlohmann-json3-dev libyaml-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libmpfr-dev libgmp-dev libopenblas-dev
 )
