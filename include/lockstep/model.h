@@ -134,6 +134,12 @@ class ParamStore {
 // definition is in docs/model.md. Generated tensor by tensor; the bits do not depend on the
 // thread count. Returns the number of draws used (the stream's next draw index).
 int64_t InitParameters(const ModelConfig& config, uint64_t seed, ParamStore& params);
+// The same values in pieces, for streaming (RAM ~ one piece): elements [begin, begin + out.size())
+// of tensor `spec`, whose first draw is first_draw (FirstDraws(specs)[i]).
+void InitTensorRange(const ModelConfig& config, uint64_t seed, const ParamSpec& spec,
+                     int64_t first_draw, int64_t begin, std::span<float> out);
+// The first draw of each tensor in `specs`, plus the total number of draws as the last entry.
+std::vector<int64_t> FirstDraws(const std::vector<ParamSpec>& specs);
 
 // ---- forward / backward -----------------------------------------------------------------------
 struct LossSums {

@@ -100,42 +100,61 @@ struct TruncatedNormal {
 
 }  // namespace
 
+void InitTensorRange(const ModelConfig& config, uint64_t seed, const ParamSpec& spec,
+                     int64_t first_draw, int64_t begin, std::span<float> out) {
+  const int64_t n = spec.numel();
+  if (begin < 0 || first_draw < 0 || begin + static_cast<int64_t>(out.size()) > n) {
+    Fail("InitTensorRange: elements [{}, {}) of {} (first draw {}) are outside its {} elements",
+         begin, begin + static_cast<int64_t>(out.size()), spec.name, first_draw, n);
+  }
+  if (!spec.is_matrix) {
+    std::fill(out.begin(), out.end(), 1.0f);
+    return;
+  }
+  constexpr float kSqrt2 = 0x1.6a09e6p+0f;  // sqrt(2) rounded to binary32
+  const TruncatedNormal dist{static_cast<float>(config.init_std) * kSqrt2, dmath::Erf(kSqrt2),
+                             PhiloxKeyFromSeed(seed)};
+  const int64_t count = static_cast<int64_t>(out.size());
+  ParallelFor((count + kInitBlock - 1) / kInitBlock, [&](int64_t block) {
+    const int64_t b0 = block * kInitBlock, b1 = std::min(count, b0 + kInitBlock);
+    // Draw g is word g % 4 of counter g / 4; each counter is generated once per task.
+    uint64_t counter = static_cast<uint64_t>(first_draw + begin + b0) / 4;
+    PhiloxCounter words = dist.Words(counter);
+    for (int64_t e = b0; e < b1; ++e) {
+      const uint64_t g = static_cast<uint64_t>(first_draw + begin + e);
+      if (g / 4 != counter) words = dist.Words(counter = g / 4);
+      out[static_cast<size_t>(e)] = dist.FromWord(words[g % 4]);
+    }
+  });
+}
+
+std::vector<int64_t> FirstDraws(const std::vector<ParamSpec>& specs) {
+  std::vector<int64_t> first;
+  int64_t draw = 0;
+  for (const ParamSpec& spec : specs) {
+    first.push_back(draw);
+    if (spec.is_matrix) draw += spec.numel();
+  }
+  first.push_back(draw);
+  return first;
+}
+
 int64_t InitParameters(const ModelConfig& config, uint64_t seed, ParamStore& params) {
   const std::vector<ParamSpec> expected = ParameterSpecs(config);
   if (params.size() != expected.size()) {
     Fail("InitParameters: the store holds {} tensors, the config has {}", params.size(),
          expected.size());
   }
-  constexpr float kSqrt2 = 0x1.6a09e6p+0f;  // sqrt(2) rounded to binary32
-  const TruncatedNormal dist{static_cast<float>(config.init_std) * kSqrt2, dmath::Erf(kSqrt2),
-                             PhiloxKeyFromSeed(seed)};
-  int64_t draw = 0;  // global index of the next draw
+  const std::vector<int64_t> first = FirstDraws(expected);
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamSpec& spec = params.Spec(i);
     if (spec.name != expected[i].name || spec.shape != expected[i].shape) {
       Fail("InitParameters: tensor {} is '{}', the config expects '{}'", i, spec.name,
            expected[i].name);
     }
-    std::span<float> tensor = params.Tensor(i);
-    if (!spec.is_matrix) {
-      std::fill(tensor.begin(), tensor.end(), 1.0f);
-      continue;
-    }
-    const int64_t n = spec.numel(), first = draw;
-    ParallelFor((n + kInitBlock - 1) / kInitBlock, [&](int64_t block) {
-      const int64_t begin = block * kInitBlock, end = std::min(n, begin + kInitBlock);
-      // Draw g is word g % 4 of counter g / 4; each counter is generated once per task.
-      uint64_t counter = static_cast<uint64_t>(first + begin) / 4;
-      PhiloxCounter words = dist.Words(counter);
-      for (int64_t e = begin; e < end; ++e) {
-        const uint64_t g = static_cast<uint64_t>(first + e);
-        if (g / 4 != counter) words = dist.Words(counter = g / 4);
-        tensor[static_cast<size_t>(e)] = dist.FromWord(words[g % 4]);
-      }
-    });
-    draw += n;
+    InitTensorRange(config, seed, spec, first[i], 0, params.Tensor(i));
   }
-  return draw;
+  return first.back();
 }
 
 }  // namespace lockstep

@@ -13,5 +13,7 @@ void AddDataCommands(CLI::App& app, int* exit_code);     // data.cc: data synth|
 void AddModelCommands(CLI::App& app, int* exit_code);    // model.cc: model describe
 void AddTrainCommand(CLI::App& app, int* exit_code);     // train.cc
 void AddForwardCommand(CLI::App& app, int* exit_code);   // forward.cc
+void AddReplayCommands(CLI::App& app, int* exit_code);   // replay.cc: replay, verify-handoff
+void AddKitCommands(CLI::App& app, int* exit_code);      // kit.cc: kit build|inspect|verify|fetch, audit
 
 }  // namespace lockstep::cli

@@ -39,6 +39,8 @@ int Run(int argc, char** argv) {
   AddModelCommands(app, &exit_code);
   AddTrainCommand(app, &exit_code);
   AddForwardCommand(app, &exit_code);
+  AddReplayCommands(app, &exit_code);
+  AddKitCommands(app, &exit_code);
   RequireIeeeFloatingPoint();  // the contract needs IEEE subnormals: before any command runs
   try {
     app.parse(argc, argv);

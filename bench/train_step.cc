@@ -1,0 +1,271 @@
+// bench_train_step: tokens/s of whole lockstep training steps at 1 and 2 threads, and the peak
+// RSS of one step.
+//
+// A step is train::Trainer::Step(), the same function `lockstep train` runs: the microbatches'
+// forward/backward, the global norm, clipping, AdamW over every tensor and the chained state
+// hash. The Trainer reads its tokens from a dataset, so the benchmark writes a small synthetic
+// corpus (data::WriteSynthCorpus) into a temporary directory first; the token values do not
+// change the cost of a step. The state hash is part of what lockstep pays per step, so it stays
+// in the timing; it is also timed alone and reported, since bench/torch_reference.py has no
+// counterpart to it.
+//
+// Throughput mode (default): for each thread count, a fresh Trainer is initialised, makes one
+// warm-up step and then N timed steps (best and median reported). Both runs make the same
+// steps from the same state, so their final state hashes -- which cover every parameter,
+// moment and gradient -- must be equal: that is the bitwise check across thread counts.
+//
+// --peak-rss mode: one step of the config with microbatch 1 x seq 256 (one microbatch), then
+// the process's peak resident set size (getrusage ru_maxrss). ru_maxrss is a high-water mark
+// of the whole process, so each invocation is exactly one measurement and does nothing else.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "lockstep/core.h"
+#include "lockstep/data.h"
+#include "lockstep/kernels.h"
+#include "lockstep/state.h"
+#include "lockstep/train.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using lockstep::Fail;
+using lockstep::RunConfig;
+namespace data = lockstep::data;
+namespace train = lockstep::train;
+
+// Enough text that a few steps do not wrap around an epoch; the stream wraps regardless, and
+// the corpus stays a negligible part of the peak RSS.
+constexpr uint64_t kCorpusTokens = 1 << 20;
+constexpr uint64_t kCorpusSeed = 1;
+constexpr int64_t kPeakRssSeq = 256;
+
+// A directory under the system temp dir, removed with everything in it on scope exit.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "lockstep-bench-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) Fail("bench_train_step: mkdtemp({}) failed", pattern);
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ignored;  // best effort: a leftover temp dir is not worth a crash
+    fs::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+data::Dataset SynthDataset(const TempDir& tmp) {
+  const fs::path dir = tmp.path() / "corpus";
+  data::WriteSynthCorpus(dir, kCorpusSeed, kCorpusTokens);
+  return data::OpenDataset(dir);
+}
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Measurement {
+  int threads = 0;
+  int64_t tokens_per_step = 0;
+  double best_seconds = 0, median_seconds = 0;
+  double hash_seconds = 0;  // one ComputeStateHash of the final state, alone
+  lockstep::StateHash final_hash;
+};
+
+// A step whose update the spike protocol skipped does no AdamW work: timing it would flatter
+// the result, so the benchmark refuses rather than report it.
+void RequireUpdate(const train::StepReport& r, const RunConfig& config) {
+  if (r.skipped) {
+    Fail("bench_train_step: {} step {} skipped its update (loss {}, grad norm {}); the timing "
+         "would not be of a full step",
+         config.name, r.step, r.loss, r.grad_norm);
+  }
+}
+
+Measurement Measure(const RunConfig& config, const data::Dataset& dataset, int threads,
+                    int steps) {
+  lockstep::SetThreads(threads);
+  train::Trainer trainer(config, dataset, train::RunDescriptor(config, dataset));
+  trainer.Initialize();
+  RequireUpdate(trainer.Step(), config);  // warm-up: first touch of the arena, thread start-up
+
+  std::vector<double> seconds;
+  for (int s = 0; s < steps; ++s) {
+    const auto start = std::chrono::steady_clock::now();
+    const train::StepReport r = trainer.Step();
+    seconds.push_back(Seconds(start));
+    RequireUpdate(r, config);
+  }
+  Measurement m;
+  m.threads = threads;
+  m.tokens_per_step = trainer.tokens_per_step();
+  m.best_seconds = *std::min_element(seconds.begin(), seconds.end());
+  m.median_seconds = Median(seconds);
+  const auto start = std::chrono::steady_clock::now();
+  m.final_hash = lockstep::ComputeStateHash(trainer.state(), trainer.Tensors());
+  m.hash_seconds = Seconds(start);
+  if (m.final_hash.hash != trainer.hash()) {
+    Fail("bench_train_step: recomputing the state hash gave {}, the trainer holds {}",
+         lockstep::ToHex(m.final_hash.hash), lockstep::ToHex(trainer.hash()));
+  }
+  return m;
+}
+
+int RunThroughput(const RunConfig& config, int steps, bool json) {
+  const TempDir tmp;
+  const data::Dataset dataset = SynthDataset(tmp);
+  const std::string isa = lockstep::rk::ActiveIsa().name;
+  int64_t parameters = 0;
+  for (const lockstep::ParamSpec& spec : lockstep::ParameterSpecs(config.model)) {
+    parameters += spec.numel();
+  }
+  if (!json) {
+    fmt::print("{}: {:.2f}M parameters, {} x {} tokens x {} microbatch(es) per step; "
+               "lockstep variant {}\n"
+               "one warm-up step, then best and median of {} steps (each includes the state "
+               "hash; 'hash s' times it alone)\n",
+               config.name, static_cast<double>(parameters) * 1e-6,
+               config.train.microbatch, config.model.seq_len, config.train.microbatches, isa,
+               steps);
+    fmt::print("{:>3} {:>12} {:>12} {:>10} {:>8}\n", "thr", "best s/step", "median s/st",
+               "tokens/s", "hash s");
+    std::fflush(stdout);
+  }
+  std::vector<Measurement> results;
+  for (int threads : {1, 2}) {
+    results.push_back(Measure(config, dataset, threads, steps));
+    const Measurement& m = results.back();
+    if (!json) {
+      fmt::print("{:>3} {:>12.3f} {:>12.3f} {:>10.0f} {:>8.3f}\n", m.threads, m.best_seconds,
+                 m.median_seconds, static_cast<double>(m.tokens_per_step) / m.best_seconds,
+                 m.hash_seconds);
+      std::fflush(stdout);
+    }
+  }
+  const bool same = results[0].final_hash.hash == results[1].final_hash.hash;
+  if (!same) {
+    const auto differ = lockstep::DifferingComponents(results[0].final_hash, results[1].final_hash);
+    fmt::print(stderr, "state hashes differ between 1 and 2 threads in: {}\n",
+               fmt::join(differ, ", "));
+  }
+  if (json) {
+    fmt::print("[\n");
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Measurement& m = results[i];
+      fmt::print("  {{\"config\": \"{}\", \"threads\": {}, \"tokens_per_step\": {}, "
+                 "\"seconds_per_step\": {:.4f}, \"median_seconds_per_step\": {:.4f}, "
+                 "\"tokens_per_second\": {:.1f}, \"state_hash_seconds\": {:.4f}, "
+                 "\"bitwise_same_across_threads\": {}, \"lockstep_variant\": \"{}\"}}{}\n",
+                 config.name, m.threads, m.tokens_per_step, m.best_seconds, m.median_seconds,
+                 static_cast<double>(m.tokens_per_step) / m.best_seconds, m.hash_seconds, same,
+                 isa, i + 1 < results.size() ? "," : "");
+    }
+    fmt::print("]\n");
+  } else {
+    fmt::print("final state hash after {} steps, 1 vs 2 threads: {} ({})\n", steps + 1,
+               same ? "bitwise identical" : "DIFFERENT", lockstep::ToHex(results[0].final_hash.hash));
+  }
+  return same ? 0 : 1;
+}
+
+int RunPeakRss(RunConfig config, int threads, bool json) {
+  // Memory is dominated by the parameters, gradients and both moments, which do not depend on
+  // the batch; one microbatch of one short sequence shows that floor and keeps the step quick.
+  config.train.microbatch = 1;
+  config.train.microbatches = 1;
+  config.model.seq_len = std::min(config.model.seq_len, kPeakRssSeq);
+  lockstep::SetThreads(threads);
+  const TempDir tmp;
+  const data::Dataset dataset = SynthDataset(tmp);
+  int64_t parameters = 0;
+  {
+    train::Trainer trainer(config, dataset, train::RunDescriptor(config, dataset));
+    trainer.Initialize();
+    RequireUpdate(trainer.Step(), config);
+    parameters = trainer.params().NumParameters();
+  }
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) != 0) Fail("bench_train_step: getrusage failed");
+  const int64_t peak = static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux: kilobytes
+  if (json) {
+    fmt::print("{{\"config\": \"{}\", \"microbatch\": {}, \"seq\": {}, \"threads\": {}, "
+               "\"parameters\": {}, \"peak_rss_bytes\": {}}}\n",
+               config.name, config.train.microbatch, config.model.seq_len, threads, parameters,
+               peak);
+  } else {
+    // 4 fp32 copies of the parameters: values, gradients and the two AdamW moments.
+    fmt::print("{}: one step, microbatch {} x seq {}, {} thread(s): peak RSS {:.1f} MiB "
+               "({:.1f} MiB of it the 4 fp32 copies of {:.2f}M parameters)\n",
+               config.name, config.train.microbatch, config.model.seq_len, threads,
+               static_cast<double>(peak) / (1 << 20),
+               static_cast<double>(parameters) * 16 / (1 << 20),
+               static_cast<double>(parameters) * 1e-6);
+  }
+  return 0;
+}
+
+int Usage() {
+  fmt::print(stderr,
+             "usage: bench_train_step [--config NAME|PATH] [--steps N] [--json]\n"
+             "       bench_train_step --peak-rss [--config NAME|PATH] [--threads N] [--json]\n"
+             "  Times whole training steps (train::Trainer::Step) of a config (default\n"
+             "  bench-8x512) at 1 and 2 threads: one warm-up step, then best and median of N\n"
+             "  (default 3), and checks that the final state hashes are bitwise identical.\n"
+             "  --peak-rss runs one step with microbatch 1 x seq 256 and reports the peak RSS;\n"
+             "  it measures the whole process, so run one invocation per measurement.\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string config_name = "bench-8x512";
+  int steps = 3, threads = 1;
+  bool json = false, peak_rss = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--json") {
+      json = true;
+    } else if (arg == "--peak-rss") {
+      peak_rss = true;
+    } else if (arg == "--config" && i + 1 < argc) {
+      config_name = argv[++i];
+    } else if (arg == "--steps" && i + 1 < argc) {
+      steps = std::atoi(argv[++i]);
+      if (steps < 1) return Usage();
+    } else if (arg == "--threads" && i + 1 < argc) {
+      threads = std::atoi(argv[++i]);
+      if (threads < 1) return Usage();
+    } else {
+      return Usage();
+    }
+  }
+  try {
+    lockstep::RequireIeeeFloatingPoint();
+    const RunConfig config = lockstep::LoadRunConfig(config_name);
+    return peak_rss ? RunPeakRss(config, threads, json) : RunThroughput(config, steps, json);
+  } catch (const lockstep::Error& e) {
+    fmt::print(stderr, "bench_train_step: {}\n", e.what());
+    return 1;
+  }
+}
