@@ -140,12 +140,13 @@ int RunThroughput(const RunConfig& config, int steps, bool json) {
     parameters += spec.numel();
   }
   if (!json) {
-    fmt::print("{}: {:.2f}M parameters, {} x {} tokens x {} microbatch(es) per step; "
-               "lockstep variant {}\n"
+    fmt::print("{}: {:.2f}M parameters, {} sequences x {} positions x {} microbatch(es) = {} "
+               "tokens per step; lockstep variant {}\n"
                "one warm-up step, then best and median of {} steps (each includes the state "
                "hash; 'hash s' times it alone)\n",
                config.name, static_cast<double>(parameters) * 1e-6,
-               config.train.microbatch, config.model.seq_len, config.train.microbatches, isa,
+               config.train.microbatch, config.model.seq_len, config.train.microbatches,
+               config.train.microbatch * config.model.seq_len * config.train.microbatches, isa,
                steps);
     fmt::print("{:>3} {:>12} {:>12} {:>10} {:>8}\n", "thr", "best s/step", "median s/st",
                "tokens/s", "hash s");

@@ -157,6 +157,11 @@ class Model {
   int64_t batch() const { return batch_; }
   int64_t seq() const { return seq_; }
 
+  // The bytes a Model of this shape allocates (activation arena, RoPE table, token buffers),
+  // for memory planning. Allocates none of them.
+  static int64_t AllocatedBytes(const ModelConfig& config, int64_t vocab_chunk, int64_t batch,
+                                int64_t seq);
+
   // Runs the forward pass and keeps the activations for Backward.
   LossSums Forward(const ParamStore& params, std::span<const uint32_t> tokens);
   // Gradient of grad_scale · Σ_rows (loss + zloss) for the tokens of the last Forward (the same
@@ -173,6 +178,10 @@ class Model {
   void Logits(const ParamStore& params, std::span<float> logits) const;
 
  private:
+  struct PlanOnly {};
+  // Plans the arena (every Span, arena_floats_) without allocating it.
+  Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int64_t seq, PlanOnly);
+
   struct Span {
     int64_t offset = 0, size = 0;
   };
@@ -196,6 +205,7 @@ class Model {
   Span emb_, emb_rstd_, x_final_, final_rstd_, xf_, loss_, zloss_, lse_;
   // Backward scratch.
   Span dx_, dh_, dq_, dk_, dv_, dattn_, dgu_, dact_, dgain_;
+  int64_t arena_floats_ = 0;
   std::vector<float> arena_;
   std::vector<uint32_t> inputs_, targets_;
   bool have_forward_ = false;

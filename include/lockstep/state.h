@@ -143,10 +143,17 @@ struct Checkpoint {
   std::vector<TensorState> tensors;  // in model.safetensors file order, spans into the files
 };
 
+// What ReadCheckpoint does with a file whose BLAKE2b differs from the one COMPLETE lists.
+enum class FileDigests {
+  kEnforce,  // fail naming the file: the only choice for anything that trusts the contents
+  kIgnore,   // read it anyway (sizes are still checked): forensics, `lockstep replay --force`
+};
+
 // Refuses a directory without COMPLETE; checks every listed file's size and BLAKE2b; parses
 // meta.json; checks that the three tensor files agree in names and shapes. Does not recompute
 // the state hash (VerifyCheckpointHash does). Errors name the file and the field or digest.
-Checkpoint ReadCheckpoint(const std::filesystem::path& dir);
+Checkpoint ReadCheckpoint(const std::filesystem::path& dir,
+                          FileDigests digests = FileDigests::kEnforce);
 // Recomputes the state hash from the checkpoint's contents; fails naming the directory and both
 // hashes when it differs from meta.json's state_hash. Returns the recomputed hash.
 StateHash VerifyCheckpointHash(const Checkpoint& checkpoint);

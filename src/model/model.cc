@@ -31,6 +31,21 @@ struct ParamIndex {
 }  // namespace
 
 Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int64_t seq)
+    : Model(config, vocab_chunk, batch, seq, PlanOnly{}) {
+  arena_.assign(static_cast<size_t>(arena_floats_), 0.0f);
+  inputs_.resize(static_cast<size_t>(rows_));
+  targets_.resize(static_cast<size_t>(rows_));
+}
+
+int64_t Model::AllocatedBytes(const ModelConfig& config, int64_t vocab_chunk, int64_t batch,
+                              int64_t seq) {
+  const Model plan(config, vocab_chunk, batch, seq, PlanOnly{});
+  const int64_t rope_floats = static_cast<int64_t>(plan.rope_.cos.size() + plan.rope_.sin.size());
+  return (plan.arena_floats_ + rope_floats) * int64_t{sizeof(float)} +
+         2 * plan.rows_ * int64_t{sizeof(uint32_t)};
+}
+
+Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int64_t seq, PlanOnly)
     : config_(config),
       vocab_chunk_(vocab_chunk),
       batch_(batch),
@@ -93,9 +108,7 @@ Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int6
   dgu_ = take(n * 2 * f);
   dact_ = take(n * f);
   dgain_ = take(d);
-  arena_.assign(static_cast<size_t>(end), 0.0f);
-  inputs_.resize(static_cast<size_t>(n));
-  targets_.resize(static_cast<size_t>(n));
+  arena_floats_ = end;
 }
 
 void Model::CheckParams(const ParamStore& params, const char* what) const {

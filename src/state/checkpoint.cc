@@ -152,9 +152,10 @@ std::pair<StepState, Digest> ParseMeta(std::string_view text, const std::string&
   return {std::move(s), DigestField(meta, "state_hash", what)};
 }
 
-// Reads a file listed in COMPLETE and checks it against its listed size and digest.
+// Reads a file listed in COMPLETE and checks it against its listed size and (unless `digests`
+// is kIgnore) its digest.
 std::vector<uint8_t> ReadListedFile(const fs::path& dir, const char* name, const Json& files,
-                                    const std::string& complete_what) {
+                                    const std::string& complete_what, FileDigests digests) {
   const std::string entry_what = fmt::format("{}: files.{}", complete_what, name);
   const Json& entry = files[name];
   state_internal::RequireKeys(entry, {"blake2b", "size"}, entry_what);
@@ -168,7 +169,7 @@ std::vector<uint8_t> ReadListedFile(const fs::path& dir, const char* name, const
          size);
   }
   const Digest actual = Blake2b256(bytes);
-  if (actual != digest) {
+  if (actual != digest && digests == FileDigests::kEnforce) {
     Fail("{}: BLAKE2b-256 {} differs from {} listed in COMPLETE (the file is corrupt)",
          path.string(), ToHex(actual), ToHex(digest));
   }
@@ -176,8 +177,10 @@ std::vector<uint8_t> ReadListedFile(const fs::path& dir, const char* name, const
 }
 
 SafetensorsFile ReadTensorFile(const fs::path& dir, const char* name, std::string_view content,
-                               uint64_t step, const Json& files, const std::string& what) {
-  SafetensorsFile file = ParseSafetensors(ReadListedFile(dir, name, files, what), dir / name);
+                               uint64_t step, const Json& files, const std::string& what,
+                               FileDigests digests) {
+  SafetensorsFile file =
+      ParseSafetensors(ReadListedFile(dir, name, files, what, digests), dir / name);
   if (file.metadata() != FileMetadata(content, step)) {
     Fail("{}: __metadata__ does not describe the {} of step {}", file.path().string(), content,
          step);
@@ -274,7 +277,7 @@ fs::path WriteCheckpoint(const fs::path& run_dir, const StepState& state,
   return final_dir;
 }
 
-Checkpoint ReadCheckpoint(const fs::path& dir) {
+Checkpoint ReadCheckpoint(const fs::path& dir, FileDigests digests) {
   const fs::path complete_path = dir / kCompleteFile;
   if (!fs::is_regular_file(complete_path)) {
     Fail("{}: no COMPLETE file: an unfinished write, or not a checkpoint directory", dir.string());
@@ -288,7 +291,8 @@ Checkpoint ReadCheckpoint(const fs::path& dir) {
                               complete_what + ": files");
 
   const std::string meta_what = (dir / kMetaFile).string();
-  const std::vector<uint8_t> meta_bytes = ReadListedFile(dir, kMetaFile, files, complete_what);
+  const std::vector<uint8_t> meta_bytes =
+      ReadListedFile(dir, kMetaFile, files, complete_what, digests);
   auto [state, state_hash] = ParseMeta(
       std::string_view(reinterpret_cast<const char*>(meta_bytes.data()), meta_bytes.size()),
       meta_what);
@@ -303,9 +307,10 @@ Checkpoint ReadCheckpoint(const fs::path& dir) {
       .dir = dir,
       .state = std::move(state),
       .state_hash = state_hash,
-      .model = ReadTensorFile(dir, kModelFile, "model", step, files, complete_what),
-      .optimizer = ReadTensorFile(dir, kOptimizerFile, "optimizer", step, files, complete_what),
-      .grads = ReadTensorFile(dir, kGradsFile, "grads", step, files, complete_what),
+      .model = ReadTensorFile(dir, kModelFile, "model", step, files, complete_what, digests),
+      .optimizer =
+          ReadTensorFile(dir, kOptimizerFile, "optimizer", step, files, complete_what, digests),
+      .grads = ReadTensorFile(dir, kGradsFile, "grads", step, files, complete_what, digests),
       .tensors = {},
   };
   const size_t n = c.model.tensors().size();

@@ -41,7 +41,7 @@ class MetricsLog {
     fs::rename(tmp, path_);
   }
 
-  void Append(const StepReport& r, uint64_t total_tokens) {
+  void Append(const StepReport& r, const StepState& state, uint64_t total_tokens) {
     const nlohmann::json j = {{"step", r.step},
                               {"loss", r.loss},
                               {"zloss", r.zloss},
@@ -50,6 +50,7 @@ class MetricsLog {
                               {"lr", r.lr},
                               {"skipped", r.skipped},
                               {"tokens", total_tokens},
+                              {"tokens_blake2b", ToHex(state.tokens_digest)},
                               {"step_seconds", r.seconds},
                               {"tokens_per_second", r.tokens / r.seconds}};
     std::FILE* f = std::fopen(path_.c_str(), "a");
@@ -151,7 +152,7 @@ int RunTraining(const TrainOptions& options) {
     const StepReport r = trainer.Step();
     tokens += static_cast<uint64_t>(r.tokens);
     AppendStateHashLine(hashes_path, {r.step, trainer.hash()});
-    metrics.Append(r, tokens);
+    metrics.Append(r, trainer.state(), tokens);
     const bool last = r.step == target || r.halt;
     if (last || (config.train.ckpt_every > 0 && r.step % config.train.ckpt_every == 0)) {
       WriteCheckpoint(options.run_dir, trainer.state(), trainer.Tensors());

@@ -175,6 +175,27 @@ TEST_F(E2e, LossFallsBelowTheUnigramEntropy) {
   EXPECT_LT(last, unigram - 0.3) << "first " << first << ", unigram " << unigram;
 }
 
+TEST_F(E2e, SmokeLossFallsWellBelowTheUnigramEntropy) {
+  // The demo's model on the demo's corpus (smaller): 40 of its 300 steps are enough.
+  const fs::path data = dir_ / "smoke_data";
+  ASSERT_EQ(Lockstep("data synth --out " + data.string() + " --seed 1 --tokens 1000000").exit_code, 0);
+  const Result r = Lockstep("train --config smoke --data " + data.string() + " --out " +
+                            (dir_ / "run").string() + " --steps 40 --threads 1 --no-progress");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto manifest = nlohmann::json::parse(ReadFileText(data / "manifest.json"));
+  const double unigram = manifest.at("unigram_entropy_nats").get<double>();
+  std::ifstream metrics(dir_ / "run/metrics.jsonl");
+  std::vector<double> losses;
+  for (std::string line; std::getline(metrics, line);) {
+    losses.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  }
+  ASSERT_EQ(losses.size(), 40u);
+  double last5 = 0;
+  for (size_t i = 35; i < 40; ++i) last5 += losses[i] / 5;
+  EXPECT_GT(losses[0], unigram);
+  EXPECT_LT(last5, unigram - 0.5) << "first " << losses[0] << ", unigram " << unigram;
+}
+
 TEST_F(E2e, CorruptShardIsNamedWithBothDigests) {
   const fs::path data = Data();
   fs::path bin;

@@ -4,8 +4,8 @@
 
 #include <cstring>
 #include <memory>
-#include <nlohmann/json.hpp>
 
+#include "lockstep/audit.h"
 #include "lockstep/model.h"
 #include "lockstep/state.h"
 #include "tools/lockstep/commands.h"
@@ -18,29 +18,11 @@ struct ForwardOptions {
   int threads = 1;
 };
 
-// The run config a checkpoint was trained with, from its descriptor (JSON is YAML).
-RunConfig ConfigOfCheckpoint(const Checkpoint& ckpt) {
-  nlohmann::json descriptor;
-  try {
-    descriptor = nlohmann::json::parse(ckpt.state.descriptor);
-  } catch (const nlohmann::json::exception& e) {
-    Fail("{}/meta.json: descriptor is not JSON: {}", ckpt.dir.string(), e.what());
-  }
-  nlohmann::json config;
-  for (const char* key : {"name", "model", "train"}) {
-    if (!descriptor.contains(key)) {
-      Fail("{}/meta.json: descriptor has no \"{}\"", ckpt.dir.string(), key);
-    }
-    config[key] = descriptor[key];
-  }
-  return ParseRunConfig(config.dump(), (ckpt.dir / "meta.json").string() + " descriptor");
-}
-
 int RunForward(const ForwardOptions& o) {
   SetThreads(o.threads);
   const Checkpoint ckpt = ReadCheckpoint(o.checkpoint);
   VerifyCheckpointHash(ckpt);
-  const RunConfig config = ConfigOfCheckpoint(ckpt);
+  const RunConfig config = audit::ConfigOfCheckpoint(ckpt);
   const std::vector<uint8_t> bytes = ReadFileBytes(o.tokens);
   if (bytes.size() % 4 != 0 || bytes.size() < 8) {
     Fail("{}: {} bytes; expected little-endian uint32 token ids, at least 2 (input + target)",

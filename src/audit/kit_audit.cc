@@ -1,0 +1,125 @@
+// `lockstep audit KIT`: replay a kit's units and compare each with the hash it must reach.
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "lockstep/build_info.h"
+#include "lockstep/kit.h"
+
+namespace lockstep::kit {
+namespace {
+namespace fs = std::filesystem;
+
+audit::ReplayOptions ReplayOptionsFor(const Unit& unit, const AuditOptions& options) {
+  const fs::path& kit = options.kit_dir;
+  audit::ReplayOptions replay;
+  replay.data_dir = kit / unit.data;
+  replay.expect_hash = unit.expected_hash;
+  replay.threads = options.threads;
+  replay.force = options.force;
+  if (unit.kind == UnitKind::kInit) {
+    replay.from_init = true;
+    replay.config = (kit / unit.config).string();
+    replay.seed = unit.seed;
+  } else {
+    replay.checkpoint = kit / unit.start_checkpoint;
+    replay.until_step = unit.until_step;
+    replay.compare_checkpoint = kit / unit.target_checkpoint;
+  }
+  return replay;
+}
+
+std::string_view Verdict(const UnitOutcome& o) {
+  return !o.result ? "ERROR" : o.match() ? "MATCH" : "MISMATCH";
+}
+
+std::string Steps(const Unit& unit) {
+  return unit.kind == UnitKind::kInit ? "0"
+                                      : fmt::format("{}-{}", unit.start_step, unit.until_step);
+}
+
+}  // namespace
+
+std::vector<UnitOutcome> AuditKit(const AuditOptions& options) {
+  const KitManifest manifest = ReadManifest(options.kit_dir);
+  if (manifest.contract_version != build::kContractVersion) {
+    Fail("{}: the kit was built under numerics contract v{}, this lockstep implements v{}: its "
+         "hashes cannot be reproduced here",
+         (options.kit_dir / kManifestName).string(), manifest.contract_version,
+         build::kContractVersion);
+  }
+  const Trajectory trajectory = ReadTrajectory(options.kit_dir);
+  std::vector<const Unit*> chosen;
+  for (const std::string& name : options.units) {
+    const auto it = std::find_if(trajectory.units.begin(), trajectory.units.end(),
+                                 [&](const Unit& u) { return u.name == name; });
+    if (it == trajectory.units.end()) {
+      std::string known;
+      for (const Unit& u : trajectory.units) known += (known.empty() ? "" : ", ") + u.name;
+      Fail("--unit {}: {} has no such unit (units: {})", name,
+           (options.kit_dir / kTrajectoryName).string(), known);
+    }
+    chosen.push_back(&*it);
+  }
+  if (options.units.empty()) {
+    for (const Unit& u : trajectory.units) chosen.push_back(&u);
+  }
+
+  std::vector<UnitOutcome> outcomes;
+  for (const Unit* unit : chosen) {
+    std::fprintf(stderr, "audit: unit %s (%s, steps %s) at %d thread%s\n", unit->name.c_str(),
+                 std::string(UnitKindName(unit->kind)).c_str(), Steps(*unit).c_str(),
+                 options.threads, options.threads == 1 ? "" : "s");
+    UnitOutcome outcome{*unit, std::nullopt, {}};
+    try {
+      outcome.result = audit::Replay(ReplayOptionsFor(*unit, options));
+      std::fprintf(stderr, "%s\n", audit::VerdictLine(*outcome.result).c_str());
+    } catch (const Error& e) {
+      outcome.error = e.what();
+      std::fprintf(stderr, "audit: unit %s: error: %s\n", unit->name.c_str(), e.what());
+    }
+    outcomes.push_back(std::move(outcome));
+  }
+  return outcomes;
+}
+
+std::string AuditTable(const std::vector<UnitOutcome>& outcomes) {
+  constexpr std::string_view kRow = "{:<24} {:<8} {:>11} {:<16} {:<16} {:<8} {:>9} {:>12}\n";
+  std::string table = fmt::format(kRow, "unit", "mode", "steps", "expected", "got", "verdict",
+                                  "wall s", "peak RSS");
+  for (const UnitOutcome& o : outcomes) {
+    const std::string expected = ToHex(o.unit.expected_hash).substr(0, 16);
+    const std::string got = o.result ? ToHex(o.result->state_hash).substr(0, 16) : "-";
+    const std::string wall = o.result ? fmt::format("{:.2f}", o.result->wall_seconds) : "-";
+    const std::string rss =
+        o.result ? fmt::format("{:.1f} MiB", o.result->peak_rss_bytes / 1048576.0) : "-";
+    table += fmt::format(kRow, o.unit.name, UnitKindName(o.unit.kind), Steps(o.unit), expected,
+                         got, Verdict(o), wall, rss);
+  }
+  return table;
+}
+
+std::string AuditJson(const std::vector<UnitOutcome>& outcomes) {
+  nlohmann::json report = nlohmann::json::array();
+  for (const UnitOutcome& o : outcomes) {
+    const Unit& u = o.unit;
+    nlohmann::json j = {
+        {"unit", u.name},
+        {"kind", UnitKindName(u.kind)},
+        {"start_step", u.start_step},
+        {"until_step", u.until_step},
+        {"expected", ToHex(u.expected_hash)},
+        {"verdict", Verdict(o)},
+        {"publisher_wall_seconds",
+         u.publisher_wall_seconds ? nlohmann::json(*u.publisher_wall_seconds) : nullptr},
+        {"publisher_peak_rss_bytes",
+         u.publisher_peak_rss_bytes ? nlohmann::json(*u.publisher_peak_rss_bytes) : nullptr},
+        {"replay", o.result ? nlohmann::json::parse(audit::ResultJson(*o.result)) : nullptr},
+        {"error", o.result ? nlohmann::json(nullptr) : nlohmann::json(o.error)},
+    };
+    report.push_back(std::move(j));
+  }
+  return report.dump(2) + "\n";
+}
+
+}  // namespace lockstep::kit

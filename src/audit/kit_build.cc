@@ -1,0 +1,290 @@
+// `lockstep kit build`: a run directory and its dataset -> a self-contained, verifiable kit.
+#include <algorithm>
+#include <charconv>
+#include <fstream>
+#include <map>
+
+#include "lockstep/build_info.h"
+#include "lockstep/kit.h"
+#include "lockstep/train.h"
+#include "state/internal.h"
+
+namespace lockstep::kit {
+namespace {
+namespace fs = std::filesystem;
+using state_internal::Json;
+
+constexpr std::string_view kConfigName = "config.yaml";
+constexpr std::string_view kDataDir = "data";
+constexpr std::string_view kCheckpointsDir = "checkpoints";
+
+struct PublishedCheckpoint {
+  uint64_t step = 0;
+  fs::path dir;
+  Digest state_hash{};
+  std::string descriptor;
+  std::vector<std::string> files;  // COMPLETE's listing, then COMPLETE itself
+};
+
+// The canonical complete checkpoints of a run (step_%09d directories holding COMPLETE), by step.
+std::vector<fs::path> CompleteCheckpointDirs(const fs::path& run_dir) {
+  const fs::path root = run_dir / kCheckpointsDir;
+  std::map<uint64_t, fs::path> found;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(root, ec); !ec && it != fs::end(it); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with("step_")) continue;
+    uint64_t step = 0;
+    const char* digits = name.data() + 5;
+    const auto [end, error] = std::from_chars(digits, name.data() + name.size(), step);
+    if (error != std::errc() || end != name.data() + name.size()) continue;
+    if (CheckpointDir(run_dir, step) != it->path()) continue;  // not the canonical spelling
+    if (fs::is_regular_file(it->path() / "COMPLETE")) found.emplace(step, it->path());
+  }
+  if (ec) Fail("{}: cannot list checkpoints: {}", root.string(), ec.message());
+  std::vector<fs::path> dirs;
+  for (auto& [step, dir] : found) dirs.push_back(std::move(dir));
+  return dirs;
+}
+
+// What the kit needs from a checkpoint: meta.json's step, state_hash and descriptor, and the file
+// list of COMPLETE. The tensors are not loaded here (for a large model they are many GiB): the
+// auditor's replay verifies them, and kit.json pins their bytes.
+PublishedCheckpoint ReadPublishedCheckpoint(const fs::path& dir, uint64_t expected_step) {
+  using namespace state_internal;
+  PublishedCheckpoint c;
+  c.dir = dir;
+  const fs::path meta_path = dir / "meta.json";
+  const std::string meta_what = meta_path.string();
+  const Json meta = ParseJsonStrict(ReadFileText(meta_path), meta_what);
+  if (!meta.is_object() || !meta.contains("step") || !meta.contains("state_hash") ||
+      !meta.contains("descriptor")) {
+    Fail("{}: not a checkpoint meta.json (needs \"step\", \"state_hash\" and \"descriptor\")",
+         meta_what);
+  }
+  c.step = U64Field(meta, "step", meta_what);
+  if (c.step != expected_step) {
+    Fail("{}: field \"step\" is {} but the directory is step {}", meta_what, c.step, expected_step);
+  }
+  c.state_hash = DigestField(meta, "state_hash", meta_what);
+  c.descriptor = StringField(meta, "descriptor", meta_what);
+
+  const fs::path complete_path = dir / "COMPLETE";
+  const Json complete = ParseJsonStrict(ReadFileText(complete_path), complete_path.string());
+  if (!complete.is_object() || !complete.contains("files") || !complete["files"].is_object()) {
+    Fail("{}: no \"files\" object", complete_path.string());
+  }
+  for (const auto& [name, unused] : complete["files"].items()) {
+    ValidateKitPath(name, complete_path.string());
+    c.files.push_back(name);
+  }
+  c.files.push_back("COMPLETE");
+  return c;
+}
+
+// metrics.jsonl: step -> step_seconds.
+std::map<uint64_t, double> ReadStepSeconds(const fs::path& path) {
+  std::map<uint64_t, double> seconds;
+  std::ifstream in(path);
+  if (!in) Fail("{}: cannot open for reading", path.string());
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    const std::string what = fmt::format("{}: line {}", path.string(), number);
+    const Json j = state_internal::ParseJsonStrict(line, what);
+    if (!j.is_object() || !j.contains("step") || !j.contains("step_seconds") ||
+        !j["step_seconds"].is_number()) {
+      Fail("{}: needs \"step\" and a numeric \"step_seconds\"", what);
+    }
+    seconds[state_internal::U64Field(j, "step", what)] = j["step_seconds"].get<double>();
+  }
+  return seconds;
+}
+
+// The run config as YAML, from the descriptor's "name", "model" and "train". Every scalar is
+// written as its JSON text, which YAML reads back as the same value (JSON numbers, booleans and
+// double-quoted strings are YAML scalars); BuildKit checks that it reproduces the descriptor.
+std::string ConfigYaml(const Json& descriptor, std::string_view what) {
+  std::string yaml = fmt::format(
+      "# The run's config, written by `lockstep kit build` from the run descriptor that its\n"
+      "# checkpoints record (numerics contract v{}).\n",
+      build::kContractVersion);
+  if (!descriptor.contains("name") || !descriptor["name"].is_string()) {
+    Fail("{}: the run descriptor has no string \"name\"", what);
+  }
+  yaml += "name: " + descriptor["name"].dump() + "\n";
+  for (const char* section : {"model", "train"}) {
+    if (!descriptor.contains(section) || !descriptor[section].is_object()) {
+      Fail("{}: the run descriptor has no object \"{}\"", what, section);
+    }
+    yaml += std::string(section) + ":\n";
+    for (const auto& [key, value] : descriptor[section].items()) {
+      if (value.is_structured()) {
+        Fail("{}: descriptor field {}.{} = {} is not a scalar", what, section, key,
+             state_internal::Shown(value));
+      }
+      yaml += fmt::format("  {}: {}\n", key, value.dump());
+    }
+  }
+  return yaml;
+}
+
+void CopyFile(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  fs::create_directories(to.parent_path(), ec);
+  if (!ec) fs::copy_file(from, to, fs::copy_options::none, ec);
+  if (ec) Fail("copying {} to {}: {}", from.string(), to.string(), ec.message());
+}
+
+// Every regular file under `dir`, described, sorted by relative path; kit.json excluded.
+std::vector<KitFile> DescribeTree(const fs::path& dir) {
+  std::vector<KitFile> files;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (!entry.is_regular_file()) continue;
+    std::string relative = entry.path().lexically_relative(dir).generic_string();
+    if (relative == kManifestName) continue;
+    ValidateKitPath(relative, dir.string());
+    files.push_back(DescribeFile(entry.path(), std::move(relative)));
+  }
+  std::sort(files.begin(), files.end(),
+            [](const KitFile& a, const KitFile& b) { return a.path < b.path; });
+  return files;
+}
+
+}  // namespace
+
+Trajectory BuildKit(const BuildOptions& options) {
+  if (fs::exists(options.out_dir)) {
+    Fail("--out {}: already exists (a kit is built into a new directory)",
+         options.out_dir.string());
+  }
+  const fs::path hashes_path = options.run_dir / "state_hashes.jsonl";
+  std::map<uint64_t, Digest> chain;
+  for (const StateHashLine& line : ReadStateHashLines(hashes_path)) chain[line.step] = line.hash;
+  if (!chain.contains(0)) Fail("{}: no line for step 0 (the init)", hashes_path.string());
+
+  std::vector<PublishedCheckpoint> checkpoints;
+  for (const fs::path& dir : CompleteCheckpointDirs(options.run_dir)) {
+    const uint64_t step = std::stoull(dir.filename().string().substr(5));
+    PublishedCheckpoint c = ReadPublishedCheckpoint(dir, step);
+    const auto line = chain.find(step);
+    if (line == chain.end() || line->second != c.state_hash) {
+      Fail("{}: meta.json's state_hash {} is not {}'s hash for step {} ({})", dir.string(),
+           ToHex(c.state_hash), hashes_path.string(), step,
+           line == chain.end() ? "no line" : ToHex(line->second));
+    }
+    if (!checkpoints.empty() && c.descriptor != checkpoints.front().descriptor) {
+      Fail("{}: its run descriptor differs from {}'s: a kit holds one run", dir.string(),
+           checkpoints.front().dir.string());
+    }
+    checkpoints.push_back(std::move(c));
+  }
+  if (checkpoints.empty()) {
+    Fail("{}: no complete checkpoint (checkpoints/step_*/COMPLETE): a kit needs the run "
+         "descriptor that checkpoints record, and its interval units start from checkpoints",
+         options.run_dir.string());
+  }
+  const std::string& descriptor = checkpoints.front().descriptor;
+  const std::string descriptor_what = (checkpoints.front().dir / "meta.json").string() +
+                                      ": field \"descriptor\"";
+  const Json descriptor_json = state_internal::ParseJsonStrict(descriptor, descriptor_what);
+  if (!descriptor_json.is_object()) Fail("{}: not a JSON object", descriptor_what);
+  auto recorded = [&](const char* key) {
+    return descriptor_json.contains(key) ? descriptor_json[key] : Json();
+  };
+
+  // The dataset must be the one the run trained on, and the config we write must give back the
+  // exact descriptor: otherwise no unit of the kit could match.
+  const data::Dataset dataset = data::OpenDataset(options.data_dir);
+  const std::string manifest_hex = ToHex(dataset.manifest_digest());
+  if (recorded("data_manifest_blake2b") != Json(manifest_hex)) {
+    Fail("--data {}: manifest.json has BLAKE2b {}, but the run trained on data_manifest_blake2b "
+         "{} ({})",
+         options.data_dir.string(), manifest_hex,
+         state_internal::Shown(recorded("data_manifest_blake2b")), descriptor_what);
+  }
+  if (recorded("contract_version") != Json(build::kContractVersion)) {
+    Fail("{}: contract_version {}, this lockstep implements numerics contract v{}",
+         descriptor_what, state_internal::Shown(recorded("contract_version")),
+         build::kContractVersion);
+  }
+  const std::string config_yaml = ConfigYaml(descriptor_json, descriptor_what);
+  const RunConfig config = ParseRunConfig(config_yaml, "the kit's config.yaml");
+  if (train::RunDescriptor(config, dataset) != descriptor) {
+    Fail("{}: the config written from it does not reproduce it: {} != {}", descriptor_what,
+         train::RunDescriptor(config, dataset), descriptor);
+  }
+
+  const std::map<uint64_t, double> step_seconds = ReadStepSeconds(options.run_dir / "metrics.jsonl");
+  auto interval_seconds = [&](uint64_t start, uint64_t until) {
+    double total = 0;
+    for (uint64_t s = start + 1; s <= until; ++s) {
+      const auto it = step_seconds.find(s);
+      if (it == step_seconds.end()) {
+        Fail("{}: no line for step {}", (options.run_dir / "metrics.jsonl").string(), s);
+      }
+      total += it->second;
+    }
+    return total;
+  };
+
+  Trajectory trajectory;
+  trajectory.descriptor = descriptor;
+  Unit init;
+  init.name = "init";
+  init.kind = UnitKind::kInit;
+  init.config = kConfigName;
+  init.data = kDataDir;
+  init.seed = config.train.seed;
+  init.expected_hash = chain.at(0);
+  trajectory.units.push_back(init);
+  auto kit_checkpoint = [](const PublishedCheckpoint& c) {
+    return fmt::format("{}/{}", kCheckpointsDir, c.dir.filename().string());
+  };
+  for (size_t i = 0; i + 1 < checkpoints.size(); ++i) {
+    const PublishedCheckpoint &from = checkpoints[i], &to = checkpoints[i + 1];
+    Unit unit;
+    unit.name = fmt::format("interval_{}_{}", from.step, to.step);
+    unit.kind = UnitKind::kInterval;
+    unit.config = kConfigName;
+    unit.data = kDataDir;
+    unit.start_step = from.step;
+    unit.until_step = to.step;
+    unit.start_checkpoint = kit_checkpoint(from);
+    unit.target_checkpoint = kit_checkpoint(to);
+    unit.expected_hash = to.state_hash;
+    unit.publisher_wall_seconds = interval_seconds(from.step, to.step);
+    trajectory.units.push_back(std::move(unit));
+  }
+
+  // Built in a temporary sibling and renamed, so that out_dir is either absent or a whole kit.
+  const fs::path out = options.out_dir.lexically_normal();
+  const fs::path tmp = out.parent_path() / (".tmp-" + out.filename().string());
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  CopyFile(options.data_dir / "manifest.json", tmp / kDataDir / "manifest.json");
+  for (const data::ShardInfo& shard : dataset.shards()) {
+    for (const std::string& name : {shard.bin, shard.idx}) {
+      CopyFile(options.data_dir / name, tmp / kDataDir / name);
+    }
+  }
+  for (const PublishedCheckpoint& c : checkpoints) {
+    for (const std::string& name : c.files) CopyFile(c.dir / name, tmp / kit_checkpoint(c) / name);
+  }
+  WriteFileSynced(tmp / kConfigName, config_yaml);
+  WriteFileSynced(tmp / kTrajectoryName, TrajectoryJson(trajectory));
+
+  KitManifest manifest;
+  manifest.lockstep_version = build::kVersion;
+  manifest.git_commit = build::kGitCommit;
+  manifest.contract_version = build::kContractVersion;
+  manifest.files = DescribeTree(tmp);
+  WriteFileSynced(tmp / kManifestName, ManifestJson(manifest));
+  SyncDirectory(tmp);
+  std::error_code ec;
+  fs::rename(tmp, out, ec);
+  if (ec) Fail("renaming {} to {}: {}", tmp.string(), out.string(), ec.message());
+  SyncDirectory(out.parent_path().empty() ? fs::path(".") : out.parent_path());
+  return trajectory;
+}
+
+}  // namespace lockstep::kit

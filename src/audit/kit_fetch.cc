@@ -1,0 +1,254 @@
+// `lockstep kit fetch`: download a kit over file://, http:// or https:// with libcurl, resuming
+// partial downloads and verifying every file against kit.json before it takes its final name.
+#include <curl/curl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+
+#include "lockstep/kit.h"
+
+namespace lockstep::kit {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr size_t kMaxManifestBytes = size_t{64} << 20;
+constexpr uint64_t kProgressMinBytes = uint64_t{1} << 20;  // smaller files finish at once
+
+void RequireSupportedUrl(std::string_view url) {
+  for (std::string_view scheme : {"file://", "http://", "https://"}) {
+    if (url.starts_with(scheme)) return;
+  }
+  Fail("URL \"{}\": only file://, http:// and https:// are supported", url);
+}
+
+std::string JoinUrl(std::string_view base, std::string_view path) {
+  while (base.ends_with('/')) base.remove_suffix(1);
+  return fmt::format("{}/{}", base, path);  // kit paths need no escaping (ValidateKitPath)
+}
+
+// One easy handle per transfer; curl_global_init runs once per process.
+class CurlHandle {
+ public:
+  CurlHandle() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+      if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) Fail("libcurl: global init failed");
+    });
+    handle_ = curl_easy_init();
+    if (handle_ == nullptr) Fail("libcurl: cannot create a transfer handle");
+    error_[0] = '\0';
+    curl_easy_setopt(handle_, CURLOPT_ERRORBUFFER, error_);
+    curl_easy_setopt(handle_, CURLOPT_PROTOCOLS_STR, "file,http,https");
+    curl_easy_setopt(handle_, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(handle_, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(handle_, CURLOPT_FAILONERROR, 1L);  // an HTTP status >= 400 is an error
+  }
+  ~CurlHandle() { curl_easy_cleanup(handle_); }
+  CurlHandle(const CurlHandle&) = delete;
+  CurlHandle& operator=(const CurlHandle&) = delete;
+
+  CURL* get() const { return handle_; }
+  // Runs the transfer; fails naming the URL and curl's reason.
+  void Perform(std::string_view url) {
+    curl_easy_setopt(handle_, CURLOPT_URL, std::string(url).c_str());
+    const CURLcode rc = curl_easy_perform(handle_);
+    if (rc != CURLE_OK) {
+      Fail("{}: {}", url, error_[0] != '\0' ? error_ : curl_easy_strerror(rc));
+    }
+  }
+
+ private:
+  CURL* handle_ = nullptr;
+  char error_[CURL_ERROR_SIZE];
+};
+
+std::string FetchText(std::string_view url) {
+  CurlHandle curl;
+  std::string body;
+  curl_easy_setopt(curl.get(), CURLOPT_WRITEDATA, &body);
+  curl_easy_setopt(curl.get(), CURLOPT_WRITEFUNCTION,
+                   +[](char* data, size_t size, size_t count, void* context) -> size_t {
+                     auto* out = static_cast<std::string*>(context);
+                     if (out->size() + size * count > kMaxManifestBytes) return 0;  // aborts
+                     out->append(data, size * count);
+                     return size * count;
+                   });
+  curl.Perform(url);
+  return body;
+}
+
+// One file's download into its .part, appending from `offset`.
+struct Transfer {
+  std::FILE* out = nullptr;
+  uint64_t offset = 0;    // bytes already in the .part when the transfer began
+  uint64_t written = 0;   // bytes this transfer appended
+  uint64_t expected = 0;  // the size kit.json lists
+  bool oversize = false;  // the source sent more than `expected`: aborted, fails verification
+  std::string label;
+  bool show_progress = false;
+  std::chrono::steady_clock::time_point last_draw{};
+};
+
+size_t WriteToPart(char* data, size_t size, size_t count, void* context) {
+  auto* t = static_cast<Transfer*>(context);
+  const size_t bytes = size * count;
+  if (t->offset + t->written + bytes > t->expected) {
+    t->oversize = true;  // don't let a wrong source fill the disk
+    return 0;
+  }
+  if (std::fwrite(data, 1, bytes, t->out) != bytes) return 0;
+  t->written += bytes;
+  return bytes;
+}
+
+void DrawProgress(const Transfer& t) {
+  constexpr int kWidth = 30;
+  const uint64_t done = t.offset + t.written;
+  const double fraction = t.expected == 0 ? 1.0 : static_cast<double>(done) / t.expected;
+  const int filled = static_cast<int>(fraction * kWidth);
+  std::fprintf(stderr, "\r%s [%s%s] %3d%% %.1f/%.1f MiB\033[K", t.label.c_str(),
+               std::string(filled, '#').c_str(), std::string(kWidth - filled, ' ').c_str(),
+               static_cast<int>(fraction * 100), done / 1048576.0, t.expected / 1048576.0);
+}
+
+int OnProgress(void* context, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  auto* t = static_cast<Transfer*>(context);
+  const auto now = std::chrono::steady_clock::now();
+  if (now - t->last_draw >= std::chrono::milliseconds(100)) {
+    t->last_draw = now;
+    DrawProgress(*t);
+  }
+  return 0;
+}
+
+// Appends the source's bytes from `offset` on to `part`. Returns false when the source sent more
+// than the listed size. Fails on a transfer error, leaving the .part for a later resume.
+bool DownloadPart(const std::string& url, const fs::path& part, uint64_t offset,
+                  const KitFile& file, bool progress) {
+  Transfer t;
+  t.offset = offset;
+  t.expected = file.size;
+  t.label = file.path;
+  t.show_progress = progress && file.size >= kProgressMinBytes;
+  t.out = std::fopen(part.c_str(), offset > 0 ? "ab" : "wb");
+  if (t.out == nullptr) Fail("{}: cannot open for writing", part.string());
+
+  CurlHandle curl;
+  curl_easy_setopt(curl.get(), CURLOPT_WRITEFUNCTION, WriteToPart);
+  curl_easy_setopt(curl.get(), CURLOPT_WRITEDATA, &t);
+  // With an offset, HTTP sends "Range: bytes=offset-" and libcurl refuses a server that answers
+  // with the whole file instead of 206 (CURLE_RANGE_ERROR): no silent restart.
+  curl_easy_setopt(curl.get(), CURLOPT_RESUME_FROM_LARGE, static_cast<curl_off_t>(offset));
+  if (t.show_progress) {
+    curl_easy_setopt(curl.get(), CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(curl.get(), CURLOPT_XFERINFOFUNCTION, OnProgress);
+    curl_easy_setopt(curl.get(), CURLOPT_XFERINFODATA, &t);
+  }
+  std::string error;
+  try {
+    curl.Perform(url);
+  } catch (const Error& e) {
+    if (!t.oversize) error = e.what();
+  }
+  const bool flushed = std::fflush(t.out) == 0 && ::fsync(fileno(t.out)) == 0;
+  const bool closed = std::fclose(t.out) == 0;
+  if (t.show_progress) {
+    DrawProgress(t);
+    std::fputc('\n', stderr);
+  }
+  if (!error.empty()) Fail("{} (partial download kept in {} for a resume)", error, part.string());
+  if (!flushed || !closed) Fail("{}: write failed", part.string());
+  return !t.oversize;
+}
+
+// Empty when `path` has the listed size and sha256, else what differs.
+std::string Mismatch(const fs::path& path, const KitFile& expected) {
+  const KitFile actual = DescribeFile(path, expected.path);
+  if (actual.size != expected.size) {
+    return fmt::format("size {} bytes, kit.json says {}", actual.size, expected.size);
+  }
+  if (actual.sha256 != expected.sha256) {
+    return fmt::format("sha256 {}, kit.json says {}", ToHex(actual.sha256),
+                       ToHex(expected.sha256));
+  }
+  return {};
+}
+
+void RemoveFile(const fs::path& path) {
+  std::error_code ec;
+  fs::remove(path, ec);
+  if (ec) Fail("{}: cannot delete: {}", path.string(), ec.message());
+}
+
+}  // namespace
+
+FetchReport Fetch(const FetchOptions& options) {
+  RequireSupportedUrl(options.url);
+  const bool progress = options.progress && ::isatty(STDERR_FILENO);
+  FetchReport report;
+
+  const std::string manifest_url = JoinUrl(options.url, kManifestName);
+  const std::string manifest_text = FetchText(manifest_url);
+  report.manifest_sha256 = Sha256({reinterpret_cast<const uint8_t*>(manifest_text.data()),
+                                   manifest_text.size()});
+  const KitManifest manifest = ParseManifest(manifest_text, manifest_url);
+  const fs::path manifest_path = options.dest / kManifestName;
+  if (fs::exists(manifest_path)) {
+    if (ReadFileText(manifest_path) != manifest_text) {
+      Fail("{}: holds a different kit.json than {}: fetch into an empty directory",
+           manifest_path.string(), manifest_url);
+    }
+  } else {
+    fs::create_directories(options.dest);
+    WriteFileSynced(manifest_path, manifest_text);
+  }
+
+  for (const KitFile& file : manifest.files) {
+    const fs::path final_path = options.dest / file.path;
+    const fs::path part = final_path.string() + ".part";
+    if (fs::exists(final_path)) {
+      const std::string mismatch = Mismatch(final_path, file);
+      if (mismatch.empty()) {
+        report.present.push_back(file.path);
+      } else {
+        RemoveFile(final_path);
+        report.failed.push_back(
+            fmt::format("{}: already present but {}; deleted", final_path.string(), mismatch));
+      }
+      continue;
+    }
+    fs::create_directories(final_path.parent_path());
+    uint64_t offset = fs::exists(part) ? fs::file_size(part) : 0;
+    if (offset > file.size) {
+      std::fprintf(stderr, "%s: %llu bytes, more than the %llu kit.json lists: starting over\n",
+                   part.c_str(), static_cast<unsigned long long>(offset),
+                   static_cast<unsigned long long>(file.size));
+      RemoveFile(part);
+      offset = 0;
+    }
+    bool complete_source = true;
+    if (offset < file.size || !fs::exists(part)) {
+      complete_source = DownloadPart(JoinUrl(options.url, file.path), part, offset, file, progress);
+    }
+    const std::string mismatch =
+        complete_source ? Mismatch(part, file)
+                        : fmt::format("the source sent more than the {} bytes kit.json lists",
+                                      file.size);
+    if (!mismatch.empty()) {
+      RemoveFile(part);
+      report.failed.push_back(fmt::format("{}: {}; deleted", final_path.string(), mismatch));
+      continue;
+    }
+    std::error_code ec;
+    fs::rename(part, final_path, ec);
+    if (ec) Fail("renaming {} to {}: {}", part.string(), final_path.string(), ec.message());
+    SyncDirectory(final_path.parent_path());
+    report.fetched.push_back(file.path);
+    if (offset > 0) report.resumed.push_back(file.path);
+  }
+  return report;
+}
+
+}  // namespace lockstep::kit

@@ -1,0 +1,129 @@
+// trajectory.json: the units of a kit, each with what its replay needs and the hash it must reach.
+#include "lockstep/kit.h"
+#include "state/internal.h"
+
+namespace lockstep::kit {
+namespace {
+using state_internal::Json;
+
+constexpr std::string_view kTrajectoryFormat = "lockstep-trajectory";
+
+// Optional measurements are written as null, never left out, so a reader sees they are unknown.
+template <typename T>
+Json OrNull(const std::optional<T>& value) {
+  return value ? Json(*value) : Json(nullptr);
+}
+
+}  // namespace
+
+std::string_view UnitKindName(UnitKind kind) {
+  return kind == UnitKind::kInit ? "init" : "interval";
+}
+
+std::string TrajectoryJson(const Trajectory& trajectory) {
+  Json units = Json::array();
+  for (const Unit& u : trajectory.units) {
+    Json j = {{"name", u.name},
+              {"kind", UnitKindName(u.kind)},
+              {"config", u.config},
+              {"data", u.data},
+              {"until_step", u.until_step},
+              {"expected_hash", ToHex(u.expected_hash)},
+              {"publisher_wall_seconds", OrNull(u.publisher_wall_seconds)},
+              {"publisher_peak_rss_bytes", OrNull(u.publisher_peak_rss_bytes)}};
+    if (u.kind == UnitKind::kInit) {
+      j["seed"] = u.seed;
+    } else {
+      j["start_step"] = u.start_step;
+      j["start_checkpoint"] = u.start_checkpoint;
+      j["target_checkpoint"] = u.target_checkpoint;
+    }
+    units.push_back(std::move(j));
+  }
+  const Json j = {{"format", kTrajectoryFormat},
+                  {"format_version", kTrajectoryFormatVersion},
+                  {"descriptor", trajectory.descriptor},
+                  {"units", units}};
+  return j.dump(2) + "\n";
+}
+
+Trajectory ParseTrajectory(std::string_view text, std::string_view what) {
+  using namespace state_internal;
+  const Json j = ParseJsonStrict(text, what);
+  RequireKeys(j, {"descriptor", "format", "format_version", "units"}, what);
+  if (StringField(j, "format", what) != kTrajectoryFormat) {
+    Fail("{}: field \"format\" is {}, expected \"{}\"", what, Shown(j["format"]),
+         kTrajectoryFormat);
+  }
+  if (U64Field(j, "format_version", what) != kTrajectoryFormatVersion) {
+    Fail("{}: field \"format_version\" is {}, this lockstep reads version {}", what,
+         Shown(j["format_version"]), kTrajectoryFormatVersion);
+  }
+  Trajectory trajectory;
+  trajectory.descriptor = StringField(j, "descriptor", what);
+  if (!j["units"].is_array()) Fail("{}: field \"units\" is not an array", what);
+  for (size_t i = 0; i < j["units"].size(); ++i) {
+    const Json& u = j["units"][i];
+    std::string unit_what = fmt::format("{}: units[{}]", what, i);
+    if (!u.is_object() || !u.contains("kind")) Fail("{}: missing field \"kind\"", unit_what);
+    const std::string kind = StringField(u, "kind", unit_what);
+    Unit unit;
+    if (kind == "init") {
+      unit.kind = UnitKind::kInit;
+      RequireKeys(u,
+                  {"config", "data", "expected_hash", "kind", "name", "publisher_peak_rss_bytes",
+                   "publisher_wall_seconds", "seed", "until_step"},
+                  unit_what);
+      unit.seed = U64Field(u, "seed", unit_what);
+    } else if (kind == "interval") {
+      unit.kind = UnitKind::kInterval;
+      RequireKeys(u,
+                  {"config", "data", "expected_hash", "kind", "name", "publisher_peak_rss_bytes",
+                   "publisher_wall_seconds", "start_checkpoint", "start_step",
+                   "target_checkpoint", "until_step"},
+                  unit_what);
+      unit.start_step = U64Field(u, "start_step", unit_what);
+      unit.start_checkpoint = StringField(u, "start_checkpoint", unit_what);
+      unit.target_checkpoint = StringField(u, "target_checkpoint", unit_what);
+      ValidateKitPath(unit.start_checkpoint, unit_what + ": start_checkpoint");
+      ValidateKitPath(unit.target_checkpoint, unit_what + ": target_checkpoint");
+    } else {
+      Fail("{}: field \"kind\" is {}, expected \"init\" or \"interval\"", unit_what, Shown(u["kind"]));
+    }
+    unit.name = StringField(u, "name", unit_what);
+    unit.config = StringField(u, "config", unit_what);
+    unit.data = StringField(u, "data", unit_what);
+    ValidateKitPath(unit.config, unit_what + ": config");
+    ValidateKitPath(unit.data, unit_what + ": data");
+    unit.until_step = U64Field(u, "until_step", unit_what);
+    unit.expected_hash = DigestField(u, "expected_hash", unit_what);
+    if (unit.kind == UnitKind::kInit && unit.until_step != 0) {
+      Fail("{}: an init unit has until_step 0, not {}", unit_what, unit.until_step);
+    }
+    if (unit.kind == UnitKind::kInterval && unit.until_step <= unit.start_step) {
+      Fail("{}: until_step {} is not after start_step {}", unit_what, unit.until_step,
+           unit.start_step);
+    }
+    const Json& wall = u["publisher_wall_seconds"];
+    if (!wall.is_null() && !wall.is_number()) {
+      Fail("{}: field \"publisher_wall_seconds\" is {}, expected a number or null", unit_what,
+           Shown(wall));
+    }
+    if (!wall.is_null()) unit.publisher_wall_seconds = wall.get<double>();
+    if (!u["publisher_peak_rss_bytes"].is_null()) {
+      unit.publisher_peak_rss_bytes = U64Field(u, "publisher_peak_rss_bytes", unit_what);
+    }
+    for (const Unit& other : trajectory.units) {
+      if (other.name == unit.name) Fail("{}: unit name \"{}\" repeats", unit_what, unit.name);
+    }
+    trajectory.units.push_back(std::move(unit));
+  }
+  return trajectory;
+}
+
+Trajectory ReadTrajectory(const std::filesystem::path& kit_dir) {
+  const std::filesystem::path path = kit_dir / kTrajectoryName;
+  return ParseTrajectory(ReadFileText(path), path.string());
+}
+
+}  // namespace lockstep::kit

@@ -1,0 +1,401 @@
+// Replaying a unit of a run: the init unit is regenerated and hashed tensor by tensor; an
+// interval unit restores a verified checkpoint and runs the training step until the target step.
+// docs/audit.md gives the commands, the output contract and the memory plan.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "lockstep/audit.h"
+#include "lockstep/kernels.h"
+#include "lockstep/train.h"
+
+namespace lockstep::audit {
+namespace {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// The init unit generates and hashes each tensor in pieces of this many floats (4 MiB).
+constexpr int64_t kInitPieceFloats = int64_t{1} << 20;
+
+void Note(const std::string& line) { std::fprintf(stderr, "replay: %s\n", line.c_str()); }
+
+uint64_t ParameterBytes(const ModelConfig& model) {
+  uint64_t count = 0;
+  for (const ParamSpec& spec : ParameterSpecs(model)) count += static_cast<uint64_t>(spec.numel());
+  return count * sizeof(float);
+}
+
+// What a training step allocates beside the Model: the token stream's cached epochs (document
+// order and packed starts), one microbatch of tokens, and the fused cross-entropy's logit
+// chunk with its per-row lane states.
+uint64_t StepScratchBytes(const RunConfig& config, const data::Dataset& dataset) {
+  constexpr uint64_t kCachedEpochs = 2, kLanes = 16;
+  const uint64_t rows = static_cast<uint64_t>(config.train.microbatch * config.model.seq_len);
+  const uint64_t chunk =
+      static_cast<uint64_t>(std::min(config.train.vocab_chunk, config.model.vocab));
+  return kCachedEpochs * dataset.num_documents() * (sizeof(uint32_t) + sizeof(uint64_t)) +
+         static_cast<uint64_t>(config.train.microbatch * (config.model.seq_len + 1)) *
+             sizeof(uint32_t) +
+         rows * (chunk + 2 * kLanes) * sizeof(float);
+}
+
+// The bytes ReadCheckpoint holds in memory: every file COMPLETE lists.
+uint64_t CheckpointFileBytes(const fs::path& dir) {
+  uint64_t bytes = 0;
+  for (const char* name :
+       {"model.safetensors", "optimizer.safetensors", "grads.safetensors", "meta.json"}) {
+    std::error_code error;
+    const uint64_t size = fs::file_size(dir / name, error);
+    if (!error) bytes += size;  // a missing file is reported by ReadCheckpoint
+  }
+  return bytes;
+}
+
+// Prints the plan and refuses (unless forced) one the machine cannot hold now.
+void CheckMemoryPlan(const MemoryPlan& plan, bool force) {
+  Note("memory plan: " + plan.Describe());
+  const uint64_t available = MemAvailableBytes();
+  const uint64_t needed = plan.total() - plan.resident_at_planning;
+  if (needed <= available) return;
+  const std::string problem = fmt::format(
+      "memory plan: the replay needs {} bytes beyond what is resident now (planned peak RSS {} "
+      "bytes), but /proc/meminfo has MemAvailable {} bytes",
+      needed, plan.total(), available);
+  if (!force) Fail("{}; pass --force to replay anyway", problem);
+  Note("WARNING: " + problem + "; replaying anyway (--force)");
+}
+
+ReplayResult ReplayInit(const ReplayOptions& o) {
+  RunConfig config = LoadRunConfig(o.config);
+  if (o.seed) config.train.seed = *o.seed;
+  const data::Dataset dataset = data::OpenDataset(o.data_dir);
+  const std::vector<ParamSpec> specs = ParameterSpecs(config.model);
+  int64_t largest = 0;
+  for (const ParamSpec& spec : specs) largest = std::max(largest, spec.numel());
+  const int64_t piece_floats = std::min(kInitPieceFloats, largest);
+  const uint64_t piece_bytes = static_cast<uint64_t>(piece_floats) * sizeof(float);
+  const MemoryPlan plan{.parts = {{"init piece", piece_bytes}, {"zero piece", piece_bytes}},
+                        .resident_at_planning = CurrentRssBytes()};
+  CheckMemoryPlan(plan, o.force);
+
+  // Parameters are generated piece by piece into one buffer; m, v and the gradient are zeros,
+  // whose digest depends on the element count only, so each count is hashed once.
+  std::vector<float> piece(static_cast<size_t>(piece_floats));
+  const std::vector<float> zeros(static_cast<size_t>(piece_floats), 0.0f);
+  std::map<int64_t, Digest> zeros_digest;
+  const std::vector<int64_t> first_draws = FirstDraws(specs);
+  std::vector<TensorDigest> digests;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const ParamSpec& spec = specs[i];
+    const int64_t n = spec.numel();
+    Blake2b param;
+    for (int64_t begin = 0; begin < n; begin += piece_floats) {
+      const size_t size = static_cast<size_t>(std::min(piece_floats, n - begin));
+      const std::span<float> out(piece.data(), size);
+      InitTensorRange(config.model, config.train.seed, spec, first_draws[i], begin, out);
+      param.Update(std::span<const float>(out));
+    }
+    auto [zero, new_count] = zeros_digest.try_emplace(n);
+    if (new_count) {
+      Blake2b hash;
+      for (int64_t begin = 0; begin < n; begin += piece_floats) {
+        hash.Update(std::span(zeros).first(static_cast<size_t>(std::min(piece_floats, n - begin))));
+      }
+      zero->second = hash.Final();
+    }
+    digests.push_back({spec.name, spec.shape, param.Final(), zero->second, zero->second,
+                       zero->second});
+  }
+  // The state of step 0 as Trainer::Initialize makes it (docs/training.md, "Step 0").
+  StepState state;
+  state.descriptor = train::RunDescriptor(config, dataset);
+  state.rng_seed = config.train.seed;
+  state.rng_counter = static_cast<uint64_t>(first_draws.back());
+  ReplayResult result;
+  result.mode = "init";
+  result.state_hash = StateHashFromDigests(state, digests).hash;
+  result.expected = o.expect_hash;
+  if (o.expect_hash) result.match = result.state_hash == *o.expect_hash;
+  result.planned_peak_rss_bytes = plan.total();
+  return result;
+}
+
+// The step and run descriptor of a checkpoint, from its meta.json alone, so that the memory plan
+// and the step checks come before the large files are read. ReadCheckpoint later checks
+// meta.json against COMPLETE.
+struct CheckpointHeader {
+  uint64_t step = 0;
+  std::string descriptor;
+};
+
+CheckpointHeader ReadCheckpointHeader(const fs::path& dir) {
+  const fs::path path = dir / "meta.json";
+  if (!fs::is_regular_file(path)) {
+    Fail("{}: not a checkpoint directory (no meta.json)", dir.string());
+  }
+  nlohmann::json meta;
+  try {
+    meta = nlohmann::json::parse(ReadFileText(path));
+  } catch (const nlohmann::json::exception& e) {
+    Fail("{}: not JSON: {}", path.string(), e.what());
+  }
+  if (!meta.is_object() || !meta.contains("step") || !meta["step"].is_number_unsigned()) {
+    Fail("{}: field \"step\": expected an unsigned integer", path.string());
+  }
+  if (!meta.contains("descriptor") || !meta["descriptor"].is_string()) {
+    Fail("{}: field \"descriptor\": expected a string", path.string());
+  }
+  return {meta["step"].get<uint64_t>(), meta["descriptor"].get<std::string>()};
+}
+
+// RUN/state_hashes.jsonl for a checkpoint at RUN/checkpoints/step_*, when there is one.
+std::optional<fs::path> ChainOfCheckpoint(const fs::path& checkpoint) {
+  fs::path dir = fs::absolute(checkpoint).lexically_normal();
+  if (dir.filename().empty()) dir = dir.parent_path();  // "…/step_000000010/"
+  if (dir.parent_path().filename() != "checkpoints") return std::nullopt;
+  const fs::path chain = dir.parent_path().parent_path() / "state_hashes.jsonl";
+  if (!fs::is_regular_file(chain)) return std::nullopt;
+  return chain;
+}
+
+// The hash the run's chain records for `until_step`, after checking that the chain's line for
+// the checkpoint's step is the checkpoint's (recorded) hash.
+std::optional<Digest> ChainTarget(const fs::path& chain, const Checkpoint& start,
+                                  uint64_t until_step) {
+  std::optional<Digest> target;
+  bool start_found = false;
+  for (const StateHashLine& line : ReadStateHashLines(chain)) {
+    if (line.step == start.state.step) {
+      start_found = true;
+      if (line.hash != start.state_hash) {
+        Fail("{}: the line for step {} holds {}, but {} records {}: the checkpoint is not from "
+             "this run",
+             chain.string(), line.step, ToHex(line.hash), start.dir.string(),
+             ToHex(start.state_hash));
+      }
+    }
+    if (line.step == until_step) target = line.hash;
+  }
+  if (!start_found) {
+    Fail("{}: no line for the checkpoint's step {}: the checkpoint is not from this run",
+         chain.string(), start.state.step);
+  }
+  if (target) {
+    Note(fmt::format("target: {} line for step {}", chain.string(), until_step));
+  } else {
+    Note(fmt::format("no target: {} has no line for step {}", chain.string(), until_step));
+  }
+  return target;
+}
+
+// ReadCheckpoint; with force, a file whose digest does not match COMPLETE is read anyway.
+Checkpoint ReadStartCheckpoint(const fs::path& dir, bool force) {
+  try {
+    return ReadCheckpoint(dir);
+  } catch (const Error& e) {
+    if (!force) throw;
+    Note(fmt::format("WARNING: {}", e.what()));
+    Note("WARNING: --force: reading the checkpoint without checking its file digests; the "
+         "replay starts from a state that is NOT the published one");
+    return ReadCheckpoint(dir, FileDigests::kIgnore);
+  }
+}
+
+// VerifyCheckpointHash; with force, a checkpoint whose files do not hash to meta.json's
+// state_hash is accepted with its recomputed hash, so that Trainer::Restore takes it.
+void VerifyStartHash(Checkpoint& start, bool force) {
+  try {
+    VerifyCheckpointHash(start);
+  } catch (const Error& e) {
+    if (!force) throw;
+    Note(fmt::format("WARNING: {}", e.what()));
+    Note("WARNING: --force: replaying from the state the files hold");
+    start.state_hash = ComputeStateHash(start.state, start.tensors).hash;
+  }
+}
+
+ReplayResult ReplayInterval(const ReplayOptions& o) {
+  const CheckpointHeader header = ReadCheckpointHeader(o.checkpoint);
+  if (o.until_step <= header.step) {
+    Fail("--until-step {} is at or before the step of --checkpoint {} (step {}): a replay must run "
+         "at least one step",
+         o.until_step, o.checkpoint.string(), header.step);
+  }
+  const RunConfig config =
+      ConfigOfDescriptor(header.descriptor, (o.checkpoint / "meta.json").string() + " descriptor");
+  uint64_t file_buffers = CheckpointFileBytes(o.checkpoint);
+  if (o.compare_checkpoint) {
+    const uint64_t compare_step = ReadCheckpointHeader(*o.compare_checkpoint).step;
+    if (compare_step != o.until_step) {
+      Fail("--compare-checkpoint {} holds step {}, not --until-step {}",
+           o.compare_checkpoint->string(), compare_step, o.until_step);
+    }
+    file_buffers = std::max(file_buffers, CheckpointFileBytes(*o.compare_checkpoint));
+  }
+  if (o.save_checkpoint_dir) {
+    // WriteCheckpoint holds one file's bytes at a time; optimizer.safetensors is the largest.
+    file_buffers = std::max(file_buffers, 2 * ParameterBytes(config.model));
+  }
+  std::optional<std::ofstream> loss_log;
+  if (o.loss_log) {
+    loss_log.emplace(*o.loss_log, std::ios::trunc);
+    if (!*loss_log) Fail("--loss-log {}: cannot open for writing", o.loss_log->string());
+  }
+
+  const data::Dataset dataset = data::OpenDataset(o.data_dir);
+  const MemoryPlan plan{
+      .parts = {{"parameters, gradients, AdamW m and v", 4 * ParameterBytes(config.model)},
+                {"activations and step scratch",
+                 static_cast<uint64_t>(Model::AllocatedBytes(config.model, config.train.vocab_chunk,
+                                                             config.train.microbatch,
+                                                             config.model.seq_len)) +
+                     StepScratchBytes(config, dataset)},
+                {"checkpoint file buffers", file_buffers}},
+      .resident_at_planning = CurrentRssBytes()};
+  CheckMemoryPlan(plan, o.force);
+
+  // The checkpoint's files are read before the trainer allocates its tensors, and released once
+  // they are copied in: the plan counts them once, beside the tensors.
+  std::optional<train::Trainer> trainer;
+  std::optional<Digest> target = o.expect_hash;
+  {
+    Checkpoint start = ReadStartCheckpoint(o.checkpoint, o.force);
+    if (!target) {
+      if (const std::optional<fs::path> chain = ChainOfCheckpoint(o.checkpoint)) {
+        target = ChainTarget(*chain, start, o.until_step);
+      } else {
+        Note("no target: no --expect-hash, and the checkpoint is not in a run directory "
+             "(RUN/checkpoints/step_*) with a state_hashes.jsonl");
+      }
+    }
+    VerifyStartHash(start, o.force);
+    trainer.emplace(config, dataset, train::RunDescriptor(config, dataset));
+    trainer->Restore(start);
+  }
+
+  ReplayResult result;
+  result.mode = "interval";
+  result.expected = target;
+  result.planned_peak_rss_bytes = plan.total();
+  while (trainer->state().step < o.until_step) {
+    const train::StepReport r = trainer->Step();
+    result.losses.push_back(r.loss);
+    Note(fmt::format("step {}/{}  loss {:.6f}  grad_norm {:.6f}  {:.2f} s{}", r.step, o.until_step,
+                     r.loss, r.grad_norm, r.seconds, r.skipped ? "  SKIPPED (spike)" : ""));
+    if (loss_log) {
+      const nlohmann::ordered_json line = {{"step", r.step},
+                                           {"loss", r.loss},
+                                           {"zloss", r.zloss},
+                                           {"grad_norm", r.grad_norm},
+                                           {"lr", r.lr},
+                                           {"skipped", r.skipped},
+                                           {"state_hash", ToHex(trainer->hash())}};
+      *loss_log << line.dump() << '\n' << std::flush;
+      if (!*loss_log) Fail("--loss-log {}: write failed", o.loss_log->string());
+    }
+    if (r.halt && r.step < o.until_step) {
+      Fail("the spike protocol halts the run at step {} ({} skips within {} steps), before "
+           "--until-step {}: the published run cannot have continued past it",
+           r.step, trainer->state().spike.recent_skips.size(), config.train.spike_window,
+           o.until_step);
+    }
+  }
+  result.state_hash = trainer->hash();
+  if (target) result.match = result.state_hash == *target;
+
+  if (o.compare_checkpoint) {
+    const Checkpoint reference = ReadCheckpoint(*o.compare_checkpoint);
+    const StateHash reference_hash = VerifyCheckpointHash(reference);
+    result.localisation = LocaliseMismatch(trainer->state(), trainer->state_hash(),
+                                           trainer->Tensors(), reference, reference_hash);
+    if (result.localisation.empty()) {
+      Note(fmt::format("the replayed state equals {}", o.compare_checkpoint->string()));
+    }
+    for (const std::string& line : result.localisation) Note("localisation: " + line);
+  }
+
+  if (o.save_checkpoint_dir) {
+    if (result.match == true || o.force) {
+      const fs::path written =
+          WriteCheckpoint(*o.save_checkpoint_dir, trainer->state(), trainer->Tensors());
+      Note(fmt::format("hand-off checkpoint written: {}{}", written.string(),
+                       result.match == true ? "" : " (WITHOUT a match: --force)"));
+    } else {
+      Note(fmt::format("hand-off checkpoint NOT written to {}: {}",
+                       o.save_checkpoint_dir->string(),
+                       result.match ? "the replay does not match its target"
+                                    : "there is no target to match (give --expect-hash)"));
+    }
+  }
+  result.step = trainer->state().step;
+  result.consumed_tokens =
+      trainer->state().data_cursor * static_cast<uint64_t>(config.model.seq_len);
+  return result;
+}
+
+// Options that belong to the other unit are refused rather than ignored.
+void CheckOptions(const ReplayOptions& o) {
+  auto refuse = [&](bool given, const char* option) {
+    if (given) {
+      Fail("{} does not apply to {} replays", option, o.from_init ? "--from-init" : "--checkpoint");
+    }
+  };
+  if (o.data_dir.empty()) Fail("--data is required: every hash covers the dataset's manifest");
+  if (o.from_init) {
+    if (o.config.empty()) Fail("--from-init needs --config");
+    refuse(!o.checkpoint.empty(), "--checkpoint");
+    refuse(o.until_step != 0, "--until-step");
+    refuse(o.save_checkpoint_dir.has_value(), "--save-checkpoint-dir");
+    refuse(o.loss_log.has_value(), "--loss-log");
+    refuse(o.compare_checkpoint.has_value(), "--compare-checkpoint");
+  } else {
+    if (o.checkpoint.empty()) Fail("an interval replay needs --checkpoint (or give --from-init)");
+    refuse(!o.config.empty(), "--config (the checkpoint records its config)");
+    refuse(o.seed.has_value(), "--seed (the checkpoint records its seed)");
+  }
+}
+
+}  // namespace
+
+ReplayResult Replay(const ReplayOptions& options) {
+  const auto start = Clock::now();
+  CheckOptions(options);
+  SetThreads(options.threads);
+  ReplayResult result = options.from_init ? ReplayInit(options) : ReplayInterval(options);
+  result.device = "cpu:" + rk::ActiveIsa().name;
+  result.threads = options.threads;
+  result.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  result.peak_rss_bytes = PeakRssBytes();
+  return result;
+}
+
+std::string ResultJson(const ReplayResult& r) {
+  nlohmann::ordered_json j = {
+      {"step", r.step},
+      {"consumed_tokens", r.consumed_tokens},
+      {"state_hash", ToHex(r.state_hash)},
+      {"mode", r.mode},
+      {"device", r.device},
+      {"threads", r.threads},
+      {"expected", r.expected ? nlohmann::ordered_json(ToHex(*r.expected)) : nullptr},
+      {"match", r.match ? nlohmann::ordered_json(*r.match) : nullptr},
+      {"losses", r.losses},
+      {"wall_seconds", r.wall_seconds},
+      {"peak_rss_bytes", r.peak_rss_bytes},
+      {"planned_peak_rss_bytes", r.planned_peak_rss_bytes},
+      {"localisation", r.localisation},
+  };
+  return j.dump(2) + "\n";
+}
+
+std::string VerdictLine(const ReplayResult& r) {
+  return fmt::format("replay: state_hash={} expected={} MATCH={}", ToHex(r.state_hash),
+                     r.expected ? ToHex(*r.expected) : "none",
+                     !r.match ? "None" : *r.match ? "True" : "False");
+}
+
+int ExitCode(const ReplayResult& r) { return r.match == false ? 1 : 0; }
+
+}  // namespace lockstep::audit

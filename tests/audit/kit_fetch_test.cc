@@ -1,0 +1,172 @@
+// `lockstep kit fetch` from a local HTTP server (127.0.0.1, started and stopped by each test) and
+// from a file:// URL: a full fetch verifies, a truncated .part resumes with a Range request, a
+// corrupted file is deleted and reported.
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "audit/kit_test_util.h"
+
+namespace lockstep::kit_test {
+namespace {
+
+// http.server answers every GET with the whole file; this handler also honours "Range:
+// bytes=N-" (206 with Content-Range), logs each request's path and Range header, and can serve
+// one file with its first byte altered. It listens on 127.0.0.1 only, on a port the OS picks, and
+// stops when its stdin closes (the test ends) or after two minutes, whichever comes first.
+constexpr std::string_view kServer = R"py(
+import http.server, os, sys, threading
+root, port_file, log_file, corrupt = sys.argv[1:5]
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        rel = self.path.lstrip('/')
+        path = os.path.join(root, rel)
+        if '..' in rel.split('/') or not os.path.isfile(path):
+            self.send_error(404)
+            return
+        with open(path, 'rb') as f:
+            data = f.read()
+        if rel == corrupt:
+            data = bytes([data[0] ^ 1]) + data[1:]
+        byte_range = self.headers.get('Range')
+        with open(log_file, 'a') as log:
+            log.write(f'{rel} {byte_range}\n')
+        start = 0
+        if byte_range:
+            start = int(byte_range.removeprefix('bytes=').split('-')[0])
+            self.send_response(206)
+            self.send_header('Content-Range', f'bytes {start}-{len(data) - 1}/{len(data)}')
+        else:
+            self.send_response(200)
+        self.send_header('Content-Length', str(len(data) - start))
+        self.end_headers()
+        self.wfile.write(data[start:])
+
+    def log_message(self, *args):
+        pass
+
+server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+with open(port_file + '.tmp', 'w') as f:
+    f.write(str(server.server_address[1]))
+os.rename(port_file + '.tmp', port_file)
+threading.Thread(target=lambda: (sys.stdin.read(), server.shutdown()), daemon=True).start()
+timeout = threading.Timer(120, server.shutdown)
+timeout.daemon = True
+timeout.start()
+server.serve_forever()
+)py";
+
+// Serves `root` for the lifetime of the object.
+class LocalServer {
+ public:
+  LocalServer(const fs::path& root, const fs::path& scratch, const std::string& corrupt = "-")
+      : log_(scratch / "requests.log") {
+    const fs::path script = scratch / "server.py", port_file = scratch / "port";
+    WriteFileSynced(script, kServer);
+    const std::string command = "python3 " + script.string() + " " + root.string() + " " +
+                                port_file.string() + " " + log_.string() + " " + corrupt;
+    stdin_ = ::popen(command.c_str(), "w");  // its stdin: closing it stops the server
+    for (int i = 0; i < 500 && !fs::exists(port_file); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (fs::exists(port_file)) url_ = "http://127.0.0.1:" + ReadFileText(port_file);
+  }
+  ~LocalServer() {
+    if (stdin_ != nullptr) ::pclose(stdin_);  // waits for the server to exit
+  }
+  LocalServer(const LocalServer&) = delete;
+  LocalServer& operator=(const LocalServer&) = delete;
+
+  const std::string& url() const { return url_; }  // empty when the server did not start
+  std::string requests() const { return fs::exists(log_) ? ReadFileText(log_) : ""; }
+
+ private:
+  fs::path log_;
+  std::FILE* stdin_ = nullptr;
+  std::string url_;
+};
+
+constexpr std::string_view kModel = "checkpoints/step_000000010/model.safetensors";
+
+// Leaves the first half of the published file as DEST/<path>.part.
+void LeaveTruncatedPart(const fs::path& dest, std::string_view path) {
+  const std::vector<uint8_t> bytes = ReadFileBytes(PublishedKit::Get().kit / path);
+  const fs::path part = dest / (std::string(path) + ".part");
+  fs::create_directories(part.parent_path());
+  WriteFileSynced(part, std::span(bytes).first(bytes.size() / 2));
+}
+
+TEST_F(KitTest, HttpFetchVerifiesEveryFile) {
+  LocalServer server(published().kit, dir_);
+  ASSERT_FALSE(server.url().empty()) << "the local HTTP server did not start";
+  const fs::path dest = dir_ / "dest";
+  const Result r = Lockstep("kit fetch " + server.url() + "/ " + dest.string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("20 fetched (0 resumed)"), std::string::npos) << r.output;
+  EXPECT_EQ(server.requests().find("bytes="), std::string::npos) << server.requests();
+  const Result verify = Lockstep("kit verify " + dest.string());
+  EXPECT_EQ(verify.exit_code, 0) << verify.output;
+
+  // Fetching again finds every file present and downloads nothing but kit.json.
+  const Result again = Lockstep("kit fetch " + server.url() + " " + dest.string());
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_NE(again.output.find("0 fetched (0 resumed), 20 already present"), std::string::npos)
+      << again.output;
+}
+
+TEST_F(KitTest, ATruncatedDownloadResumesWithARangeRequest) {
+  LocalServer server(published().kit, dir_);
+  ASSERT_FALSE(server.url().empty()) << "the local HTTP server did not start";
+  const fs::path dest = dir_ / "dest";
+  LeaveTruncatedPart(dest, kModel);
+  const Result r = Lockstep("kit fetch " + server.url() + " " + dest.string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("20 fetched (1 resumed)"), std::string::npos) << r.output;
+  const uint64_t half = fs::file_size(published().kit / kModel) / 2;
+  EXPECT_NE(server.requests().find(fmt::format("{} bytes={}-", kModel, half)), std::string::npos)
+      << server.requests();
+  EXPECT_FALSE(fs::exists(dest / (std::string(kModel) + ".part")));
+  const Result verify = Lockstep("kit verify " + dest.string());
+  EXPECT_EQ(verify.exit_code, 0) << verify.output;
+}
+
+TEST_F(KitTest, ACorruptedDownloadIsDeletedAndReported) {
+  LocalServer server(published().kit, dir_, std::string(kModel));
+  ASSERT_FALSE(server.url().empty()) << "the local HTTP server did not start";
+  const fs::path dest = dir_ / "dest";
+  const Result r = Lockstep("kit fetch " + server.url() + " " + dest.string());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("19 fetched (0 resumed), 0 already present, 1 failed"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find((dest / kModel).string() + ": sha256"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("deleted"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dest / kModel));
+  EXPECT_FALSE(fs::exists(dest / (std::string(kModel) + ".part")));
+  // What was fetched verifies; the kit as a whole does not, naming the missing file.
+  const Result verify = Lockstep("kit verify " + dest.string());
+  EXPECT_EQ(verify.exit_code, 1) << verify.output;
+  EXPECT_NE(verify.output.find((dest / kModel).string() + ": missing"), std::string::npos)
+      << verify.output;
+}
+
+TEST_F(KitTest, FileUrlFetchesAndResumes) {
+  const fs::path dest = dir_ / "dest";
+  LeaveTruncatedPart(dest, kModel);
+  const Result r =
+      Lockstep("kit fetch file://" + fs::absolute(published().kit).string() + " " + dest.string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("20 fetched (1 resumed)"), std::string::npos) << r.output;
+  const Result verify = Lockstep("kit verify " + dest.string());
+  EXPECT_EQ(verify.exit_code, 0) << verify.output;
+}
+
+TEST_F(KitTest, FetchRefusesAnUnsupportedUrl) {
+  const Result r = Lockstep("kit fetch ftp://127.0.0.1/kit " + (dir_ / "dest").string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("only file://, http:// and https://"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace lockstep::kit_test

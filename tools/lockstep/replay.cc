@@ -1,0 +1,108 @@
+// `lockstep replay` and `lockstep verify-handoff` (docs/audit.md).
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "lockstep/audit.h"
+#include "tools/lockstep/commands.h"
+
+namespace lockstep::cli {
+namespace {
+
+struct ReplayFlags {
+  audit::ReplayOptions options;
+  std::string expect_hash, save_checkpoint_dir, loss_log, compare_checkpoint;
+  uint64_t seed = 0;
+};
+
+void AddReplayCommand(CLI::App& app, int* exit_code) {
+  auto f = std::make_shared<ReplayFlags>();
+  audit::ReplayOptions& o = f->options;
+  CLI::App* cmd = app.add_subcommand(
+      "replay",
+      "replay one unit of a run and compare its state hash with the target. Init unit: "
+      "--from-init --config NAME --data DIR [--seed S]. Interval unit: --checkpoint DIR "
+      "--until-step N --data DIR. Prints a JSON result on stdout and 'replay: state_hash=... "
+      "expected=... MATCH=True|False|None' on stderr. Exit 0 on a match or with no target, 1 on "
+      "a mismatch, 2 on bad input");
+  cmd->add_flag("--from-init", o.from_init, "replay the init unit (step 0)");
+  cmd->add_option("--config", o.config,
+                  "init unit: embedded config name (tiny, smoke, bench-8x512, open-100m, "
+                  "open-1b) or a YAML file");
+  auto* seed = cmd->add_option("--seed", f->seed, "init unit: overrides the config's train.seed");
+  cmd->add_option("--checkpoint", o.checkpoint,
+                  "interval unit: the checkpoint to start from (RUN/checkpoints/step_*)");
+  cmd->add_option("--until-step", o.until_step,
+                  "interval unit: replay up to this step (after the checkpoint's)");
+  cmd->add_option("--data", o.data_dir,
+                  "the run's dataset directory (both units: the run descriptor every hash "
+                  "covers includes its manifest digest)")
+      ->required();
+  cmd->add_option("--expect-hash", f->expect_hash,
+                  "target state hash (64 lowercase hex); an interval unit in a run directory "
+                  "defaults to the run's state_hashes.jsonl line for --until-step");
+  cmd->add_option("--threads", o.threads, "worker threads (results do not depend on it)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--save-checkpoint-dir", f->save_checkpoint_dir,
+                  "after a match, write the hand-off checkpoint DIR/checkpoints/step_N");
+  cmd->add_option("--loss-log", f->loss_log, "write each replayed step's loss as JSONL");
+  cmd->add_option("--compare-checkpoint", f->compare_checkpoint,
+                  "the publisher's checkpoint at --until-step: on a difference, name each "
+                  "differing hash component and the first differing element of each tensor");
+  cmd->add_flag("--force", o.force,
+                "replay even when the memory plan exceeds MemAvailable or the start "
+                "checkpoint's digests fail (with a warning); write the hand-off checkpoint "
+                "without a match");
+  cmd->final_callback([f, seed, exit_code] {
+    audit::ReplayOptions& o = f->options;
+    // Validated before any work: a truncated hash must not cost a replay.
+    if (!f->expect_hash.empty()) o.expect_hash = DigestFromHex(f->expect_hash, "--expect-hash");
+    if (seed->count() > 0) o.seed = f->seed;
+    if (!f->save_checkpoint_dir.empty()) o.save_checkpoint_dir = f->save_checkpoint_dir;
+    if (!f->loss_log.empty()) o.loss_log = f->loss_log;
+    if (!f->compare_checkpoint.empty()) o.compare_checkpoint = f->compare_checkpoint;
+    const audit::ReplayResult result = audit::Replay(o);
+    fmt::print("{}", audit::ResultJson(result));
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s\n", audit::VerdictLine(result).c_str());
+    *exit_code = audit::ExitCode(result);
+  });
+}
+
+struct HandoffFlags {
+  std::filesystem::path checkpoint;
+  std::string expect_hash, prev_hash;
+};
+
+void AddVerifyHandoffCommand(CLI::App& app, int* exit_code) {
+  auto f = std::make_shared<HandoffFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "verify-handoff",
+      "check a hand-off checkpoint from its files alone (no forward or backward): its state hash "
+      "recomputed from the files must equal --expect-hash and meta.json's, and its prev_hash "
+      "--prev-hash. Exit 0 accepted, 1 rejected, 2 unreadable input");
+  cmd->add_option("--checkpoint", f->checkpoint, "checkpoint directory (checkpoints/step_*)")
+      ->required();
+  cmd->add_option("--expect-hash", f->expect_hash, "the published state hash of its step")
+      ->required();
+  cmd->add_option("--prev-hash", f->prev_hash, "the published state hash of the step before")
+      ->required();
+  cmd->final_callback([f, exit_code] {
+    const Digest expect = DigestFromHex(f->expect_hash, "--expect-hash");
+    const Digest prev = DigestFromHex(f->prev_hash, "--prev-hash");
+    const audit::HandoffVerdict verdict = audit::VerifyHandoff(f->checkpoint, expect, prev);
+    fmt::print("{}", verdict.Report());
+    *exit_code = verdict.accepted() ? 0 : 1;
+  });
+}
+
+}  // namespace
+
+void AddReplayCommands(CLI::App& app, int* exit_code) {
+  AddReplayCommand(app, exit_code);
+  AddVerifyHandoffCommand(app, exit_code);
+}
+
+}  // namespace lockstep::cli
