@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
-# The main job on the built-in default: install dependencies, build, prove the kernels'
-# determinism on this machine, synthesize the demo corpus and train `smoke` on it with
-# checkpoints and the chained state hash, then print the loss curve. Rerunnable: it starts
-# over in out/demo/ each time. Extra arguments go to `lockstep train` (e.g. --threads 2).
+# The main job on the built-in default, the whole story: install dependencies, build, prove the
+# kernels' determinism on this machine, synthesize the demo corpus, train `smoke` with
+# checkpoints and the chained state hash, build the audit kit, verify it, and audit (replay)
+# every unit of it, printing the MATCH table. Rerunnable: it starts over in out/demo/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
-build/lockstep --version
+threads=$(nproc)
+ls=build/lockstep
+$ls --version
 echo
-build/lockstep selftest
+$ls selftest
 echo
 rm -rf out/demo
-build/lockstep data synth --out out/demo/data --seed 1
+$ls data synth --out out/demo/data --seed 1
 echo
-build/lockstep train --config smoke --data out/demo/data --out out/demo/run --threads "$(nproc)" "$@"
+$ls train --config smoke --data out/demo/data --out out/demo/run --threads "$threads"
 echo
-echo "run directory: out/demo/run (metrics.jsonl, state_hashes.jsonl, checkpoints/)"
-tail -n 1 out/demo/run/state_hashes.jsonl
+$ls kit build --run out/demo/run --data out/demo/data --out out/demo/kit
+$ls kit verify out/demo/kit
+echo
+$ls audit out/demo/kit --all --threads "$threads" --json-out out/demo/audit.json
+echo
+echo "run: out/demo/run  kit: out/demo/kit  audit report: out/demo/audit.json"
