@@ -10,28 +10,14 @@
 #include <filesystem>
 #include <string>
 
+#include "common/run_lockstep.h"
 #include "lockstep/core.h"
 
 namespace lockstep::kit_test {
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
-inline Result Lockstep(const std::string& args) {
-  const std::string command = std::string(LOCKSTEP_BINARY) + " " + args + " 2>&1";
-  std::FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return {};
-  Result r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, n);
-  const int status = ::pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using test::Lockstep;
+using test::Result;
 
 // The kit every test starts from, with the run and dataset it was built from. ctest runs each
 // test in its own process, so it is built once per lockstep binary (about 3 s) into the build

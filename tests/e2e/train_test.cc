@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "common/run_lockstep.h"
 #include "lockstep/core.h"
 #include "lockstep/state.h"
 
@@ -21,23 +22,8 @@ namespace lockstep {
 namespace {
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
-Result Lockstep(const std::string& args) {
-  const std::string command = std::string(LOCKSTEP_BINARY) + " " + args + " 2>&1";
-  std::FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return {};
-  Result r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, n);
-  const int status = ::pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using test::Lockstep;
+using test::Result;
 
 // A scratch directory per test, removed afterwards.
 class E2e : public ::testing::Test {
