@@ -140,7 +140,8 @@ int RunTraining(const TrainOptions& options) {
     fs::create_directories(options.run_dir);
     trainer.Initialize();
     AppendStateHashLine(hashes_path, {0, trainer.hash()});
-    if (target == 0) WriteCheckpoint(options.run_dir, trainer.state(), trainer.Tensors());
+    // Step 0 is a checkpoint too: the start of the first interval an auditor can replay.
+    WriteCheckpoint(options.run_dir, trainer.state(), trainer.Tensors());
   }
 
   const bool tty = options.progress && isatty(STDERR_FILENO);

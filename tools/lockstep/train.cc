@@ -25,7 +25,8 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
   auto* steps_opt = cmd->add_option(
       "--steps", *steps,
       "stop once this many steps are done (default: the config's train.steps; the learning-rate "
-      "schedule always follows train.steps). 0 writes the initial state as checkpoint step 0");
+      "schedule always follows train.steps). A new run always writes the initial state as checkpoint "
+      "step 0; --steps 0 stops there");
   cmd->add_option("--threads", options->threads, "worker threads (results do not depend on it)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
