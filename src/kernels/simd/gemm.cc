@@ -131,64 +131,57 @@ void Gemm(const GemmArgs& g) {
   auto a_packed = hwy::AllocateAligned<float>(static_cast<size_t>(kKc * kMr * a_panels));
   float* const bp_all = b_packed.get();
   float* const ap_all = a_packed.get();
-  const int threads = Threads();
-
-#pragma omp parallel num_threads(threads)
-  {
-    HWY_ALIGN float tile[kMr * 2 * hn::MaxLanes(hn::ScalableTag<float>())];
-    for (int64_t jc = 0; jc < g.n; jc += kNc) {
-      const int64_t nc = std::min(kNc, g.n - jc);
-      const int64_t slivers = (nc + nr_max - 1) / nr_max;
-      const int64_t groups = (nc + kColumnGroup - 1) / kColumnGroup;
-      const int64_t row_blocks = (g.m + kMc - 1) / kMc;
-      for (int64_t pc = 0; pc < g.k; pc += kKc) {
-        const int64_t kc = std::min(kKc, g.k - pc);
-        const bool add = g.accumulate || pc > 0;
-        // Pack the B panel and all of A for this chunk, shared by every task. A is repacked
-        // per column panel only when n > kNc.
-#pragma omp for schedule(static)
-        for (int64_t s = 0; s < slivers + a_panels; ++s) {
-          if (s < slivers) {
-            const int64_t j0 = s * nr_max;
-            PackB(g, pc, kc, jc + j0, std::min(nr_max, nc - j0), nr_max, bp_all + j0 * kc);
-          } else {
-            const int64_t i0 = (s - slivers) * kMr;
-            PackA(g, i0, std::min(kMr, g.m - i0), pc, kc, ap_all + i0 * kc);
-          }
+  for (int64_t jc = 0; jc < g.n; jc += kNc) {
+    const int64_t nc = std::min(kNc, g.n - jc);
+    const int64_t slivers = (nc + nr_max - 1) / nr_max;
+    const int64_t groups = (nc + kColumnGroup - 1) / kColumnGroup;
+    const int64_t row_blocks = (g.m + kMc - 1) / kMc;
+    for (int64_t pc = 0; pc < g.k; pc += kKc) {
+      const int64_t kc = std::min(kKc, g.k - pc);
+      const bool add = g.accumulate || pc > 0;
+      // Pack the B panel and all of A for this chunk, shared by every task. A is repacked per
+      // column panel only when n > kNc.
+      ParallelFor(slivers + a_panels, [&](int64_t s) {
+        if (s < slivers) {
+          const int64_t j0 = s * nr_max;
+          PackB(g, pc, kc, jc + j0, std::min(nr_max, nc - j0), nr_max, bp_all + j0 * kc);
+        } else {
+          const int64_t i0 = (s - slivers) * kMr;
+          PackA(g, i0, std::min(kMr, g.m - i0), pc, kc, ap_all + i0 * kc);
         }
-        // Implicit barrier: the panels are packed. Each task owns a block of C tiles.
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < row_blocks * groups; ++task) {
-          const int64_t ic = (task / groups) * kMc;
-          const int64_t mc = std::min(kMc, g.m - ic);
-          const int64_t g0 = (task % groups) * kColumnGroup;
-          const int64_t g1 = std::min(nc, g0 + kColumnGroup);
-          for (int64_t jr = g0; jr < g1; jr += nr_max) {
-            const int64_t nr = std::min(nr_max, g1 - jr);
-            const float* bp = bp_all + jr * kc;
-            for (int64_t ir = 0; ir < mc; ir += kMr) {
-              const int64_t mr = std::min(kMr, mc - ir);
-              const float* ap = ap_all + (ic + ir) * kc;
-              float* c = g.c + (ic + ir) * g.n + jc + jr;
-              if (mr == kMr && nr == nr_max) {
-                Microkernel(d, ap, bp, kc, c, g.n, add);
-                continue;
+      });
+      // The panels are packed. Each task owns a block of C tiles; ParallelFor returning is the
+      // barrier that completes chunk pc everywhere before chunk pc+1 is added.
+      ParallelFor(row_blocks * groups, [&](int64_t task) {
+        HWY_ALIGN float tile[kMr * 2 * hn::MaxLanes(hn::ScalableTag<float>())];
+        const int64_t ic = (task / groups) * kMc;
+        const int64_t mc = std::min(kMc, g.m - ic);
+        const int64_t g0 = (task % groups) * kColumnGroup;
+        const int64_t g1 = std::min(nc, g0 + kColumnGroup);
+        for (int64_t jr = g0; jr < g1; jr += nr_max) {
+          const int64_t nr = std::min(nr_max, g1 - jr);
+          const float* bp = bp_all + jr * kc;
+          for (int64_t ir = 0; ir < mc; ir += kMr) {
+            const int64_t mr = std::min(kMr, mc - ir);
+            const float* ap = ap_all + (ic + ir) * kc;
+            float* c = g.c + (ic + ir) * g.n + jc + jr;
+            if (mr == kMr && nr == nr_max) {
+              Microkernel(d, ap, bp, kc, c, g.n, add);
+              continue;
+            }
+            // Edge tile: run the full microkernel on a local tile, copy the valid part.
+            for (int64_t i = 0; i < mr; ++i) {
+              for (int64_t j = 0; j < nr; ++j) {
+                tile[i * nr_max + j] = add ? c[i * g.n + j] : 0.0f;
               }
-              // Edge tile: run the full microkernel on a local tile, copy the valid part.
-              for (int64_t i = 0; i < mr; ++i) {
-                for (int64_t j = 0; j < nr; ++j) {
-                  tile[i * nr_max + j] = add ? c[i * g.n + j] : 0.0f;
-                }
-              }
-              Microkernel(d, ap, bp, kc, tile, nr_max, add);
-              for (int64_t i = 0; i < mr; ++i) {
-                std::copy(tile + i * nr_max, tile + i * nr_max + nr, c + i * g.n);
-              }
+            }
+            Microkernel(d, ap, bp, kc, tile, nr_max, add);
+            for (int64_t i = 0; i < mr; ++i) {
+              std::copy(tile + i * nr_max, tile + i * nr_max + nr, c + i * g.n);
             }
           }
         }
-        // Implicit barrier: chunk pc is complete everywhere before chunk pc+1 is added.
-      }
+      });
     }
   }
 }
