@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds lockstep and runs the whole test suite (ctest).
+# Installs what is missing, builds lockstep and runs the whole test suite (ctest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/install-deps.sh
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j"$(nproc)"
