@@ -63,13 +63,7 @@ KitManifest ParseManifest(std::string_view text, std::string_view what) {
   using namespace state_internal;
   const Json j = ParseJsonStrict(text, what);
   RequireKeys(j, {"files", "format", "format_version", "lockstep"}, what);
-  if (StringField(j, "format", what) != kManifestFormat) {
-    Fail("{}: field \"format\" is {}, expected \"{}\"", what, Shown(j["format"]), kManifestFormat);
-  }
-  if (U64Field(j, "format_version", what) != kKitFormatVersion) {
-    Fail("{}: field \"format_version\" is {}, this lockstep reads version {}", what,
-         Shown(j["format_version"]), kKitFormatVersion);
-  }
+  RequireFormat(j, kManifestFormat, kKitFormatVersion, what);
   KitManifest manifest;
   const std::string lockstep_what = fmt::format("{}: field \"lockstep\"", what);
   const Json& lockstep = j["lockstep"];

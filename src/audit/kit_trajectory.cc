@@ -51,14 +51,7 @@ Trajectory ParseTrajectory(std::string_view text, std::string_view what) {
   using namespace state_internal;
   const Json j = ParseJsonStrict(text, what);
   RequireKeys(j, {"descriptor", "format", "format_version", "units"}, what);
-  if (StringField(j, "format", what) != kTrajectoryFormat) {
-    Fail("{}: field \"format\" is {}, expected \"{}\"", what, Shown(j["format"]),
-         kTrajectoryFormat);
-  }
-  if (U64Field(j, "format_version", what) != kTrajectoryFormatVersion) {
-    Fail("{}: field \"format_version\" is {}, this lockstep reads version {}", what,
-         Shown(j["format_version"]), kTrajectoryFormatVersion);
-  }
+  RequireFormat(j, kTrajectoryFormat, kTrajectoryFormatVersion, what);
   Trajectory trajectory;
   trajectory.descriptor = StringField(j, "descriptor", what);
   if (!j["units"].is_array()) Fail("{}: field \"units\" is not an array", what);

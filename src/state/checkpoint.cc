@@ -101,16 +101,6 @@ std::string MetaJson(const StepState& s, const Digest& state_hash) {
   return DumpJson(meta, "checkpoint meta.json");
 }
 
-void RequireFormat(const Json& object, const char* format, std::string_view what) {
-  const std::string got = state_internal::StringField(object, "format", what);
-  if (got != format) Fail("{}: field \"format\" is '{}', expected '{}'", what, got, format);
-  const uint64_t version = state_internal::U64Field(object, "format_version", what);
-  if (version != static_cast<uint64_t>(kCheckpointFormatVersion)) {
-    Fail("{}: field \"format_version\" is {}, this build reads version {}", what, version,
-         kCheckpointFormatVersion);
-  }
-}
-
 std::pair<StepState, Digest> ParseMeta(std::string_view text, const std::string& what) {
   const Json meta = state_internal::ParseJsonStrict(text, what);
   state_internal::RequireKeys(
@@ -119,7 +109,7 @@ std::pair<StepState, Digest> ParseMeta(std::string_view text, const std::string&
        "clip_factor_bits", "skipped", "tokens_digest", "rng_seed", "rng_counter", "data_cursor",
        "spike", "prev_hash", "descriptor", "state_hash"},
       what);
-  RequireFormat(meta, kMetaFormat, what);
+  state_internal::RequireFormat(meta, kMetaFormat, kCheckpointFormatVersion, what);
   using state_internal::U64Field, state_internal::DigestField;
   StepState s;
   s.step = U64Field(meta, "step", what);
@@ -285,7 +275,8 @@ Checkpoint ReadCheckpoint(const fs::path& dir, FileDigests digests) {
   const std::string complete_what = complete_path.string();
   const Json listing = state_internal::ParseJsonStrict(ReadFileText(complete_path), complete_what);
   state_internal::RequireKeys(listing, {"format", "format_version", "files"}, complete_what);
-  RequireFormat(listing, kCompleteFormat, complete_what);
+  state_internal::RequireFormat(listing, kCompleteFormat, kCheckpointFormatVersion,
+                                complete_what);
   const Json& files = listing["files"];
   state_internal::RequireKeys(files, {kModelFile, kOptimizerFile, kGradsFile, kMetaFile},
                               complete_what + ": files");

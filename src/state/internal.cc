@@ -72,6 +72,17 @@ uint64_t AsU64(const Json& value, std::string_view what) {
   return value.get<uint64_t>();
 }
 
+void RequireFormat(const Json& object, std::string_view format, uint64_t version,
+                   std::string_view what) {
+  const std::string got = StringField(object, "format", what);
+  if (got != format) Fail("{}: field \"format\" is '{}', expected '{}'", what, got, format);
+  const uint64_t got_version = U64Field(object, "format_version", what);
+  if (got_version != version) {
+    Fail("{}: field \"format_version\" is {}, this build reads version {}", what, got_version,
+         version);
+  }
+}
+
 uint64_t U64Field(const Json& object, const char* key, std::string_view what) {
   return AsU64(object.at(key), fmt::format("{}: field \"{}\"", what, key));
 }

@@ -28,6 +28,11 @@ uint64_t U64Field(const Json& object, const char* key, std::string_view what);
 std::string StringField(const Json& object, const char* key, std::string_view what);
 Digest DigestField(const Json& object, const char* key, std::string_view what);
 
+// Fails unless the object's "format" is `format` and its "format_version" is `version` (the
+// only version this build reads).
+void RequireFormat(const Json& object, std::string_view format, uint64_t version,
+                   std::string_view what);
+
 // A JSON value as an unsigned 64-bit integer; `what` names it (e.g. "file: field").
 uint64_t AsU64(const Json& value, std::string_view what);
 // A value as an error message shows it: its JSON text, cut to at most 80 characters.
