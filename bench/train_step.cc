@@ -22,6 +22,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -122,7 +123,24 @@ Measurement Measure(const RunConfig& config, const data::Dataset& dataset, int t
   m.best_seconds = *std::min_element(seconds.begin(), seconds.end());
   m.median_seconds = Median(seconds);
   const auto start = std::chrono::steady_clock::now();
-  m.final_hash = lockstep::ComputeStateHash(trainer.state(), trainer.Tensors());
+  // An independent recomputation: every array copied out of the trainer and hashed at once.
+  std::vector<std::array<std::vector<float>, lockstep::kStateArrayCount>> arrays;
+  std::vector<lockstep::TensorState> tensors;
+  for (size_t i = 0; i < trainer.tensors().size(); ++i) {
+    const lockstep::TensorShape& t = trainer.tensors()[i];
+    int64_t numel = 1;
+    for (const int64_t d : t.shape) numel *= d;
+    auto& a = arrays.emplace_back();
+    for (int k = 0; k < lockstep::kStateArrayCount; ++k) {
+      a[k].resize(static_cast<size_t>(numel));
+      trainer.ReadPiece(i, static_cast<lockstep::StateArray>(k), 0, a[k]);
+    }
+  }
+  for (size_t i = 0; i < arrays.size(); ++i) {
+    tensors.push_back({trainer.tensors()[i].name, trainer.tensors()[i].shape, arrays[i][0],
+                       arrays[i][1], arrays[i][2], arrays[i][3]});
+  }
+  m.final_hash = lockstep::ComputeStateHash(trainer.state(), tensors);
   m.hash_seconds = Seconds(start);
   if (m.final_hash.hash != trainer.hash()) {
     Fail("bench_train_step: recomputing the state hash gave {}, the trainer holds {}",
@@ -203,7 +221,9 @@ int RunPeakRss(RunConfig config, int threads, bool json) {
     train::Trainer trainer(config, dataset, train::RunDescriptor(config, dataset));
     trainer.Initialize();
     RequireUpdate(trainer.Step(), config);
-    parameters = trainer.params().NumParameters();
+    for (const lockstep::ParamSpec& spec : lockstep::ParameterSpecs(config.model)) {
+      parameters += spec.numel();
+    }
   }
   rusage usage{};
   if (getrusage(RUSAGE_SELF, &usage) != 0) Fail("bench_train_step: getrusage failed");

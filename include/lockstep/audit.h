@@ -37,9 +37,6 @@ struct MemoryPlan {
   std::string Describe() const;
 };
 
-uint64_t PeakRssBytes();     // getrusage(RUSAGE_SELF).ru_maxrss
-uint64_t CurrentRssBytes();  // VmRSS of /proc/self/status
-uint64_t MemAvailableBytes();  // MemAvailable of /proc/meminfo
 
 // ---- replay ------------------------------------------------------------------------------------
 struct ReplayOptions {
@@ -59,6 +56,9 @@ struct ReplayOptions {
   // digests or state hash do not verify (with a warning naming the problem), and writes the
   // hand-off checkpoint without a match.
   bool force = false;
+  // Interval unit: keep the state on disk here (train::Storage). Without it the replay runs in
+  // RAM when the memory plan fits MemAvailable, else spills under the system's temp directory.
+  std::optional<std::filesystem::path> spill_dir;
 };
 
 struct ReplayResult {
@@ -72,6 +72,7 @@ struct ReplayResult {
   std::vector<float> losses;  // one per replayed step; empty for init
   double wall_seconds = 0;
   uint64_t peak_rss_bytes = 0, planned_peak_rss_bytes = 0;
+  uint64_t spill_bytes = 0;  // what the spill files held on disk at the end (0 in RAM)
   std::vector<std::string> localisation;  // with a compare checkpoint that differs
 };
 
@@ -100,10 +101,13 @@ uint64_t UlpDistance(float a, float b);
 // distance); for the scalar record, each differing field. Then, when arrays differ, a last line
 // naming the array and element with the largest absolute difference of all (where a single
 // corrupted value shows, however far the divergence has spread). Empty when the hashes are equal.
+// The replayed side is read through `replayed` (a whole array at a time), the reference from
+// its files; RAM ~ two arrays.
 std::vector<std::string> LocaliseMismatch(const StepState& replayed_state,
                                           const StateHash& replayed_hash,
-                                          std::span<const TensorState> replayed_tensors,
-                                          const Checkpoint& reference,
+                                          std::span<const TensorShape> replayed_tensors,
+                                          const PieceSource& replayed,
+                                          const CheckpointIndex& reference,
                                           const StateHash& reference_hash);
 
 // ---- hand-off verification ---------------------------------------------------------------------

@@ -83,6 +83,11 @@ std::string ToHex(std::span<const uint8_t> bytes);
 // Parses exactly 64 lowercase hex digits; fails naming `what` and the offending text otherwise.
 Digest DigestFromHex(std::string_view hex, std::string_view what);
 
+// ---- memory ---------------------------------------------------------------------------------
+uint64_t PeakRssBytes();       // getrusage(RUSAGE_SELF).ru_maxrss
+uint64_t CurrentRssBytes();    // VmRSS of /proc/self/status
+uint64_t MemAvailableBytes();  // MemAvailable of /proc/meminfo
+
 // ---- files ----------------------------------------------------------------------------------
 // Whole-file read; fails naming the path and the OS error.
 std::vector<uint8_t> ReadFileBytes(const std::filesystem::path& path);

@@ -163,6 +163,12 @@ void AdamWUpdate(const AdamWParams& p, std::span<float> param, std::span<const f
 // sqrt of the sum of squares of every element of every tensor, in list order (docs/numerics.md:
 // fp64 lanes per kNormBlock block, blocks and tensors added in order), rounded to fp32.
 float GlobalNorm(std::span<const std::span<const float>> tensors);
+// GlobalNorm in pieces, for gradients that do not fit in memory at once (the same bits):
+// AddTensorSquares continues a tensor's sum S (step 3, starting from 0.0) with its next piece,
+// which must start at a kNormBlock boundary of the tensor; NormOfTensorSums adds the tensors'
+// sums in order and takes the root (steps 4-5).
+double AddTensorSquares(double running, std::span<const float> piece);
+float NormOfTensorSums(std::span<const double> tensor_sums);
 // min(1, max_norm / (norm + 1e-6)); 1 when max_norm <= 0 (clipping off).
 float ClipFactor(float norm, float max_norm);
 // x[i] *= factor.

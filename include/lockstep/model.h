@@ -142,6 +142,37 @@ void InitTensorRange(const ModelConfig& config, uint64_t seed, const ParamSpec& 
 std::vector<int64_t> FirstDraws(const std::vector<ParamSpec>& specs);
 
 // ---- forward / backward -----------------------------------------------------------------------
+// How Forward and Backward reach the parameters and the gradients: a tensor at a time (by its
+// index in ParameterSpecs order), so that a caller may keep them anywhere -- in RAM, or on disk
+// for a model larger than memory. Every Open is matched by a Close of the same tensor before the
+// pass returns; at once a pass holds at most one layer's parameters (or final_norm.weight and
+// output.weight) and one gradient open.
+class TensorAccess {
+ public:
+  virtual ~TensorAccess() = default;
+  virtual std::span<const float> OpenParam(size_t i) = 0;
+  virtual void CloseParam(size_t i) = 0;
+  // With accumulate the buffer holds the gradient accumulated so far; without, its contents are
+  // unspecified and Backward sets every element.
+  virtual std::span<float> OpenGrad(size_t i, bool accumulate) = 0;
+  // Tensor i's gradient is complete for this microbatch.
+  virtual void CloseGrad(size_t i) = 0;
+};
+
+// TensorAccess to ParamStores in RAM (no copies). `grads` may be null for a forward pass.
+class StoreAccess final : public TensorAccess {
+ public:
+  StoreAccess(const ParamStore& params, ParamStore* grads) : params_(params), grads_(grads) {}
+  std::span<const float> OpenParam(size_t i) override { return params_.Tensor(i); }
+  void CloseParam(size_t) override {}
+  std::span<float> OpenGrad(size_t i, bool) override;
+  void CloseGrad(size_t) override {}
+
+ private:
+  const ParamStore& params_;
+  ParamStore* grads_;
+};
+
 struct LossSums {
   float loss = 0;   // Σ over rows of the cross-entropy (rk::RowSum lane rule, fp32)
   float zloss = 0;  // Σ over rows of z_loss · lse²
@@ -163,11 +194,15 @@ class Model {
                                 int64_t seq);
 
   // Runs the forward pass and keeps the activations for Backward.
-  LossSums Forward(const ParamStore& params, std::span<const uint32_t> tokens);
+  LossSums Forward(TensorAccess& access, std::span<const uint32_t> tokens);
   // Gradient of grad_scale · Σ_rows (loss + zloss) for the tokens of the last Forward (the same
-  // params). accumulate = false overwrites every tensor of grads; accumulate = true adds this
+  // params). accumulate = false overwrites every gradient tensor; accumulate = true adds this
   // microbatch's gradient to it as docs/model.md defines ("Gradient accumulation").
-  void Backward(const ParamStore& params, float grad_scale, bool accumulate, ParamStore& grads);
+  void Backward(TensorAccess& access, float grad_scale, bool accumulate);
+  LossSums ForwardBackward(TensorAccess& access, std::span<const uint32_t> tokens,
+                           float grad_scale, bool accumulate);
+  // The same on ParamStores in RAM (their tensors must be the model's, by name and shape).
+  LossSums Forward(const ParamStore& params, std::span<const uint32_t> tokens);
   LossSums ForwardBackward(const ParamStore& params, std::span<const uint32_t> tokens,
                            float grad_scale, bool accumulate, ParamStore& grads);
 
@@ -194,6 +229,9 @@ class Model {
     return {arena_.data() + s.offset, static_cast<size_t>(s.size)};
   }
   void CheckParams(const ParamStore& params, const char* what) const;
+  // Opens parameter i, checking its size against the model's.
+  std::span<const float> Param(TensorAccess& access, size_t i) const;
+  std::span<float> Grad(TensorAccess& access, size_t i, bool accumulate) const;
   rk::AttentionShape AttentionShape(int64_t layer) const;
   rk::CrossEntropyShape CrossEntropyShape() const;
 

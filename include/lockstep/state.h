@@ -4,8 +4,10 @@
 // docs/formats/checkpoint.md.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -93,6 +95,16 @@ struct TensorState {
   std::span<const float> param, m, v, grad;
 };
 
+// The four arrays of a tensor's state, in state-hash order.
+enum class StateArray { kParam = 0, kM = 1, kV = 2, kGrad = 3 };
+inline constexpr int kStateArrayCount = 4;
+
+// A parameter's name and shape, in parameter order: a tensor's state without its data.
+struct TensorShape {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
 // ---- the chained state hash (docs/formats/state-hash.md) -------------------------------------
 // The per-tensor part of the hash: BLAKE2b-256 of each array's little-endian bytes.
 struct TensorDigest {
@@ -130,7 +142,9 @@ std::filesystem::path CheckpointDir(const std::filesystem::path& run_dir, uint64
 // the state hash, COMPLETE last) into a temporary sibling, fsyncs every file, renames it into
 // place and fsyncs the parent. The bytes are a pure function of the arguments. If the final
 // directory exists already it must hold exactly these bytes (a deterministic rewrite is a
-// no-op); otherwise this fails naming the directory. Returns the final directory.
+// no-op); otherwise this fails naming the directory. Returns the final directory. Fails naming
+// the tensor, before writing anything, when an array's size does not match its shape.
+// WriteCheckpointStreamed (below) does the writing.
 std::filesystem::path WriteCheckpoint(const std::filesystem::path& run_dir, const StepState& state,
                                       std::span<const TensorState> tensors);
 
@@ -152,6 +166,8 @@ enum class FileDigests {
 // Refuses a directory without COMPLETE; checks every listed file's size and BLAKE2b; parses
 // meta.json; checks that the three tensor files agree in names and shapes. Does not recompute
 // the state hash (VerifyCheckpointHash does). Errors name the file and the field or digest.
+// Holds every file in memory: for large models, OpenCheckpoint and StreamCheckpoint (below)
+// make the same checks with one piece in memory.
 Checkpoint ReadCheckpoint(const std::filesystem::path& dir,
                           FileDigests digests = FileDigests::kEnforce);
 // Recomputes the state hash from the checkpoint's contents; fails naming the directory and both
@@ -160,6 +176,76 @@ StateHash VerifyCheckpointHash(const Checkpoint& checkpoint);
 // The complete checkpoint (a step_* directory holding COMPLETE) with the highest step, ignoring
 // temporary and incomplete directories. Does not validate its contents.
 std::optional<std::filesystem::path> LatestCompleteCheckpoint(const std::filesystem::path& run_dir);
+
+// ---- checkpoints streamed in pieces: RAM ~ one piece, whatever the model's size -------------
+// A checkpoint whose small files are read and checked but whose tensor data is not loaded:
+// COMPLETE parsed strictly; meta.json checked against COMPLETE (size and digest) and parsed; the
+// three tensor files' sizes checked against COMPLETE and their headers read and validated as
+// ReadSafetensors validates them (__metadata__ included) and matched up as ReadCheckpoint
+// matches them. The tensor files' digests need every byte: StreamCheckpoint checks them.
+struct CheckpointIndex {
+  std::filesystem::path dir;
+  StepState state;
+  Digest state_hash{};               // as meta.json records it
+  std::vector<TensorShape> tensors;  // model.safetensors order (ascending data offsets)
+
+  // Where array `a` of tensor `i` starts: the file and the byte offset of its first element
+  // from the start of the file. Fails naming the directory when there is no tensor i.
+  struct Location {
+    std::filesystem::path file;
+    uint64_t offset = 0;
+  };
+  Location Where(size_t i, StateArray a) const;
+
+  // model.safetensors, optimizer.safetensors, grads.safetensors, as COMPLETE lists them.
+  struct File {
+    std::filesystem::path path;
+    uint64_t size = 0;
+    Digest blake2b{};
+    uint64_t data_start = 0;  // 8 + the header's length: the bytes before the tensor data
+  };
+  std::array<File, 3> files;
+  // offsets[i][a]: Where(i, a).offset.
+  std::vector<std::array<uint64_t, kStateArrayCount>> offsets;
+};
+// Fails like ReadCheckpoint (with FileDigests::kEnforce for meta.json) on everything it checks.
+CheckpointIndex OpenCheckpoint(const std::filesystem::path& dir);
+
+// Receives a piece of array `a` of tensor `i`: elements [begin, begin + piece.size()).
+using PieceSink =
+    std::function<void(size_t i, StateArray a, int64_t begin, std::span<const float> piece)>;
+// Fills a piece likewise.
+using PieceSource =
+    std::function<void(size_t i, StateArray a, int64_t begin, std::span<float> piece)>;
+
+// Reads the three tensor files once each, front to back, in pieces: the pieces of an array start
+// at multiples of piece_floats within that array (the last may be shorter; an empty array has
+// none), so a sink can digest fixed chunks. Every piece goes to `sink` (which may be empty) as it
+// is read; its contents are not trusted until StreamCheckpoint returns, because a file's BLAKE2b
+// is only known at its end: on a mismatch with COMPLETE it fails naming the file and both
+// digests (unless `digests` is kIgnore). Returns the state hash recomputed from the data
+// (components included); it does not compare it with meta.json (VerifyStreamedHash does).
+StateHash StreamCheckpoint(const CheckpointIndex& index, int64_t piece_floats,
+                           const PieceSink& sink, FileDigests digests = FileDigests::kEnforce);
+// Fails naming the directory and both hashes when `recomputed` (StreamCheckpoint's result)
+// differs from meta.json's state_hash, as VerifyCheckpointHash does. Returns `recomputed`.
+StateHash VerifyStreamedHash(const CheckpointIndex& index, StateHash recomputed);
+
+struct WrittenCheckpoint {
+  std::filesystem::path dir;
+  StateHash hash;  // computed from the bytes written
+};
+// WriteCheckpoint with every array pulled from `source` piece by piece (pieces start at multiples
+// of piece_floats within each array; an empty array has none), RAM ~ one piece. The same
+// protocol and the same bytes as WriteCheckpoint (temporary directory, fsync, COMPLETE last,
+// rename, no-op on an identical rewrite, refusal of a different existing one). The state hash
+// is computed from the data as it is written, so meta.json comes after the three tensor files.
+// Names, shapes and the descriptor are validated before anything is written; `source` may
+// throw, which leaves only the temporary directory behind.
+WrittenCheckpoint WriteCheckpointStreamed(const std::filesystem::path& run_dir,
+                                          const StepState& state,
+                                          std::span<const TensorShape> tensors,
+                                          int64_t piece_floats, const PieceSource& source);
 
 // ---- state_hashes.jsonl: one {"step": N, "hash": "<64 hex>"} object per line -----------------
 struct StateHashLine {

@@ -5,11 +5,13 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "lockstep/data.h"
+#include "lockstep/kernels.h"
 #include "lockstep/model.h"
 #include "lockstep/state.h"
 
@@ -28,34 +30,59 @@ struct StepReport {
   double seconds = 0;
 };
 
-// The whole training state of a run and the step function. Owns the parameters, both AdamW
-// moments and the gradients of the last step.
+class StateStore;
+
+// Where a Trainer keeps its tensors (src/train/state_store.h): in RAM, or -- for a model larger
+// than memory -- in digested chunk files under spill_dir, with only what a pass needs resident
+// (one layer's parameters, a gradient, the activations). The bits are the same either way.
+struct Storage {
+  std::optional<std::filesystem::path> spill_dir;
+};
+
+// The whole training state of a run and the step function: the parameters, both AdamW moments
+// and the gradients of the last step, in a StateStore.
 class Trainer {
  public:
   // descriptor: the canonical run descriptor (RunDescriptor()).
-  Trainer(const RunConfig& config, const data::Dataset& dataset, std::string descriptor);
+  Trainer(const RunConfig& config, const data::Dataset& dataset, std::string descriptor,
+          const Storage& storage = {});
+  ~Trainer();
 
   // Step 0: initialised parameters, zero moments and gradients, and its state hash.
   void Initialize();
-  // Restores a checkpoint (verified by the caller) written by a run with the same descriptor.
-  void Restore(const Checkpoint& checkpoint);
+  // Loads a checkpoint written by a run with the same descriptor, reading each file once. Fails
+  // when a file's digest differs from COMPLETE or the state hash recomputed from the data differs
+  // from meta.json's -- unless digests == FileDigests::kIgnore (forensics, `replay --force`): then
+  // the state is taken as the files hold it, and its recomputed hash is returned for the caller
+  // to report.
+  StateHash Restore(const CheckpointIndex& checkpoint,
+                    FileDigests digests = FileDigests::kEnforce);
   // Makes step state().step + 1 and hashes the result.
   StepReport Step();
+  // Writes the current state as run_dir/checkpoints/step_N (WriteCheckpointStreamed).
+  std::filesystem::path WriteCheckpoint(const std::filesystem::path& run_dir);
+  // Copies elements [begin, begin + out.size()) of array `array` of tensor i (a PieceSource).
+  void ReadPiece(size_t i, StateArray array, int64_t begin, std::span<float> out);
 
   const StepState& state() const { return state_; }
   const Digest& hash() const { return hash_.hash; }
   const StateHash& state_hash() const { return hash_; }
-  const ParamStore& params() const { return params_; }
-  std::vector<TensorState> Tensors() const;
+  const std::vector<TensorShape>& tensors() const { return shapes_; }
   int64_t tokens_per_step() const;
+  // Bytes the spill files hold on disk now (0 in RAM).
+  uint64_t SpillBytes() const;
 
  private:
-  void Rehash();
+  // Digests every array of every tensor (and, when `update`, applies the step's clip and AdamW
+  // update piece by piece first), then hashes the state.
+  void UpdateAndHash(bool update, const rk::AdamWParams& adam_template, float clip_factor);
 
   RunConfig config_;
   data::TokenStream stream_;
   Model model_;
-  ParamStore params_, grads_, m_, v_;
+  std::vector<ParamSpec> specs_;
+  std::vector<TensorShape> shapes_;
+  std::unique_ptr<StateStore> store_;
   StepState state_;
   StateHash hash_;
   std::vector<uint32_t> tokens_;  // one microbatch: [microbatch, seq_len + 1]
@@ -72,6 +99,7 @@ struct TrainOptions {
   int threads = 1;
   bool resume = false;
   bool progress = true;  // a progress line on stderr
+  std::optional<std::filesystem::path> spill_dir;  // Storage::spill_dir
 };
 
 // `lockstep train`: trains into run_dir (metrics.jsonl, state_hashes.jsonl, checkpoints/).

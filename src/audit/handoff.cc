@@ -29,10 +29,11 @@ std::string HandoffVerdict::Report() const {
 
 HandoffVerdict VerifyHandoff(const std::filesystem::path& checkpoint, const Digest& expect_hash,
                              const Digest& expect_prev_hash) {
-  const Checkpoint read = ReadCheckpoint(checkpoint);
+  // Streamed: RAM ~ one piece, whatever the model's size; every file's digest is checked.
+  const CheckpointIndex read = OpenCheckpoint(checkpoint);
   return HandoffVerdict{.checkpoint = checkpoint,
                         .step = read.state.step,
-                        .recomputed = ComputeStateHash(read.state, read.tensors).hash,
+                        .recomputed = StreamCheckpoint(read, int64_t{1} << 20, {}).hash,
                         .recorded = read.state_hash,
                         .expected = expect_hash,
                         .prev_hash = read.state.prev_hash,

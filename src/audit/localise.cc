@@ -2,7 +2,10 @@
 // each differing tensor array where it first differs and by how much.
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <bit>
+#include <fstream>
+#include <optional>
 #include <cmath>
 #include <cstdlib>
 
@@ -91,11 +94,30 @@ std::vector<std::string> ScalarDifferences(const StepState& a, const StepState& 
   return fields;
 }
 
-const TensorState* FindTensor(std::span<const TensorState> tensors, std::string_view name) {
-  for (const TensorState& t : tensors) {
-    if (t.name == name) return &t;
-  }
-  return nullptr;
+int64_t ElementCount(const std::vector<int64_t>& shape) {
+  int64_t count = 1;
+  for (const int64_t d : shape) count *= d;
+  return count;
+}
+
+// Array `array` of tensor i of a verified checkpoint, read from its file.
+std::vector<float> ReadArray(const CheckpointIndex& checkpoint, size_t i, StateArray array) {
+  const CheckpointIndex::Location where = checkpoint.Where(i, array);
+  std::vector<float> values(
+      static_cast<size_t>(ElementCount(checkpoint.tensors[i].shape)));
+  std::ifstream in(where.file, std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(where.offset));
+  in.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(values.size() * 4));
+  if (!in) Fail("{}: cannot read '{}' at byte {}", where.file.string(), checkpoint.tensors[i].name, where.offset);
+  return values;
+}
+
+std::optional<StateArray> ArrayOfName(std::string_view name) {
+  if (name == "param") return StateArray::kParam;
+  if (name == "m") return StateArray::kM;
+  if (name == "v") return StateArray::kV;
+  if (name == "grad") return StateArray::kGrad;
+  return std::nullopt;
 }
 
 }  // namespace
@@ -106,13 +128,19 @@ uint64_t UlpDistance(float a, float b) {
 
 std::vector<std::string> LocaliseMismatch(const StepState& replayed_state,
                                           const StateHash& replayed_hash,
-                                          std::span<const TensorState> replayed_tensors,
-                                          const Checkpoint& reference,
+                                          std::span<const TensorShape> replayed_tensors,
+                                          const PieceSource& replayed,
+                                          const CheckpointIndex& reference,
                                           const StateHash& reference_hash) {
   std::vector<std::string> lines;
   const StepState& ref = reference.state;
   ArrayDifference largest;
   std::string largest_line;
+  auto find = [](std::span<const TensorShape> tensors, std::string_view name) {
+    const auto it = std::ranges::find(tensors, name, &TensorShape::name);
+    return it == tensors.end() ? std::optional<size_t>()
+                               : std::optional<size_t>(static_cast<size_t>(it - tensors.begin()));
+  };
   for (const std::string& component : DifferingComponents(replayed_hash, reference_hash)) {
     if (component == "prev_hash") {
       lines.push_back(fmt::format(
@@ -134,23 +162,27 @@ std::vector<std::string> LocaliseMismatch(const StepState& replayed_state,
     } else if (component == "layout") {
       lines.push_back("layout differs: the tensor names or shapes are not the reference's");
     } else if (const size_t colon = component.find(':'); colon != std::string::npos) {
-      const std::string array = component.substr(0, colon), name = component.substr(colon + 1);
-      const TensorState* ours = FindTensor(replayed_tensors, name);
-      const TensorState* theirs = FindTensor(reference.tensors, name);
-      if (ours == nullptr || theirs == nullptr) {
+      const std::optional<StateArray> array = ArrayOfName(component.substr(0, colon));
+      const std::string name = component.substr(colon + 1);
+      const std::optional<size_t> ours = find(replayed_tensors, name);
+      const std::optional<size_t> theirs = find(reference.tensors, name);
+      if (!array || !ours || !theirs) {
         lines.push_back(fmt::format("{} is only in the {}", component,
-                                    ours == nullptr ? "reference" : "replay"));
+                                    !ours ? "reference" : "replay"));
         continue;
       }
-      auto data = [&](const TensorState& t) {
-        return array == "param" ? t.param : array == "m" ? t.m : array == "v" ? t.v : t.grad;
-      };
-      const std::span<const float> a = data(*ours), b = data(*theirs);
-      if (ours->shape != theirs->shape) {
+      const std::vector<int64_t>& shape = replayed_tensors[*ours].shape;
+      if (shape != reference.tensors[*theirs].shape) {
         lines.push_back(fmt::format("{}: shape [{}] replayed, [{}] in the reference", component,
-                                    fmt::join(ours->shape, ", "), fmt::join(theirs->shape, ", ")));
+                                    fmt::join(shape, ", "),
+                                    fmt::join(reference.tensors[*theirs].shape, ", ")));
         continue;
       }
+      // One array of each side in RAM at a time.
+      const std::vector<float> b = ReadArray(reference, *theirs, *array);
+      std::vector<float> a(b.size());
+      replayed(*ours, *array, 0, a);
+      const std::vector<int64_t>& ours_shape = shape;
       const ArrayDifference d = CompareArrays(a, b);
       if (d.first < 0) {
         lines.push_back(fmt::format("{}: digests differ but the elements are equal", component));
@@ -158,14 +190,14 @@ std::vector<std::string> LocaliseMismatch(const StepState& replayed_state,
       }
       lines.push_back(fmt::format(
           "{} [{}] differs in {} of {} elements: first at {}; largest |difference| {:.3g} at {}",
-          component, fmt::join(ours->shape, ", "), d.count, a.size(),
-          DescribeElement(d.first, a, b, ours->shape), d.largest_abs,
-          DescribeElement(d.largest, a, b, ours->shape)));
+          component, fmt::join(ours_shape, ", "), d.count, a.size(),
+          DescribeElement(d.first, a, b, ours_shape), d.largest_abs,
+          DescribeElement(d.largest, a, b, ours_shape)));
       if (d.largest_abs > largest.largest_abs) {
         largest = d;
         largest_line = fmt::format("largest |difference| of all arrays: {:.3g} in {} at {}",
                                    d.largest_abs, component,
-                                   DescribeElement(d.largest, a, b, ours->shape));
+                                   DescribeElement(d.largest, a, b, ours_shape));
       }
     } else {
       lines.push_back(fmt::format("{} differs", component));

@@ -1,7 +1,4 @@
-// Resident-memory measurements and the memory plan's arithmetic (docs/audit.md, "Memory plan").
-#include <sys/resource.h>
-
-#include <fstream>
+// The memory plan's arithmetic (docs/audit.md, "Memory plan").
 #include <string>
 
 #include "lockstep/audit.h"
@@ -11,19 +8,6 @@ namespace {
 
 std::string Bytes(uint64_t bytes) {
   return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-}
-
-// The value of a "Key:   123 kB" line of a /proc file, in bytes.
-uint64_t ProcKibField(const char* file, std::string_view key) {
-  std::ifstream in(file);
-  if (!in) Fail("{}: cannot open for reading", file);
-  for (std::string line; std::getline(in, line);) {
-    if (!line.starts_with(key) || line.size() <= key.size() || line[key.size()] != ':') continue;
-    const size_t digits = line.find_first_of("0123456789", key.size());
-    if (digits == std::string::npos || !line.ends_with(" kB")) break;
-    return std::stoull(line.substr(digits)) * 1024;
-  }
-  Fail("{}: no \"{}: <n> kB\" line", file, key);
 }
 
 }  // namespace
@@ -40,15 +24,5 @@ std::string MemoryPlan::Describe() const {
   for (const auto& [what, bytes] : parts) text += fmt::format(" + {} {}", what, Bytes(bytes));
   return text;
 }
-
-uint64_t PeakRssBytes() {
-  rusage usage{};
-  if (::getrusage(RUSAGE_SELF, &usage) != 0) Fail("getrusage(RUSAGE_SELF) failed");
-  return static_cast<uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
-}
-
-uint64_t CurrentRssBytes() { return ProcKibField("/proc/self/status", "VmRSS"); }
-
-uint64_t MemAvailableBytes() { return ProcKibField("/proc/meminfo", "MemAvailable"); }
 
 }  // namespace lockstep::audit

@@ -1,6 +1,9 @@
 // Replaying a unit of a run: the init unit is regenerated and hashed tensor by tensor; an
 // interval unit restores a verified checkpoint and runs the training step until the target step.
 // docs/audit.md gives the commands, the output contract and the memory plan.
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -39,18 +42,6 @@ uint64_t StepScratchBytes(const RunConfig& config, const data::Dataset& dataset)
          static_cast<uint64_t>(config.train.microbatch * (config.model.seq_len + 1)) *
              sizeof(uint32_t) +
          rows * (chunk + 2 * kLanes) * sizeof(float);
-}
-
-// The bytes ReadCheckpoint holds in memory: every file COMPLETE lists.
-uint64_t CheckpointFileBytes(const fs::path& dir) {
-  uint64_t bytes = 0;
-  for (const char* name :
-       {"model.safetensors", "optimizer.safetensors", "grads.safetensors", "meta.json"}) {
-    std::error_code error;
-    const uint64_t size = fs::file_size(dir / name, error);
-    if (!error) bytes += size;  // a missing file is reported by ReadCheckpoint
-  }
-  return bytes;
 }
 
 // Prints the plan and refuses (unless forced) one the machine cannot hold now.
@@ -122,34 +113,6 @@ ReplayResult ReplayInit(const ReplayOptions& o) {
   return result;
 }
 
-// The step and run descriptor of a checkpoint, from its meta.json alone, so that the memory plan
-// and the step checks come before the large files are read. ReadCheckpoint later checks
-// meta.json against COMPLETE.
-struct CheckpointHeader {
-  uint64_t step = 0;
-  std::string descriptor;
-};
-
-CheckpointHeader ReadCheckpointHeader(const fs::path& dir) {
-  const fs::path path = dir / "meta.json";
-  if (!fs::is_regular_file(path)) {
-    Fail("{}: not a checkpoint directory (no meta.json)", dir.string());
-  }
-  nlohmann::json meta;
-  try {
-    meta = nlohmann::json::parse(ReadFileText(path));
-  } catch (const nlohmann::json::exception& e) {
-    Fail("{}: not JSON: {}", path.string(), e.what());
-  }
-  if (!meta.is_object() || !meta.contains("step") || !meta["step"].is_number_unsigned()) {
-    Fail("{}: field \"step\": expected an unsigned integer", path.string());
-  }
-  if (!meta.contains("descriptor") || !meta["descriptor"].is_string()) {
-    Fail("{}: field \"descriptor\": expected a string", path.string());
-  }
-  return {meta["step"].get<uint64_t>(), meta["descriptor"].get<std::string>()};
-}
-
 // RUN/state_hashes.jsonl for a checkpoint at RUN/checkpoints/step_*, when there is one.
 std::optional<fs::path> ChainOfCheckpoint(const fs::path& checkpoint) {
   fs::path dir = fs::absolute(checkpoint).lexically_normal();
@@ -162,7 +125,7 @@ std::optional<fs::path> ChainOfCheckpoint(const fs::path& checkpoint) {
 
 // The hash the run's chain records for `until_step`, after checking that the chain's line for
 // the checkpoint's step is the checkpoint's (recorded) hash.
-std::optional<Digest> ChainTarget(const fs::path& chain, const Checkpoint& start,
+std::optional<Digest> ChainTarget(const fs::path& chain, const CheckpointIndex& start,
                                   uint64_t until_step) {
   std::optional<Digest> target;
   bool start_found = false;
@@ -190,53 +153,90 @@ std::optional<Digest> ChainTarget(const fs::path& chain, const Checkpoint& start
   return target;
 }
 
-// ReadCheckpoint; with force, a file whose digest does not match COMPLETE is read anyway.
-Checkpoint ReadStartCheckpoint(const fs::path& dir, bool force) {
-  try {
-    return ReadCheckpoint(dir);
-  } catch (const Error& e) {
-    if (!force) throw;
-    Note(fmt::format("WARNING: {}", e.what()));
-    Note("WARNING: --force: reading the checkpoint without checking its file digests; the "
-         "replay starts from a state that is NOT the published one");
-    return ReadCheckpoint(dir, FileDigests::kIgnore);
+// The largest sum, over the passes of a step in a SpillStore, of the tensors open at once: a
+// layer's parameters plus its largest gradient, or output.weight with its gradient and
+// final_norm.weight, or tok_embeddings.weight (forward) or its gradient (backward).
+uint64_t SpilledOpenBytes(const ModelConfig& model) {
+  const std::vector<ParamSpec> specs = ParameterSpecs(model);
+  std::map<std::string, uint64_t> layer_params, layer_largest;
+  uint64_t largest = 0, head = 0;
+  for (const ParamSpec& spec : specs) {
+    const uint64_t bytes = static_cast<uint64_t>(spec.numel()) * sizeof(float);
+    largest = std::max(largest, bytes);
+    if (spec.name.starts_with("layers.")) {
+      const std::string layer = spec.name.substr(0, spec.name.find('.', 7));
+      layer_params[layer] += bytes;
+      layer_largest[layer] = std::max(layer_largest[layer], bytes);
+    } else if (spec.name == "output.weight" || spec.name == "final_norm.weight") {
+      head += bytes;
+    }
   }
+  uint64_t open = std::max(largest, head + largest);
+  for (const auto& [layer, bytes] : layer_params) {
+    open = std::max(open, bytes + layer_largest[layer]);
+  }
+  return open;
 }
 
-// VerifyCheckpointHash; with force, a checkpoint whose files do not hash to meta.json's
-// state_hash is accepted with its recomputed hash, so that Trainer::Restore takes it.
-void VerifyStartHash(Checkpoint& start, bool force) {
-  try {
-    VerifyCheckpointHash(start);
-  } catch (const Error& e) {
-    if (!force) throw;
-    Note(fmt::format("WARNING: {}", e.what()));
-    Note("WARNING: --force: replaying from the state the files hold");
-    start.state_hash = ComputeStateHash(start.state, start.tensors).hash;
-  }
+// Replays in RAM when the machine holds it (or --spill-dir is given), else in a SpillStore.
+struct ReplayStorage {
+  MemoryPlan plan;
+  train::Storage storage;
+};
+
+ReplayStorage PlanInterval(const ReplayOptions& o, const RunConfig& config,
+                           const data::Dataset& dataset) {
+  const uint64_t resident = CurrentRssBytes();
+  const uint64_t activations =
+      static_cast<uint64_t>(Model::AllocatedBytes(config.model, config.train.vocab_chunk,
+                                                  config.train.microbatch, config.model.seq_len)) +
+      StepScratchBytes(config, dataset);
+  // --compare-checkpoint: one array of each side at a time.
+  const uint64_t largest_array = [&] {
+    uint64_t bytes = 0;
+    for (const ParamSpec& spec : ParameterSpecs(config.model)) {
+      bytes = std::max(bytes, static_cast<uint64_t>(spec.numel()) * sizeof(float));
+    }
+    return bytes;
+  }();
+  const uint64_t compare = o.compare_checkpoint ? 2 * largest_array : 0;
+  MemoryPlan in_ram{.parts = {{"parameters, gradients, AdamW m and v",
+                               4 * ParameterBytes(config.model)},
+                              {"activations and step scratch", activations},
+                              {"localisation arrays", compare}},
+                    .resident_at_planning = resident};
+  if (!o.spill_dir && in_ram.total() - resident <= MemAvailableBytes()) return {in_ram, {}};
+  const fs::path dir =
+      o.spill_dir ? *o.spill_dir
+                  : fs::temp_directory_path() / fmt::format("lockstep-spill-{}", ::getpid());
+  Note(fmt::format("{}: parameters, moments and gradients are kept on disk in {}",
+                   o.spill_dir ? "--spill-dir" : "the replay does not fit in RAM",
+                   dir.string()));
+  MemoryPlan spilled{
+      .parts = {{"open tensors (largest layer or head, with a gradient)",
+                 SpilledOpenBytes(config.model)},
+                {"activations and step scratch", activations},
+                {"localisation arrays", compare}},
+      .resident_at_planning = resident};
+  return {spilled, {dir}};
 }
 
 ReplayResult ReplayInterval(const ReplayOptions& o) {
-  const CheckpointHeader header = ReadCheckpointHeader(o.checkpoint);
-  if (o.until_step <= header.step) {
+  const CheckpointIndex start = OpenCheckpoint(o.checkpoint);
+  if (o.until_step <= start.state.step) {
     Fail("--until-step {} is at or before the step of --checkpoint {} (step {}): a replay must run "
          "at least one step",
-         o.until_step, o.checkpoint.string(), header.step);
+         o.until_step, o.checkpoint.string(), start.state.step);
   }
-  const RunConfig config =
-      ConfigOfDescriptor(header.descriptor, (o.checkpoint / "meta.json").string() + " descriptor");
-  uint64_t file_buffers = CheckpointFileBytes(o.checkpoint);
+  const RunConfig config = ConfigOfDescriptor(
+      start.state.descriptor, (o.checkpoint / "meta.json").string() + " descriptor");
+  std::optional<CheckpointIndex> reference;
   if (o.compare_checkpoint) {
-    const uint64_t compare_step = ReadCheckpointHeader(*o.compare_checkpoint).step;
-    if (compare_step != o.until_step) {
+    reference = OpenCheckpoint(*o.compare_checkpoint);
+    if (reference->state.step != o.until_step) {
       Fail("--compare-checkpoint {} holds step {}, not --until-step {}",
-           o.compare_checkpoint->string(), compare_step, o.until_step);
+           o.compare_checkpoint->string(), reference->state.step, o.until_step);
     }
-    file_buffers = std::max(file_buffers, CheckpointFileBytes(*o.compare_checkpoint));
-  }
-  if (o.save_checkpoint_dir) {
-    // WriteCheckpoint holds one file's bytes at a time; optimizer.safetensors is the largest.
-    file_buffers = std::max(file_buffers, 2 * ParameterBytes(config.model));
   }
   std::optional<std::ofstream> loss_log;
   if (o.loss_log) {
@@ -245,42 +245,36 @@ ReplayResult ReplayInterval(const ReplayOptions& o) {
   }
 
   const data::Dataset dataset = data::OpenDataset(o.data_dir);
-  const MemoryPlan plan{
-      .parts = {{"parameters, gradients, AdamW m and v", 4 * ParameterBytes(config.model)},
-                {"activations and step scratch",
-                 static_cast<uint64_t>(Model::AllocatedBytes(config.model, config.train.vocab_chunk,
-                                                             config.train.microbatch,
-                                                             config.model.seq_len)) +
-                     StepScratchBytes(config, dataset)},
-                {"checkpoint file buffers", file_buffers}},
-      .resident_at_planning = CurrentRssBytes()};
-  CheckMemoryPlan(plan, o.force);
+  const ReplayStorage storage = PlanInterval(o, config, dataset);
+  CheckMemoryPlan(storage.plan, o.force);
 
-  // The checkpoint's files are read before the trainer allocates its tensors, and released once
-  // they are copied in: the plan counts them once, beside the tensors.
-  std::optional<train::Trainer> trainer;
   std::optional<Digest> target = o.expect_hash;
-  {
-    Checkpoint start = ReadStartCheckpoint(o.checkpoint, o.force);
-    if (!target) {
-      if (const std::optional<fs::path> chain = ChainOfCheckpoint(o.checkpoint)) {
-        target = ChainTarget(*chain, start, o.until_step);
-      } else {
-        Note("no target: no --expect-hash, and the checkpoint is not in a run directory "
-             "(RUN/checkpoints/step_*) with a state_hashes.jsonl");
-      }
+  if (!target) {
+    if (const std::optional<fs::path> chain = ChainOfCheckpoint(o.checkpoint)) {
+      target = ChainTarget(*chain, start, o.until_step);
+    } else {
+      Note("no target: no --expect-hash, and the checkpoint is not in a run directory "
+           "(RUN/checkpoints/step_*) with a state_hashes.jsonl");
     }
-    VerifyStartHash(start, o.force);
-    trainer.emplace(config, dataset, train::RunDescriptor(config, dataset));
-    trainer->Restore(start);
   }
+  train::Trainer trainer(config, dataset, train::RunDescriptor(config, dataset), storage.storage);
+  const auto load_start = Clock::now();
+  const StateHash loaded =
+      trainer.Restore(start, o.force ? FileDigests::kIgnore : FileDigests::kEnforce);
+  if (loaded.hash != start.state_hash) {
+    Note(fmt::format("WARNING: --force: {} hashes to {} but meta.json records {}: replaying from "
+                     "the state the files hold, which is NOT the published one",
+                     o.checkpoint.string(), ToHex(loaded.hash), ToHex(start.state_hash)));
+  }
+  Note(fmt::format("checkpoint step {} loaded and verified in {:.1f} s", start.state.step,
+                   std::chrono::duration<double>(Clock::now() - load_start).count()));
 
   ReplayResult result;
   result.mode = "interval";
   result.expected = target;
-  result.planned_peak_rss_bytes = plan.total();
-  while (trainer->state().step < o.until_step) {
-    const train::StepReport r = trainer->Step();
+  result.planned_peak_rss_bytes = storage.plan.total();
+  while (trainer.state().step < o.until_step) {
+    const train::StepReport r = trainer.Step();
     result.losses.push_back(r.loss);
     Note(fmt::format("step {}/{}  loss {:.6f}  grad_norm {:.6f}  {:.2f} s{}", r.step, o.until_step,
                      r.loss, r.grad_norm, r.seconds, r.skipped ? "  SKIPPED (spike)" : ""));
@@ -291,25 +285,33 @@ ReplayResult ReplayInterval(const ReplayOptions& o) {
                                            {"grad_norm", r.grad_norm},
                                            {"lr", r.lr},
                                            {"skipped", r.skipped},
-                                           {"state_hash", ToHex(trainer->hash())}};
+                                           {"state_hash", ToHex(trainer.hash())}};
       *loss_log << line.dump() << '\n' << std::flush;
       if (!*loss_log) Fail("--loss-log {}: write failed", o.loss_log->string());
     }
     if (r.halt && r.step < o.until_step) {
       Fail("the spike protocol halts the run at step {} ({} skips within {} steps), before "
            "--until-step {}: the published run cannot have continued past it",
-           r.step, trainer->state().spike.recent_skips.size(), config.train.spike_window,
+           r.step, trainer.state().spike.recent_skips.size(), config.train.spike_window,
            o.until_step);
     }
   }
-  result.state_hash = trainer->hash();
+  result.state_hash = trainer.hash();
   if (target) result.match = result.state_hash == *target;
+  result.spill_bytes = trainer.SpillBytes();
 
-  if (o.compare_checkpoint) {
-    const Checkpoint reference = ReadCheckpoint(*o.compare_checkpoint);
-    const StateHash reference_hash = VerifyCheckpointHash(reference);
-    result.localisation = LocaliseMismatch(trainer->state(), trainer->state_hash(),
-                                           trainer->Tensors(), reference, reference_hash);
+  if (reference) {
+    const StateHash reference_hash = StreamCheckpoint(*reference, int64_t{1} << 20, {});
+    if (reference_hash.hash != reference->state_hash) {
+      Fail("{}: the state hash recomputed from the files is {}, but meta.json records {}",
+           reference->dir.string(), ToHex(reference_hash.hash), ToHex(reference->state_hash));
+    }
+    result.localisation = LocaliseMismatch(
+        trainer.state(), trainer.state_hash(), trainer.tensors(),
+        [&](size_t i, StateArray a, int64_t begin, std::span<float> out) {
+          trainer.ReadPiece(i, a, begin, out);
+        },
+        *reference, reference_hash);
     if (result.localisation.empty()) {
       Note(fmt::format("the replayed state equals {}", o.compare_checkpoint->string()));
     }
@@ -318,8 +320,7 @@ ReplayResult ReplayInterval(const ReplayOptions& o) {
 
   if (o.save_checkpoint_dir) {
     if (result.match == true || o.force) {
-      const fs::path written =
-          WriteCheckpoint(*o.save_checkpoint_dir, trainer->state(), trainer->Tensors());
+      const fs::path written = trainer.WriteCheckpoint(*o.save_checkpoint_dir);
       Note(fmt::format("hand-off checkpoint written: {}{}", written.string(),
                        result.match == true ? "" : " (WITHOUT a match: --force)"));
     } else {
@@ -329,9 +330,9 @@ ReplayResult ReplayInterval(const ReplayOptions& o) {
                                     : "there is no target to match (give --expect-hash)"));
     }
   }
-  result.step = trainer->state().step;
+  result.step = trainer.state().step;
   result.consumed_tokens =
-      trainer->state().data_cursor * static_cast<uint64_t>(config.model.seq_len);
+      trainer.state().data_cursor * static_cast<uint64_t>(config.model.seq_len);
   return result;
 }
 
@@ -350,6 +351,7 @@ void CheckOptions(const ReplayOptions& o) {
     refuse(o.save_checkpoint_dir.has_value(), "--save-checkpoint-dir");
     refuse(o.loss_log.has_value(), "--loss-log");
     refuse(o.compare_checkpoint.has_value(), "--compare-checkpoint");
+    refuse(o.spill_dir.has_value(), "--spill-dir (the init unit holds one piece in RAM)");
   } else {
     if (o.checkpoint.empty()) Fail("an interval replay needs --checkpoint (or give --from-init)");
     refuse(!o.config.empty(), "--config (the checkpoint records its config)");
@@ -385,6 +387,7 @@ std::string ResultJson(const ReplayResult& r) {
       {"wall_seconds", r.wall_seconds},
       {"peak_rss_bytes", r.peak_rss_bytes},
       {"planned_peak_rss_bytes", r.planned_peak_rss_bytes},
+      {"spill_disk_bytes", r.spill_bytes},
       {"localisation", r.localisation},
   };
   return j.dump(2) + "\n";

@@ -12,47 +12,39 @@ namespace {
 // Elements per Scale task. Any value gives the same bits (elements are independent).
 constexpr int64_t kScaleBlock = 65536;
 
-struct NormBlock {
-  const float* x;
-  int64_t n;
-};
-
 }  // namespace
 
 // Blocks are the contract's split points, so they may run on any thread in any order; only
 // their sums are added in a fixed order afterwards.
-float GlobalNorm(std::span<const std::span<const float>> tensors) {
-  std::vector<NormBlock> blocks;
-  std::vector<size_t> first_block;  // tensor t owns blocks [first_block[t], first_block[t+1])
-  for (const std::span<const float>& t : tensors) {
-    first_block.push_back(blocks.size());
-    const auto n = static_cast<int64_t>(t.size());
-    for (int64_t b = 0; b < n; b += kNormBlock) {
-      blocks.push_back({t.data() + b, std::min(kNormBlock, n - b)});
-    }
-  }
-  first_block.push_back(blocks.size());
-
-  std::vector<double> block_sum(blocks.size());
+double AddTensorSquares(double running, std::span<const float> piece) {
+  const auto n = static_cast<int64_t>(piece.size());
+  const int64_t blocks = (n + kNormBlock - 1) / kNormBlock;
+  std::vector<double> block_sum(static_cast<size_t>(blocks));
   const auto kernel = detail::UsingReference() ? &ref::AccumulateSquares : &simd::AccumulateSquares;
-  ParallelFor(static_cast<int64_t>(blocks.size()), [&](int64_t b) {
+  ParallelFor(blocks, [&](int64_t b) {
     double lanes[kReductionLanes] = {};
-    kernel(blocks[b].x, blocks[b].n, lanes);
+    kernel(piece.data() + b * kNormBlock, std::min(kNormBlock, n - b * kNormBlock), lanes);
     for (int width = kReductionLanes / 2; width >= 1; width /= 2) {
       for (int j = 0; j < width; ++j) lanes[j] = lanes[j] + lanes[j + width];
     }
-    block_sum[b] = lanes[0];
+    block_sum[static_cast<size_t>(b)] = lanes[0];
   });
+  for (const double sum : block_sum) running = running + sum;
+  return running;
+}
 
+float NormOfTensorSums(std::span<const double> tensor_sums) {
   double total = 0.0;
-  for (size_t t = 0; t < tensors.size(); ++t) {
-    double tensor_sum = 0.0;
-    for (size_t b = first_block[t]; b < first_block[t + 1]; ++b) tensor_sum += block_sum[b];
-    total += tensor_sum;
-  }
+  for (const double sum : tensor_sums) total = total + sum;
   // IEEE 754 square root is correctly rounded, so std::sqrt on a double is the same on every
   // conforming machine (unlike exp/log); the one rounding to fp32 follows.
   return static_cast<float>(std::sqrt(total));
+}
+
+float GlobalNorm(std::span<const std::span<const float>> tensors) {
+  std::vector<double> tensor_sums;
+  for (const std::span<const float>& t : tensors) tensor_sums.push_back(AddTensorSquares(0.0, t));
+  return NormOfTensorSums(tensor_sums);
 }
 
 float ClipFactor(float norm, float max_norm) {

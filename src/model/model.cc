@@ -3,6 +3,7 @@
 // T = seq, N = B*T rows, d = d_model, Q = n_heads*head_dim, K = n_kv_heads*head_dim,
 // F = ffn_hidden, V = vocab.
 #include <algorithm>
+#include <array>
 
 #include "lockstep/core.h"
 #include "lockstep/kernels.h"
@@ -123,8 +124,44 @@ void Model::CheckParams(const ParamStore& params, const char* what) const {
   }
 }
 
+std::span<float> StoreAccess::OpenGrad(size_t i, bool) {
+  if (grads_ == nullptr) Fail("StoreAccess: a gradient was asked for, but no gradient store given");
+  return grads_->Tensor(i);
+}
+
+std::span<const float> Model::Param(TensorAccess& access, size_t i) const {
+  const std::span<const float> p = access.OpenParam(i);
+  if (static_cast<int64_t>(p.size()) != specs_[i].numel()) {
+    Fail("Model: parameter '{}' has {} elements, the model expects {}", specs_[i].name, p.size(),
+         specs_[i].numel());
+  }
+  return p;
+}
+
+std::span<float> Model::Grad(TensorAccess& access, size_t i, bool accumulate) const {
+  const std::span<float> g = access.OpenGrad(i, accumulate);
+  if (static_cast<int64_t>(g.size()) != specs_[i].numel()) {
+    Fail("Model: the gradient of '{}' has {} elements, the model expects {}", specs_[i].name,
+         g.size(), specs_[i].numel());
+  }
+  return g;
+}
+
 LossSums Model::Forward(const ParamStore& params, std::span<const uint32_t> tokens) {
   CheckParams(params, "params");
+  StoreAccess access(params, nullptr);
+  return Forward(access, tokens);
+}
+
+LossSums Model::ForwardBackward(const ParamStore& params, std::span<const uint32_t> tokens,
+                                float grad_scale, bool accumulate, ParamStore& grads) {
+  CheckParams(params, "params");
+  CheckParams(grads, "grads");
+  StoreAccess access(params, &grads);
+  return ForwardBackward(access, tokens, grad_scale, accumulate);
+}
+
+LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) {
   if (tokens.size() != static_cast<size_t>(batch_ * (seq_ + 1))) {
     Fail("Model::Forward: tokens has {} ids, expected batch * (seq + 1) = {} * {}", tokens.size(),
          batch_, seq_ + 1);
@@ -139,51 +176,56 @@ LossSums Model::Forward(const ParamStore& params, std::span<const uint32_t> toke
   const int64_t n = rows_, d = c.d_model, f = c.ffn_hidden, hd = c.head_dim;
   const int64_t q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
   const float eps = static_cast<float>(c.norm_eps);
-  auto W = [&params](size_t i) { return params.Tensor(i); };
 
   // Embedding (+ optional RMSNorm): x[N, d].
   std::span<float> x0 = A(layers_[0].x_in);
+  rk::EmbeddingForward(Param(access, P.tok), inputs_, c.embedding_norm ? A(emb_) : x0, c.vocab, d);
+  access.CloseParam(P.tok);
   if (c.embedding_norm) {
-    rk::EmbeddingForward(W(P.tok), inputs_, A(emb_), c.vocab, d);
-    rk::RmsNormForward(A(emb_), W(P.emb_norm), eps, x0, A(emb_rstd_), n, d);
-  } else {
-    rk::EmbeddingForward(W(P.tok), inputs_, x0, c.vocab, d);
+    rk::RmsNormForward(A(emb_), Param(access, P.emb_norm), eps, x0, A(emb_rstd_), n, d);
+    access.CloseParam(P.emb_norm);
   }
 
   for (int64_t l = 0; l < c.n_layers; ++l) {
     LayerActivations& a = layers_[static_cast<size_t>(l)];
-    auto Wl = [&](size_t which) { return W(P.Layer(l, which)); };
+    std::array<std::span<const float>, kTensorsPerLayer> w;
+    for (size_t which = 0; which < kTensorsPerLayer; ++which) {
+      w[which] = Param(access, P.Layer(l, which));
+    }
     // Attention block: x_mid = x_in + attn(RMSNorm(x_in)) · Woᵀ.
-    rk::RmsNormForward(A(a.x_in), Wl(kAttnNorm), eps, A(a.h), A(a.attn_rstd), n, d);  // h[N,d]
+    rk::RmsNormForward(A(a.x_in), w[kAttnNorm], eps, A(a.h), A(a.attn_rstd), n, d);  // h[N,d]
     if (c.qk_norm) {
-      rk::GemmXWt(A(a.h), Wl(kWq), A(a.q_raw), n, q_dim, d);   // q_raw[N, Q]
-      rk::GemmXWt(A(a.h), Wl(kWk), A(a.k_raw), n, kv_dim, d);  // k_raw[N, K]
+      rk::GemmXWt(A(a.h), w[kWq], A(a.q_raw), n, q_dim, d);   // q_raw[N, Q]
+      rk::GemmXWt(A(a.h), w[kWk], A(a.k_raw), n, kv_dim, d);  // k_raw[N, K]
       rk::RmsNormForward(A(a.q_raw), {}, eps, A(a.q), A(a.q_rstd), n * c.n_heads, hd);
       rk::RmsNormForward(A(a.k_raw), {}, eps, A(a.k), A(a.k_rstd), n * c.n_kv_heads, hd);
     } else {
-      rk::GemmXWt(A(a.h), Wl(kWq), A(a.q), n, q_dim, d);
-      rk::GemmXWt(A(a.h), Wl(kWk), A(a.k), n, kv_dim, d);
+      rk::GemmXWt(A(a.h), w[kWq], A(a.q), n, q_dim, d);
+      rk::GemmXWt(A(a.h), w[kWk], A(a.k), n, kv_dim, d);
     }
-    rk::GemmXWt(A(a.h), Wl(kWv), A(a.v), n, kv_dim, d);  // v[N, K]
+    rk::GemmXWt(A(a.h), w[kWv], A(a.v), n, kv_dim, d);  // v[N, K]
     rk::RopeForward(A(a.q), A(a.q), rope_, batch_, seq_, c.n_heads, hd);
     rk::RopeForward(A(a.k), A(a.k), rope_, batch_, seq_, c.n_kv_heads, hd);
     rk::AttentionForward(AttentionShape(l), A(a.q), A(a.k), A(a.v), A(a.attn),
-                         A(a.attn_lse));                                  // attn[N, Q]
-    rk::GemmXWt(A(a.attn), Wl(kWo), A(a.x_mid), n, d, q_dim);            // x_mid[N, d]
+                         A(a.attn_lse));                        // attn[N, Q]
+    rk::GemmXWt(A(a.attn), w[kWo], A(a.x_mid), n, d, q_dim);  // x_mid[N, d]
     rk::AddInto(A(a.x_in), A(a.x_mid));
     // Feed-forward block: x_out = x_mid + SwiGLU(RMSNorm(x_mid) · W_guᵀ) · W_downᵀ.
-    rk::RmsNormForward(A(a.x_mid), Wl(kFfnNorm), eps, A(a.h2), A(a.ffn_rstd), n, d);
-    rk::GemmXWt(A(a.h2), Wl(kWGateUp), A(a.gu), n, 2 * f, d);  // gu[N, 2F]: gate | up
-    rk::SwigluForward(A(a.gu), A(a.act), n, f);                // act[N, F]
+    rk::RmsNormForward(A(a.x_mid), w[kFfnNorm], eps, A(a.h2), A(a.ffn_rstd), n, d);
+    rk::GemmXWt(A(a.h2), w[kWGateUp], A(a.gu), n, 2 * f, d);  // gu[N, 2F]: gate | up
+    rk::SwigluForward(A(a.gu), A(a.act), n, f);               // act[N, F]
     const Span x_out = l + 1 < c.n_layers ? layers_[static_cast<size_t>(l + 1)].x_in : x_final_;
-    rk::GemmXWt(A(a.act), Wl(kWDown), A(x_out), n, d, f);  // x_out[N, d]
+    rk::GemmXWt(A(a.act), w[kWDown], A(x_out), n, d, f);  // x_out[N, d]
     rk::AddInto(A(a.x_mid), A(x_out));
+    for (size_t which = 0; which < kTensorsPerLayer; ++which) access.CloseParam(P.Layer(l, which));
   }
 
   // Final RMSNorm and the fused output head + cross-entropy + z-loss.
-  rk::RmsNormForward(A(x_final_), W(P.final_norm), eps, A(xf_), A(final_rstd_), n, d);
-  rk::CrossEntropyForward(CrossEntropyShape(), A(xf_), W(P.output), targets_, A(loss_),
+  rk::RmsNormForward(A(x_final_), Param(access, P.final_norm), eps, A(xf_), A(final_rstd_), n, d);
+  access.CloseParam(P.final_norm);
+  rk::CrossEntropyForward(CrossEntropyShape(), A(xf_), Param(access, P.output), targets_, A(loss_),
                           A(zloss_), A(lse_));
+  access.CloseParam(P.output);
   LossSums sums;
   rk::RowSum(A(loss_), {&sums.loss, 1}, 1, n);
   rk::RowSum(A(zloss_), {&sums.zloss, 1}, 1, n);
@@ -191,55 +233,65 @@ LossSums Model::Forward(const ParamStore& params, std::span<const uint32_t> toke
   return sums;
 }
 
-void Model::Backward(const ParamStore& params, float grad_scale, bool accumulate,
-                     ParamStore& grads) {
+void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
   if (!have_forward_) Fail("Model::Backward: called before Forward");
-  CheckParams(params, "params");
-  CheckParams(grads, "grads");
   const ModelConfig& c = config_;
   const ParamIndex P(c);
   const int64_t n = rows_, d = c.d_model, f = c.ffn_hidden, hd = c.head_dim;
   const int64_t q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
-  auto W = [&params](size_t i) { return params.Tensor(i); };
-  auto G = [&grads](size_t i) { return grads.Tensor(i); };
   // Gain gradients come out of RmsNormBackward overwritten (in dgain_); they are then stored or
   // added to the accumulated gradient.
   auto store_gain = [&](size_t i) {
+    const std::span<float> g = Grad(access, i, accumulate);
     if (accumulate) {
-      rk::AddInto(A(dgain_), G(i));
+      rk::AddInto(A(dgain_), g);
     } else {
-      std::copy(A(dgain_).begin(), A(dgain_).end(), G(i).begin());
+      std::copy(A(dgain_).begin(), A(dgain_).end(), g.begin());
     }
+    access.CloseGrad(i);
   };
-  // The embedding and output-head gradients are accumulated by their kernels.
-  if (!accumulate) {
-    std::ranges::fill(G(P.tok), 0.0f);
-    std::ranges::fill(G(P.output), 0.0f);
-  }
+  // dW = dyᵀ · x, stored or added to the accumulated gradient by the GEMM itself.
+  auto weight_grad = [&](size_t i, std::span<const float> dy, std::span<const float> x,
+                         int64_t rows_out, int64_t cols) {
+    rk::GemmDytX(dy, x, Grad(access, i, accumulate), n, rows_out, cols, accumulate);
+    access.CloseGrad(i);
+  };
+  // The embedding and output-head gradients are accumulated into by their kernels.
+  auto scatter_grad = [&](size_t i) {
+    const std::span<float> g = Grad(access, i, accumulate);
+    if (!accumulate) std::ranges::fill(g, 0.0f);
+    return g;
+  };
 
   // Output head and final norm: dx = d x_final [N, d].
-  rk::CrossEntropyBackward(CrossEntropyShape(), A(xf_), W(P.output), targets_, A(lse_),
-                           grad_scale, A(dh_), G(P.output));
-  rk::RmsNormBackward(A(dh_), A(x_final_), W(P.final_norm), A(final_rstd_), A(dx_), A(dgain_), n,
-                      d);
+  rk::CrossEntropyBackward(CrossEntropyShape(), A(xf_), Param(access, P.output), targets_, A(lse_),
+                           grad_scale, A(dh_), scatter_grad(P.output));
+  access.CloseGrad(P.output);
+  access.CloseParam(P.output);
+  rk::RmsNormBackward(A(dh_), A(x_final_), Param(access, P.final_norm), A(final_rstd_), A(dx_),
+                      A(dgain_), n, d);
+  access.CloseParam(P.final_norm);
   store_gain(P.final_norm);
 
   for (int64_t l = c.n_layers - 1; l >= 0; --l) {
     const LayerActivations& a = layers_[static_cast<size_t>(l)];
-    auto Wl = [&](size_t which) { return W(P.Layer(l, which)); };
-    auto Gl = [&](size_t which) { return G(P.Layer(l, which)); };
+    std::array<std::span<const float>, kTensorsPerLayer> w;
+    for (size_t which = 0; which < kTensorsPerLayer; ++which) {
+      w[which] = Param(access, P.Layer(l, which));
+    }
+    auto G = [&](size_t which) { return P.Layer(l, which); };
     // Feed-forward block; on entry dx = d x_out, on exit dx = d x_mid.
-    rk::GemmDyW(A(dx_), Wl(kWDown), A(dact_), n, d, f);                   // dact[N, F]
-    rk::GemmDytX(A(dx_), A(a.act), Gl(kWDown), n, d, f, accumulate);      // dW_down[d, F]
-    rk::SwigluBackward(A(a.gu), A(dact_), A(dgu_), n, f);                 // dgu[N, 2F]
-    rk::GemmDyW(A(dgu_), Wl(kWGateUp), A(dh_), n, 2 * f, d);              // dh2[N, d]
-    rk::GemmDytX(A(dgu_), A(a.h2), Gl(kWGateUp), n, 2 * f, d, accumulate);  // dW_gu[2F, d]
-    rk::RmsNormBackward(A(dh_), A(a.x_mid), Wl(kFfnNorm), A(a.ffn_rstd), A(dh_), A(dgain_), n, d);
-    store_gain(P.Layer(l, kFfnNorm));
+    rk::GemmDyW(A(dx_), w[kWDown], A(dact_), n, d, f);            // dact[N, F]
+    weight_grad(G(kWDown), A(dx_), A(a.act), d, f);               // dW_down[d, F]
+    rk::SwigluBackward(A(a.gu), A(dact_), A(dgu_), n, f);         // dgu[N, 2F]
+    rk::GemmDyW(A(dgu_), w[kWGateUp], A(dh_), n, 2 * f, d);       // dh2[N, d]
+    weight_grad(G(kWGateUp), A(dgu_), A(a.h2), 2 * f, d);         // dW_gu[2F, d]
+    rk::RmsNormBackward(A(dh_), A(a.x_mid), w[kFfnNorm], A(a.ffn_rstd), A(dh_), A(dgain_), n, d);
+    store_gain(G(kFfnNorm));
     rk::AddInto(A(dh_), A(dx_));
     // Attention block; on exit dx = d x_in.
-    rk::GemmDyW(A(dx_), Wl(kWo), A(dattn_), n, d, q_dim);               // dattn[N, Q]
-    rk::GemmDytX(A(dx_), A(a.attn), Gl(kWo), n, d, q_dim, accumulate);  // dWo[d, Q]
+    rk::GemmDyW(A(dx_), w[kWo], A(dattn_), n, d, q_dim);  // dattn[N, Q]
+    weight_grad(G(kWo), A(dx_), A(a.attn), d, q_dim);     // dWo[d, Q]
     rk::AttentionBackward(AttentionShape(l), A(a.q), A(a.k), A(a.v), A(a.attn), A(a.attn_lse),
                           A(dattn_), A(dq_), A(dk_), A(dv_));  // dq[N, Q], dk/dv[N, K]
     rk::RopeBackward(A(dq_), A(dq_), rope_, batch_, seq_, c.n_heads, hd);
@@ -249,30 +301,34 @@ void Model::Backward(const ParamStore& params, float grad_scale, bool accumulate
       rk::RmsNormBackward(A(dk_), A(a.k_raw), {}, A(a.k_rstd), A(dk_), {}, n * c.n_kv_heads, hd);
     }
     // dh[N, d] = dq · Wq + dk · Wk + dv · Wv (the latter two GEMMs accumulate into dh).
-    rk::GemmDyW(A(dq_), Wl(kWq), A(dh_), n, q_dim, d);
-    rk::GemmDyW(A(dk_), Wl(kWk), A(dh_), n, kv_dim, d, /*accumulate=*/true);
-    rk::GemmDyW(A(dv_), Wl(kWv), A(dh_), n, kv_dim, d, /*accumulate=*/true);
-    rk::GemmDytX(A(dq_), A(a.h), Gl(kWq), n, q_dim, d, accumulate);   // dWq[Q, d]
-    rk::GemmDytX(A(dk_), A(a.h), Gl(kWk), n, kv_dim, d, accumulate);  // dWk[K, d]
-    rk::GemmDytX(A(dv_), A(a.h), Gl(kWv), n, kv_dim, d, accumulate);  // dWv[K, d]
-    rk::RmsNormBackward(A(dh_), A(a.x_in), Wl(kAttnNorm), A(a.attn_rstd), A(dh_), A(dgain_), n,
+    rk::GemmDyW(A(dq_), w[kWq], A(dh_), n, q_dim, d);
+    rk::GemmDyW(A(dk_), w[kWk], A(dh_), n, kv_dim, d, /*accumulate=*/true);
+    rk::GemmDyW(A(dv_), w[kWv], A(dh_), n, kv_dim, d, /*accumulate=*/true);
+    weight_grad(G(kWq), A(dq_), A(a.h), q_dim, d);   // dWq[Q, d]
+    weight_grad(G(kWk), A(dk_), A(a.h), kv_dim, d);  // dWk[K, d]
+    weight_grad(G(kWv), A(dv_), A(a.h), kv_dim, d);  // dWv[K, d]
+    rk::RmsNormBackward(A(dh_), A(a.x_in), w[kAttnNorm], A(a.attn_rstd), A(dh_), A(dgain_), n,
                         d);
-    store_gain(P.Layer(l, kAttnNorm));
+    store_gain(G(kAttnNorm));
     rk::AddInto(A(dh_), A(dx_));
+    for (size_t which = 0; which < kTensorsPerLayer; ++which) access.CloseParam(G(which));
   }
 
   // Embedding norm and embedding.
   if (c.embedding_norm) {
-    rk::RmsNormBackward(A(dx_), A(emb_), W(P.emb_norm), A(emb_rstd_), A(dx_), A(dgain_), n, d);
+    rk::RmsNormBackward(A(dx_), A(emb_), Param(access, P.emb_norm), A(emb_rstd_), A(dx_),
+                        A(dgain_), n, d);
+    access.CloseParam(P.emb_norm);
     store_gain(P.emb_norm);
   }
-  rk::EmbeddingBackward(A(dx_), inputs_, G(P.tok), c.vocab, d);
+  rk::EmbeddingBackward(A(dx_), inputs_, scatter_grad(P.tok), c.vocab, d);
+  access.CloseGrad(P.tok);
 }
 
-LossSums Model::ForwardBackward(const ParamStore& params, std::span<const uint32_t> tokens,
-                                float grad_scale, bool accumulate, ParamStore& grads) {
-  const LossSums sums = Forward(params, tokens);
-  Backward(params, grad_scale, accumulate, grads);
+LossSums Model::ForwardBackward(TensorAccess& access, std::span<const uint32_t> tokens,
+                                float grad_scale, bool accumulate) {
+  const LossSums sums = Forward(access, tokens);
+  Backward(access, grad_scale, accumulate);
   return sums;
 }
 

@@ -1,12 +1,16 @@
 // Checkpoint directories (docs/formats/checkpoint.md): written to a temporary sibling, every
 // file fsynced, COMPLETE last, then renamed into place; read back only after every file has
-// been checked against COMPLETE.
+// been checked against COMPLETE. There is one writer (WriteCheckpointStreamed, one piece of an
+// array in memory at a time) and one set of checks for readers, used both by ReadCheckpoint
+// (whole files in memory) and by OpenCheckpoint + StreamCheckpoint (one piece in memory).
 #include <fmt/ranges.h>
 
 #include <algorithm>
 #include <bit>
 #include <charconv>
+#include <map>
 #include <system_error>
+#include <tuple>
 
 #include "lockstep/state.h"
 #include "state/internal.h"
@@ -14,7 +18,7 @@
 namespace lockstep {
 namespace {
 namespace fs = std::filesystem;
-using state_internal::Json;
+using state_internal::Json, state_internal::kDigestArrays, state_internal::kStateArrays;
 
 constexpr char kModelFile[] = "model.safetensors";
 constexpr char kOptimizerFile[] = "optimizer.safetensors";
@@ -26,6 +30,28 @@ constexpr char kCompleteFormat[] = "lockstep-checkpoint-complete";
 constexpr char kTempPrefix[] = ".tmp-";
 constexpr char kExpAvg[] = ".exp_avg";
 constexpr char kExpAvgSq[] = ".exp_avg_sq";
+
+// The three tensor files, in the order they are written and read.
+struct TensorFile {
+  const char* name;
+  const char* content;  // what its __metadata__ says it holds
+};
+constexpr std::array<TensorFile, 3> kTensorFiles = {
+    {{kModelFile, "model"}, {kOptimizerFile, "optimizer"}, {kGradsFile, "grads"}}};
+
+// Where each StateArray is stored: the file (index into kTensorFiles) and the suffix the
+// parameter's name takes there. Within a file, a parameter's arrays follow each other in
+// StateArray order, and the parameters follow each other in parameter order.
+struct ArrayPlace {
+  size_t file;
+  const char* suffix;
+};
+constexpr std::array<ArrayPlace, kStateArrayCount> kArrayPlaces = {
+    {{0, ""}, {1, kExpAvg}, {1, kExpAvgSq}, {2, ""}}};
+
+// Large enough for large writes and cheap parallel hashing, small next to any model worth
+// streaming.
+constexpr int64_t kWritePieceFloats = int64_t{1} << 20;
 
 std::string StepDirName(uint64_t step) { return fmt::format("step_{:09d}", step); }
 
@@ -142,51 +168,164 @@ std::pair<StepState, Digest> ParseMeta(std::string_view text, const std::string&
   return {std::move(s), DigestField(meta, "state_hash", what)};
 }
 
-// Reads a file listed in COMPLETE and checks it against its listed size and (unless `digests`
-// is kIgnore) its digest.
-std::vector<uint8_t> ReadListedFile(const fs::path& dir, const char* name, const Json& files,
-                                    const std::string& complete_what, FileDigests digests) {
-  const std::string entry_what = fmt::format("{}: files.{}", complete_what, name);
-  const Json& entry = files[name];
-  state_internal::RequireKeys(entry, {"blake2b", "size"}, entry_what);
-  const uint64_t size = state_internal::U64Field(entry, "size", entry_what);
-  const Digest digest = state_internal::DigestField(entry, "blake2b", entry_what);
-  const fs::path path = dir / name;
-  if (!fs::exists(path)) Fail("{}: missing (listed in COMPLETE)", path.string());
-  std::vector<uint8_t> bytes = ReadFileBytes(path);
-  if (bytes.size() != size) {
-    Fail("{}: {} bytes, but COMPLETE lists {} (truncated or altered)", path.string(), bytes.size(),
-         size);
+// A file as COMPLETE lists it (data_start is set once a tensor file's header has been read).
+using ListedFile = CheckpointIndex::File;
+
+struct Listing {
+  ListedFile meta;
+  std::array<ListedFile, 3> tensor_files;  // kTensorFiles order
+};
+
+// COMPLETE, parsed strictly: the format, and exactly the four files with their sizes and digests.
+Listing ReadListing(const fs::path& dir) {
+  const fs::path complete_path = dir / kCompleteFile;
+  if (!fs::is_regular_file(complete_path)) {
+    Fail("{}: no COMPLETE file: an unfinished write, or not a checkpoint directory", dir.string());
   }
-  const Digest actual = Blake2b256(bytes);
-  if (actual != digest && digests == FileDigests::kEnforce) {
+  const std::string what = complete_path.string();
+  const Json complete = state_internal::ParseJsonStrict(ReadFileText(complete_path), what);
+  state_internal::RequireKeys(complete, {"format", "format_version", "files"}, what);
+  state_internal::RequireFormat(complete, kCompleteFormat, kCheckpointFormatVersion, what);
+  const Json& files = complete["files"];
+  state_internal::RequireKeys(files, {kModelFile, kOptimizerFile, kGradsFile, kMetaFile},
+                              what + ": files");
+  const auto listed = [&](const char* name) {
+    const std::string entry_what = fmt::format("{}: files.{}", what, name);
+    const Json& entry = files[name];
+    state_internal::RequireKeys(entry, {"blake2b", "size"}, entry_what);
+    return ListedFile{.path = dir / name,
+                      .size = state_internal::U64Field(entry, "size", entry_what),
+                      .blake2b = state_internal::DigestField(entry, "blake2b", entry_what)};
+  };
+  return {.meta = listed(kMetaFile),
+          .tensor_files = {listed(kModelFile), listed(kOptimizerFile), listed(kGradsFile)}};
+}
+
+void CheckExists(const ListedFile& file) {
+  if (!fs::exists(file.path)) Fail("{}: missing (listed in COMPLETE)", file.path.string());
+}
+
+void CheckSize(const ListedFile& file, uint64_t actual) {
+  if (actual != file.size) {
+    Fail("{}: {} bytes, but COMPLETE lists {} (truncated or altered)", file.path.string(), actual,
+         file.size);
+  }
+}
+
+void CheckDigest(const ListedFile& file, const Digest& actual, FileDigests digests) {
+  if (actual != file.blake2b && digests == FileDigests::kEnforce) {
     Fail("{}: BLAKE2b-256 {} differs from {} listed in COMPLETE (the file is corrupt)",
-         path.string(), ToHex(actual), ToHex(digest));
+         file.path.string(), ToHex(actual), ToHex(file.blake2b));
   }
+}
+
+// The whole file, checked against its listed size and (unless `digests` is kIgnore) digest.
+std::vector<uint8_t> ReadListedFile(const ListedFile& file, FileDigests digests) {
+  CheckExists(file);
+  std::vector<uint8_t> bytes = ReadFileBytes(file.path);
+  CheckSize(file, bytes.size());
+  CheckDigest(file, Blake2b256(bytes), digests);
   return bytes;
 }
 
-SafetensorsFile ReadTensorFile(const fs::path& dir, const char* name, std::string_view content,
-                               uint64_t step, const Json& files, const std::string& what,
-                               FileDigests digests) {
-  SafetensorsFile file =
-      ParseSafetensors(ReadListedFile(dir, name, files, what, digests), dir / name);
-  if (file.metadata() != FileMetadata(content, step)) {
-    Fail("{}: __metadata__ does not describe the {} of step {}", file.path().string(), content,
-         step);
+// meta.json, checked against COMPLETE and parsed; its step must match a canonical directory name.
+std::pair<StepState, Digest> ReadMeta(const fs::path& dir, const Listing& listing,
+                                      FileDigests digests) {
+  const std::vector<uint8_t> bytes = ReadListedFile(listing.meta, digests);
+  const std::string what = listing.meta.path.string();
+  auto meta =
+      ParseMeta(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), what);
+  if (const auto named_step = StepOfDirName(dir.filename().string());
+      named_step && *named_step != meta.first.step) {
+    Fail("{}: field \"step\" is {} but the directory is named for step {}", what,
+         meta.first.step, *named_step);
   }
-  return file;
+  return meta;
 }
 
-// The tensor named `name` in `file`, which must have `shape`.
-std::span<const float> Companion(const SafetensorsFile& file, const std::string& name,
-                                 const std::vector<int64_t>& shape) {
-  const NamedTensor& t = file.Get(name);
-  if (t.shape != shape) {
-    Fail("{}: tensor '{}' has shape [{}] but the parameter has shape [{}]", file.path().string(),
-         name, fmt::join(t.shape, ", "), fmt::join(shape, ", "));
+void CheckFileMetadata(const fs::path& path, const std::map<std::string, std::string>& metadata,
+                       std::string_view content, uint64_t step) {
+  if (metadata != FileMetadata(content, step)) {
+    Fail("{}: __metadata__ does not describe the {} of step {}", path.string(), content, step);
   }
-  return t.data;
+}
+
+// The parameters (model.safetensors' tensors, in data order) and, for each, the position of each
+// of its four arrays in its file's tensor list.
+struct Matching {
+  std::vector<TensorShape> tensors;
+  std::vector<std::array<size_t, kStateArrayCount>> position;
+};
+
+// Matches the three files' tensors (each file's in data order): every companion present with
+// the parameter's shape, and no extra tensors.
+Matching MatchTensorFiles(const fs::path& dir, std::array<std::vector<TensorShape>, 3> files) {
+  const size_t n = files[0].size();
+  if (files[1].size() != 2 * n || files[2].size() != n) {
+    Fail("{}: {} parameters, but {} holds {} tensors (expected {}) and {} holds {} (expected {})",
+         dir.string(), n, kOptimizerFile, files[1].size(), 2 * n, kGradsFile, files[2].size(), n);
+  }
+  std::array<std::map<std::string_view, size_t>, 3> by_name;
+  for (size_t f = 0; f < files.size(); ++f) {
+    for (size_t k = 0; k < files[f].size(); ++k) by_name[f].emplace(files[f][k].name, k);
+  }
+  // With the counts equal and names unique within a file (the JSON header has no duplicate
+  // keys), finding every companion makes the three files agree exactly.
+  Matching m;
+  for (const TensorShape& p : files[0]) {
+    std::array<size_t, kStateArrayCount>& position = m.position.emplace_back();
+    for (int a = 0; a < kStateArrayCount; ++a) {
+      const ArrayPlace& place = kArrayPlaces[a];
+      const fs::path path = dir / kTensorFiles[place.file].name;
+      const std::string name = p.name + place.suffix;
+      const auto it = by_name[place.file].find(name);
+      if (it == by_name[place.file].end()) Fail("{}: no tensor named '{}'", path.string(), name);
+      const TensorShape& t = files[place.file][it->second];
+      if (t.shape != p.shape) {
+        Fail("{}: tensor '{}' has shape [{}] but the parameter has shape [{}]", path.string(),
+             name, fmt::join(t.shape, ", "), fmt::join(p.shape, ", "));
+      }
+      position[a] = it->second;
+    }
+  }
+  m.tensors = std::move(files[0]);
+  return m;
+}
+
+StateHash CheckRecomputedHash(const fs::path& dir, const Digest& recorded, StateHash recomputed) {
+  if (recomputed.hash != recorded) {
+    Fail("{}: the state hash recomputed from the files is {}, but meta.json records {}",
+         dir.string(), ToHex(recomputed.hash), ToHex(recorded));
+  }
+  return recomputed;
+}
+
+int64_t ElementCount(const TensorShape& t, const fs::path& dir) {
+  return static_cast<int64_t>(
+      state_internal::ElementCount(t.shape, fmt::format("{}: tensor '{}'", dir.string(), t.name)));
+}
+
+// The piece buffer: no larger than the largest array needs.
+size_t PieceSize(int64_t piece_floats, std::span<const int64_t> counts) {
+  int64_t largest = 0;
+  for (int64_t count : counts) largest = std::max(largest, count);
+  return static_cast<size_t>(std::min(piece_floats, largest));
+}
+
+// Adds a piece to its file's and its array's BLAKE2b. The two are independent, so they run as
+// two tasks (on two threads when Threads() > 1; the digests cannot depend on it).
+void HashPiece(Blake2b& file, Blake2b& array, std::span<const float> piece) {
+  ParallelFor(2, [&](int64_t task) { (task == 0 ? file : array).Update(piece); });
+}
+
+std::span<const uint8_t> BytesOf(std::string_view text) {
+  return {reinterpret_cast<const uint8_t*>(text.data()), text.size()};
+}
+std::span<const uint8_t> BytesOf(std::span<const float> values) {
+  return {reinterpret_cast<const uint8_t*>(values.data()), values.size_bytes()};
+}
+std::span<uint8_t> WritableBytesOf(std::span<float> values) {
+  return {reinterpret_cast<uint8_t*>(values.data()), values.size_bytes()};
 }
 
 void CreateDirectories(const fs::path& dir) {
@@ -200,52 +339,26 @@ void RemoveAll(const fs::path& path) {
   fs::remove_all(path, ec);
   if (ec) Fail("{}: cannot remove: {}", path.string(), ec.message());
 }
-}  // namespace
 
-fs::path CheckpointDir(const fs::path& run_dir, uint64_t step) {
-  return run_dir / "checkpoints" / StepDirName(step);
-}
-
-fs::path WriteCheckpoint(const fs::path& run_dir, const StepState& state,
-                         std::span<const TensorState> tensors) {
-  const StateHash hash = ComputeStateHash(state, tensors);  // also validates the tensors
-  const fs::path final_dir = CheckpointDir(run_dir, state.step);
+// A fresh checkpoints/.tmp-step_N next to final_dir, replacing what a writer that crashed at
+// this step left behind.
+fs::path MakeTempDir(const fs::path& run_dir, const fs::path& final_dir, uint64_t step) {
   const fs::path parent = final_dir.parent_path();
-  const fs::path temp_dir = parent / (kTempPrefix + StepDirName(state.step));
+  const fs::path temp_dir = parent / (kTempPrefix + StepDirName(step));
   if (!fs::exists(parent)) {
     CreateDirectories(parent);
     SyncDirectory(run_dir.empty() ? fs::path(".") : run_dir);  // make checkpoints/ durable
   }
-  RemoveAll(temp_dir);  // what a writer that crashed at this step left behind
+  RemoveAll(temp_dir);
   CreateDirectories(temp_dir);
+  return temp_dir;
+}
 
-  // One file in memory at a time; COMPLETE lists each file's size and digest.
-  Json listing = Json::object();
-  auto write = [&](const char* name, std::span<const uint8_t> bytes) {
-    WriteFileSynced(temp_dir / name, bytes);
-    listing[name] = {{"blake2b", ToHex(Blake2b256(bytes))}, {"size", bytes.size()}};
-  };
-  std::vector<NamedTensor> named;
-  for (const TensorState& t : tensors) named.push_back({t.name, t.shape, t.param});
-  write(kModelFile, SafetensorsBytes(named, FileMetadata("model", state.step)));
-  named.clear();
-  for (const TensorState& t : tensors) {
-    named.push_back({t.name + kExpAvg, t.shape, t.m});
-    named.push_back({t.name + kExpAvgSq, t.shape, t.v});
-  }
-  write(kOptimizerFile, SafetensorsBytes(named, FileMetadata("optimizer", state.step)));
-  named.clear();
-  for (const TensorState& t : tensors) named.push_back({t.name, t.shape, t.grad});
-  write(kGradsFile, SafetensorsBytes(named, FileMetadata("grads", state.step)));
-  const std::string meta = MetaJson(state, hash.hash);
-  write(kMetaFile, std::span(reinterpret_cast<const uint8_t*>(meta.data()), meta.size()));
-  const std::string complete = DumpJson({{"format", kCompleteFormat},
-                                         {"format_version", kCheckpointFormatVersion},
-                                         {"files", listing}},
-                                        "checkpoint COMPLETE");
-  WriteFileSynced(temp_dir / kCompleteFile, complete);
-  SyncDirectory(temp_dir);
-
+// Renames the finished temporary directory into place, or, when final_dir exists already,
+// removes it and succeeds only if final_dir is this very checkpoint.
+void Commit(const fs::path& temp_dir, const fs::path& final_dir, const std::string& complete,
+            uint64_t step) {
+  const fs::path parent = final_dir.parent_path();
   if (fs::exists(final_dir)) {
     // Writing the same state twice yields the same bytes, and COMPLETE holds every file's
     // digest: equal COMPLETE files mean the committed checkpoint is this one.
@@ -256,80 +369,234 @@ fs::path WriteCheckpoint(const fs::path& run_dir, const StepState& state,
     if (!same) {
       Fail("{}: already exists and differs from the step {} state being written; refusing to "
            "replace a committed checkpoint",
-           final_dir.string(), state.step);
+           final_dir.string(), step);
     }
-    return final_dir;
+    return;
   }
   std::error_code ec;
   fs::rename(temp_dir, final_dir, ec);
   if (ec) Fail("{}: cannot rename to {}: {}", temp_dir.string(), final_dir.string(), ec.message());
   SyncDirectory(parent);
-  return final_dir;
+}
+}  // namespace
+
+fs::path CheckpointDir(const fs::path& run_dir, uint64_t step) {
+  return run_dir / "checkpoints" / StepDirName(step);
+}
+
+WrittenCheckpoint WriteCheckpointStreamed(const fs::path& run_dir, const StepState& state,
+                                          std::span<const TensorShape> tensors,
+                                          int64_t piece_floats, const PieceSource& source) {
+  const fs::path final_dir = CheckpointDir(run_dir, state.step);
+  if (piece_floats < 1) {
+    Fail("{}: WriteCheckpointStreamed: piece_floats = {} (must be at least 1)", final_dir.string(),
+         piece_floats);
+  }
+  // Everything that can be refused is refused before the first byte is written: shapes, names
+  // (by the headers), and the descriptor (which meta.json, written last, must encode).
+  std::vector<int64_t> counts;
+  std::vector<TensorDigest> digests;
+  for (const TensorShape& t : tensors) {
+    counts.push_back(ElementCount(t, final_dir));
+    digests.push_back({.name = t.name, .shape = t.shape});
+  }
+  std::array<std::string, 3> headers;
+  for (size_t f = 0; f < kTensorFiles.size(); ++f) {
+    std::vector<TensorShape> in_file;
+    for (const TensorShape& t : tensors) {
+      for (const ArrayPlace& place : kArrayPlaces) {
+        if (place.file == f) in_file.push_back({t.name + place.suffix, t.shape});
+      }
+    }
+    headers[f] = state_internal::SafetensorsHeaderBytes(
+        in_file, FileMetadata(kTensorFiles[f].content, state.step),
+        (final_dir / kTensorFiles[f].name).string());
+  }
+  MetaJson(state, Digest{});
+
+  const fs::path temp_dir = MakeTempDir(run_dir, final_dir, state.step);
+  // One piece in memory; COMPLETE lists each file's size and digest, and each piece also feeds
+  // its array's digest, from which the state hash in meta.json is made.
+  Json listing = Json::object();
+  std::vector<float> piece(PieceSize(piece_floats, counts));
+  for (size_t f = 0; f < kTensorFiles.size(); ++f) {
+    state_internal::File out = state_internal::File::Create(temp_dir / kTensorFiles[f].name);
+    Blake2b file_hash;
+    out.Write(BytesOf(headers[f]));
+    file_hash.Update(headers[f]);
+    uint64_t size = headers[f].size();
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      for (int a = 0; a < kStateArrayCount; ++a) {
+        if (kArrayPlaces[a].file != f) continue;
+        Blake2b array_hash;
+        for (int64_t begin = 0; begin < counts[i]; begin += piece_floats) {
+          const std::span<float> p(piece.data(),
+                                   static_cast<size_t>(std::min(piece_floats, counts[i] - begin)));
+          source(i, static_cast<StateArray>(a), begin, p);
+          HashPiece(file_hash, array_hash, p);
+          out.Write(BytesOf(p));
+          size += p.size_bytes();
+        }
+        digests[i].*kDigestArrays[a] = array_hash.Final();
+      }
+    }
+    out.Sync();
+    listing[kTensorFiles[f].name] = {{"blake2b", ToHex(file_hash.Final())}, {"size", size}};
+  }
+  StateHash hash = StateHashFromDigests(state, digests);
+  const std::string meta = MetaJson(state, hash.hash);
+  WriteFileSynced(temp_dir / kMetaFile, meta);
+  listing[kMetaFile] = {{"blake2b", ToHex(Blake2b256(BytesOf(meta)))}, {"size", meta.size()}};
+  const std::string complete = DumpJson({{"format", kCompleteFormat},
+                                         {"format_version", kCheckpointFormatVersion},
+                                         {"files", listing}},
+                                        "checkpoint COMPLETE");
+  WriteFileSynced(temp_dir / kCompleteFile, complete);
+  SyncDirectory(temp_dir);
+  Commit(temp_dir, final_dir, complete, state.step);
+  return {.dir = final_dir, .hash = std::move(hash)};
+}
+
+fs::path WriteCheckpoint(const fs::path& run_dir, const StepState& state,
+                         std::span<const TensorState> tensors) {
+  std::vector<TensorShape> shapes;
+  for (const TensorState& t : tensors) {
+    state_internal::CheckTensorState(t);  // sizes match shapes: the source below stays in bounds
+    shapes.push_back({t.name, t.shape});
+  }
+  const auto copy = [&](size_t i, StateArray a, int64_t begin, std::span<float> piece) {
+    const std::span<const float> from = tensors[i].*kStateArrays[static_cast<int>(a)];
+    std::copy_n(from.begin() + begin, piece.size(), piece.begin());
+  };
+  return WriteCheckpointStreamed(run_dir, state, shapes, kWritePieceFloats, copy).dir;
 }
 
 Checkpoint ReadCheckpoint(const fs::path& dir, FileDigests digests) {
-  const fs::path complete_path = dir / kCompleteFile;
-  if (!fs::is_regular_file(complete_path)) {
-    Fail("{}: no COMPLETE file: an unfinished write, or not a checkpoint directory", dir.string());
-  }
-  const std::string complete_what = complete_path.string();
-  const Json listing = state_internal::ParseJsonStrict(ReadFileText(complete_path), complete_what);
-  state_internal::RequireKeys(listing, {"format", "format_version", "files"}, complete_what);
-  state_internal::RequireFormat(listing, kCompleteFormat, kCheckpointFormatVersion,
-                                complete_what);
-  const Json& files = listing["files"];
-  state_internal::RequireKeys(files, {kModelFile, kOptimizerFile, kGradsFile, kMetaFile},
-                              complete_what + ": files");
-
-  const std::string meta_what = (dir / kMetaFile).string();
-  const std::vector<uint8_t> meta_bytes =
-      ReadListedFile(dir, kMetaFile, files, complete_what, digests);
-  auto [state, state_hash] = ParseMeta(
-      std::string_view(reinterpret_cast<const char*>(meta_bytes.data()), meta_bytes.size()),
-      meta_what);
+  const Listing listing = ReadListing(dir);
+  auto [state, state_hash] = ReadMeta(dir, listing, digests);
   const uint64_t step = state.step;
-  if (const auto named_step = StepOfDirName(dir.filename().string());
-      named_step && *named_step != step) {
-    Fail("{}: field \"step\" is {} but the directory is named for step {}", meta_what, step,
-         *named_step);
-  }
-
-  Checkpoint c{
-      .dir = dir,
-      .state = std::move(state),
-      .state_hash = state_hash,
-      .model = ReadTensorFile(dir, kModelFile, "model", step, files, complete_what, digests),
-      .optimizer =
-          ReadTensorFile(dir, kOptimizerFile, "optimizer", step, files, complete_what, digests),
-      .grads = ReadTensorFile(dir, kGradsFile, "grads", step, files, complete_what, digests),
-      .tensors = {},
+  const auto read = [&](size_t f) {
+    const ListedFile& listed = listing.tensor_files[f];
+    SafetensorsFile file = ParseSafetensors(ReadListedFile(listed, digests), listed.path);
+    CheckFileMetadata(listed.path, file.metadata(), kTensorFiles[f].content, step);
+    return file;
   };
-  const size_t n = c.model.tensors().size();
-  if (c.optimizer.tensors().size() != 2 * n || c.grads.tensors().size() != n) {
-    Fail("{}: {} parameters, but {} holds {} tensors (expected {}) and {} holds {} (expected {})",
-         dir.string(), n, kOptimizerFile, c.optimizer.tensors().size(), 2 * n, kGradsFile,
-         c.grads.tensors().size(), n);
+  Checkpoint c{.dir = dir,
+               .state = std::move(state),
+               .state_hash = state_hash,
+               .model = read(0),
+               .optimizer = read(1),
+               .grads = read(2),
+               .tensors = {}};
+  const std::array<const SafetensorsFile*, 3> files = {&c.model, &c.optimizer, &c.grads};
+  std::array<std::vector<TensorShape>, 3> shapes;
+  for (size_t f = 0; f < files.size(); ++f) {
+    for (const NamedTensor& t : files[f]->tensors()) shapes[f].push_back({t.name, t.shape});
   }
-  // With the counts equal and names unique within a file, finding every companion makes the
-  // three files agree exactly.
-  for (const NamedTensor& p : c.model.tensors()) {
-    c.tensors.push_back({.name = p.name,
-                         .shape = p.shape,
-                         .param = p.data,
-                         .m = Companion(c.optimizer, p.name + kExpAvg, p.shape),
-                         .v = Companion(c.optimizer, p.name + kExpAvgSq, p.shape),
-                         .grad = Companion(c.grads, p.name, p.shape)});
+  const Matching m = MatchTensorFiles(dir, std::move(shapes));
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    TensorState& t = c.tensors.emplace_back();
+    t.name = m.tensors[i].name;
+    t.shape = m.tensors[i].shape;
+    for (int a = 0; a < kStateArrayCount; ++a) {
+      t.*kStateArrays[a] = files[kArrayPlaces[a].file]->tensors()[m.position[i][a]].data;
+    }
   }
   return c;
 }
 
 StateHash VerifyCheckpointHash(const Checkpoint& checkpoint) {
-  StateHash recomputed = ComputeStateHash(checkpoint.state, checkpoint.tensors);
-  if (recomputed.hash != checkpoint.state_hash) {
-    Fail("{}: the state hash recomputed from the files is {}, but meta.json records {}",
-         checkpoint.dir.string(), ToHex(recomputed.hash), ToHex(checkpoint.state_hash));
+  return CheckRecomputedHash(checkpoint.dir, checkpoint.state_hash,
+                             ComputeStateHash(checkpoint.state, checkpoint.tensors));
+}
+
+CheckpointIndex OpenCheckpoint(const fs::path& dir) {
+  const Listing listing = ReadListing(dir);
+  CheckpointIndex index{.dir = dir};
+  std::tie(index.state, index.state_hash) = ReadMeta(dir, listing, FileDigests::kEnforce);
+  std::array<std::vector<state_internal::SafetensorsEntry>, 3> entries;
+  std::array<std::vector<TensorShape>, 3> shapes;
+  for (size_t f = 0; f < kTensorFiles.size(); ++f) {
+    const ListedFile& listed = listing.tensor_files[f];
+    CheckExists(listed);
+    const state_internal::File file = state_internal::File::OpenForReading(listed.path);
+    CheckSize(listed, file.Size());
+    state_internal::SafetensorsHeader header =
+        state_internal::ReadSafetensorsHeader(file, listed.size);
+    CheckFileMetadata(listed.path, header.metadata, kTensorFiles[f].content, index.state.step);
+    index.files[f] = listed;
+    index.files[f].data_start = header.data_start;
+    for (const auto& e : header.entries) shapes[f].push_back({e.name, e.shape});
+    entries[f] = std::move(header.entries);
   }
-  return recomputed;
+  Matching m = MatchTensorFiles(dir, std::move(shapes));
+  index.tensors = std::move(m.tensors);
+  for (const auto& position : m.position) {
+    std::array<uint64_t, kStateArrayCount>& offsets = index.offsets.emplace_back();
+    for (int a = 0; a < kStateArrayCount; ++a) {
+      const size_t f = kArrayPlaces[a].file;
+      offsets[a] = index.files[f].data_start + entries[f][position[a]].begin;
+    }
+  }
+  return index;
+}
+
+CheckpointIndex::Location CheckpointIndex::Where(size_t i, StateArray a) const {
+  const int k = static_cast<int>(a);
+  if (i >= offsets.size() || k < 0 || k >= kStateArrayCount) {
+    Fail("{}: no array {} of tensor {} (the checkpoint holds {} tensors)", dir.string(), k, i,
+         offsets.size());
+  }
+  return {.file = files[kArrayPlaces[k].file].path, .offset = offsets[i][k]};
+}
+
+StateHash StreamCheckpoint(const CheckpointIndex& index, int64_t piece_floats,
+                           const PieceSink& sink, FileDigests digests) {
+  if (piece_floats < 1) {
+    Fail("{}: StreamCheckpoint: piece_floats = {} (must be at least 1)", index.dir.string(),
+         piece_floats);
+  }
+  std::vector<int64_t> counts;
+  std::vector<TensorDigest> tensor_digests;
+  for (const TensorShape& t : index.tensors) {
+    counts.push_back(ElementCount(t, index.dir));
+    tensor_digests.push_back({.name = t.name, .shape = t.shape});
+  }
+  std::vector<float> piece(PieceSize(piece_floats, counts));
+  for (size_t f = 0; f < kTensorFiles.size(); ++f) {
+    const ListedFile& listed = index.files[f];
+    const state_internal::File in = state_internal::File::OpenForReading(listed.path);
+    CheckSize(listed, in.Size());  // it may have changed since OpenCheckpoint
+    // The file's arrays in data order, after its header: together, every byte of the file.
+    std::vector<std::tuple<uint64_t, size_t, int>> arrays;
+    for (size_t i = 0; i < index.tensors.size(); ++i) {
+      for (int a = 0; a < kStateArrayCount; ++a) {
+        if (kArrayPlaces[a].file == f) arrays.emplace_back(index.offsets[i][a], i, a);
+      }
+    }
+    std::sort(arrays.begin(), arrays.end());
+    Blake2b file_hash;
+    std::vector<uint8_t> header(listed.data_start);
+    in.ReadAt(0, header);
+    file_hash.Update(header);
+    for (const auto& [offset, i, a] : arrays) {
+      Blake2b array_hash;
+      for (int64_t begin = 0; begin < counts[i]; begin += piece_floats) {
+        const std::span<float> p(piece.data(),
+                                 static_cast<size_t>(std::min(piece_floats, counts[i] - begin)));
+        in.ReadAt(offset + 4 * static_cast<uint64_t>(begin), WritableBytesOf(p));
+        HashPiece(file_hash, array_hash, p);
+        if (sink) sink(i, static_cast<StateArray>(a), begin, p);
+      }
+      tensor_digests[i].*kDigestArrays[a] = array_hash.Final();
+    }
+    CheckDigest(listed, file_hash.Final(), digests);
+  }
+  return StateHashFromDigests(index.state, tensor_digests);
+}
+
+StateHash VerifyStreamedHash(const CheckpointIndex& index, StateHash recomputed) {
+  return CheckRecomputedHash(index.dir, index.state_hash, std::move(recomputed));
 }
 
 std::optional<fs::path> LatestCompleteCheckpoint(const fs::path& run_dir) {

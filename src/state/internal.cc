@@ -1,7 +1,12 @@
 #include "state/internal.h"
 
+#include <fcntl.h>
 #include <fmt/ranges.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <set>
 #include <vector>
 
@@ -96,6 +101,64 @@ std::string StringField(const Json& object, const char* key, std::string_view wh
 
 Digest DigestField(const Json& object, const char* key, std::string_view what) {
   return DigestFromHex(StringField(object, key, what), fmt::format("{}: field \"{}\"", what, key));
+}
+
+File File::OpenForReading(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) Fail("{}: cannot open for reading: {}", path.string(), std::strerror(errno));
+  // Pieces are read front to back: let the kernel read ahead while the last piece is hashed.
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  return File(fd, path);
+}
+
+File File::Create(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) Fail("{}: cannot open for writing: {}", path.string(), std::strerror(errno));
+  return File(fd, path);
+}
+
+File::File(File&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) {
+  other.fd_ = -1;
+}
+
+File::~File() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+uint64_t File::Size() const {
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) Fail("{}: cannot stat: {}", path_.string(), std::strerror(errno));
+  return static_cast<uint64_t>(st.st_size);
+}
+
+void File::ReadAt(uint64_t offset, std::span<uint8_t> out) const {
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::pread(fd_, out.data() + done, out.size() - done,
+                              static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) Fail("{}: read failed at byte {}: {}", path_.string(), offset + done,
+                    std::strerror(errno));
+    if (n == 0) {
+      Fail("{}: ends at byte {}, but {} bytes from byte {} were expected (truncated while read?)",
+           path_.string(), offset + done, out.size(), offset);
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+void File::Write(std::span<const uint8_t> bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd_, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) Fail("{}: write failed: {}", path_.string(), std::strerror(errno));
+    done += static_cast<size_t>(n);
+  }
+}
+
+void File::Sync() {
+  if (::fsync(fd_) != 0) Fail("{}: fsync failed: {}", path_.string(), std::strerror(errno));
 }
 
 }  // namespace lockstep::state_internal

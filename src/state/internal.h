@@ -2,14 +2,19 @@
 // field, and every failure names the file (`what`), the field and the value.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <filesystem>
 #include <initializer_list>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "lockstep/core.h"
+#include "lockstep/state.h"
 
 namespace lockstep::state_internal {
 
@@ -41,5 +46,71 @@ std::string Shown(const Json& value);
 // The element count of `shape`; fails naming `what` on a negative dimension or on overflow of
 // the byte count (count × 4 must fit in 63 bits).
 uint64_t ElementCount(const std::vector<int64_t>& shape, std::string_view what);
+
+// ---- a tensor's four arrays, in StateArray (= state-hash) order ------------------------------
+static_assert(static_cast<int>(StateArray::kGrad) + 1 == kStateArrayCount);
+inline constexpr std::array<std::span<const float> TensorState::*, kStateArrayCount>
+    kStateArrays = {&TensorState::param, &TensorState::m, &TensorState::v, &TensorState::grad};
+inline constexpr std::array<Digest TensorDigest::*, kStateArrayCount> kDigestArrays = {
+    &TensorDigest::param, &TensorDigest::m, &TensorDigest::v, &TensorDigest::grad};
+inline constexpr std::array<std::string_view, kStateArrayCount> kStateArrayNames = {
+    "param", "m", "v", "grad"};
+
+// Fails naming the tensor when its name is empty or an array's size does not match its shape.
+void CheckTensorState(const TensorState& tensor);
+
+// ---- files read and written in pieces --------------------------------------------------------
+// An open file descriptor, closed on every path out. Every error names the path.
+class File {
+ public:
+  static File OpenForReading(const std::filesystem::path& path);
+  static File Create(const std::filesystem::path& path);  // truncates an existing file
+  File(File&& other) noexcept;
+  File& operator=(File&&) = delete;
+  ~File();
+
+  const std::filesystem::path& path() const { return path_; }
+  uint64_t Size() const;
+  // Reads exactly out.size() bytes at `offset`; fails on a short file.
+  void ReadAt(uint64_t offset, std::span<uint8_t> out) const;
+  void Write(std::span<const uint8_t> bytes);
+  void Sync();
+
+ private:
+  File(int fd, std::filesystem::path path) : fd_(fd), path_(std::move(path)) {}
+  int fd_;
+  std::filesystem::path path_;
+};
+
+// ---- safetensors headers (safetensors.cc) ----------------------------------------------------
+struct SafetensorsEntry {
+  std::string name;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // data_offsets: bytes from the start of the data section
+};
+
+struct SafetensorsHeader {
+  uint64_t data_start = 0;                // 8 + the header's length: where the data begins
+  std::vector<SafetensorsEntry> entries;  // in data order (ascending offsets)
+  std::map<std::string, std::string> metadata;
+};
+
+// The header length stored in a file's first 8 bytes (`first_bytes`: the first
+// min(8, file_size) bytes), checked against the file's size and the format's limit.
+uint64_t SafetensorsHeaderLength(std::span<const uint8_t> first_bytes, uint64_t file_size,
+                                 const std::filesystem::path& path);
+// Validates the header JSON against a data section of `data_size` bytes: dtype F32 only,
+// shape × 4 == span, offsets contiguous and covering the data exactly, __metadata__ strings.
+// The one validation behind ParseSafetensors and ReadSafetensorsHeader.
+SafetensorsHeader ParseSafetensorsHeader(std::string_view json, uint64_t data_size,
+                                         const std::filesystem::path& path);
+// Reads and validates the header of `file`, whose size is `file_size`, without reading data.
+SafetensorsHeader ReadSafetensorsHeader(const File& file, uint64_t file_size);
+// The bytes in front of the data: the 8-byte length and the canonical JSON header (sorted keys,
+// compact, padded with spaces to a multiple of 8), for data laid out in the given order. Fails
+// naming `what` on empty, reserved or duplicate names and on bad shapes.
+std::string SafetensorsHeaderBytes(std::span<const TensorShape> tensors,
+                                   const std::map<std::string, std::string>& metadata,
+                                   std::string_view what);
 
 }  // namespace lockstep::state_internal

@@ -14,52 +14,37 @@
 
 namespace lockstep {
 namespace {
-using state_internal::Json;
+using state_internal::Json, state_internal::ParseJsonStrict, state_internal::Shown;
+using state_internal::SafetensorsEntry, state_internal::SafetensorsHeader;
 
 static_assert(std::endian::native == std::endian::little, "lockstep assumes little-endian");
 constexpr std::string_view kMetadataKey = "__metadata__";
 
+// The safetensors reference implementation refuses headers over 100 MB; so does lockstep, so that
+// a damaged length cannot make a header-only read allocate the size of a whole file.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
 std::vector<uint8_t> Serialize(std::span<const NamedTensor> tensors,
                                const std::map<std::string, std::string>& metadata,
                                std::string_view what) {
-  Json header = Json::object();
-  std::set<std::string_view> names;
+  std::vector<TensorShape> shapes;
   uint64_t data_size = 0;
   for (const NamedTensor& t : tensors) {
-    if (t.name.empty() || t.name == kMetadataKey) {
-      Fail("{}: invalid tensor name '{}' (empty or reserved)", what, t.name);
-    }
-    if (!names.insert(t.name).second) Fail("{}: duplicate tensor name '{}'", what, t.name);
     const std::string tensor_what = fmt::format("{}: tensor '{}'", what, t.name);
     const uint64_t count = state_internal::ElementCount(t.shape, tensor_what);
     if (count != t.data.size()) {
       Fail("{}: shape [{}] has {} elements but the data has {}", tensor_what,
            fmt::join(t.shape, ", "), count, t.data.size());
     }
-    header[t.name] = {
-        {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {data_size, data_size + 4 * count}}};
-    data_size += 4 * count;
+    shapes.push_back({t.name, t.shape});
+    data_size += t.data.size_bytes();
   }
-  if (!metadata.empty()) header[kMetadataKey] = metadata;
-
-  std::string text;
-  try {
-    text = header.dump();  // nlohmann::json keeps object keys sorted: the bytes are canonical
-  } catch (const Json::exception& e) {
-    Fail("{}: cannot encode the header (tensor names and metadata must be UTF-8): {}", what,
-         e.what());
-  }
-  // The format allows trailing spaces in the header; padding to 8 aligns the data.
-  text.resize((text.size() + 7) / 8 * 8, ' ');
-
-  std::vector<uint8_t> bytes(8 + text.size() + data_size);
-  const uint64_t header_size = text.size();
-  std::memcpy(bytes.data(), &header_size, 8);
-  std::memcpy(bytes.data() + 8, text.data(), text.size());
-  uint8_t* out = bytes.data() + 8 + text.size();
+  const std::string header = state_internal::SafetensorsHeaderBytes(shapes, metadata, what);
+  std::vector<uint8_t> bytes(header.begin(), header.end());
+  bytes.reserve(header.size() + data_size);
   for (const NamedTensor& t : tensors) {
-    if (!t.data.empty()) std::memcpy(out, t.data.data(), t.data.size_bytes());
-    out += t.data.size_bytes();
+    const auto* data = reinterpret_cast<const uint8_t*>(t.data.data());
+    bytes.insert(bytes.end(), data, data + t.data.size_bytes());
   }
   return bytes;
 }
@@ -67,13 +52,13 @@ std::vector<uint8_t> Serialize(std::span<const NamedTensor> tensors,
 std::map<std::string, std::string> ParseMetadata(const Json& value, std::string_view what) {
   if (!value.is_object()) {
     Fail("{}: \"{}\" must be an object of strings, got {}", what, kMetadataKey,
-         state_internal::Shown(value));
+         Shown(value));
   }
   std::map<std::string, std::string> metadata;
   for (const auto& [key, entry] : value.items()) {
     if (!entry.is_string()) {
       Fail("{}: \"{}\" entry \"{}\" must be a string, got {}", what, kMetadataKey, key,
-           state_internal::Shown(entry));
+           Shown(entry));
     }
     metadata.emplace(key, entry.get<std::string>());
   }
@@ -81,25 +66,19 @@ std::map<std::string, std::string> ParseMetadata(const Json& value, std::string_
 }
 
 // One header entry, validated on its own; the offsets are checked together afterwards.
-struct HeaderEntry {
-  uint64_t begin, end;
-  std::string name;
-  std::vector<int64_t> shape;
-};
-
-HeaderEntry ParseEntry(const std::string& name, const Json& info, uint64_t data_size,
-                       std::string_view file) {
+SafetensorsEntry ParseEntry(const std::string& name, const Json& info, uint64_t data_size,
+                            std::string_view file) {
   const std::string what = fmt::format("{}: tensor '{}'", file, name);
   if (name.empty()) Fail("{}: a tensor has an empty name", file);
   state_internal::RequireKeys(info, {"dtype", "shape", "data_offsets"}, what);
   if (info["dtype"] != "F32") {
     Fail("{}: dtype {} is not supported (lockstep reads F32 only)", what,
-         state_internal::Shown(info["dtype"]));
+         Shown(info["dtype"]));
   }
   const Json& shape = info["shape"];
   if (!shape.is_array())
-    Fail("{}: shape must be an array, got {}", what, state_internal::Shown(shape));
-  HeaderEntry entry{.begin = 0, .end = 0, .name = name, .shape = {}};
+    Fail("{}: shape must be an array, got {}", what, Shown(shape));
+  SafetensorsEntry entry{.name = name, .shape = {}, .begin = 0, .end = 0};
   for (const Json& dim : shape) {
     const uint64_t d = state_internal::AsU64(dim, what + ": shape entry");
     if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
@@ -109,7 +88,7 @@ HeaderEntry ParseEntry(const std::string& name, const Json& info, uint64_t data_
   }
   const Json& offsets = info["data_offsets"];
   if (!offsets.is_array() || offsets.size() != 2) {
-    Fail("{}: data_offsets must be [begin, end], got {}", what, state_internal::Shown(offsets));
+    Fail("{}: data_offsets must be [begin, end], got {}", what, Shown(offsets));
   }
   entry.begin = state_internal::AsU64(offsets[0], what + ": data_offsets[0]");
   entry.end = state_internal::AsU64(offsets[1], what + ": data_offsets[1]");
@@ -137,62 +116,27 @@ void WriteSafetensors(const std::filesystem::path& path, std::span<const NamedTe
 }
 
 SafetensorsFile ParseSafetensors(std::vector<uint8_t> bytes, const std::filesystem::path& path) {
-  const std::string file = path.string();
-  if (bytes.size() < 8) {
-    Fail("{}: {} bytes, too short for a safetensors file (the header length alone is 8)", file,
-         bytes.size());
-  }
-  uint64_t header_size;
-  std::memcpy(&header_size, bytes.data(), 8);
-  if (header_size > bytes.size() - 8) {
-    Fail("{}: header length {} exceeds the {} bytes that follow it", file, header_size,
-         bytes.size() - 8);
-  }
-  const std::string_view header_text(reinterpret_cast<const char*>(bytes.data()) + 8, header_size);
-  const Json header = state_internal::ParseJsonStrict(header_text, file + ": header");
-  if (!header.is_object()) {
-    Fail("{}: header must be a JSON object, got {}", file, state_internal::Shown(header));
-  }
+  const uint64_t header_size = state_internal::SafetensorsHeaderLength(
+      std::span(bytes).first(std::min<size_t>(8, bytes.size())), bytes.size(), path);
+  SafetensorsHeader header = state_internal::ParseSafetensorsHeader(
+      std::string_view(reinterpret_cast<const char*>(bytes.data()) + 8, header_size),
+      bytes.size() - 8 - header_size, path);
 
-  const uint64_t data_size = bytes.size() - 8 - header_size;
   SafetensorsFile result;
   result.path_ = path;
-  std::vector<HeaderEntry> entries;
-  for (const auto& [name, info] : header.items()) {
-    if (name == kMetadataKey) {
-      result.metadata_ = ParseMetadata(info, file);
-    } else {
-      entries.push_back(ParseEntry(name, info, data_size, file));
-    }
-  }
-  // File order is data order; the name breaks ties between empty tensors.
-  std::sort(entries.begin(), entries.end(), [](const HeaderEntry& a, const HeaderEntry& b) {
-    return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
-  });
-  uint64_t covered = 0;
-  for (const HeaderEntry& e : entries) {
-    if (e.begin != covered) {
-      Fail("{}: tensor '{}' data_offsets [{}, {}] {} (the previous tensor ends at {})", file,
-           e.name, e.begin, e.end,
-           e.begin < covered ? "overlap the previous tensor" : "leave a gap", covered);
-    }
-    covered = e.end;
-  }
-  if (covered != data_size) {
-    Fail("{}: the tensors cover {} bytes but the data section holds {}", file, covered, data_size);
-  }
-
+  result.metadata_ = std::move(header.metadata);
   // Foreign writers need not pad the header: move the data to the buffer's (aligned) start so
   // that it can be viewed as floats.
-  size_t data_start = 8 + header_size;
+  size_t data_start = header.data_start;
   if (data_start % alignof(float) != 0) {
+    const size_t data_size = bytes.size() - data_start;
     std::memmove(bytes.data(), bytes.data() + data_start, data_size);
     bytes.resize(data_size);
     data_start = 0;
   }
   result.bytes_ = std::move(bytes);
   const auto* data = reinterpret_cast<const float*>(result.bytes_.data() + data_start);
-  for (HeaderEntry& e : entries) {
+  for (SafetensorsEntry& e : header.entries) {
     result.tensors_.push_back({.name = std::move(e.name),
                                .shape = std::move(e.shape),
                                .data = std::span(data + e.begin / 4, (e.end - e.begin) / 4)});
@@ -211,4 +155,103 @@ const NamedTensor& SafetensorsFile::Get(std::string_view name) const {
   Fail("{}: no tensor named '{}'", path_.string(), name);
 }
 
+namespace state_internal {
+
+uint64_t SafetensorsHeaderLength(std::span<const uint8_t> first_bytes, uint64_t file_size,
+                                 const std::filesystem::path& path) {
+  if (file_size < 8) {
+    Fail("{}: {} bytes, too short for a safetensors file (the header length alone is 8)",
+         path.string(), file_size);
+  }
+  uint64_t header_size;
+  std::memcpy(&header_size, first_bytes.data(), 8);
+  if (header_size > file_size - 8) {
+    Fail("{}: header length {} exceeds the {} bytes that follow it", path.string(), header_size,
+         file_size - 8);
+  }
+  if (header_size > kMaxHeaderBytes) {
+    Fail("{}: header length {} exceeds the safetensors limit of {} bytes", path.string(),
+         header_size, kMaxHeaderBytes);
+  }
+  return header_size;
+}
+
+SafetensorsHeader ParseSafetensorsHeader(std::string_view json, uint64_t data_size,
+                                         const std::filesystem::path& path) {
+  const std::string file = path.string();
+  const Json header = ParseJsonStrict(json, file + ": header");
+  if (!header.is_object()) Fail("{}: header must be a JSON object, got {}", file, Shown(header));
+
+  SafetensorsHeader result{.data_start = 8 + json.size(), .entries = {}, .metadata = {}};
+  for (const auto& [name, info] : header.items()) {
+    if (name == kMetadataKey) {
+      result.metadata = ParseMetadata(info, file);
+    } else {
+      result.entries.push_back(ParseEntry(name, info, data_size, file));
+    }
+  }
+  // File order is data order; the name breaks ties between empty tensors.
+  std::sort(result.entries.begin(), result.entries.end(),
+            [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+              return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
+            });
+  uint64_t covered = 0;
+  for (const SafetensorsEntry& e : result.entries) {
+    if (e.begin != covered) {
+      Fail("{}: tensor '{}' data_offsets [{}, {}] {} (the previous tensor ends at {})", file,
+           e.name, e.begin, e.end,
+           e.begin < covered ? "overlap the previous tensor" : "leave a gap", covered);
+    }
+    covered = e.end;
+  }
+  if (covered != data_size) {
+    Fail("{}: the tensors cover {} bytes but the data section holds {}", file, covered, data_size);
+  }
+  return result;
+}
+
+SafetensorsHeader ReadSafetensorsHeader(const File& file, uint64_t file_size) {
+  std::array<uint8_t, 8> length_bytes{};
+  const auto first = std::span(length_bytes).first(std::min<uint64_t>(8, file_size));
+  file.ReadAt(0, first);
+  const uint64_t header_size = SafetensorsHeaderLength(first, file_size, file.path());
+  std::string json(header_size, '\0');
+  file.ReadAt(8, std::span(reinterpret_cast<uint8_t*>(json.data()), json.size()));
+  return ParseSafetensorsHeader(json, file_size - 8 - header_size, file.path());
+}
+
+std::string SafetensorsHeaderBytes(std::span<const TensorShape> tensors,
+                                   const std::map<std::string, std::string>& metadata,
+                                   std::string_view what) {
+  Json header = Json::object();
+  std::set<std::string_view> names;
+  uint64_t data_size = 0;
+  for (const TensorShape& t : tensors) {
+    if (t.name.empty() || t.name == kMetadataKey) {
+      Fail("{}: invalid tensor name '{}' (empty or reserved)", what, t.name);
+    }
+    if (!names.insert(t.name).second) Fail("{}: duplicate tensor name '{}'", what, t.name);
+    const uint64_t bytes = 4 * ElementCount(t.shape, fmt::format("{}: tensor '{}'", what, t.name));
+    header[t.name] = {
+        {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {data_size, data_size + bytes}}};
+    data_size += bytes;
+  }
+  if (!metadata.empty()) header[kMetadataKey] = metadata;
+
+  std::string text;
+  try {
+    text = header.dump();  // nlohmann::json keeps object keys sorted: the bytes are canonical
+  } catch (const Json::exception& e) {
+    Fail("{}: cannot encode the header (tensor names and metadata must be UTF-8): {}", what,
+         e.what());
+  }
+  // The format allows trailing spaces in the header; padding to 8 aligns the data.
+  text.resize((text.size() + 7) / 8 * 8, ' ');
+  const uint64_t header_size = text.size();
+  std::string bytes(8, '\0');
+  std::memcpy(bytes.data(), &header_size, 8);
+  return bytes + text;
+}
+
+}  // namespace state_internal
 }  // namespace lockstep

@@ -15,27 +15,11 @@ namespace {
 // Version tag of the layout: any change to what is hashed or how bumps it.
 constexpr std::string_view kStateHashTag{"lockstep/state-hash/v1\0", 23};
 
-constexpr std::array kArrays = {&TensorState::param, &TensorState::m, &TensorState::v,
-                                &TensorState::grad};
-constexpr std::array kArrayDigests = {&TensorDigest::param, &TensorDigest::m, &TensorDigest::v,
-                                      &TensorDigest::grad};
-constexpr std::array<std::string_view, 4> kArrayNames = {"param", "m", "v", "grad"};
+using state_internal::kDigestArrays, state_internal::kStateArrayNames;
+using state_internal::kStateArrays;
 
 Digest DigestOf(std::span<const float> values) { return Blake2b().Update(values).Final(); }
 Digest DigestOf(std::string_view text) { return Blake2b().Update(text).Final(); }
-
-void CheckTensor(const TensorState& t) {
-  if (t.name.empty()) Fail("state hash: a tensor has an empty name");
-  const std::string what = fmt::format("state hash: tensor '{}'", t.name);
-  const uint64_t count = state_internal::ElementCount(t.shape, what);
-  for (size_t k = 0; k < kArrays.size(); ++k) {
-    const std::span<const float> values = t.*kArrays[k];
-    if (values.size() != count) {
-      Fail("{}: {} has {} elements but shape [{}] has {}", what, kArrayNames[k], values.size(),
-           fmt::join(t.shape, ", "), count);
-    }
-  }
-}
 
 Digest ScalarsDigest(const StepState& s) {
   Blake2b h;
@@ -64,10 +48,25 @@ Digest LayoutDigest(std::span<const TensorDigest> tensors) {
 }
 }  // namespace
 
+void state_internal::CheckTensorState(const TensorState& t) {
+  if (t.name.empty()) Fail("state hash: a tensor has an empty name");
+  const std::string what = fmt::format("state hash: tensor '{}'", t.name);
+  const uint64_t count = ElementCount(t.shape, what);
+  for (int a = 0; a < kStateArrayCount; ++a) {
+    const std::span<const float> values = t.*kStateArrays[a];
+    if (values.size() != count) {
+      Fail("{}: {} has {} elements but shape [{}] has {}", what, kStateArrayNames[a],
+           values.size(), fmt::join(t.shape, ", "), count);
+    }
+  }
+}
+
 TensorDigest DigestTensor(const TensorState& tensor) {
-  CheckTensor(tensor);
+  state_internal::CheckTensorState(tensor);
   TensorDigest d{.name = tensor.name, .shape = tensor.shape};
-  for (size_t k = 0; k < kArrays.size(); ++k) d.*kArrayDigests[k] = DigestOf(tensor.*kArrays[k]);
+  for (int a = 0; a < kStateArrayCount; ++a) {
+    d.*kDigestArrays[a] = DigestOf(tensor.*kStateArrays[a]);
+  }
   return d;
 }
 
@@ -85,8 +84,8 @@ StateHash StateHashFromDigests(const StepState& state, std::span<const TensorDig
   c.emplace_back("tokens", state.tokens_digest);
   c.emplace_back("layout", LayoutDigest(tensors));
   for (const TensorDigest& t : tensors) {
-    for (size_t k = 0; k < kArrays.size(); ++k) {
-      c.emplace_back(fmt::format("{}:{}", kArrayNames[k], t.name), t.*kArrayDigests[k]);
+    for (int a = 0; a < kStateArrayCount; ++a) {
+      c.emplace_back(fmt::format("{}:{}", kStateArrayNames[a], t.name), t.*kDigestArrays[a]);
     }
   }
   Blake2b h;
@@ -99,15 +98,16 @@ StateHash StateHashFromDigests(const StepState& state, std::span<const TensorDig
 StateHash ComputeStateHash(const StepState& state, std::span<const TensorState> tensors) {
   std::vector<TensorDigest> digests(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
-    CheckTensor(tensors[i]);
+    state_internal::CheckTensorState(tensors[i]);
     digests[i].name = tensors[i].name;
     digests[i].shape = tensors[i].shape;
   }
   Blake2b();  // initialises libsodium here: ParallelFor bodies must not throw
   // One task per array: the digests land in fixed slots, so the thread count cannot matter.
-  ParallelFor(static_cast<int64_t>(4 * tensors.size()), [&](int64_t task) {
-    const size_t i = static_cast<size_t>(task) / 4, k = static_cast<size_t>(task) % 4;
-    digests[i].*kArrayDigests[k] = DigestOf(tensors[i].*kArrays[k]);
+  ParallelFor(static_cast<int64_t>(kStateArrayCount * tensors.size()), [&](int64_t task) {
+    const size_t i = static_cast<size_t>(task) / kStateArrayCount;
+    const size_t a = static_cast<size_t>(task) % kStateArrayCount;
+    digests[i].*kDigestArrays[a] = DigestOf(tensors[i].*kStateArrays[a]);
   });
   return StateHashFromDigests(state, digests);
 }

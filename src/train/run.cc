@@ -106,7 +106,19 @@ int RunTraining(const TrainOptions& options) {
 
   const fs::path hashes_path = options.run_dir / "state_hashes.jsonl";
   const fs::path metrics_path = options.run_dir / "metrics.jsonl";
-  Trainer trainer(config, dataset, RunDescriptor(config, dataset));
+  if (!options.spill_dir) {
+    // Four fp32 arrays per parameter in RAM; say so before allocating rather than be killed.
+    int64_t parameters = 0;
+    for (const ParamSpec& spec : ParameterSpecs(config.model)) parameters += spec.numel();
+    const uint64_t needed = 4 * sizeof(float) * static_cast<uint64_t>(parameters);
+    if (needed > MemAvailableBytes()) {
+      Fail("{}: parameters, AdamW moments and gradients need {:.2f} GiB of RAM but MemAvailable "
+           "is {:.2f} GiB: give --spill-dir DIR to keep them on disk",
+           options.config, static_cast<double>(needed) / (1 << 30),
+           static_cast<double>(MemAvailableBytes()) / (1 << 30));
+    }
+  }
+  Trainer trainer(config, dataset, RunDescriptor(config, dataset), {options.spill_dir});
   MetricsLog metrics(metrics_path);
 
   if (options.resume) {
@@ -115,9 +127,7 @@ int RunTraining(const TrainOptions& options) {
       Fail("--resume: {} has no complete checkpoint (checkpoints/step_*/COMPLETE)",
            options.run_dir.string());
     }
-    const Checkpoint checkpoint = ReadCheckpoint(*latest);
-    VerifyCheckpointHash(checkpoint);
-    trainer.Restore(checkpoint);
+    trainer.Restore(OpenCheckpoint(*latest));
     // The logs may run past the checkpoint (a crash after it): keep what the checkpoint covers,
     // and insist that the chain recorded there is the checkpoint's.
     std::vector<StateHashLine> lines = ReadStateHashLines(hashes_path);
@@ -141,7 +151,7 @@ int RunTraining(const TrainOptions& options) {
     trainer.Initialize();
     AppendStateHashLine(hashes_path, {0, trainer.hash()});
     // Step 0 is a checkpoint too: the start of the first interval an auditor can replay.
-    WriteCheckpoint(options.run_dir, trainer.state(), trainer.Tensors());
+    trainer.WriteCheckpoint(options.run_dir);
   }
 
   const bool tty = options.progress && isatty(STDERR_FILENO);
@@ -156,7 +166,7 @@ int RunTraining(const TrainOptions& options) {
     metrics.Append(r, trainer.state(), tokens);
     const bool last = r.step == target || r.halt;
     if (last || (config.train.ckpt_every > 0 && r.step % config.train.ckpt_every == 0)) {
-      WriteCheckpoint(options.run_dir, trainer.state(), trainer.Tensors());
+      trainer.WriteCheckpoint(options.run_dir);
     }
     if (options.progress) {
       const double elapsed =

@@ -1,12 +1,18 @@
 // The training step: docs/training.md gives the exact order of everything below.
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "lockstep/kernels.h"
 #include "lockstep/train.h"
+#include "train/state_store.h"
 
 namespace lockstep::train {
+namespace fs = std::filesystem;
 
 float LearningRate(const TrainConfig& c, int64_t step) {
   const float peak = static_cast<float>(c.lr), floor = static_cast<float>(c.min_lr);
@@ -37,75 +43,129 @@ std::string RunDescriptor(const RunConfig& config, const data::Dataset& dataset)
   return descriptor.dump();  // nlohmann::json keeps keys sorted; no indent: compact
 }
 
-Trainer::Trainer(const RunConfig& config, const data::Dataset& dataset, std::string descriptor)
+Trainer::Trainer(const RunConfig& config, const data::Dataset& dataset, std::string descriptor,
+                 const Storage& storage)
     : config_(config),
       stream_(dataset, config.train.data_seed, static_cast<uint32_t>(config.model.seq_len)),
       model_(config.model, config.train.vocab_chunk, config.train.microbatch,
              config.model.seq_len),
-      params_(ParameterSpecs(config.model)),
-      grads_(ParameterSpecs(config.model)),
-      m_(ParameterSpecs(config.model)),
-      v_(ParameterSpecs(config.model)),
+      specs_(ParameterSpecs(config.model)),
+      store_(storage.spill_dir ? MakeSpillStore(specs_, *storage.spill_dir)
+                               : MakeMemoryStore(specs_)),
       tokens_(static_cast<size_t>(config.train.microbatch * (config.model.seq_len + 1))) {
+  for (const ParamSpec& spec : specs_) shapes_.push_back({spec.name, spec.shape});
   state_.descriptor = std::move(descriptor);
   state_.rng_seed = config.train.seed;
 }
+
+Trainer::~Trainer() = default;
 
 int64_t Trainer::tokens_per_step() const {
   return config_.train.microbatches * config_.train.microbatch * config_.model.seq_len;
 }
 
-std::vector<TensorState> Trainer::Tensors() const {
-  std::vector<TensorState> tensors;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const ParamSpec& spec = params_.Spec(i);
-    tensors.push_back({spec.name, spec.shape, params_.Tensor(i), m_.Tensor(i), v_.Tensor(i),
-                       grads_.Tensor(i)});
-  }
-  return tensors;
+uint64_t Trainer::SpillBytes() const { return store_->SpillBytes(); }
+
+// Pieces of tensor i: [begin, begin + count) with begin a multiple of the store's piece length.
+template <typename Body>
+void ForEachPiece(const StateStore& store, const ParamSpec& spec, Body&& body) {
+  const int64_t n = spec.numel(), piece = store.PieceFloats();
+  for (int64_t begin = 0; begin < n; begin += piece) body(begin, std::min(piece, n - begin));
 }
 
-void Trainer::Rehash() { hash_ = ComputeStateHash(state_, Tensors()); }
+void Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_template, float clip_factor) {
+  std::vector<TensorDigest> digests;
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    std::array<Blake2b, kStateArrayCount> hashers;
+    ForEachPiece(*store_, specs_[i], [&](int64_t begin, int64_t count) {
+      std::array<Piece, kStateArrayCount> p;
+      for (int a = 0; a < kStateArrayCount; ++a) {
+        p[a] = store_->Acquire(static_cast<StateArray>(a), i, begin, count, /*load=*/true);
+      }
+      if (update) {
+        const std::span<float> grad = p[int(StateArray::kGrad)].data;
+        if (clip_factor != 1.0f) rk::Scale(grad, clip_factor);
+        rk::AdamWParams adam = adam_template;
+        if (!specs_[i].weight_decay) adam.weight_decay = 0.0f;
+        rk::AdamWUpdate(adam, p[int(StateArray::kParam)].data, grad, p[int(StateArray::kM)].data,
+                        p[int(StateArray::kV)].data);
+      }
+      // The four arrays' digests are independent streams.
+      ParallelFor(kStateArrayCount, [&](int64_t a) {
+        hashers[static_cast<size_t>(a)].Update(std::span<const float>(p[a].data));
+      });
+      for (const Piece& piece : p) store_->Release(piece, /*store=*/update);
+    });
+    digests.push_back({specs_[i].name, specs_[i].shape, hashers[0].Final(), hashers[1].Final(),
+                       hashers[2].Final(), hashers[3].Final()});
+  }
+  hash_ = StateHashFromDigests(state_, digests);
+}
 
 void Trainer::Initialize() {
-  params_.Zero();
-  grads_.Zero();
-  m_.Zero();
-  v_.Zero();
+  store_->Zero();
   const std::string descriptor = state_.descriptor;
   state_ = StepState{};
   state_.descriptor = descriptor;
   state_.rng_seed = config_.train.seed;
-  state_.rng_counter = static_cast<uint64_t>(InitParameters(config_.model, config_.train.seed, params_));
-  Rehash();
+  const std::vector<int64_t> first_draws = FirstDraws(specs_);
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    ForEachPiece(*store_, specs_[i], [&](int64_t begin, int64_t count) {
+      const Piece p = store_->Acquire(StateArray::kParam, i, begin, count, /*load=*/false);
+      InitTensorRange(config_.model, config_.train.seed, specs_[i], first_draws[i], begin, p.data);
+      store_->Release(p, /*store=*/true);
+    });
+  }
+  state_.rng_counter = static_cast<uint64_t>(first_draws.back());
+  UpdateAndHash(/*update=*/false, {}, 1.0f);
 }
 
-void Trainer::Restore(const Checkpoint& checkpoint) {
+StateHash Trainer::Restore(const CheckpointIndex& checkpoint, FileDigests digests) {
+  const std::string where = checkpoint.dir.string();
   if (checkpoint.state.descriptor != state_.descriptor) {
     Fail("{}: meta.json descriptor differs from this run's (config and data must be those the "
          "checkpoint was trained with)\n  checkpoint: {}\n  this run:   {}",
-         checkpoint.dir.string(), checkpoint.state.descriptor, state_.descriptor);
+         where, checkpoint.state.descriptor, state_.descriptor);
   }
-  if (checkpoint.tensors.size() != params_.size()) {
-    Fail("{}: holds {} tensors, the model has {}", checkpoint.dir.string(),
-         checkpoint.tensors.size(), params_.size());
+  if (checkpoint.tensors.size() != specs_.size()) {
+    Fail("{}: holds {} tensors, the model has {}", where, checkpoint.tensors.size(),
+         specs_.size());
   }
-  for (const TensorState& t : checkpoint.tensors) {
-    const size_t i = params_.Find(t.name);
-    if (t.shape != params_.Spec(i).shape) {
-      Fail("{}: tensor {} has a different shape from the model's", checkpoint.dir.string(), t.name);
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const TensorShape& t = checkpoint.tensors[i];
+    if (t.name != specs_[i].name || t.shape != specs_[i].shape) {
+      Fail("{}: tensor {} is '{}' [{}], the model's is '{}' [{}]", where, i, t.name,
+           fmt::join(t.shape, ", "), specs_[i].name, fmt::join(specs_[i].shape, ", "));
     }
-    std::copy(t.param.begin(), t.param.end(), params_.Tensor(i).begin());
-    std::copy(t.m.begin(), t.m.end(), m_.Tensor(i).begin());
-    std::copy(t.v.begin(), t.v.end(), v_.Tensor(i).begin());
-    std::copy(t.grad.begin(), t.grad.end(), grads_.Tensor(i).begin());
+  }
+  const StateHash recomputed = store_->Load(checkpoint, digests);
+  if (recomputed.hash != checkpoint.state_hash && digests == FileDigests::kEnforce) {
+    Fail("{}: the state hash recomputed from the files is {}, but meta.json records {}", where,
+         ToHex(recomputed.hash), ToHex(checkpoint.state_hash));
   }
   state_ = checkpoint.state;
-  Rehash();
-  if (hash_.hash != checkpoint.state_hash) {
-    Fail("{}: restored state hashes to {}, meta.json says {}", checkpoint.dir.string(),
-         ToHex(hash_.hash), ToHex(checkpoint.state_hash));
+  hash_ = recomputed;
+  return recomputed;
+}
+
+fs::path Trainer::WriteCheckpoint(const fs::path& run_dir) {
+  const WrittenCheckpoint written = WriteCheckpointStreamed(
+      run_dir, state_, shapes_, store_->PieceFloats(),
+      [this](size_t i, StateArray a, int64_t begin, std::span<float> out) {
+        ReadPiece(i, a, begin, out);
+      });
+  if (written.hash.hash != hash_.hash) {
+    Fail("{}: the checkpoint written hashes to {}, but the trainer's state hash is {}",
+         written.dir.string(), ToHex(written.hash.hash), ToHex(hash_.hash));
   }
+  return written.dir;
+}
+
+void Trainer::ReadPiece(size_t i, StateArray array, int64_t begin, std::span<float> out) {
+  const Piece p =
+      store_->Acquire(array, i, begin, static_cast<int64_t>(out.size()), /*load=*/true);
+  std::ranges::copy(p.data, out.begin());
+  store_->Release(p, /*store=*/false);
 }
 
 StepReport Trainer::Step() {
@@ -128,17 +188,25 @@ StepReport Trainer::Step() {
     }
     consumed.Update(std::span(reinterpret_cast<const uint8_t*>(tokens_.data()),
                               tokens_.size() * sizeof(uint32_t)));
-    const LossSums sums = model_.ForwardBackward(params_, tokens_, inv_tokens, mb > 0, grads_);
+    const LossSums sums = model_.ForwardBackward(*store_, tokens_, inv_tokens, mb > 0);
     loss_sum = loss_sum + sums.loss;
     zloss_sum = zloss_sum + sums.zloss;
   }
   report.loss = loss_sum * inv_tokens;
   report.zloss = zloss_sum * inv_tokens;
 
-  // 2. Global norm over every gradient in parameter order.
-  std::vector<std::span<const float>> grads;
-  for (size_t i = 0; i < grads_.size(); ++i) grads.push_back(grads_.Tensor(i));
-  report.grad_norm = rk::GlobalNorm(grads);
+  // 2. Global norm over every gradient in parameter order, piece by piece.
+  std::vector<double> squares;
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    double running = 0.0;
+    ForEachPiece(*store_, specs_[i], [&](int64_t begin, int64_t count) {
+      const Piece g = store_->Acquire(StateArray::kGrad, i, begin, count, /*load=*/true);
+      running = rk::AddTensorSquares(running, g.data);
+      store_->Release(g, /*store=*/false);
+    });
+    squares.push_back(running);
+  }
+  report.grad_norm = rk::NormOfTensorSums(squares);
 
   // 3. Spike protocol: a non-finite loss or norm, or a norm above the threshold, skips the
   //    update; spike_max_skips skips within spike_window steps halt the run.
@@ -148,6 +216,7 @@ StepReport Trainer::Step() {
   std::erase_if(spike.recent_skips, [&](uint64_t s) {
     return report.step - s >= static_cast<uint64_t>(tc.spike_window);
   });
+  rk::AdamWParams adam;
   if (report.skipped) {
     spike.total_skips += 1;
     spike.recent_skips.push_back(report.step);
@@ -156,20 +225,16 @@ StepReport Trainer::Step() {
     // 4. Stateless clipping, then AdamW per tensor (weight decay only where the spec says).
     report.clip_factor = rk::ClipFactor(report.grad_norm, static_cast<float>(tc.clip_norm));
     state_.optimizer_step += 1;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (report.clip_factor != 1.0f) rk::Scale(grads_.Tensor(i), report.clip_factor);
-      const rk::AdamWParams adam{report.lr,
-                                 static_cast<float>(tc.beta1),
-                                 static_cast<float>(tc.beta2),
-                                 static_cast<float>(tc.eps),
-                                 params_.Spec(i).weight_decay ? static_cast<float>(tc.weight_decay)
-                                                              : 0.0f,
-                                 static_cast<int64_t>(state_.optimizer_step)};
-      rk::AdamWUpdate(adam, params_.Tensor(i), grads_.Tensor(i), m_.Tensor(i), v_.Tensor(i));
-    }
+    adam = {report.lr,
+            static_cast<float>(tc.beta1),
+            static_cast<float>(tc.beta2),
+            static_cast<float>(tc.eps),
+            static_cast<float>(tc.weight_decay),
+            static_cast<int64_t>(state_.optimizer_step)};
   }
 
-  // 5. The chained hash, inside the step: the gradients are still those of this step.
+  // 5. The chained hash, inside the step: the gradients are still those of this step. The
+  //    update and the digests are one pass over the pieces.
   state_.prev_hash = hash_.hash;
   state_.step = report.step;
   state_.lr = report.lr;
@@ -178,7 +243,7 @@ StepReport Trainer::Step() {
   state_.skipped = report.skipped;
   state_.tokens_digest = consumed.Final();
   state_.data_cursor = cursor;
-  Rehash();
+  UpdateAndHash(!report.skipped, adam, report.clip_factor);
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;
 }

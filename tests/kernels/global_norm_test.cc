@@ -1,5 +1,7 @@
 // Global norm, clip factor and Scale: bitwise invariance, fp64 accuracy, exact cases, special
 // values and argument errors (docs/numerics.md (global_norm)).
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -43,6 +45,31 @@ TEST(GlobalNorm, BitwiseInvariant) {
     out.insert(out.end(), scaled.begin(), scaled.end());
     return out;
   });
+}
+
+// The streamed form (pieces of whole blocks, as a spilled gradient is read back) gives the
+// bits of the one-call form, whatever the piece length, on every variant and thread count.
+TEST(GlobalNorm, PiecesEqualWhole) {
+  const std::vector<std::vector<float>> tensors = AwkwardTensors();
+  for (const int64_t blocks_per_piece : {1, 2, 3}) {
+    ExpectBitwiseInvariant("global norm in pieces", [&] {
+      std::vector<double> sums;
+      for (const auto& t : tensors) {
+        double running = 0.0;
+        const std::span<const float> all(t);
+        for (size_t b = 0; b < t.size(); b += blocks_per_piece * rk::kNormBlock) {
+          running = rk::AddTensorSquares(
+              running, all.subspan(b, std::min(t.size() - b,
+                                               size_t(blocks_per_piece * rk::kNormBlock))));
+        }
+        sums.push_back(running);
+      }
+      const float pieces = rk::NormOfTensorSums(sums);
+      const float whole = Norm(tensors);
+      EXPECT_EQ(std::bit_cast<uint32_t>(pieces), std::bit_cast<uint32_t>(whole));
+      return std::vector<float>{pieces};
+    });
+  }
 }
 
 TEST(GlobalNorm, MatchesFp64) {

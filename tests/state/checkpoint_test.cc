@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <nlohmann/json.hpp>
 
 #include "state/state_fixtures.h"
 
@@ -13,6 +12,8 @@ namespace lockstep {
 namespace {
 namespace fs = std::filesystem;
 using test::ExpectError;
+using test::Forge;
+using test::Replace;
 using test::SampleState;
 
 class CheckpointTest : public test::ScratchDirTest {};
@@ -20,23 +21,6 @@ class CheckpointTest : public test::ScratchDirTest {};
 void ExpectSameBits(std::span<const float> a, std::span<const float> b, const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size_bytes())) << what;
-}
-
-// Replaces a checkpoint file and updates its COMPLETE entry, as a forger would: the damage
-// then has to be caught by the file's own parser or by the state hash.
-void Forge(const fs::path& dir, const std::string& name, const std::string& text) {
-  WriteFileSynced(dir / name, text);
-  nlohmann::json complete = nlohmann::json::parse(ReadFileText(dir / "COMPLETE"));
-  const auto bytes = std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size());
-  complete["files"][name] = {{"blake2b", ToHex(Blake2b256(bytes))}, {"size", text.size()}};
-  WriteFileSynced(dir / "COMPLETE", complete.dump(2) + "\n");
-}
-
-std::string Replace(std::string text, const std::string& from, const std::string& to) {
-  const size_t at = text.find(from);
-  EXPECT_NE(at, std::string::npos) << from;
-  if (at != std::string::npos) text.replace(at, from.size(), to);
-  return text;
 }
 
 TEST_F(CheckpointTest, RoundTripKeepsStateTensorsAndHash) {

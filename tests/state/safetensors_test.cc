@@ -3,6 +3,7 @@
 #include <bit>
 #include <cstring>
 
+#include "state/internal.h"
 #include "state/state_fixtures.h"
 
 namespace lockstep {
@@ -154,6 +155,55 @@ TEST_F(SafetensorsTest, UnpaddedHeaderFromAnotherWriterIsRead) {
   ASSERT_EQ(file.Get("a").data.size(), 2u);
   EXPECT_EQ(file.Get("a").data[0], 1.5f);
   EXPECT_EQ(file.Get("a").data[1], -7.0f);
+}
+
+TEST_F(SafetensorsTest, HeaderOnlyReadValidatesAsParseDoes) {
+  const std::map<std::string, std::string> metadata = {{"k", "v"}};
+  const std::vector<uint8_t> bytes = SafetensorsBytes(SampleTensors(), metadata);
+  const auto path = dir_ / "t.safetensors";
+  WriteFileSynced(path, bytes);
+  const SafetensorsFile parsed = ParseSafetensors(bytes, path);
+  const auto file = state_internal::File::OpenForReading(path);
+  const state_internal::SafetensorsHeader header =
+      state_internal::ReadSafetensorsHeader(file, file.Size());
+  EXPECT_EQ(header.metadata, metadata);
+  ASSERT_EQ(header.entries.size(), parsed.tensors().size());
+  for (size_t i = 0; i < header.entries.size(); ++i) {
+    const state_internal::SafetensorsEntry& e = header.entries[i];
+    EXPECT_EQ(e.name, parsed.tensors()[i].name);
+    EXPECT_EQ(e.shape, parsed.tensors()[i].shape);
+    EXPECT_EQ(0, std::memcmp(bytes.data() + header.data_start + e.begin,
+                             parsed.tensors()[i].data.data(), e.end - e.begin))
+        << e.name;
+  }
+  // The bytes in front of the data are the header SafetensorsBytes writes.
+  std::vector<TensorShape> shapes;
+  for (const NamedTensor& t : SampleTensors()) shapes.push_back({t.name, t.shape});
+  const std::string prefix = state_internal::SafetensorsHeaderBytes(shapes, metadata, "t");
+  EXPECT_EQ(prefix.size(), header.data_start);
+  EXPECT_EQ(prefix,
+            std::string(bytes.begin(), bytes.begin() + static_cast<int64_t>(prefix.size())));
+
+  // The same checks, on the header alone: a file one byte short of its offsets.
+  const auto cut = dir_ / "cut.safetensors";
+  WriteFileSynced(cut, std::span(bytes).first(bytes.size() - 1));
+  const auto cut_file = state_internal::File::OpenForReading(cut);
+  ExpectError([&] { state_internal::ReadSafetensorsHeader(cut_file, cut_file.Size()); },
+              {cut.string(), "'a.scalar'", "out of range"});
+  WriteFileSynced(cut, std::span(bytes).first(5));
+  const auto short_file = state_internal::File::OpenForReading(cut);
+  ExpectError([&] { state_internal::ReadSafetensorsHeader(short_file, short_file.Size()); },
+              {cut.string(), "5 bytes", "too short"});
+
+  // A damaged length inside a large file: refused without reading (or allocating) that much.
+  // The file is sparse, so it takes no disk space.
+  const auto large = dir_ / "large.safetensors";
+  const uint64_t length = 100'000'008;
+  WriteFileSynced(large, std::span(reinterpret_cast<const uint8_t*>(&length), 8));
+  std::filesystem::resize_file(large, 8 + length + 8);
+  const auto large_file = state_internal::File::OpenForReading(large);
+  ExpectError([&] { state_internal::ReadSafetensorsHeader(large_file, large_file.Size()); },
+              {large.string(), "header length 100000008", "limit of 100000000"});
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <functional>
 #include <initializer_list>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,25 @@ inline void ExpectError(const std::function<void()>& call,
           << "'" << w << "' missing from: " << e.what();
     }
   }
+}
+
+// Replaces a checkpoint file and updates its COMPLETE entry, as a forger would: the damage
+// then has to be caught by the file's own parser or by the state hash.
+inline void Forge(const std::filesystem::path& dir, const std::string& name,
+                  const std::string& text) {
+  WriteFileSynced(dir / name, text);
+  nlohmann::json complete = nlohmann::json::parse(ReadFileText(dir / "COMPLETE"));
+  const auto bytes = std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size());
+  complete["files"][name] = {{"blake2b", ToHex(Blake2b256(bytes))}, {"size", text.size()}};
+  WriteFileSynced(dir / "COMPLETE", complete.dump(2) + "\n");
+}
+
+// `text` with the first `from` replaced by `to` (a test failure when there is none).
+inline std::string Replace(std::string text, const std::string& from, const std::string& to) {
+  const size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) text.replace(at, from.size(), to);
+  return text;
 }
 
 // A fresh directory per test, removed afterwards.

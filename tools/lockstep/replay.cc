@@ -12,7 +12,7 @@ namespace {
 
 struct ReplayFlags {
   audit::ReplayOptions options;
-  std::string expect_hash, save_checkpoint_dir, loss_log, compare_checkpoint;
+  std::string expect_hash, save_checkpoint_dir, loss_log, compare_checkpoint, spill_dir;
   uint64_t seed = 0;
 };
 
@@ -51,6 +51,11 @@ void AddReplayCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--compare-checkpoint", f->compare_checkpoint,
                   "the publisher's checkpoint at --until-step: on a difference, name each "
                   "differing hash component and the first differing element of each tensor");
+  cmd->add_option("--spill-dir", f->spill_dir,
+                  "interval unit: keep parameters, AdamW moments and gradients on disk in this "
+                  "directory (4 MiB chunks, each digested and checked when read back; removed at "
+                  "exit). Default: in RAM when the memory plan fits MemAvailable, else on disk "
+                  "under the system's temp directory. Same bits either way");
   cmd->add_flag("--force", o.force,
                 "replay even when the memory plan exceeds MemAvailable or the start "
                 "checkpoint's digests fail (with a warning); write the hand-off checkpoint "
@@ -63,6 +68,7 @@ void AddReplayCommand(CLI::App& app, int* exit_code) {
     if (!f->save_checkpoint_dir.empty()) o.save_checkpoint_dir = f->save_checkpoint_dir;
     if (!f->loss_log.empty()) o.loss_log = f->loss_log;
     if (!f->compare_checkpoint.empty()) o.compare_checkpoint = f->compare_checkpoint;
+    if (!f->spill_dir.empty()) o.spill_dir = f->spill_dir;
     const audit::ReplayResult result = audit::Replay(o);
     fmt::print("{}", audit::ResultJson(result));
     std::fflush(stdout);

@@ -32,10 +32,17 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(1, 1024));
   cmd->add_flag("--resume", options->resume,
                 "continue the run in --out from its newest complete checkpoint, bit-exact");
+  auto spill_dir = std::make_shared<std::string>();
+  cmd->add_option("--spill-dir", *spill_dir,
+                  "keep parameters, AdamW moments and gradients on disk in this directory (files "
+                  "of 4 MiB chunks, each digested and checked when read back; removed at exit), "
+                  "with only what a pass needs in RAM: for models larger than memory. Same bits as "
+                  "training in RAM");
   cmd->add_flag("--progress,!--no-progress", options->progress,
                 "show (default) or hide the progress line on stderr");
-  cmd->final_callback([options, exit_code, steps_opt, steps] {
+  cmd->final_callback([options, exit_code, steps_opt, steps, spill_dir] {
     if (steps_opt->count() > 0) options->steps = *steps;
+    if (!spill_dir->empty()) options->spill_dir = *spill_dir;
     *exit_code = train::RunTraining(*options);
   });
 }

@@ -1,0 +1,250 @@
+// SpillStore: the four arrays of every tensor in files of fixed chunks (kSpillChunkFloats), each
+// chunk's BLAKE2b kept in RAM and checked whenever the chunk is read back, so a spill file
+// changed under a run is reported, never trained on. A chunk lives in one of three places: nowhere
+// (all zeros: the moments and gradients at init cost no disk), in the checkpoint file it was
+// loaded from (read in place: loading a checkpoint copies nothing), or in its slot of this store's
+// file for its array (after it was first written).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <string>
+
+#include "train/state_store.h"
+
+namespace lockstep::train {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr const char* kArrayNames[kStateArrayCount] = {"param", "m", "v", "grad"};
+constexpr int64_t kChunkBytes = kSpillChunkFloats * int64_t{sizeof(float)};
+
+class SpillStore final : public StateStore {
+ public:
+  SpillStore(std::vector<ParamSpec> specs, const fs::path& dir) : StateStore(std::move(specs)) {
+    std::error_code error;
+    created_dir_ = fs::create_directories(dir, error);
+    if (error) Fail("{}: cannot create the spill directory: {}", dir.string(), error.message());
+    int64_t floats = 0;  // slots: tensor after tensor, each chunk at a multiple of the chunk size
+    for (const ParamSpec& spec : specs_) {
+      slot_chunk_.push_back(floats / kSpillChunkFloats);
+      floats += Chunks(spec.numel()) * kSpillChunkFloats;
+    }
+    for (int a = 0; a < kStateArrayCount; ++a) {
+      const fs::path path = dir / fmt::format("{}.spill", kArrayNames[a]);
+      // O_EXCL: a spill file of another run (or a crashed one) is never silently reused.
+      const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      if (fd < 0) {
+        Fail("{}: cannot create spill file: {} (remove it, or give another --spill-dir)",
+             path.string(), std::strerror(errno));
+      }
+      files_.push_back({path, fd, true});
+    }
+    dir_ = dir;
+    Zero();
+  }
+
+  ~SpillStore() override {
+    for (const File& f : files_) {
+      ::close(f.fd);
+      if (f.owned) {
+        std::error_code ignored;  // a destructor cannot report; the directory listing shows it
+        fs::remove(f.path, ignored);
+      }
+    }
+    if (created_dir_) {
+      std::error_code ignored;
+      fs::remove(dir_, ignored);  // only if empty
+    }
+  }
+
+  int64_t PieceFloats() const override { return kPieceChunks * kSpillChunkFloats; }
+
+  Piece Acquire(StateArray array, size_t tensor, int64_t begin, int64_t count, bool load) override {
+    const int64_t numel = specs_.at(tensor).numel();
+    if (begin < 0 || begin % kSpillChunkFloats != 0 || count < 0 || begin + count > numel ||
+        (count % kSpillChunkFloats != 0 && begin + count != numel)) {
+      Fail("SpillStore: piece [{}, {}) of tensor '{}' ({} elements) is not whole chunks of {}",
+           begin, begin + count, specs_[tensor].name, numel, kSpillChunkFloats);
+    }
+    auto buffer = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(count));
+    const Piece piece{array, tensor, begin, {buffer.get(), static_cast<size_t>(count)}};
+    if (load) {
+      ForChunks(piece, [&](int64_t c, std::span<float> data) { return ReadChunk(piece, c, data); });
+    }
+    buffers_.emplace(buffer.get(), std::move(buffer));
+    return piece;
+  }
+
+  void Release(const Piece& piece, bool store) override {
+    const auto it = buffers_.find(piece.data.data());
+    if (it == buffers_.end()) Fail("SpillStore: a piece released twice or never acquired");
+    if (store) {
+      ForChunks(piece,
+                [&](int64_t c, std::span<float> data) { return WriteChunk(piece, c, data); });
+    }
+    buffers_.erase(it);
+  }
+
+  uint64_t SpillBytes() const override {
+    uint64_t bytes = 0;
+    for (const File& f : files_) {
+      struct stat st {};
+      if (f.owned && ::fstat(f.fd, &st) == 0) bytes += static_cast<uint64_t>(st.st_blocks) * 512;
+    }
+    return bytes;
+  }
+
+  void Zero() override {
+    chunks_.assign(kStateArrayCount, {});
+    for (auto& tensors : chunks_) {
+      for (const ParamSpec& spec : specs_) {
+        tensors.emplace_back(static_cast<size_t>(Chunks(spec.numel())));
+      }
+    }
+    // Checkpoint files attached by an earlier Load are no longer referenced.
+    while (files_.size() > kStateArrayCount) {
+      ::close(files_.back().fd);
+      files_.pop_back();
+    }
+  }
+
+  StateHash Load(const CheckpointIndex& checkpoint, FileDigests digests) override {
+    Zero();
+    std::map<fs::path, int> file_of;
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      for (int a = 0; a < kStateArrayCount; ++a) {
+        const fs::path& path = checkpoint.Where(i, static_cast<StateArray>(a)).file;
+        if (file_of.contains(path)) continue;
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) Fail("{}: cannot open for reading: {}", path.string(), std::strerror(errno));
+        file_of[path] = static_cast<int>(files_.size());
+        files_.push_back({path, fd, false});
+      }
+    }
+    // Each piece StreamCheckpoint reads is one chunk: digest it and leave it where it is.
+    return StreamCheckpoint(
+        checkpoint, kSpillChunkFloats,
+        [&](size_t i, StateArray a, int64_t begin, std::span<const float> piece) {
+          const CheckpointIndex::Location where = checkpoint.Where(i, a);
+          chunks_[static_cast<size_t>(a)][i][static_cast<size_t>(begin / kSpillChunkFloats)] = {
+              file_of.at(where.file), where.offset + static_cast<uint64_t>(begin) * sizeof(float),
+              Blake2b().Update(piece).Final()};
+        },
+        digests);
+  }
+
+ private:
+  static constexpr int64_t kPieceChunks = 16;  // pieces of 64 MiB: few calls, parallel chunks
+
+  struct Chunk {
+    int file = -1;  // index into files_; -1: all zeros
+    uint64_t offset = 0;
+    Digest digest{};
+  };
+  struct File {
+    fs::path path;
+    int fd;
+    bool owned;  // this store's spill file (removed at the end), not a checkpoint's
+  };
+
+  static int64_t Chunks(int64_t numel) { return (numel + kSpillChunkFloats - 1) / kSpillChunkFloats; }
+
+  Chunk& ChunkOf(const Piece& piece, int64_t c) {
+    return chunks_[static_cast<size_t>(piece.array)][piece.tensor][static_cast<size_t>(c)];
+  }
+
+  std::string Describe(const Piece& piece, int64_t c) const {
+    return fmt::format("chunk {} of {} of '{}'", c, kArrayNames[static_cast<int>(piece.array)],
+                       specs_[piece.tensor].name);
+  }
+
+  // Runs io(chunk index, chunk data) for every chunk of the piece, in parallel (chunks are
+  // independent); io returns an error message or nothing. Fails with the first error.
+  template <typename Io>
+  void ForChunks(const Piece& piece, Io io) {
+    const int64_t first = piece.begin / kSpillChunkFloats;
+    const auto n = static_cast<int64_t>(piece.data.size());
+    const int64_t count = (n + kSpillChunkFloats - 1) / kSpillChunkFloats;
+    std::vector<std::optional<std::string>> errors(static_cast<size_t>(count));
+    ParallelFor(count, [&](int64_t k) {
+      const int64_t begin = k * kSpillChunkFloats;
+      errors[static_cast<size_t>(k)] =
+          io(first + k, piece.data.subspan(static_cast<size_t>(begin),
+                                           static_cast<size_t>(std::min(kSpillChunkFloats, n - begin))));
+    });
+    for (const auto& error : errors) {
+      if (error) Fail("{}", *error);
+    }
+  }
+
+  std::optional<std::string> ReadChunk(const Piece& piece, int64_t c, std::span<float> data) {
+    const Chunk& chunk = ChunkOf(piece, c);
+    if (chunk.file < 0) {
+      std::ranges::fill(data, 0.0f);
+      return std::nullopt;
+    }
+    const File& file = files_[static_cast<size_t>(chunk.file)];
+    auto* bytes = reinterpret_cast<uint8_t*>(data.data());
+    size_t done = 0;
+    while (done < data.size_bytes()) {
+      const ssize_t got = ::pread(file.fd, bytes + done, data.size_bytes() - done,
+                                  static_cast<off_t>(chunk.offset + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        return fmt::format("{}: reading {} at byte {} failed: {}", file.path.string(),
+                           Describe(piece, c), chunk.offset,
+                           got == 0 ? "end of file" : std::strerror(errno));
+      }
+      done += static_cast<size_t>(got);
+    }
+    const Digest digest = Blake2b().Update(std::span<const float>(data)).Final();
+    if (digest != chunk.digest) {
+      return fmt::format(
+          "{}: {} at byte {} reads back with BLAKE2b {} but was {} with {}: the file was changed "
+          "under lockstep",
+          file.path.string(), Describe(piece, c), chunk.offset, ToHex(digest),
+          file.owned ? "written" : "loaded", ToHex(chunk.digest));
+    }
+    return std::nullopt;
+  }
+
+  std::optional<std::string> WriteChunk(const Piece& piece, int64_t c, std::span<const float> data) {
+    const File& file = files_[static_cast<size_t>(piece.array)];
+    const uint64_t offset =
+        static_cast<uint64_t>(slot_chunk_[piece.tensor] + c) * static_cast<uint64_t>(kChunkBytes);
+    const auto* bytes = reinterpret_cast<const uint8_t*>(data.data());
+    size_t done = 0;
+    while (done < data.size_bytes()) {
+      const ssize_t put = ::pwrite(file.fd, bytes + done, data.size_bytes() - done,
+                                   static_cast<off_t>(offset + done));
+      if (put < 0 && errno == EINTR) continue;
+      if (put < 0) {
+        return fmt::format("{}: writing {} at byte {} failed: {}", file.path.string(),
+                           Describe(piece, c), offset, std::strerror(errno));
+      }
+      done += static_cast<size_t>(put);
+    }
+    ChunkOf(piece, c) = {static_cast<int>(piece.array), offset, Blake2b().Update(data).Final()};
+    return std::nullopt;
+  }
+
+  fs::path dir_;
+  bool created_dir_ = false;
+  std::vector<File> files_;           // the four spill files (by StateArray), then attachments
+  std::vector<int64_t> slot_chunk_;   // first chunk slot of each tensor in a spill file
+  std::vector<std::vector<std::vector<Chunk>>> chunks_;  // [array][tensor][chunk]
+  std::map<const float*, std::unique_ptr<float[]>> buffers_;  // acquired pieces
+};
+
+}  // namespace
+
+std::unique_ptr<StateStore> MakeSpillStore(std::vector<ParamSpec> specs, const fs::path& dir) {
+  return std::make_unique<SpillStore>(std::move(specs), dir);
+}
+
+}  // namespace lockstep::train

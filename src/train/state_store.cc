@@ -1,0 +1,86 @@
+// The StateStore's whole-tensor access for the Model, and the in-RAM store.
+#include <algorithm>
+#include <array>
+#include <limits>
+
+#include "train/state_store.h"
+
+namespace lockstep::train {
+
+std::span<const float> StateStore::OpenParam(size_t i) {
+  const Piece piece = Acquire(StateArray::kParam, i, 0, specs_.at(i).numel(), /*load=*/true);
+  open_[{StateArray::kParam, i}] = piece;
+  return piece.data;
+}
+
+void StateStore::CloseParam(size_t i) {
+  const auto it = open_.find({StateArray::kParam, i});
+  if (it == open_.end()) Fail("StateStore: parameter {} closed but not open", i);
+  Release(it->second, /*store=*/false);
+  open_.erase(it);
+}
+
+std::span<float> StateStore::OpenGrad(size_t i, bool accumulate) {
+  const Piece piece = Acquire(StateArray::kGrad, i, 0, specs_.at(i).numel(), accumulate);
+  open_[{StateArray::kGrad, i}] = piece;
+  return piece.data;
+}
+
+void StateStore::CloseGrad(size_t i) {
+  const auto it = open_.find({StateArray::kGrad, i});
+  if (it == open_.end()) Fail("StateStore: gradient {} closed but not open", i);
+  Release(it->second, /*store=*/true);
+  open_.erase(it);
+}
+
+namespace {
+
+// Pieces of a checkpoint are copied in this long (4 MiB).
+constexpr int64_t kLoadPieceFloats = int64_t{1} << 20;
+
+class MemoryStore final : public StateStore {
+ public:
+  explicit MemoryStore(std::vector<ParamSpec> specs)
+      : StateStore(specs), arrays_{ParamStore(specs), ParamStore(specs), ParamStore(specs),
+                                   ParamStore(specs)} {}
+
+  int64_t PieceFloats() const override { return std::numeric_limits<int64_t>::max(); }
+
+  Piece Acquire(StateArray array, size_t tensor, int64_t begin, int64_t count, bool) override {
+    const std::span<float> all = Array(array).Tensor(tensor);
+    if (begin < 0 || count < 0 || begin + count > static_cast<int64_t>(all.size())) {
+      Fail("MemoryStore: piece [{}, {}) outside tensor '{}' ({} elements)", begin, begin + count,
+           specs_[tensor].name, all.size());
+    }
+    return {array, tensor, begin, all.subspan(static_cast<size_t>(begin), static_cast<size_t>(count))};
+  }
+
+  void Release(const Piece&, bool) override {}
+  uint64_t SpillBytes() const override { return 0; }  // the piece is the stored array itself
+
+  void Zero() override {
+    for (ParamStore& store : arrays_) store.Zero();
+  }
+
+  StateHash Load(const CheckpointIndex& checkpoint, FileDigests digests) override {
+    return StreamCheckpoint(
+        checkpoint, kLoadPieceFloats,
+        [this](size_t i, StateArray a, int64_t begin, std::span<const float> piece) {
+          std::ranges::copy(piece, Array(a).Tensor(i).begin() + begin);
+        },
+        digests);
+  }
+
+ private:
+  ParamStore& Array(StateArray a) { return arrays_[static_cast<size_t>(a)]; }
+
+  std::array<ParamStore, kStateArrayCount> arrays_;
+};
+
+}  // namespace
+
+std::unique_ptr<StateStore> MakeMemoryStore(std::vector<ParamSpec> specs) {
+  return std::make_unique<MemoryStore>(std::move(specs));
+}
+
+}  // namespace lockstep::train

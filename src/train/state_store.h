@@ -1,0 +1,72 @@
+// Where a run's tensors live between uses: the parameters, both AdamW moments and the gradients.
+// MemoryStore keeps them in RAM; SpillStore keeps them in files of digested chunks, so that a
+// model larger than memory trains and replays with RAM ~ one layer plus the largest tensor
+// (docs/training.md, "Storage"). The step sees only pieces, so both give the same bits.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "lockstep/model.h"
+#include "lockstep/state.h"
+
+namespace lockstep::train {
+
+// A view of elements [begin, begin + data.size()) of one array of one tensor.
+struct Piece {
+  StateArray array = StateArray::kParam;
+  size_t tensor = 0;
+  int64_t begin = 0;
+  std::span<float> data;
+};
+
+class StateStore : public TensorAccess {
+ public:
+  explicit StateStore(std::vector<ParamSpec> specs) : specs_(std::move(specs)) {}
+
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  // The longest piece worth asking for: every piece but a tensor's last has this length, so it
+  // starts at a multiple of it (a multiple of rk::kNormBlock, or the whole tensor).
+  virtual int64_t PieceFloats() const = 0;
+  // A view of [begin, begin + count) of (array, tensor). With `load` it holds the stored
+  // values; without, its contents are unspecified (the caller sets every element).
+  virtual Piece Acquire(StateArray array, size_t tensor, int64_t begin, int64_t count,
+                        bool load) = 0;
+  // Done with the piece; with `store` its contents become the stored values.
+  virtual void Release(const Piece& piece, bool store) = 0;
+  // Every array of every tensor set to zero (the parameters are then initialised by the caller).
+  virtual void Zero() = 0;
+  // Loads a checkpoint's arrays, reading every file once (StreamCheckpoint); returns the state
+  // hash recomputed from the data. Nothing loaded is trusted before this returns.
+  virtual StateHash Load(const CheckpointIndex& checkpoint, FileDigests digests) = 0;
+  // Bytes the store's files occupy on disk now (0 for RAM).
+  virtual uint64_t SpillBytes() const = 0;
+
+  // TensorAccess, in whole tensors.
+  std::span<const float> OpenParam(size_t i) override;
+  void CloseParam(size_t i) override;
+  std::span<float> OpenGrad(size_t i, bool accumulate) override;
+  void CloseGrad(size_t i) override;
+
+ protected:
+  std::vector<ParamSpec> specs_;
+
+ private:
+  std::map<std::pair<StateArray, size_t>, Piece> open_;  // whole tensors open for the Model
+};
+
+// Four ParamStores in RAM; pieces are views into them (no copies).
+std::unique_ptr<StateStore> MakeMemoryStore(std::vector<ParamSpec> specs);
+// Files under `dir` (created if needed; the store's files are removed when it is destroyed).
+std::unique_ptr<StateStore> MakeSpillStore(std::vector<ParamSpec> specs,
+                                           const std::filesystem::path& dir);
+
+// The bytes a SpillStore's chunk holds (4 MiB): pieces are multiples of it.
+inline constexpr int64_t kSpillChunkFloats = int64_t{1} << 20;
+
+}  // namespace lockstep::train

@@ -1,0 +1,154 @@
+// SpillStore: pieces round-trip through the chunk files, untouched chunks read as zeros, a chunk
+// changed on disk is reported naming the file, a checkpoint is loaded in place (and never
+// written to), and every operation gives the bits the in-RAM store gives.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "lockstep/core.h"
+#include "lockstep/state.h"
+#include "train/state_store.h"
+
+namespace lockstep::train {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr int64_t kChunk = kSpillChunkFloats;
+
+// Two tensors: one of 2 chunks and a bit (pieces cross chunk ends), one smaller than a chunk.
+std::vector<ParamSpec> Specs() {
+  return {{.name = "big", .shape = {2, kChunk + 3}, .weight_decay = true, .is_matrix = true},
+          {.name = "small", .shape = {5}, .weight_decay = false, .is_matrix = false}};
+}
+
+std::vector<float> Random(int64_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+class SpillStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("lockstep_spill_test_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Writes `values` as array `a` of tensor i, piece by piece.
+  static void Put(StateStore& store, StateArray a, size_t i, const std::vector<float>& values) {
+    const auto n = static_cast<int64_t>(values.size());
+    for (int64_t begin = 0; begin < n; begin += store.PieceFloats()) {
+      const int64_t count = std::min(store.PieceFloats(), n - begin);
+      const Piece p = store.Acquire(a, i, begin, count, /*load=*/false);
+      std::memcpy(p.data.data(), values.data() + begin, p.data.size_bytes());
+      store.Release(p, /*store=*/true);
+    }
+  }
+  static std::vector<float> Get(StateStore& store, StateArray a, size_t i) {
+    const int64_t n = store.specs()[i].numel();
+    const Piece p = store.Acquire(a, i, 0, n, /*load=*/true);
+    std::vector<float> out(p.data.begin(), p.data.end());
+    store.Release(p, /*store=*/false);
+    return out;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(SpillStoreTest, PiecesRoundTripAndUntouchedChunksAreZero) {
+  auto spill = MakeSpillStore(Specs(), dir_ / "spill");
+  auto ram = MakeMemoryStore(Specs());
+  const int64_t n = Specs()[0].numel();
+  EXPECT_EQ(Get(*spill, StateArray::kM, 0), std::vector<float>(static_cast<size_t>(n), 0.0f));
+  const std::vector<float> values = Random(n, 1);
+  for (StateStore* store : {spill.get(), ram.get()}) Put(*store, StateArray::kV, 0, values);
+  EXPECT_EQ(Get(*spill, StateArray::kV, 0), values);
+  EXPECT_EQ(Get(*spill, StateArray::kV, 0), Get(*ram, StateArray::kV, 0));
+  // The whole-tensor access the Model uses: an accumulated gradient comes back as stored.
+  std::span<float> g = spill->OpenGrad(1, /*accumulate=*/false);
+  std::ranges::fill(g, 2.5f);
+  spill->CloseGrad(1);
+  EXPECT_EQ(spill->OpenGrad(1, /*accumulate=*/true)[4], 2.5f);
+  spill->CloseGrad(1);
+  EXPECT_GT(spill->SpillBytes(), 0u);
+  spill.reset();
+  EXPECT_FALSE(fs::exists(dir_ / "spill")) << "spill files left behind";
+}
+
+TEST_F(SpillStoreTest, ChunkChangedOnDiskIsNamed) {
+  auto spill = MakeSpillStore(Specs(), dir_ / "spill");
+  Put(*spill, StateArray::kM, 0, Random(Specs()[0].numel(), 2));
+  {
+    std::fstream f(dir_ / "spill" / "m.spill", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4 * (kChunk + 7));  // inside the second chunk
+    f.put('\x5a');
+  }
+  try {
+    Get(*spill, StateArray::kM, 0);
+    FAIL() << "a changed chunk was read back without an error";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("m.spill"), std::string::npos) << message;
+    EXPECT_NE(message.find("chunk 1 of m of 'big'"), std::string::npos) << message;
+    EXPECT_NE(message.find("changed under lockstep"), std::string::npos) << message;
+  }
+}
+
+TEST_F(SpillStoreTest, PiecesMustBeWholeChunks) {
+  auto spill = MakeSpillStore(Specs(), dir_ / "spill");
+  EXPECT_THROW(spill->Acquire(StateArray::kGrad, 0, 3, kChunk, true), Error);
+  EXPECT_THROW(spill->Acquire(StateArray::kGrad, 0, 0, kChunk + 1, true), Error);
+  EXPECT_THROW(spill->Acquire(StateArray::kGrad, 0, kChunk, 3 * kChunk, true), Error);
+}
+
+TEST_F(SpillStoreTest, ExistingSpillFileIsNotReused) {
+  fs::create_directories(dir_ / "spill");
+  std::ofstream(dir_ / "spill" / "grad.spill") << "someone else's";
+  EXPECT_THROW(MakeSpillStore(Specs(), dir_ / "spill"), Error);
+}
+
+// A checkpoint loads in place: the data is read where it is (the same bits as a load into RAM,
+// the same recomputed hash) and writes go to the spill files, never into the checkpoint.
+TEST_F(SpillStoreTest, CheckpointLoadsInPlaceAndIsNeverWritten) {
+  const std::vector<ParamSpec> specs = Specs();
+  std::vector<std::array<std::vector<float>, kStateArrayCount>> data;
+  std::vector<TensorState> tensors;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    auto& d = data.emplace_back();
+    for (int a = 0; a < kStateArrayCount; ++a) d[a] = Random(specs[i].numel(), 10 * i + a);
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    tensors.push_back({specs[i].name, specs[i].shape, data[i][0], data[i][1], data[i][2],
+                       data[i][3]});
+  }
+  StepState state;
+  state.step = 3;
+  state.descriptor = "{}";
+  const fs::path written = WriteCheckpoint(dir_ / "run", state, tensors);
+  const CheckpointIndex index = OpenCheckpoint(written);
+  const std::string complete = ReadFileText(written / "COMPLETE");
+
+  auto spill = MakeSpillStore(specs, dir_ / "spill");
+  auto ram = MakeMemoryStore(specs);
+  const StateHash spilled = spill->Load(index, FileDigests::kEnforce);
+  EXPECT_EQ(spilled.hash, ram->Load(index, FileDigests::kEnforce).hash);
+  EXPECT_EQ(spilled.hash, index.state_hash);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    for (int a = 0; a < kStateArrayCount; ++a) {
+      EXPECT_EQ(Get(*spill, static_cast<StateArray>(a), i), data[i][a]) << i << " " << a;
+    }
+  }
+  Put(*spill, StateArray::kParam, 0, Random(specs[0].numel(), 99));
+  EXPECT_NO_THROW(VerifyCheckpointHash(ReadCheckpoint(written)));
+  EXPECT_EQ(ReadFileText(written / "COMPLETE"), complete);
+}
+
+}  // namespace
+}  // namespace lockstep::train
