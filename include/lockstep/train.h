@@ -38,6 +38,9 @@ class StateStore;
 struct Storage {
   std::optional<std::filesystem::path> spill_dir;
 };
+// The longest piece of an array a spilled step holds (64 MiB): the update pass holds one piece
+// of each of the four arrays at once.
+inline constexpr int64_t kSpillPieceFloats = int64_t{16} << 20;
 
 // The whole training state of a run and the step function: the parameters, both AdamW moments
 // and the gradients of the last step, in a StateStore.

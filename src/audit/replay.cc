@@ -155,7 +155,8 @@ std::optional<Digest> ChainTarget(const fs::path& chain, const CheckpointIndex& 
 
 // The largest sum, over the passes of a step in a SpillStore, of the tensors open at once: a
 // layer's parameters plus its largest gradient, or output.weight with its gradient and
-// final_norm.weight, or tok_embeddings.weight (forward) or its gradient (backward).
+// final_norm.weight, or tok_embeddings.weight (forward) or its gradient (backward), or the
+// update pass's four pieces.
 uint64_t SpilledOpenBytes(const ModelConfig& model) {
   const std::vector<ParamSpec> specs = ParameterSpecs(model);
   std::map<std::string, uint64_t> layer_params, layer_largest;
@@ -171,7 +172,9 @@ uint64_t SpilledOpenBytes(const ModelConfig& model) {
       head += bytes;
     }
   }
+  // The update pass: a piece of each of the four arrays.
   uint64_t open = std::max(largest, head + largest);
+  open = std::max(open, uint64_t{kStateArrayCount} * std::min(static_cast<uint64_t>(train::kSpillPieceFloats) * sizeof(float), largest));
   for (const auto& [layer, bytes] : layer_params) {
     open = std::max(open, bytes + layer_largest[layer]);
   }

@@ -20,6 +20,8 @@ namespace lockstep::train {
 namespace {
 namespace fs = std::filesystem;
 
+static_assert(kSpillPieceFloats % kSpillChunkFloats == 0, "pieces are whole chunks");
+
 constexpr const char* kArrayNames[kStateArrayCount] = {"param", "m", "v", "grad"};
 constexpr int64_t kChunkBytes = kSpillChunkFloats * int64_t{sizeof(float)};
 
@@ -62,7 +64,7 @@ class SpillStore final : public StateStore {
     }
   }
 
-  int64_t PieceFloats() const override { return kPieceChunks * kSpillChunkFloats; }
+  int64_t PieceFloats() const override { return kSpillPieceFloats; }
 
   Piece Acquire(StateArray array, size_t tensor, int64_t begin, int64_t count, bool load) override {
     const int64_t numel = specs_.at(tensor).numel();
@@ -139,8 +141,6 @@ class SpillStore final : public StateStore {
   }
 
  private:
-  static constexpr int64_t kPieceChunks = 16;  // pieces of 64 MiB: few calls, parallel chunks
-
   struct Chunk {
     int file = -1;  // index into files_; -1: all zeros
     uint64_t offset = 0;

@@ -14,6 +14,7 @@
 
 #include "lockstep/model.h"
 #include "lockstep/state.h"
+#include "lockstep/train.h"
 
 namespace lockstep::train {
 

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The open-1b audit on this machine, measured end to end (issue: "open-1b one-step interval
+# replay"). With bench/configs/open-1b-step.yaml (open-1b's 1.61B parameters, one 256-token
+# sequence per step) it:
+#   1. trains step 0 and step 1 with the state on disk (--spill-dir): the publisher's side,
+#      giving the step-0 checkpoint (init state, zero moments) and the chain's hash of step 1;
+#   2. deletes the step-1 checkpoint (only its chain line is needed; it frees 26 GB);
+#   3. replays the init unit (streamed, tensor by tensor) against chain line 0;
+#   4. replays the one-step interval 0 -> 1 from the step-0 checkpoint against chain line 1;
+# and prints one JSON object: each replay's result (match, wall time, peak RSS measured and
+# planned) and the disk each part used. Needs ~55 GB free under WORK and ~30 minutes on 2 cores.
+#
+# usage: bench/replay_open1b.sh [WORK_DIR] [THREADS]     (default /tmp/lockstep-open1b, nproc)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+work=${1:-/tmp/lockstep-open1b}
+threads=${2:-$(nproc)}
+bin=build/lockstep
+config=bench/configs/open-1b-step.yaml
+[[ -x $bin ]] || { echo "build first: scripts/build.sh" >&2; exit 2; }
+rm -rf "$work" && mkdir -p "$work"
+du_bytes() { du -sb "$1" | cut -f1; }
+
+echo "== data" >&2
+$bin data synth --out "$work/data" --seed 7 --tokens 200000 >&2
+
+echo "== train steps 0 and 1 (state on disk)" >&2
+start=$SECONDS
+/usr/bin/time -f "%M" -o "$work/train.maxrss_kib" \
+  $bin train --config "$config" --data "$work/data" --out "$work/run" --steps 1 \
+  --threads "$threads" --spill-dir "$work/train-spill" --no-progress >&2
+train_seconds=$((SECONDS - start))
+step0_bytes=$(du_bytes "$work/run/checkpoints/step_000000000")
+rm -rf "$work/run/checkpoints/step_000000001"
+
+echo "== init unit" >&2
+$bin replay --from-init --config "$config" --data "$work/data" --threads "$threads" \
+  --expect-hash "$(sed -n 1p "$work/run/state_hashes.jsonl" | python3 -c 'import json,sys; print(json.load(sys.stdin)["hash"])')" \
+  >"$work/init.json"
+
+echo "== interval unit 0 -> 1" >&2
+$bin replay --checkpoint "$work/run/checkpoints/step_000000000" --until-step 1 \
+  --data "$work/data" --threads "$threads" --spill-dir "$work/replay-spill" >"$work/interval.json"
+
+python3 - "$work" "$train_seconds" "$step0_bytes" "$threads" <<'EOF'
+import json, sys
+work, train_seconds, step0_bytes = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+def unit(name):
+    r = json.load(open(f"{work}/{name}.json"))
+    planned, peak = r["planned_peak_rss_bytes"], r["peak_rss_bytes"]
+    return {"match": r["match"], "state_hash": r["state_hash"], "wall_seconds": r["wall_seconds"],
+            "peak_rss_bytes": peak, "peak_rss_gib": round(peak / 2**30, 3),
+            "planned_peak_rss_bytes": planned,
+            "plan_error": round((planned - peak) / peak, 4),
+            "spill_disk_bytes": r.get("spill_disk_bytes", 0)}
+print(json.dumps({
+    "config": "bench/configs/open-1b-step.yaml", "threads": int(sys.argv[4]),
+    "train_steps_0_1": {"wall_seconds": round(train_seconds, 1),
+                        "peak_rss_bytes": int(open(f"{work}/train.maxrss_kib").read()) * 1024},
+    "step0_checkpoint_bytes": step0_bytes,
+    "init_unit": unit("init"),
+    "interval_unit_0_1": unit("interval"),
+}, indent=2))
+EOF
