@@ -84,9 +84,32 @@ std::string ToHex(std::span<const uint8_t> bytes);
 Digest DigestFromHex(std::string_view hex, std::string_view what);
 
 // ---- memory ---------------------------------------------------------------------------------
-uint64_t PeakRssBytes();       // getrusage(RUSAGE_SELF).ru_maxrss
+uint64_t PeakRssBytes();       // VmHWM of /proc/self/status: the peak since start or reset
+void ResetPeakRss();           // VmHWM := VmRSS now, so work that follows has its own peak
 uint64_t CurrentRssBytes();    // VmRSS of /proc/self/status
 uint64_t MemAvailableBytes();  // MemAvailable of /proc/meminfo
+
+// ---- progress -------------------------------------------------------------------------------
+// A progress line on stderr for long work ("label: 37% (2.4 / 6.4 GiB, 12 s)"): on a terminal
+// one line redrawn at most every 0.2 s, in a log a line per 10 %. Disabled: prints nothing.
+class ProgressLine {
+ public:
+  ProgressLine(std::string label, uint64_t total_bytes, bool enabled);
+  void Add(uint64_t bytes);  // thread-compatible, not thread-safe
+  void Finish();             // the final line; also done by the destructor if not called
+
+  ~ProgressLine();
+  ProgressLine(const ProgressLine&) = delete;
+  ProgressLine& operator=(const ProgressLine&) = delete;
+
+ private:
+  void Draw(bool final);
+  std::string label_;
+  uint64_t total_, done_ = 0;
+  bool enabled_, terminal_, finished_ = false;
+  int last_decile_ = -1;
+  double start_, last_draw_ = -1;
+};
 
 // ---- files ----------------------------------------------------------------------------------
 // Whole-file read; fails naming the path and the OS error.

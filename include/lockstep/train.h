@@ -74,11 +74,15 @@ class Trainer {
   int64_t tokens_per_step() const;
   // Bytes the spill files hold on disk now (0 in RAM).
   uint64_t SpillBytes() const;
+  // Progress lines on stderr (ProgressLine) for the long phases: initialising, loading and
+  // writing checkpoints, and a spilled step's update pass. Off by default.
+  void set_progress(bool on) { progress_ = on; }
 
  private:
   // Digests every array of every tensor (and, when `update`, applies the step's clip and AdamW
   // update piece by piece first), then hashes the state.
   void UpdateAndHash(bool update, const rk::AdamWParams& adam_template, float clip_factor);
+  uint64_t StateBytes() const;  // the four arrays of every tensor
 
   RunConfig config_;
   data::TokenStream stream_;
@@ -89,6 +93,7 @@ class Trainer {
   StepState state_;
   StateHash hash_;
   std::vector<uint32_t> tokens_;  // one microbatch: [microbatch, seq_len + 1]
+  bool progress_ = false;
 };
 
 // The run descriptor hashed into every step: the model layer's DescriptorJson plus the data

@@ -261,6 +261,7 @@ ReplayResult ReplayInterval(const ReplayOptions& o) {
     }
   }
   train::Trainer trainer(config, dataset, train::RunDescriptor(config, dataset), storage.storage);
+  trainer.set_progress(true);
   const auto load_start = Clock::now();
   const StateHash loaded =
       trainer.Restore(start, o.force ? FileDigests::kIgnore : FileDigests::kEnforce);
@@ -366,6 +367,7 @@ void CheckOptions(const ReplayOptions& o) {
 
 ReplayResult Replay(const ReplayOptions& options) {
   const auto start = Clock::now();
+  ResetPeakRss();  // this unit's own peak, even after others in the same process (lockstep audit)
   CheckOptions(options);
   SetThreads(options.threads);
   ReplayResult result = options.from_init ? ReplayInit(options) : ReplayInterval(options);

@@ -1,6 +1,4 @@
 // What the process and the machine hold in memory, from the kernel's own accounting.
-#include <sys/resource.h>
-
 #include <fstream>
 #include <string>
 
@@ -24,10 +22,14 @@ uint64_t ProcKibField(const char* file, std::string_view key) {
 
 }  // namespace
 
-uint64_t PeakRssBytes() {
-  rusage usage{};
-  if (::getrusage(RUSAGE_SELF, &usage) != 0) Fail("getrusage(RUSAGE_SELF) failed");
-  return static_cast<uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+uint64_t PeakRssBytes() { return ProcKibField("/proc/self/status", "VmHWM"); }
+
+void ResetPeakRss() {
+  // "5" resets VmHWM to the current VmRSS (proc(5), /proc/pid/clear_refs, Linux 4.0+).
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";
+  clear.flush();
+  if (!clear) Fail("/proc/self/clear_refs: cannot reset the peak resident set (VmHWM)");
 }
 
 uint64_t CurrentRssBytes() { return ProcKibField("/proc/self/status", "VmRSS"); }

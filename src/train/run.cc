@@ -119,6 +119,7 @@ int RunTraining(const TrainOptions& options) {
     }
   }
   Trainer trainer(config, dataset, RunDescriptor(config, dataset), {options.spill_dir});
+  trainer.set_progress(options.progress);
   MetricsLog metrics(metrics_path);
 
   if (options.resume) {

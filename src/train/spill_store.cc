@@ -115,7 +115,8 @@ class SpillStore final : public StateStore {
     }
   }
 
-  StateHash Load(const CheckpointIndex& checkpoint, FileDigests digests) override {
+  StateHash Load(const CheckpointIndex& checkpoint, FileDigests digests,
+                 const std::function<void(uint64_t)>& loaded) override {
     Zero();
     std::map<fs::path, int> file_of;
     for (size_t i = 0; i < specs_.size(); ++i) {
@@ -136,6 +137,7 @@ class SpillStore final : public StateStore {
           chunks_[static_cast<size_t>(a)][i][static_cast<size_t>(begin / kSpillChunkFloats)] = {
               file_of.at(where.file), where.offset + static_cast<uint64_t>(begin) * sizeof(float),
               Blake2b().Update(piece).Final()};
+          loaded(piece.size_bytes());
         },
         digests);
   }

@@ -62,11 +62,13 @@ class MemoryStore final : public StateStore {
     for (ParamStore& store : arrays_) store.Zero();
   }
 
-  StateHash Load(const CheckpointIndex& checkpoint, FileDigests digests) override {
+  StateHash Load(const CheckpointIndex& checkpoint, FileDigests digests,
+                 const std::function<void(uint64_t)>& loaded) override {
     return StreamCheckpoint(
         checkpoint, kLoadPieceFloats,
-        [this](size_t i, StateArray a, int64_t begin, std::span<const float> piece) {
+        [&](size_t i, StateArray a, int64_t begin, std::span<const float> piece) {
           std::ranges::copy(piece, Array(a).Tensor(i).begin() + begin);
+          loaded(piece.size_bytes());
         },
         digests);
   }

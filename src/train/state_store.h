@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -43,8 +44,10 @@ class StateStore : public TensorAccess {
   // Every array of every tensor set to zero (the parameters are then initialised by the caller).
   virtual void Zero() = 0;
   // Loads a checkpoint's arrays, reading every file once (StreamCheckpoint); returns the state
-  // hash recomputed from the data. Nothing loaded is trusted before this returns.
-  virtual StateHash Load(const CheckpointIndex& checkpoint, FileDigests digests) = 0;
+  // hash recomputed from the data. Nothing loaded is trusted before this returns. `loaded`
+  // hears of each piece's bytes as it arrives.
+  virtual StateHash Load(const CheckpointIndex& checkpoint, FileDigests digests,
+                         const std::function<void(uint64_t bytes)>& loaded) = 0;
   // Bytes the store's files occupy on disk now (0 for RAM).
   virtual uint64_t SpillBytes() const = 0;
 

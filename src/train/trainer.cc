@@ -73,7 +73,16 @@ void ForEachPiece(const StateStore& store, const ParamSpec& spec, Body&& body) {
   for (int64_t begin = 0; begin < n; begin += piece) body(begin, std::min(piece, n - begin));
 }
 
+uint64_t Trainer::StateBytes() const {
+  uint64_t floats = 0;
+  for (const ParamSpec& spec : specs_) floats += static_cast<uint64_t>(spec.numel());
+  return floats * sizeof(float) * kStateArrayCount;
+}
+
 void Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_template, float clip_factor) {
+  // Only a spilled pass is long enough to show (it reads and writes the state on disk).
+  ProgressLine progress(update ? "update and hash" : "hash", StateBytes(),
+                        progress_ && store_->SpillBytes() > 0);
   std::vector<TensorDigest> digests;
   for (size_t i = 0; i < specs_.size(); ++i) {
     std::array<Blake2b, kStateArrayCount> hashers;
@@ -95,6 +104,7 @@ void Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_template, f
         hashers[static_cast<size_t>(a)].Update(std::span<const float>(p[a].data));
       });
       for (const Piece& piece : p) store_->Release(piece, /*store=*/update);
+      progress.Add(static_cast<uint64_t>(count) * sizeof(float) * kStateArrayCount);
     });
     digests.push_back({specs_[i].name, specs_[i].shape, hashers[0].Final(), hashers[1].Final(),
                        hashers[2].Final(), hashers[3].Final()});
@@ -109,12 +119,17 @@ void Trainer::Initialize() {
   state_.descriptor = descriptor;
   state_.rng_seed = config_.train.seed;
   const std::vector<int64_t> first_draws = FirstDraws(specs_);
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    ForEachPiece(*store_, specs_[i], [&](int64_t begin, int64_t count) {
-      const Piece p = store_->Acquire(StateArray::kParam, i, begin, count, /*load=*/false);
-      InitTensorRange(config_.model, config_.train.seed, specs_[i], first_draws[i], begin, p.data);
-      store_->Release(p, /*store=*/true);
-    });
+  {
+    ProgressLine progress("initialise", StateBytes() / kStateArrayCount, progress_);
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      ForEachPiece(*store_, specs_[i], [&](int64_t begin, int64_t count) {
+        const Piece p = store_->Acquire(StateArray::kParam, i, begin, count, /*load=*/false);
+        InitTensorRange(config_.model, config_.train.seed, specs_[i], first_draws[i], begin,
+                        p.data);
+        store_->Release(p, /*store=*/true);
+        progress.Add(static_cast<uint64_t>(count) * sizeof(float));
+      });
+    }
   }
   state_.rng_counter = static_cast<uint64_t>(first_draws.back());
   UpdateAndHash(/*update=*/false, {}, 1.0f);
@@ -138,7 +153,11 @@ StateHash Trainer::Restore(const CheckpointIndex& checkpoint, FileDigests digest
            fmt::join(t.shape, ", "), specs_[i].name, fmt::join(specs_[i].shape, ", "));
     }
   }
-  const StateHash recomputed = store_->Load(checkpoint, digests);
+  ProgressLine progress("load " + where, StateBytes(), progress_);
+  const StateHash recomputed = store_->Load(checkpoint, digests, [&](uint64_t bytes) {
+    progress.Add(bytes);
+  });
+  progress.Finish();
   if (recomputed.hash != checkpoint.state_hash && digests == FileDigests::kEnforce) {
     Fail("{}: the state hash recomputed from the files is {}, but meta.json records {}", where,
          ToHex(recomputed.hash), ToHex(checkpoint.state_hash));
@@ -149,11 +168,15 @@ StateHash Trainer::Restore(const CheckpointIndex& checkpoint, FileDigests digest
 }
 
 fs::path Trainer::WriteCheckpoint(const fs::path& run_dir) {
+  ProgressLine progress(fmt::format("write checkpoint step {}", state_.step), StateBytes(),
+                        progress_);
   const WrittenCheckpoint written = WriteCheckpointStreamed(
       run_dir, state_, shapes_, store_->PieceFloats(),
-      [this](size_t i, StateArray a, int64_t begin, std::span<float> out) {
+      [&](size_t i, StateArray a, int64_t begin, std::span<float> out) {
         ReadPiece(i, a, begin, out);
+        progress.Add(out.size_bytes());
       });
+  progress.Finish();
   if (written.hash.hash != hash_.hash) {
     Fail("{}: the checkpoint written hashes to {}, but the trainer's state hash is {}",
          written.dir.string(), ToHex(written.hash.hash), ToHex(hash_.hash));

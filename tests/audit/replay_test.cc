@@ -16,7 +16,11 @@
 #include <string>
 
 #include "lockstep/core.h"
+#include "lockstep/data.h"
+#include "lockstep/model.h"
 #include "lockstep/state.h"
+#include "lockstep/train.h"
+#include "state/internal.h"
 
 namespace lockstep {
 namespace {
@@ -197,6 +201,85 @@ TEST_F(Audit, UntilStepAtOrBeforeTheStartIsRefused) {
     EXPECT_NE(r.err.find("(step 10)"), std::string::npos) << r.err;
     EXPECT_EQ(r.err.find("memory plan"), std::string::npos) << r.err;  // refused before work
   }
+}
+
+// A checkpoint of tiny with a 2^28-token vocabulary: each embedding matrix is 128 GiB, more than
+// any machine this runs on holds even with the state spilled to disk. The tensor files are sparse
+// (headers written, data never): the plan refuses before any of it is read.
+fs::path ForgeHugeCheckpoint(const fs::path& dir, const fs::path& model_checkpoint,
+                             const fs::path& data) {
+  RunConfig config = LoadRunConfig("tiny");
+  config.model.vocab = int64_t{1} << 28;
+  const std::string descriptor =
+      train::RunDescriptor(config, data::OpenDataset(data));
+  fs::create_directories(dir);
+  std::vector<TensorShape> params, moments;
+  for (const ParamSpec& spec : ParameterSpecs(config.model)) {
+    params.push_back({spec.name, spec.shape});
+    moments.push_back({spec.name + ".exp_avg", spec.shape});
+    moments.push_back({spec.name + ".exp_avg_sq", spec.shape});
+  }
+  Json meta = Json::parse(ReadFileText(model_checkpoint / "meta.json"));
+  meta["descriptor"] = descriptor;
+  const std::string meta_text = meta.dump(2) + "\n";
+  WriteFileSynced(dir / "meta.json", meta_text);
+  Json files = {{"meta.json",
+                 {{"blake2b", ToHex(Blake2b256(std::span(
+                                  reinterpret_cast<const uint8_t*>(meta_text.data()),
+                                  meta_text.size())))},
+                  {"size", meta_text.size()}}}};
+  auto sparse = [&](const char* name, const char* content, std::span<const TensorShape> tensors) {
+    const std::map<std::string, std::string> metadata = {{"content", content},
+                                                         {"format", "lockstep-checkpoint"},
+                                                         {"format_version", "1"},
+                                                         {"step", std::to_string(meta["step"].get<uint64_t>())}};
+    const std::string header = state_internal::SafetensorsHeaderBytes(tensors, metadata, name);
+    uint64_t size = header.size();
+    for (const TensorShape& t : tensors) {
+      uint64_t count = 4;
+      for (const int64_t d : t.shape) count *= static_cast<uint64_t>(d);
+      size += count;
+    }
+    WriteFileSynced(dir / name, header);
+    fs::resize_file(dir / name, size);
+    files[name] = {{"blake2b", std::string(64, '0')}, {"size", size}};  // never read that far
+  };
+  sparse("model.safetensors", "model", params);
+  sparse("optimizer.safetensors", "optimizer", moments);
+  sparse("grads.safetensors", "grads", params);
+  const Json complete = {
+      {"files", files}, {"format", "lockstep-checkpoint-complete"}, {"format_version", 1}};
+  WriteFileSynced(dir / "COMPLETE", complete.dump(2) + "\n");
+  return dir;
+}
+
+// A replay the machine cannot hold, even with the state on disk, is refused with the plan's
+// numbers before anything large is read or allocated; train refuses a run whose state does not
+// fit in RAM and names --spill-dir.
+TEST_F(Audit, AMemoryPlanTheMachineCannotHoldIsRefused) {
+  const fs::path huge = ForgeHugeCheckpoint(Scratch() / "huge" / "step_000000010", Ckpt(Run(), 10),
+                                            Data());
+  const Result r = Lockstep("replay --checkpoint " + huge.string() + " --until-step 11 --data " +
+                            Data().string());
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("the replay does not fit in RAM"), std::string::npos) << r.err;
+  const std::regex refusal(
+      "memory plan: the replay needs [0-9]+ bytes beyond what is resident now \\(planned peak RSS "
+      "[0-9]+ bytes\\), but /proc/meminfo has MemAvailable [0-9]+ bytes; pass --force");
+  EXPECT_TRUE(std::regex_search(r.err, refusal)) << r.err;
+  EXPECT_LT(std::stoull(r.err.substr(r.err.find("planned peak RSS ") + 17)), uint64_t{1} << 45)
+      << "the plan counts the spilled step, not the 2 TiB state";
+
+  RunConfig config = LoadRunConfig("tiny");
+  const fs::path yaml = Scratch() / "huge.yaml";
+  std::string text = ReadFileText(fs::path(LOCKSTEP_SOURCE_DIR) / "configs/tiny.yaml");
+  text.replace(text.find("vocab: 512"), 10, "vocab: 268435456");
+  WriteFileSynced(yaml, text);
+  const Result t = Lockstep("train --config " + yaml.string() + " --data " + Data().string() +
+                            " --out " + (Scratch() / "huge-run").string() + " --no-progress");
+  EXPECT_EQ(t.exit_code, 2) << t.err;
+  EXPECT_NE(t.err.find("give --spill-dir DIR"), std::string::npos) << t.err;
+  EXPECT_FALSE(fs::exists(Scratch() / "huge-run" / "checkpoints"));
 }
 
 // Flips one bit of element 40 of layers.1.attn.wv.weight inside model.safetensors' data.

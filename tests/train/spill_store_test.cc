@@ -137,8 +137,8 @@ TEST_F(SpillStoreTest, CheckpointLoadsInPlaceAndIsNeverWritten) {
 
   auto spill = MakeSpillStore(specs, dir_ / "spill");
   auto ram = MakeMemoryStore(specs);
-  const StateHash spilled = spill->Load(index, FileDigests::kEnforce);
-  EXPECT_EQ(spilled.hash, ram->Load(index, FileDigests::kEnforce).hash);
+  const StateHash spilled = spill->Load(index, FileDigests::kEnforce, [](uint64_t) {});
+  EXPECT_EQ(spilled.hash, ram->Load(index, FileDigests::kEnforce, [](uint64_t) {}).hash);
   EXPECT_EQ(spilled.hash, index.state_hash);
   for (size_t i = 0; i < specs.size(); ++i) {
     for (int a = 0; a < kStateArrayCount; ++a) {
