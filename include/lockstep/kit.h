@@ -1,5 +1,7 @@
 // lockstep kits: everything an auditor needs to replay a published run, in one directory with a
-// manifest of sha256 digests (docs/kits.md). A kit holds the dataset, the run's config, the
+// manifest of sha256 digests (docs/kits.md). The formats (kit.json, trajectory.json) and the
+// file check are in the state layer (state.h), which needs no compute; building, fetching and
+// auditing a kit are here. A kit holds the dataset, the run's config, the
 // complete checkpoints the units start from (and end at), trajectory.json (the units with their
 // expected hashes) and kit.json (every other file with its size and sha256).
 #pragma once
@@ -13,79 +15,9 @@
 
 #include "lockstep/audit.h"
 #include "lockstep/core.h"
+#include "lockstep/state.h"  // the kit.json and trajectory.json formats (namespace kit)
 
 namespace lockstep::kit {
-
-inline constexpr int kKitFormatVersion = 1;
-inline constexpr int kTrajectoryFormatVersion = 1;
-inline constexpr std::string_view kManifestName = "kit.json";
-inline constexpr std::string_view kTrajectoryName = "trajectory.json";
-
-// ---- kit.json ----------------------------------------------------------------------------------
-struct KitFile {
-  std::string path;  // relative to the kit, '/'-separated (see ValidateKitPath)
-  uint64_t size = 0;
-  Digest sha256{};
-};
-
-struct KitManifest {
-  std::string lockstep_version, git_commit;  // of the lockstep that built the kit
-  int contract_version = 0;                  // numerics contract the kit's hashes were made under
-  std::vector<KitFile> files;                // sorted by path, every file but kit.json itself
-};
-
-// Fails unless `path` is a safe relative kit path: non-empty '/'-separated segments of
-// [A-Za-z0-9._-], none "." or "..", not kit.json. (Fetch writes DEST/<path>: nothing may escape
-// DEST, and the path goes into a URL unescaped.) `what` names the source in errors.
-void ValidateKitPath(std::string_view path, std::string_view what);
-
-// The exact bytes of kit.json for `manifest` (sorted keys, 2-space indent, final newline).
-std::string ManifestJson(const KitManifest& manifest);
-// Parses and validates kit.json text (fields, versions, paths, sorted and unique); `what` names
-// the source in errors.
-KitManifest ParseManifest(std::string_view text, std::string_view what);
-KitManifest ReadManifest(const std::filesystem::path& kit_dir);
-
-// The size and sha256 of a file, hashed through a read-only mapping so that even a file of many
-// GiB needs no buffer of its size.
-KitFile DescribeFile(const std::filesystem::path& file, std::string relative_path);
-
-// Checks a kit directory against its kit.json: the exact file set (a file kit.json does not list,
-// or a listed file that is missing, is an error; so is anything that is not a regular file), and
-// every file's size and sha256. Returns one message per problem, each naming the file; empty
-// when the kit verifies. Throws Error when kit.json itself cannot be read or parsed.
-std::vector<std::string> VerifyKit(const std::filesystem::path& kit_dir);
-
-// ---- trajectory.json -------------------------------------------------------------------------
-enum class UnitKind { kInit, kInterval };
-std::string_view UnitKindName(UnitKind kind);  // "init" | "interval"
-
-struct Unit {
-  std::string name;  // "init", or "interval_<start>_<until>"
-  UnitKind kind = UnitKind::kInit;
-  std::string config;  // kit path of the run config (YAML)
-  std::string data;    // kit path of the dataset directory
-  uint64_t seed = 0;   // init: the config's train.seed
-  uint64_t start_step = 0, until_step = 0;  // init: both 0
-  // interval: the checkpoint the replay starts from, and the publisher's checkpoint at
-  // until_step (for localising a mismatch); kit paths of checkpoint directories.
-  std::string start_checkpoint, target_checkpoint;
-  Digest expected_hash{};  // state_hashes.jsonl at until_step
-  // What the publisher measured: the sum of metrics.jsonl's step_seconds over the interval;
-  // nullopt where the run did not measure it (the init's time, and peak RSS, which lockstep
-  // train does not record).
-  std::optional<double> publisher_wall_seconds;
-  std::optional<uint64_t> publisher_peak_rss_bytes;
-};
-
-struct Trajectory {
-  std::string descriptor;  // the run descriptor every checkpoint's meta.json records
-  std::vector<Unit> units;  // init first, then intervals by start step
-};
-
-std::string TrajectoryJson(const Trajectory& trajectory);
-Trajectory ParseTrajectory(std::string_view text, std::string_view what);
-Trajectory ReadTrajectory(const std::filesystem::path& kit_dir);
 
 // ---- kit build -------------------------------------------------------------------------------
 struct BuildOptions {

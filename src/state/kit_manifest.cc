@@ -9,7 +9,7 @@
 #include <cstring>
 #include <map>
 
-#include "lockstep/kit.h"
+#include "lockstep/state.h"
 #include "state/internal.h"
 
 namespace lockstep::kit {

@@ -1,5 +1,5 @@
 // trajectory.json: the units of a kit, each with what its replay needs and the hash it must reach.
-#include "lockstep/kit.h"
+#include "lockstep/state.h"
 #include "state/internal.h"
 
 namespace lockstep::kit {
