@@ -390,5 +390,26 @@ TEST_F(Audit, SmokeInitMatchesAndOneStepPlanIsAccurate) {
   EXPECT_NEAR(planned / measured, 1.0, 0.15) << "planned " << planned << ", measured " << measured;
 }
 
+// open-100m (~100M parameters, tensors of several spill chunks): the streamed init unit equals
+// the step 0 the trainer writes with its state on disk, with RAM ~ two 4 MiB pieces (planned
+// within 15 %).
+TEST_F(Audit, OpenHundredMillionInitUnitMatchesTheSpilledTrainer) {
+  const fs::path run = Scratch() / "open-100m";
+  const Result trained =
+      Lockstep("train --config open-100m --data " + Data().string() + " --out " + run.string() +
+               " --steps 0 --threads 2 --no-progress --spill-dir " + (Scratch() / "spill").string());
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  const Result init = Lockstep("replay --from-init --config open-100m --data " + Data().string() +
+                               " --threads 2 --expect-hash " + ChainHash(run, 0));
+  ASSERT_EQ(init.exit_code, 0) << init.err;
+  const Json j = init.json();
+  EXPECT_EQ(j.at("match"), true) << init.out;
+  const double planned = j.at("planned_peak_rss_bytes").get<double>();
+  const double measured = j.at("peak_rss_bytes").get<double>();
+  EXPECT_NEAR(planned / measured, 1.0, 0.15) << "planned " << planned << ", measured " << measured;
+  EXPECT_LT(measured, 64.0 * 1024 * 1024) << "the init unit holds one piece, not the model";
+  EXPECT_FALSE(fs::exists(Scratch() / "spill")) << "the trainer left its spill files";
+}
+
 }  // namespace
 }  // namespace lockstep
