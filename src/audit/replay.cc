@@ -24,10 +24,20 @@ constexpr int64_t kInitPieceFloats = int64_t{1} << 20;
 
 void Note(const std::string& line) { std::fprintf(stderr, "replay: %s\n", line.c_str()); }
 
+uint64_t TensorBytes(const ParamSpec& spec) {
+  return static_cast<uint64_t>(spec.numel()) * sizeof(float);
+}
+
 uint64_t ParameterBytes(const ModelConfig& model) {
-  uint64_t count = 0;
-  for (const ParamSpec& spec : ParameterSpecs(model)) count += static_cast<uint64_t>(spec.numel());
-  return count * sizeof(float);
+  uint64_t bytes = 0;
+  for (const ParamSpec& spec : ParameterSpecs(model)) bytes += TensorBytes(spec);
+  return bytes;
+}
+
+uint64_t LargestTensorBytes(const ModelConfig& model) {
+  uint64_t bytes = 0;
+  for (const ParamSpec& spec : ParameterSpecs(model)) bytes = std::max(bytes, TensorBytes(spec));
+  return bytes;
 }
 
 // What a training step allocates beside the Model: the token stream's cached epochs (document
@@ -158,12 +168,11 @@ std::optional<Digest> ChainTarget(const fs::path& chain, const CheckpointIndex& 
 // final_norm.weight, or tok_embeddings.weight (forward) or its gradient (backward), or the
 // update pass's four pieces.
 uint64_t SpilledOpenBytes(const ModelConfig& model) {
-  const std::vector<ParamSpec> specs = ParameterSpecs(model);
   std::map<std::string, uint64_t> layer_params, layer_largest;
-  uint64_t largest = 0, head = 0;
-  for (const ParamSpec& spec : specs) {
-    const uint64_t bytes = static_cast<uint64_t>(spec.numel()) * sizeof(float);
-    largest = std::max(largest, bytes);
+  uint64_t head = 0;
+  const uint64_t largest = LargestTensorBytes(model);
+  for (const ParamSpec& spec : ParameterSpecs(model)) {
+    const uint64_t bytes = TensorBytes(spec);
     if (spec.name.starts_with("layers.")) {
       const std::string layer = spec.name.substr(0, spec.name.find('.', 7));
       layer_params[layer] += bytes;
@@ -172,9 +181,8 @@ uint64_t SpilledOpenBytes(const ModelConfig& model) {
       head += bytes;
     }
   }
-  // The update pass: a piece of each of the four arrays.
-  uint64_t open = std::max(largest, head + largest);
-  open = std::max(open, uint64_t{kStateArrayCount} * std::min(static_cast<uint64_t>(train::kSpillPieceFloats) * sizeof(float), largest));
+  const uint64_t piece = static_cast<uint64_t>(train::kSpillPieceFloats) * sizeof(float);
+  uint64_t open = std::max(head + largest, kStateArrayCount * std::min(piece, largest));
   for (const auto& [layer, bytes] : layer_params) {
     open = std::max(open, bytes + layer_largest[layer]);
   }
@@ -195,14 +203,7 @@ ReplayStorage PlanInterval(const ReplayOptions& o, const RunConfig& config,
                                                   config.train.microbatch, config.model.seq_len)) +
       StepScratchBytes(config, dataset);
   // --compare-checkpoint: one array of each side at a time.
-  const uint64_t largest_array = [&] {
-    uint64_t bytes = 0;
-    for (const ParamSpec& spec : ParameterSpecs(config.model)) {
-      bytes = std::max(bytes, static_cast<uint64_t>(spec.numel()) * sizeof(float));
-    }
-    return bytes;
-  }();
-  const uint64_t compare = o.compare_checkpoint ? 2 * largest_array : 0;
+  const uint64_t compare = o.compare_checkpoint ? 2 * LargestTensorBytes(config.model) : 0;
   MemoryPlan in_ram{.parts = {{"parameters, gradients, AdamW m and v",
                                4 * ParameterBytes(config.model)},
                               {"activations and step scratch", activations},

@@ -66,12 +66,16 @@ int64_t Trainer::tokens_per_step() const {
 
 uint64_t Trainer::SpillBytes() const { return store_->SpillBytes(); }
 
-// Pieces of tensor i: [begin, begin + count) with begin a multiple of the store's piece length.
+namespace {
+
+// Pieces of a tensor: [begin, begin + count) with begin a multiple of the store's piece length.
 template <typename Body>
 void ForEachPiece(const StateStore& store, const ParamSpec& spec, Body&& body) {
   const int64_t n = spec.numel(), piece = store.PieceFloats();
   for (int64_t begin = 0; begin < n; begin += piece) body(begin, std::min(piece, n - begin));
 }
+
+}  // namespace
 
 uint64_t Trainer::StateBytes() const {
   uint64_t floats = 0;
