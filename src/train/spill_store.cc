@@ -44,20 +44,19 @@ class SpillStore final : public StateStore {
         Fail("{}: cannot create spill file: {} (remove it, or give another --spill-dir)",
              path.string(), std::strerror(errno));
       }
+      // Unlinked at once: the space is the open descriptor's, so it is freed however the process
+      // ends (a killed replay of a large model must not leave gigabytes behind).
       files_.push_back({path, fd, true});
+      if (::unlink(path.c_str()) != 0) {
+        Fail("{}: cannot unlink the new spill file: {}", path.string(), std::strerror(errno));
+      }
     }
     dir_ = dir;
     Zero();
   }
 
   ~SpillStore() override {
-    for (const File& f : files_) {
-      ::close(f.fd);
-      if (f.owned) {
-        std::error_code ignored;  // a destructor cannot report; the directory listing shows it
-        fs::remove(f.path, ignored);
-      }
-    }
+    for (const File& f : files_) ::close(f.fd);
     if (created_dir_) {
       std::error_code ignored;
       fs::remove(dir_, ignored);  // only if empty
@@ -151,7 +150,7 @@ class SpillStore final : public StateStore {
   struct File {
     fs::path path;
     int fd;
-    bool owned;  // this store's spill file (removed at the end), not a checkpoint's
+    bool owned;  // this store's (unlinked) spill file, not a checkpoint's
   };
 
   static int64_t Chunks(int64_t numel) { return (numel + kSpillChunkFloats - 1) / kSpillChunkFloats; }

@@ -66,7 +66,8 @@ class StateStore : public TensorAccess {
 
 // Four ParamStores in RAM; pieces are views into them (no copies).
 std::unique_ptr<StateStore> MakeMemoryStore(std::vector<ParamSpec> specs);
-// Files under `dir` (created if needed; the store's files are removed when it is destroyed).
+// Files under `dir` (created if needed), unlinked as soon as they are open: they vanish with the
+// store, or with the process however it ends.
 std::unique_ptr<StateStore> MakeSpillStore(std::vector<ParamSpec> specs,
                                            const std::filesystem::path& dir);
 

@@ -118,12 +118,16 @@ TEST_F(E2e, ResumeAfterSigkillRecoversTheSameChain) {
   ASSERT_EQ(Train("straight", "--steps 30").exit_code, 0);
   const fs::path run = dir_ / "killed";
   // Kill a run at an arbitrary point after its first checkpoint (step 10): whatever it was
-  // doing, a resume must reproduce the straight run exactly.
+  // doing, a resume must reproduce the straight run exactly. The killed run keeps its state on
+  // disk: its spill files must vanish with it (they are unlinked once created), so the resume
+  // can spill into the same directory.
+  const fs::path spill = dir_ / "spill";
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     ::execl(LOCKSTEP_BINARY, LOCKSTEP_BINARY, "train", "--config", "tiny", "--data",
-            Data().c_str(), "--out", run.c_str(), "--steps", "30", "--no-progress", nullptr);
+            Data().c_str(), "--out", run.c_str(), "--steps", "30", "--no-progress", "--spill-dir",
+            spill.c_str(), nullptr);
     ::_exit(127);
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -135,6 +139,7 @@ TEST_F(E2e, ResumeAfterSigkillRecoversTheSameChain) {
   int status = 0;
   ::waitpid(pid, &status, 0);
   ASSERT_TRUE(fs::exists(run / "checkpoints/step_000000010/COMPLETE"));
+  EXPECT_TRUE(fs::is_empty(spill)) << "a killed run left spill files behind";
 
   // And the state a kill during a checkpoint write leaves: a half-written temporary directory,
   // plus (as if the kill came while step 20 was being written) hash lines past the checkpoint.
@@ -144,7 +149,8 @@ TEST_F(E2e, ResumeAfterSigkillRecoversTheSameChain) {
                   std::string_view("partial"));
 
   const Result r = Lockstep("train --config tiny --data " + Data().string() + " --out " +
-                            run.string() + " --steps 30 --resume --no-progress");
+                            run.string() + " --steps 30 --resume --no-progress --spill-dir " +
+                            spill.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(Text("straight/state_hashes.jsonl"), Text("killed/state_hashes.jsonl"));
   ExpectSameCheckpoint(dir_ / "straight/checkpoints/step_000000030",

@@ -85,8 +85,17 @@ TEST_F(SpillStoreTest, PiecesRoundTripAndUntouchedChunksAreZero) {
 TEST_F(SpillStoreTest, ChunkChangedOnDiskIsNamed) {
   auto spill = MakeSpillStore(Specs(), dir_ / "spill");
   Put(*spill, StateArray::kM, 0, Random(Specs()[0].numel(), 2));
+  // The spill file is unlinked once created: reach it through this process's descriptor.
+  fs::path m_spill;
+  for (const auto& fd : fs::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const std::string target = fs::read_symlink(fd.path(), error).string();
+    if (target == (dir_ / "spill" / "m.spill").string() + " (deleted)") m_spill = fd.path();
+  }
+  ASSERT_FALSE(m_spill.empty()) << "no open, unlinked m.spill";
+  EXPECT_FALSE(fs::exists(dir_ / "spill" / "m.spill"));
   {
-    std::fstream f(dir_ / "spill" / "m.spill", std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f(m_spill, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(4 * (kChunk + 7));  // inside the second chunk
     f.put('\x5a');
   }

@@ -53,8 +53,8 @@ void AddReplayCommand(CLI::App& app, int* exit_code) {
                   "differing hash component and the first differing element of each tensor");
   cmd->add_option("--spill-dir", f->spill_dir,
                   "interval unit: keep parameters, AdamW moments and gradients on disk in this "
-                  "directory (4 MiB chunks, each digested and checked when read back; removed at "
-                  "exit). Default: in RAM when the memory plan fits MemAvailable, else on disk "
+                  "directory (4 MiB chunks, each digested and checked when read back; unlinked at "
+                  "once, so they vanish even if the replay is killed). Default: in RAM when the memory plan fits MemAvailable, else on disk "
                   "under the system's temp directory. Same bits either way");
   cmd->add_flag("--force", o.force,
                 "replay even when the memory plan exceeds MemAvailable or the start "

@@ -35,7 +35,8 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
   auto spill_dir = std::make_shared<std::string>();
   cmd->add_option("--spill-dir", *spill_dir,
                   "keep parameters, AdamW moments and gradients on disk in this directory (files "
-                  "of 4 MiB chunks, each digested and checked when read back; removed at exit), "
+                  "of 4 MiB chunks, each digested and checked when read back; unlinked at once, so "
+                  "they vanish even if the run is killed), "
                   "with only what a pass needs in RAM: for models larger than memory. Same bits as "
                   "training in RAM");
   cmd->add_flag("--progress,!--no-progress", options->progress,
