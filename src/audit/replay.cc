@@ -189,6 +189,30 @@ uint64_t SpilledOpenBytes(const ModelConfig& model) {
   return open;
 }
 
+// The spill files hold at most every chunk of the four arrays once (a rewrite reuses its slot;
+// a chunk never written takes no space). Refuses, unless forced, when the file system holding
+// `dir` has less free space, rather than fail with ENOSPC minutes into the replay.
+void CheckSpillDisk(const fs::path& dir, uint64_t needed, bool force) {
+  fs::path probe = fs::absolute(dir);
+  while (!fs::exists(probe) && probe.has_parent_path() && probe != probe.parent_path()) {
+    probe = probe.parent_path();
+  }
+  std::error_code error;
+  const fs::space_info space = fs::space(probe, error);
+  if (error) Fail("{}: cannot read the free disk space: {}", probe.string(), error.message());
+  const double gb = 1e9;
+  Note(fmt::format("spill: up to {:.2f} GB on disk; {} has {:.2f} GB available",
+                   static_cast<double>(needed) / gb, probe.string(),
+                   static_cast<double>(space.available) / gb));
+  if (space.available >= needed) return;
+  const std::string problem =
+      fmt::format("spill: the replay may write {} bytes under {}, but its file system has {} "
+                  "bytes available",
+                  needed, dir.string(), space.available);
+  if (!force) Fail("{}; free space, give another --spill-dir, or pass --force", problem);
+  Note("WARNING: " + problem + "; replaying anyway (--force)");
+}
+
 // Replays in RAM when the machine holds it (or --spill-dir is given), else in a SpillStore.
 struct ReplayStorage {
   MemoryPlan plan;
@@ -251,6 +275,9 @@ ReplayResult ReplayInterval(const ReplayOptions& o) {
   const data::Dataset dataset = data::OpenDataset(o.data_dir);
   const ReplayStorage storage = PlanInterval(o, config, dataset);
   CheckMemoryPlan(storage.plan, o.force);
+  if (storage.storage.spill_dir) {
+    CheckSpillDisk(*storage.storage.spill_dir, 4 * ParameterBytes(config.model), o.force);
+  }
 
   std::optional<Digest> target = o.expect_hash;
   if (!target) {
