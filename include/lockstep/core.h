@@ -85,7 +85,9 @@ Digest DigestFromHex(std::string_view hex, std::string_view what);
 
 // ---- memory ---------------------------------------------------------------------------------
 uint64_t PeakRssBytes();       // VmHWM of /proc/self/status: the peak since start or reset
-void ResetPeakRss();           // VmHWM := VmRSS now, so work that follows has its own peak
+// VmHWM := VmRSS now, so work that follows has its own peak; false where the kernel does not
+// allow it (then the peak stays the process's since its start).
+bool ResetPeakRss();
 uint64_t CurrentRssBytes();    // VmRSS of /proc/self/status
 uint64_t MemAvailableBytes();  // MemAvailable of /proc/meminfo
 

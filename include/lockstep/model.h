@@ -145,8 +145,8 @@ std::vector<int64_t> FirstDraws(const std::vector<ParamSpec>& specs);
 // How Forward and Backward reach the parameters and the gradients: a tensor at a time (by its
 // index in ParameterSpecs order), so that a caller may keep them anywhere -- in RAM, or on disk
 // for a model larger than memory. Every Open is matched by a Close of the same tensor before the
-// pass returns; at once a pass holds at most one layer's parameters (or final_norm.weight and
-// output.weight) and one gradient open.
+// pass returns; at once a pass holds at most one layer's parameters (or one of the embedding,
+// final_norm.weight, output.weight) and one gradient open.
 class TensorAccess {
  public:
   virtual ~TensorAccess() = default;

@@ -211,6 +211,9 @@ struct CheckpointIndex {
 // Fails like ReadCheckpoint (with FileDigests::kEnforce for meta.json) on everything it checks.
 CheckpointIndex OpenCheckpoint(const std::filesystem::path& dir);
 
+// The piece length lockstep streams checkpoints in when nothing else decides it (4 MiB).
+inline constexpr int64_t kCheckpointPieceFloats = int64_t{1} << 20;
+
 // Receives a piece of array `a` of tensor `i`: elements [begin, begin + piece.size()).
 using PieceSink =
     std::function<void(size_t i, StateArray a, int64_t begin, std::span<const float> piece)>;
@@ -230,6 +233,11 @@ StateHash StreamCheckpoint(const CheckpointIndex& index, int64_t piece_floats,
 // Fails naming the directory and both hashes when `recomputed` (StreamCheckpoint's result)
 // differs from meta.json's state_hash, as VerifyCheckpointHash does. Returns `recomputed`.
 StateHash VerifyStreamedHash(const CheckpointIndex& index, StateHash recomputed);
+
+// Reads elements [begin, begin + out.size()) of array `a` of tensor `i` from the checkpoint's
+// file. No digest is checked here: call it on a checkpoint StreamCheckpoint has verified.
+void ReadCheckpointPiece(const CheckpointIndex& index, size_t i, StateArray a, int64_t begin,
+                         std::span<float> out);
 
 struct WrittenCheckpoint {
   std::filesystem::path dir;

@@ -33,7 +33,7 @@ HandoffVerdict VerifyHandoff(const std::filesystem::path& checkpoint, const Dige
   const CheckpointIndex read = OpenCheckpoint(checkpoint);
   return HandoffVerdict{.checkpoint = checkpoint,
                         .step = read.state.step,
-                        .recomputed = StreamCheckpoint(read, int64_t{1} << 20, {}).hash,
+                        .recomputed = StreamCheckpoint(read, kCheckpointPieceFloats, {}).hash,
                         .recorded = read.state_hash,
                         .expected = expect_hash,
                         .prev_hash = read.state.prev_hash,

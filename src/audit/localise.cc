@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <fstream>
 #include <optional>
 #include <cmath>
 #include <cstdlib>
@@ -94,22 +93,10 @@ std::vector<std::string> ScalarDifferences(const StepState& a, const StepState& 
   return fields;
 }
 
-int64_t ElementCount(const std::vector<int64_t>& shape) {
+int64_t ElementsOf(const std::vector<int64_t>& shape) {
   int64_t count = 1;
-  for (const int64_t d : shape) count *= d;
+  for (const int64_t d : shape) count *= d;  // the shape is a verified checkpoint's or the model's
   return count;
-}
-
-// Array `array` of tensor i of a verified checkpoint, read from its file.
-std::vector<float> ReadArray(const CheckpointIndex& checkpoint, size_t i, StateArray array) {
-  const CheckpointIndex::Location where = checkpoint.Where(i, array);
-  std::vector<float> values(
-      static_cast<size_t>(ElementCount(checkpoint.tensors[i].shape)));
-  std::ifstream in(where.file, std::ios::binary);
-  in.seekg(static_cast<std::streamoff>(where.offset));
-  in.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(values.size() * 4));
-  if (!in) Fail("{}: cannot read '{}' at byte {}", where.file.string(), checkpoint.tensors[i].name, where.offset);
-  return values;
 }
 
 std::optional<StateArray> ArrayOfName(std::string_view name) {
@@ -179,8 +166,8 @@ std::vector<std::string> LocaliseMismatch(const StepState& replayed_state,
         continue;
       }
       // One array of each side in RAM at a time.
-      const std::vector<float> b = ReadArray(reference, *theirs, *array);
-      std::vector<float> a(b.size());
+      std::vector<float> a(static_cast<size_t>(ElementsOf(shape))), b(a.size());
+      ReadCheckpointPiece(reference, *theirs, *array, 0, b);
       replayed(*ours, *array, 0, a);
       const std::vector<int64_t>& ours_shape = shape;
       const ArrayDifference d = CompareArrays(a, b);

@@ -1,6 +1,8 @@
 // Replaying a unit of a run: the init unit is regenerated and hashed tensor by tensor; an
 // interval unit restores a verified checkpoint and runs the training step until the target step.
 // docs/audit.md gives the commands, the output contract and the memory plan.
+#include <linux/magic.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -192,10 +194,18 @@ uint64_t SpilledOpenBytes(const ModelConfig& model) {
 // The spill files hold at most every chunk of the four arrays once (a rewrite reuses its slot;
 // a chunk never written takes no space). Refuses, unless forced, when the file system holding
 // `dir` has less free space, rather than fail with ENOSPC minutes into the replay.
-void CheckSpillDisk(const fs::path& dir, uint64_t needed, bool force) {
+void CheckSpillDisk(const fs::path& dir, uint64_t needed, bool chosen_by_user, bool force) {
   fs::path probe = fs::absolute(dir);
   while (!fs::exists(probe) && probe.has_parent_path() && probe != probe.parent_path()) {
     probe = probe.parent_path();
+  }
+  // A temp directory in RAM (tmpfs) would put the spilled state back in memory.
+  struct statfs fs_info {};
+  if (!chosen_by_user && ::statfs(probe.c_str(), &fs_info) == 0 &&
+      fs_info.f_type == TMPFS_MAGIC) {
+    Fail("the replay does not fit in RAM, and {} is a tmpfs (held in RAM): give --spill-dir on a "
+         "disk",
+         probe.string());
   }
   std::error_code error;
   const fs::space_info space = fs::space(probe, error);
@@ -240,11 +250,11 @@ ReplayStorage PlanInterval(const ReplayOptions& o, const RunConfig& config,
   Note(fmt::format("{}: parameters, moments and gradients are kept on disk in {}",
                    o.spill_dir ? "--spill-dir" : "the replay does not fit in RAM",
                    dir.string()));
+  // The step's open tensors are released before the localisation reads its arrays.
   MemoryPlan spilled{
-      .parts = {{"open tensors (largest layer or head, with a gradient)",
-                 SpilledOpenBytes(config.model)},
-                {"activations and step scratch", activations},
-                {"localisation arrays", compare}},
+      .parts = {{"open tensors (largest layer or head, with a gradient) or localisation arrays",
+                 std::max(SpilledOpenBytes(config.model), compare)},
+                {"activations and step scratch", activations}},
       .resident_at_planning = resident};
   return {spilled, {dir}};
 }
@@ -276,7 +286,8 @@ ReplayResult ReplayInterval(const ReplayOptions& o) {
   const ReplayStorage storage = PlanInterval(o, config, dataset);
   CheckMemoryPlan(storage.plan, o.force);
   if (storage.storage.spill_dir) {
-    CheckSpillDisk(*storage.storage.spill_dir, 4 * ParameterBytes(config.model), o.force);
+    CheckSpillDisk(*storage.storage.spill_dir, 4 * ParameterBytes(config.model),
+                   o.spill_dir.has_value(), o.force);
   }
 
   std::optional<Digest> target = o.expect_hash;
@@ -333,11 +344,8 @@ ReplayResult ReplayInterval(const ReplayOptions& o) {
   result.spill_bytes = trainer.SpillBytes();
 
   if (reference) {
-    const StateHash reference_hash = StreamCheckpoint(*reference, int64_t{1} << 20, {});
-    if (reference_hash.hash != reference->state_hash) {
-      Fail("{}: the state hash recomputed from the files is {}, but meta.json records {}",
-           reference->dir.string(), ToHex(reference_hash.hash), ToHex(reference->state_hash));
-    }
+    const StateHash reference_hash =
+        VerifyStreamedHash(*reference, StreamCheckpoint(*reference, kCheckpointPieceFloats, {}));
     result.localisation = LocaliseMismatch(
         trainer.state(), trainer.state_hash(), trainer.tensors(),
         [&](size_t i, StateArray a, int64_t begin, std::span<float> out) {
@@ -395,8 +403,13 @@ void CheckOptions(const ReplayOptions& o) {
 
 ReplayResult Replay(const ReplayOptions& options) {
   const auto start = Clock::now();
-  ResetPeakRss();  // this unit's own peak, even after others in the same process (lockstep audit)
+  // This unit's own peak, even after others in the same process (lockstep audit).
+  const bool own_peak = ResetPeakRss();
   CheckOptions(options);
+  if (!own_peak) {
+    Note("WARNING: /proc/self/clear_refs is not writable: peak_rss_bytes is the process's peak "
+         "since it started");
+  }
   SetThreads(options.threads);
   ReplayResult result = options.from_init ? ReplayInit(options) : ReplayInterval(options);
   result.device = "cpu:" + rk::ActiveIsa().name;

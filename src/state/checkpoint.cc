@@ -49,10 +49,6 @@ struct ArrayPlace {
 constexpr std::array<ArrayPlace, kStateArrayCount> kArrayPlaces = {
     {{0, ""}, {1, kExpAvg}, {1, kExpAvgSq}, {2, ""}}};
 
-// Large enough for large writes and cheap parallel hashing, small next to any model worth
-// streaming.
-constexpr int64_t kWritePieceFloats = int64_t{1} << 20;
-
 std::string StepDirName(uint64_t step) { return fmt::format("step_{:09d}", step); }
 
 // The step of a canonical "step_%09d" name; nullopt for anything else.
@@ -468,7 +464,7 @@ fs::path WriteCheckpoint(const fs::path& run_dir, const StepState& state,
     const std::span<const float> from = tensors[i].*kStateArrays[static_cast<int>(a)];
     std::copy_n(from.begin() + begin, piece.size(), piece.begin());
   };
-  return WriteCheckpointStreamed(run_dir, state, shapes, kWritePieceFloats, copy).dir;
+  return WriteCheckpointStreamed(run_dir, state, shapes, kCheckpointPieceFloats, copy).dir;
 }
 
 Checkpoint ReadCheckpoint(const fs::path& dir, FileDigests digests) {
@@ -593,6 +589,19 @@ StateHash StreamCheckpoint(const CheckpointIndex& index, int64_t piece_floats,
     CheckDigest(listed, file_hash.Final(), digests);
   }
   return StateHashFromDigests(index.state, tensor_digests);
+}
+
+void ReadCheckpointPiece(const CheckpointIndex& index, size_t i, StateArray a, int64_t begin,
+                         std::span<float> out) {
+  const CheckpointIndex::Location where = index.Where(i, a);
+  const uint64_t count = state_internal::ElementCount(index.tensors.at(i).shape, where.file.string());
+  if (begin < 0 || static_cast<uint64_t>(begin) + out.size() > count) {
+    Fail("{}: elements [{}, {}) are outside tensor '{}' ({} elements)", where.file.string(), begin,
+         static_cast<uint64_t>(begin) + out.size(), index.tensors[i].name, count);
+  }
+  const state_internal::File file = state_internal::File::OpenForReading(where.file);
+  file.ReadAt(where.offset + static_cast<uint64_t>(begin) * sizeof(float),
+              std::span(reinterpret_cast<uint8_t*>(out.data()), out.size_bytes()));
 }
 
 StateHash VerifyStreamedHash(const CheckpointIndex& index, StateHash recomputed) {

@@ -21,6 +21,8 @@ namespace {
 namespace fs = std::filesystem;
 
 static_assert(kSpillPieceFloats % kSpillChunkFloats == 0, "pieces are whole chunks");
+// The streamed global norm continues a tensor's sum piece by piece from block boundaries.
+static_assert(kSpillChunkFloats % rk::kNormBlock == 0, "chunks are whole norm blocks");
 
 constexpr const char* kArrayNames[kStateArrayCount] = {"param", "m", "v", "grad"};
 constexpr int64_t kChunkBytes = kSpillChunkFloats * int64_t{sizeof(float)};
@@ -224,9 +226,10 @@ class SpillStore final : public StateStore {
       const ssize_t put = ::pwrite(file.fd, bytes + done, data.size_bytes() - done,
                                    static_cast<off_t>(offset + done));
       if (put < 0 && errno == EINTR) continue;
-      if (put < 0) {
+      if (put <= 0) {
         return fmt::format("{}: writing {} at byte {} failed: {}", file.path.string(),
-                           Describe(piece, c), offset, std::strerror(errno));
+                           Describe(piece, c), offset,
+                           put == 0 ? "nothing written" : std::strerror(errno));
       }
       done += static_cast<size_t>(put);
     }

@@ -35,9 +35,6 @@ void StateStore::CloseGrad(size_t i) {
 
 namespace {
 
-// Pieces of a checkpoint are copied in this long (4 MiB).
-constexpr int64_t kLoadPieceFloats = int64_t{1} << 20;
-
 class MemoryStore final : public StateStore {
  public:
   explicit MemoryStore(std::vector<ParamSpec> specs)
@@ -65,7 +62,7 @@ class MemoryStore final : public StateStore {
   StateHash Load(const CheckpointIndex& checkpoint, FileDigests digests,
                  const std::function<void(uint64_t)>& loaded) override {
     return StreamCheckpoint(
-        checkpoint, kLoadPieceFloats,
+        checkpoint, kCheckpointPieceFloats,
         [&](size_t i, StateArray a, int64_t begin, std::span<const float> piece) {
           std::ranges::copy(piece, Array(a).Tensor(i).begin() + begin);
           loaded(piece.size_bytes());

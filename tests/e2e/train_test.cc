@@ -114,6 +114,39 @@ TEST_F(E2e, SpilledRunEqualsRunInRam) {
   EXPECT_FALSE(fs::exists(spill)) << "the spill directory was not removed";
 }
 
+// The same for open-100m's width with a 32768-token vocabulary and 2 layers: the embedding and
+// head are 24 spill chunks each (two pieces: a norm carried across pieces, chunks in parallel),
+// with two microbatches of 64 tokens and updates that are applied (spike_threshold raised: the
+// initial gradient norm is above 10).
+TEST_F(E2e, SpilledMultiChunkStepsEqualStepsInRam) {
+  std::string yaml = ReadFileText(fs::path(LOCKSTEP_SOURCE_DIR) / "configs/open-100m.yaml");
+  auto set = [&](const std::string& key, const std::string& value) {
+    const size_t at = yaml.find("  " + key + ": ");
+    ASSERT_NE(at, std::string::npos) << key;
+    yaml.replace(at, yaml.find('\n', at) - at, "  " + key + ": " + value);
+  };
+  set("vocab", "32768");
+  set("n_layers", "2");
+  set("seq_len", "64");
+  set("microbatch", "1");
+  set("microbatches", "2");
+  set("spike_threshold", "1.0e6");
+  const fs::path config = dir_ / "open-100m-short.yaml";
+  WriteFileSynced(config, yaml);
+  auto train = [&](const std::string& run, const std::string& extra) {
+    return Lockstep("train --config " + config.string() + " --data " + Data().string() +
+                    " --out " + (dir_ / run).string() + " --no-progress --steps 2 " + extra);
+  };
+  const Result ram = train("ram", "--threads 1");
+  ASSERT_EQ(ram.exit_code, 0) << ram.output;
+  const Result spilled = train("spilled", "--threads 2 --spill-dir " + (dir_ / "spill").string());
+  ASSERT_EQ(spilled.exit_code, 0) << spilled.output;
+  EXPECT_EQ(Text("ram/state_hashes.jsonl"), Text("spilled/state_hashes.jsonl"));
+  EXPECT_EQ(ReadFileText(dir_ / "ram/checkpoints/step_000000002/COMPLETE"),
+            ReadFileText(dir_ / "spilled/checkpoints/step_000000002/COMPLETE"));
+  EXPECT_EQ(Text("ram/metrics.jsonl").find("\"skipped\":true"), std::string::npos);
+}
+
 TEST_F(E2e, ResumeAfterSigkillRecoversTheSameChain) {
   ASSERT_EQ(Train("straight", "--steps 30").exit_code, 0);
   const fs::path run = dir_ / "killed";
