@@ -32,6 +32,9 @@ struct StepReport {
 
 class StateStore;
 
+// The bytes of a run's state: the four fp32 arrays (parameter, m, v, gradient) of every tensor.
+uint64_t StateBytes(const ModelConfig& model);
+
 // Where a Trainer keeps its tensors (src/train/state_store.h): in RAM, or -- for a model larger
 // than memory -- in digested chunk files under spill_dir, with only what a pass needs resident
 // (one layer's parameters, a gradient, the activations). The bits are the same either way.
@@ -82,7 +85,6 @@ class Trainer {
   // Digests every array of every tensor (and, when `update`, applies the step's clip and AdamW
   // update piece by piece first), then hashes the state.
   void UpdateAndHash(bool update, const rk::AdamWParams& adam_template, float clip_factor);
-  uint64_t StateBytes() const;  // the four arrays of every tensor
 
   RunConfig config_;
   data::TokenStream stream_;

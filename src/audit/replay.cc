@@ -30,12 +30,6 @@ uint64_t TensorBytes(const ParamSpec& spec) {
   return static_cast<uint64_t>(spec.numel()) * sizeof(float);
 }
 
-uint64_t ParameterBytes(const ModelConfig& model) {
-  uint64_t bytes = 0;
-  for (const ParamSpec& spec : ParameterSpecs(model)) bytes += TensorBytes(spec);
-  return bytes;
-}
-
 uint64_t LargestTensorBytes(const ModelConfig& model) {
   uint64_t bytes = 0;
   for (const ParamSpec& spec : ParameterSpecs(model)) bytes = std::max(bytes, TensorBytes(spec));
@@ -239,7 +233,7 @@ ReplayStorage PlanInterval(const ReplayOptions& o, const RunConfig& config,
   // --compare-checkpoint: one array of each side at a time.
   const uint64_t compare = o.compare_checkpoint ? 2 * LargestTensorBytes(config.model) : 0;
   MemoryPlan in_ram{.parts = {{"parameters, gradients, AdamW m and v",
-                               4 * ParameterBytes(config.model)},
+                               train::StateBytes(config.model)},
                               {"activations and step scratch", activations},
                               {"localisation arrays", compare}},
                     .resident_at_planning = resident};
@@ -286,7 +280,7 @@ ReplayResult ReplayInterval(const ReplayOptions& o) {
   const ReplayStorage storage = PlanInterval(o, config, dataset);
   CheckMemoryPlan(storage.plan, o.force);
   if (storage.storage.spill_dir) {
-    CheckSpillDisk(*storage.storage.spill_dir, 4 * ParameterBytes(config.model),
+    CheckSpillDisk(*storage.storage.spill_dir, train::StateBytes(config.model),
                    o.spill_dir.has_value(), o.force);
   }
 

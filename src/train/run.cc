@@ -107,10 +107,8 @@ int RunTraining(const TrainOptions& options) {
   const fs::path hashes_path = options.run_dir / "state_hashes.jsonl";
   const fs::path metrics_path = options.run_dir / "metrics.jsonl";
   if (!options.spill_dir) {
-    // Four fp32 arrays per parameter in RAM; say so before allocating rather than be killed.
-    int64_t parameters = 0;
-    for (const ParamSpec& spec : ParameterSpecs(config.model)) parameters += spec.numel();
-    const uint64_t needed = 4 * sizeof(float) * static_cast<uint64_t>(parameters);
+    // Say so before allocating rather than be killed.
+    const uint64_t needed = StateBytes(config.model);
     if (needed > MemAvailableBytes()) {
       Fail("{}: parameters, AdamW moments and gradients need {:.2f} GiB of RAM but MemAvailable "
            "is {:.2f} GiB: give --spill-dir DIR to keep them on disk",

@@ -81,15 +81,15 @@ void ForEachPiece(const StateStore& store, const ParamSpec& spec, Body&& body) {
 
 }  // namespace
 
-uint64_t Trainer::StateBytes() const {
+uint64_t StateBytes(const ModelConfig& model) {
   uint64_t floats = 0;
-  for (const ParamSpec& spec : specs_) floats += static_cast<uint64_t>(spec.numel());
+  for (const ParamSpec& spec : ParameterSpecs(model)) floats += static_cast<uint64_t>(spec.numel());
   return floats * sizeof(float) * kStateArrayCount;
 }
 
 void Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_template, float clip_factor) {
   // Only a spilled pass is long enough to show (it reads and writes the state on disk).
-  ProgressLine progress(update ? "update and hash" : "hash", StateBytes(),
+  ProgressLine progress(update ? "update and hash" : "hash", StateBytes(config_.model),
                         progress_ && store_->SpillBytes() > 0);
   std::vector<TensorDigest> digests;
   for (size_t i = 0; i < specs_.size(); ++i) {
@@ -131,7 +131,7 @@ void Trainer::Initialize() {
   state_.rng_seed = config_.train.seed;
   const std::vector<int64_t> first_draws = FirstDraws(specs_);
   {
-    ProgressLine progress("initialise", StateBytes() / kStateArrayCount, progress_);
+    ProgressLine progress("initialise", StateBytes(config_.model) / kStateArrayCount, progress_);
     for (size_t i = 0; i < specs_.size(); ++i) {
       ForEachPiece(*store_, specs_[i], [&](int64_t begin, int64_t count) {
         const Piece p = store_->Acquire(StateArray::kParam, i, begin, count, /*load=*/false);
@@ -164,7 +164,7 @@ StateHash Trainer::Restore(const CheckpointIndex& checkpoint, FileDigests digest
            fmt::join(t.shape, ", "), specs_[i].name, fmt::join(specs_[i].shape, ", "));
     }
   }
-  ProgressLine progress("load " + where, StateBytes(), progress_);
+  ProgressLine progress("load " + where, StateBytes(config_.model), progress_);
   const StateHash recomputed = store_->Load(checkpoint, digests, [&](uint64_t bytes) {
     progress.Add(bytes);
   });
@@ -176,7 +176,7 @@ StateHash Trainer::Restore(const CheckpointIndex& checkpoint, FileDigests digest
 }
 
 fs::path Trainer::WriteCheckpoint(const fs::path& run_dir) {
-  ProgressLine progress(fmt::format("write checkpoint step {}", state_.step), StateBytes(),
+  ProgressLine progress(fmt::format("write checkpoint step {}", state_.step), StateBytes(config_.model),
                         progress_);
   // Bounded pieces: the writer's buffer is one piece, whatever the store (in RAM a store's
   // piece is a whole tensor).
