@@ -7,31 +7,27 @@
 
 namespace lockstep::train {
 
+std::span<float> StateStore::Open(StateArray array, size_t i, bool load) {
+  const Piece piece = Acquire(array, i, 0, specs_.at(i).numel(), load);
+  open_[{array, i}] = piece;
+  return piece.data;
+}
+
+void StateStore::Close(StateArray array, size_t i, bool store) {
+  const auto it = open_.find({array, i});
+  if (it == open_.end()) Fail("StateStore: tensor {} closed but not open", i);
+  Release(it->second, store);
+  open_.erase(it);
+}
+
 std::span<const float> StateStore::OpenParam(size_t i) {
-  const Piece piece = Acquire(StateArray::kParam, i, 0, specs_.at(i).numel(), /*load=*/true);
-  open_[{StateArray::kParam, i}] = piece;
-  return piece.data;
+  return Open(StateArray::kParam, i, /*load=*/true);
 }
-
-void StateStore::CloseParam(size_t i) {
-  const auto it = open_.find({StateArray::kParam, i});
-  if (it == open_.end()) Fail("StateStore: parameter {} closed but not open", i);
-  Release(it->second, /*store=*/false);
-  open_.erase(it);
-}
-
+void StateStore::CloseParam(size_t i) { Close(StateArray::kParam, i, /*store=*/false); }
 std::span<float> StateStore::OpenGrad(size_t i, bool accumulate) {
-  const Piece piece = Acquire(StateArray::kGrad, i, 0, specs_.at(i).numel(), accumulate);
-  open_[{StateArray::kGrad, i}] = piece;
-  return piece.data;
+  return Open(StateArray::kGrad, i, /*load=*/accumulate);
 }
-
-void StateStore::CloseGrad(size_t i) {
-  const auto it = open_.find({StateArray::kGrad, i});
-  if (it == open_.end()) Fail("StateStore: gradient {} closed but not open", i);
-  Release(it->second, /*store=*/true);
-  open_.erase(it);
-}
+void StateStore::CloseGrad(size_t i) { Close(StateArray::kGrad, i, /*store=*/true); }
 
 namespace {
 

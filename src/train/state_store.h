@@ -61,6 +61,10 @@ class StateStore : public TensorAccess {
   std::vector<ParamSpec> specs_;
 
  private:
+  // A whole tensor opened for the Model, and its release.
+  std::span<float> Open(StateArray array, size_t i, bool load);
+  void Close(StateArray array, size_t i, bool store);
+
   std::map<std::pair<StateArray, size_t>, Piece> open_;  // whole tensors open for the Model
 };
 
