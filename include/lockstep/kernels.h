@@ -11,6 +11,7 @@
 // so; otherwise outputs must not overlap inputs or each other.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -173,6 +174,9 @@ float NormOfTensorSums(std::span<const double> tensor_sums);
 float ClipFactor(float norm, float max_norm);
 // x[i] *= factor.
 void Scale(std::span<float> x, float factor);
+// Replaces every NaN in x by the canonical quiet NaN (dmath::kCanonicalNaNBits); returns how
+// many it replaced. Elementwise, so every ISA and thread count gives the same bits.
+int64_t CanonicalizeNaNs(std::span<float> x);
 
 }  // namespace lockstep::rk
 
@@ -180,6 +184,14 @@ void Scale(std::span<float> x, float factor);
 // Fixed-operation-order functions whose bits are the same on every CPU and compiler: SLEEF's
 // deterministic no-FMA family (Sleef_cinz_*_u10) and lockstep's own polynomials. Never libm.
 namespace lockstep::dmath {
+// The one NaN the contract produces: positive, quiet, payload zero (docs/numerics.md, "NaN").
+// Hardware disagrees on NaN bits (x86's default NaN is 0xffc00000, Arm's 0x7fc00000, and which
+// operand's payload an FMA propagates depends on the instruction form), so every function below
+// returns this NaN for any NaN result.
+inline constexpr uint32_t kCanonicalNaNBits = 0x7fc00000u;
+inline float Canonical(float x) {
+  return x != x ? std::bit_cast<float>(kCanonicalNaNBits) : x;
+}
 float Exp(float x);
 float Log(float x);
 float Sqrt(float x);   // IEEE correctly rounded

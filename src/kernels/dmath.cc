@@ -9,14 +9,17 @@
 
 namespace lockstep::dmath {
 
-float Exp(float x) { return Sleef_cinz_expf1_u10purec(x); }
-float Log(float x) { return Sleef_cinz_logf1_u10purec(x); }
+// Every result passes through Canonical: SLEEF returns NaN bits as the hardware makes them
+// (the AVX-512 member gives log(-inf) = -NaN where the portable C member gives +NaN), and IEEE
+// sqrt of a negative number is -NaN on x86 and +NaN on Arm.
+float Exp(float x) { return Canonical(Sleef_cinz_expf1_u10purec(x)); }
+float Log(float x) { return Canonical(Sleef_cinz_logf1_u10purec(x)); }
 // sqrt and division are correctly rounded by IEEE 754, so any conforming unit gives these bits.
-float Sqrt(float x) { return __builtin_sqrtf(x); }
-float Rsqrt(float x) { return 1.0f / __builtin_sqrtf(x); }
-float Sin(float x) { return Sleef_cinz_sinf1_u10purec(x); }
-float Cos(float x) { return Sleef_cinz_cosf1_u10purec(x); }
-float Pow(float x, float y) { return Sleef_cinz_powf1_u10purec(x, y); }
-float Erf(float x) { return Sleef_cinz_erff1_u10purec(x); }
+float Sqrt(float x) { return Canonical(__builtin_sqrtf(x)); }
+float Rsqrt(float x) { return Canonical(1.0f / __builtin_sqrtf(x)); }
+float Sin(float x) { return Canonical(Sleef_cinz_sinf1_u10purec(x)); }
+float Cos(float x) { return Canonical(Sleef_cinz_cosf1_u10purec(x)); }
+float Pow(float x, float y) { return Canonical(Sleef_cinz_powf1_u10purec(x, y)); }
+float Erf(float x) { return Canonical(Sleef_cinz_erff1_u10purec(x)); }
 
 }  // namespace lockstep::dmath

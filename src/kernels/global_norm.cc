@@ -38,7 +38,7 @@ float NormOfTensorSums(std::span<const double> tensor_sums) {
   for (const double sum : tensor_sums) total = total + sum;
   // IEEE 754 square root is correctly rounded, so std::sqrt on a double is the same on every
   // conforming machine (unlike exp/log); the one rounding to fp32 follows.
-  return static_cast<float>(std::sqrt(total));
+  return dmath::Canonical(static_cast<float>(std::sqrt(total)));
 }
 
 float GlobalNorm(std::span<const std::span<const float>> tensors) {
@@ -68,6 +68,17 @@ void Scale(std::span<float> x, float factor) {
     const int64_t i0 = block * kScaleBlock, i1 = std::min(n, i0 + kScaleBlock);
     for (int64_t i = i0; i < i1; ++i) data[i] = data[i] * factor;
   });
+}
+
+int64_t CanonicalizeNaNs(std::span<float> x) {
+  int64_t replaced = 0;
+  for (float& f : x) {
+    if (f != f) {
+      f = dmath::Canonical(f);
+      ++replaced;
+    }
+  }
+  return replaced;
 }
 
 }  // namespace lockstep::rk

@@ -232,14 +232,17 @@ StepReport Trainer::Step() {
   report.loss = loss_sum * inv_tokens;
   report.zloss = zloss_sum * inv_tokens;
 
-  // 2. Global norm over every gradient in parameter order, piece by piece.
+  // 2. Global norm over every gradient in parameter order, piece by piece. A NaN gradient
+  //    (whose bits the kernels do not fix) is made the canonical NaN here, before anything
+  //    hashes or writes it; the scan runs only in a piece whose sum is NaN.
   std::vector<double> squares;
   for (size_t i = 0; i < specs_.size(); ++i) {
     double running = 0.0;
     ForEachPiece(*store_, specs_[i], [&](int64_t begin, int64_t count) {
       const Piece g = store_->Acquire(StateArray::kGrad, i, begin, count, /*load=*/true);
       running = rk::AddTensorSquares(running, g.data);
-      store_->Release(g, /*store=*/false);
+      const bool replaced = std::isnan(running) && rk::CanonicalizeNaNs(g.data) > 0;
+      store_->Release(g, /*store=*/replaced);
     });
     squares.push_back(running);
   }

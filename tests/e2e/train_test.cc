@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -145,6 +146,36 @@ TEST_F(E2e, SpilledMultiChunkStepsEqualStepsInRam) {
   EXPECT_EQ(ReadFileText(dir_ / "ram/checkpoints/step_000000002/COMPLETE"),
             ReadFileText(dir_ / "spilled/checkpoints/step_000000002/COMPLETE"));
   EXPECT_EQ(Text("ram/metrics.jsonl").find("\"skipped\":true"), std::string::npos);
+}
+
+// A diverged step (init_std 1e19: the forward overflows, every gradient is NaN) is skipped,
+// and its gradients are hashed and written as the canonical NaN 0x7fc00000: x86 arithmetic
+// makes 0xffc00000, Arm 0x7fc00000, so hardware NaN bits would split the chain by CPU.
+TEST_F(E2e, NaNGradientsAreHashedAsTheCanonicalNaN) {
+  std::string yaml = ReadFileText(fs::path(LOCKSTEP_SOURCE_DIR) / "configs/tiny.yaml");
+  const size_t at = yaml.find("init_std: 0.02");
+  ASSERT_NE(at, std::string::npos);
+  yaml.replace(at, 14, "init_std: 1.0e+19");
+  const fs::path config = dir_ / "diverging.yaml";
+  WriteFileSynced(config, yaml);
+  const Result r = Lockstep("train --config " + config.string() + " --data " + Data().string() +
+                            " --out " + (dir_ / "run").string() + " --no-progress --steps 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(Text("run/metrics.jsonl").find("\"skipped\":true"), std::string::npos);
+  const std::vector<uint8_t> file =
+      ReadFileBytes(dir_ / "run/checkpoints/step_000000001/grads.safetensors");
+  uint64_t header = 0;
+  std::memcpy(&header, file.data(), sizeof header);
+  int64_t nans = 0;
+  for (size_t i = 8 + header; i + 4 <= file.size(); i += 4) {
+    uint32_t bits;
+    std::memcpy(&bits, file.data() + i, sizeof bits);
+    if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0) {
+      ++nans;
+      ASSERT_EQ(bits, 0x7fc00000u) << "a NaN gradient at byte " << i;
+    }
+  }
+  EXPECT_GT(nans, 0);
 }
 
 TEST_F(E2e, ResumeAfterSigkillRecoversTheSameChain) {

@@ -300,9 +300,11 @@ TEST(DmathAccuracy, UlpTableAgainstMpfr) {
 // ---- special values ------------------------------------------------------------------------
 
 // got and want are the same float: equal bits (so +0 != -0), or both NaN.
+// Bit for bit; a NaN `want` stands for the canonical NaN (docs/numerics.md, "NaN"): any other
+// NaN bits fail.
 ::testing::AssertionResult Same(float got, float want) {
-  if ((std::isnan(got) && std::isnan(want)) ||
-      std::bit_cast<uint32_t>(got) == std::bit_cast<uint32_t>(want)) {
+  const float canonical = std::isnan(want) ? std::bit_cast<float>(kCanonicalNaNBits) : want;
+  if (std::bit_cast<uint32_t>(got) == std::bit_cast<uint32_t>(canonical)) {
     return ::testing::AssertionSuccess();
   }
   char buf[96];
@@ -435,6 +437,24 @@ TEST(DmathSpecialValues, Erfinv) {
   const float below_one = std::nextafter(1.0f, 0.0f);
   EXPECT_TRUE(Near(Erfinv(below_one), below_one, RefErfinv, kErfinvBound));
   EXPECT_TRUE(Same(Erfinv(-below_one), -Erfinv(below_one)));
+}
+
+// NaN inputs of either sign and any payload give the canonical NaN, as do invalid operations
+// whose hardware NaN is negative on x86 (sqrt(-1), log(-inf): lesson from the first AVX-512 run).
+TEST(DmathSpecialValues, EveryNaNIsCanonical) {
+  const float nans[] = {kNaN, -kNaN, std::bit_cast<float>(0x7fa00001u),
+                        std::bit_cast<float>(0xffc12345u)};
+  for (float x : nans) {
+    for (float r : {Exp(x), Log(x), Sqrt(x), Rsqrt(x), Sin(x), Cos(x), Erf(x), Erfinv(x),
+                    Pow(x, 2.0f), Pow(2.0f, x)}) {
+      EXPECT_EQ(std::bit_cast<uint32_t>(r), kCanonicalNaNBits)
+          << std::hexfloat << "input bits " << std::hex << std::bit_cast<uint32_t>(x);
+    }
+  }
+  for (float r : {Sqrt(-1.0f), Rsqrt(-1.0f), Log(-kInf), Log(-1.0f), Sin(kInf), Cos(-kInf),
+                  Pow(-2.0f, 0.5f), Erfinv(2.0f)}) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(r), kCanonicalNaNBits);
+  }
 }
 
 TEST(DmathSpecialValues, ErfinvIsOdd) {

@@ -30,9 +30,9 @@ void AdamW(const AdamWScalars& k, float* param, const float* grad, float* m, flo
     const float mi = std::fma(k.beta1, m[i], k.one_minus_beta1 * g);
     const float vi = std::fma(k.beta2, v[i], (k.one_minus_beta2 * g) * g);
     const float denom = dmath::Sqrt(vi) / k.sqrt_bc2 + k.eps;
-    param[i] = std::fma(-k.step_size, mi / denom, param[i] * k.decay);
-    m[i] = mi;
-    v[i] = vi;
+    param[i] = dmath::Canonical(std::fma(-k.step_size, mi / denom, param[i] * k.decay));
+    m[i] = dmath::Canonical(mi);
+    v[i] = dmath::Canonical(vi);
   }
 }
 

@@ -1,5 +1,6 @@
 // SIMD AdamW: the reference's operations on whole vectors of independent elements (Sqrt and Div
-// are IEEE correctly rounded, MulAdd is fused), the remainder handed to the reference kernel.
+// are IEEE correctly rounded, MulAdd is fused; NaN results canonical), the remainder handed to
+// the reference kernel.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/simd/adamw.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -19,6 +20,9 @@ void AdamW(const AdamWScalars& k, float* param, const float* grad, float* m, flo
   const auto beta1 = hn::Set(d, k.beta1), one_minus_beta1 = hn::Set(d, k.one_minus_beta1);
   const auto beta2 = hn::Set(d, k.beta2), one_minus_beta2 = hn::Set(d, k.one_minus_beta2);
   const auto sqrt_bc2 = hn::Set(d, k.sqrt_bc2), eps = hn::Set(d, k.eps);
+  const auto nan = hn::BitCast(d, hn::Set(hn::RebindToUnsigned<decltype(d)>(),
+                                          dmath::kCanonicalNaNBits));
+  const auto canonical = [&](auto x) { return hn::IfThenElse(hn::IsNaN(x), nan, x); };
   int64_t i = 0;
   for (; i + lanes <= n; i += lanes) {
     const auto g = hn::LoadU(d, grad + i);
@@ -26,9 +30,9 @@ void AdamW(const AdamWScalars& k, float* param, const float* grad, float* m, flo
     const auto vi = hn::MulAdd(beta2, hn::LoadU(d, v + i), hn::Mul(hn::Mul(one_minus_beta2, g), g));
     const auto denom = hn::Add(hn::Div(hn::Sqrt(vi), sqrt_bc2), eps);
     const auto p = hn::Mul(hn::LoadU(d, param + i), decay);
-    hn::StoreU(hn::MulAdd(neg_step_size, hn::Div(mi, denom), p), d, param + i);
-    hn::StoreU(mi, d, m + i);
-    hn::StoreU(vi, d, v + i);
+    hn::StoreU(canonical(hn::MulAdd(neg_step_size, hn::Div(mi, denom), p)), d, param + i);
+    hn::StoreU(canonical(mi), d, m + i);
+    hn::StoreU(canonical(vi), d, v + i);
   }
   ref::AdamW(k, param + i, grad + i, m + i, v + i, n - i);
 }

@@ -43,12 +43,21 @@ HWY_INLINE V PerLane(D d, V v, float (*f)(float)) {
   return dmath_hn::Load(d, buf);
 }
 
+// lockstep::dmath::Canonical on every lane: SLEEF's vector members return NaN bits as the
+// hardware makes them.
+template <class D, class V = dmath_hn::Vec<D>>
+HWY_INLINE V VCanonical(D d, V v) {
+  const V canonical = dmath_hn::BitCast(
+      d, dmath_hn::Set(dmath_hn::RebindToUnsigned<D>(), lockstep::dmath::kCanonicalNaNBits));
+  return dmath_hn::IfThenElse(dmath_hn::IsNaN(v), canonical, v);
+}
+
 #if HWY_TARGET == HWY_AVX2
 #define LOCKSTEP_DMATH_VEC(name, sleef_fn)                                          \
   template <class D, class V = dmath_hn::Vec<D>>                                    \
   HWY_INLINE V V##name(D d, V v) {                                                  \
     if constexpr (dmath_hn::MaxLanes(D()) == 8) {                                   \
-      return V{sleef_fn##8_u10avx(v.raw)};                                         \
+      return VCanonical(d, V{sleef_fn##8_u10avx(v.raw)});                           \
     } else {                                                                        \
       return PerLane(d, v, &lockstep::dmath::name);                                 \
     }                                                                               \
@@ -58,7 +67,7 @@ HWY_INLINE V PerLane(D d, V v, float (*f)(float)) {
   template <class D, class V = dmath_hn::Vec<D>>                                    \
   HWY_INLINE V V##name(D d, V v) {                                                  \
     if constexpr (dmath_hn::MaxLanes(D()) == 16) {                                  \
-      return V{sleef_fn##16_u10avx512fnofma(v.raw)};                                     \
+      return VCanonical(d, V{sleef_fn##16_u10avx512fnofma(v.raw)});                 \
     } else {                                                                        \
       return PerLane(d, v, &lockstep::dmath::name);                                 \
     }                                                                               \
