@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs lockstep's build and test dependencies from Debian 12 packages (needs root).
+# (openssh-client: Open MPI's mpirun refuses to start, even on one machine, without an rsh agent.)
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git python3
   libhwy-dev libsleef-dev libsodium-dev libfmt-dev libcli11-dev nlohmann-json3-dev libyaml-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libmpfr-dev libgmp-dev libopenblas-dev
-  libcurl4-openssl-dev
+  libcurl4-openssl-dev libopenmpi-dev openmpi-bin openssh-client
 )
 missing=()
 for p in "${packages[@]}"; do

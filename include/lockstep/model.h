@@ -36,6 +36,10 @@ struct ModelConfig {
 struct TrainConfig {
   int64_t microbatch = 0;    // sequences per microbatch
   int64_t microbatches = 0;  // microbatches per step (M)
+  // K: the microbatches form K groups of M/K consecutive ones; a group's gradient accumulates in
+  // place, the group sums are added in group order (docs/training.md). A run of N processes
+  // needs N to divide K. Optional in YAML (default 1).
+  int64_t grad_groups = 1;
   int64_t steps = 0;         // default total number of steps
   double lr = 0, min_lr = 0;
   int64_t warmup_steps = 0;

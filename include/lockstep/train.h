@@ -28,12 +28,19 @@ struct StepReport {
   bool halt = false;  // the spike protocol saw spike_max_skips skips within spike_window steps
   int64_t tokens = 0;  // tokens this step consumed
   double seconds = 0;
+  // Distributed runs: this rank's seconds in blocking exchanges and bytes sent during the step.
+  double comm_seconds = 0;
+  uint64_t comm_bytes = 0;
 };
 
 class StateStore;
+class Comm;
 
 // The bytes of a run's state: the four fp32 arrays (parameter, m, v, gradient) of every tensor.
 uint64_t StateBytes(const ModelConfig& model);
+// The bytes of the gradient buffer a microbatch group is computed in, besides the state: one
+// fp32 array per tensor when train.grad_groups > 1 or the run has more than one process, else 0.
+uint64_t GroupBufferBytes(const RunConfig& config, int processes);
 
 // Where a Trainer keeps its tensors (src/train/state_store.h): in RAM, or -- for a model larger
 // than memory -- in digested chunk files under spill_dir, with only what a pass needs resident
@@ -49,9 +56,13 @@ inline constexpr int64_t kSpillPieceFloats = int64_t{16} << 20;
 // and the gradients of the last step, in a StateStore.
 class Trainer {
  public:
-  // descriptor: the canonical run descriptor (RunDescriptor()).
+  // descriptor: the canonical run descriptor (RunDescriptor()). With `comm` of N > 1 ranks
+  // (src/train/comm.h) every rank constructs a Trainer and calls the same methods in the same
+  // order: each computes its microbatch groups and owns whole tensors' moments, gradients and
+  // updates (docs/distributed.md); the bits are those of one process. N must divide
+  // train.grad_groups. Without `comm`: one process.
   Trainer(const RunConfig& config, const data::Dataset& dataset, std::string descriptor,
-          const Storage& storage = {});
+          const Storage& storage = {}, Comm* comm = nullptr);
   ~Trainer();
 
   // Step 0: initialised parameters, zero moments and gradients, and its state hash.
@@ -65,9 +76,12 @@ class Trainer {
                     FileDigests digests = FileDigests::kEnforce);
   // Makes step state().step + 1 and hashes the result.
   StepReport Step();
-  // Writes the current state as run_dir/checkpoints/step_N (WriteCheckpointStreamed).
+  // Writes the current state as run_dir/checkpoints/step_N (WriteCheckpointStreamed). In a
+  // distributed run rank 0 writes, asking each tensor's owner for its pieces, while every other
+  // rank calls it too and answers (it returns an empty path there).
   std::filesystem::path WriteCheckpoint(const std::filesystem::path& run_dir);
   // Copies elements [begin, begin + out.size()) of array `array` of tensor i (a PieceSource).
+  // Distributed: rank 0 only, during WriteCheckpoint, or any rank for what it holds.
   void ReadPiece(size_t i, StateArray array, int64_t begin, std::span<float> out);
 
   const StepState& state() const { return state_; }
@@ -82,11 +96,31 @@ class Trainer {
   void set_progress(bool on) { progress_ = on; }
 
  private:
-  // Digests every array of every tensor (and, when `update`, applies the step's clip and AdamW
-  // update piece by piece first), then hashes the state.
+  // Digests every array of every tensor this rank owns (and, when `update`, applies the step's
+  // clip and AdamW update piece by piece first); shares the digests and the updated parameters
+  // with the other ranks, checking each received tensor against its owner's digest; then hashes
+  // the state.
   void UpdateAndHash(bool update, const rk::AdamWParams& adam_template, float clip_factor);
+  // Microbatch group g (its microbatches' windows from `cursor`) forward and backward into
+  // `access`; returns each microbatch's (loss, zloss) sums and appends its tokens to `tokens`.
+  std::vector<float> RunGroup(int64_t g, uint64_t cursor, TensorAccess& access,
+                              std::vector<uint32_t>& tokens);
+  // Adds the gradients of round j's groups (in the group buffer of each rank) into the owners'
+  // gradients, in group order.
+  void FoldRound(int64_t round);
+  // The per-tensor records each owner made, given to every rank (`bytes` per tensor).
+  std::vector<std::byte> ShareOwned(const std::vector<std::byte>& mine, size_t bytes);
+  // Sends each updated tensor from its owner to every rank and checks each copy received
+  // against the owner's parameter digest.
+  void ShareParameters(const std::vector<TensorDigest>& digests);
+  bool owns(size_t i) const { return owner_[i] == rank_; }
 
   RunConfig config_;
+  std::unique_ptr<Comm> solo_;  // when no Comm was given
+  Comm* comm_;
+  int rank_ = 0, ranks_ = 1;
+  std::vector<int> owner_;  // per tensor: the rank that holds its moments and gradient
+  std::unique_ptr<ParamStore> group_;  // a microbatch group's gradients (N > 1 or K > 1)
   data::TokenStream stream_;
   Model model_;
   std::vector<ParamSpec> specs_;
@@ -110,6 +144,9 @@ struct TrainOptions {
   bool resume = false;
   bool progress = true;  // a progress line on stderr
   std::optional<std::filesystem::path> spill_dir;  // Storage::spill_dir
+  // Distributed runs: a collective that waits longer than this for the other ranks stops the
+  // run (a rank died or hangs).
+  double comm_timeout_seconds = 600;
 };
 
 // `lockstep train`: trains into run_dir (metrics.jsonl, state_hashes.jsonl, checkpoints/).

@@ -234,6 +234,7 @@ ReplayStorage PlanInterval(const ReplayOptions& o, const RunConfig& config,
   const uint64_t compare = o.compare_checkpoint ? 2 * LargestTensorBytes(config.model) : 0;
   MemoryPlan in_ram{.parts = {{"parameters, gradients, AdamW m and v",
                                train::StateBytes(config.model)},
+                              {"microbatch group gradients", train::GroupBufferBytes(config, 1)},
                               {"activations and step scratch", activations},
                               {"localisation arrays", compare}},
                     .resident_at_planning = resident};

@@ -33,6 +33,7 @@ class MapReader {
     return path_.empty() ? key : path_ + "." + key;
   }
 
+  bool Has(const std::string& key) const { return static_cast<bool>(node_[key]); }
   YAML::Node Get(const std::string& key) {
     const YAML::Node value = node_[key];
     if (!value) Fail("{}: missing required key {}", source_, FieldPath(key));
@@ -145,6 +146,7 @@ TrainConfig ReadTrain(MapReader r) {
   TrainConfig t;
   t.microbatch = r.Int("microbatch");
   t.microbatches = r.Int("microbatches");
+  t.grad_groups = r.Has("grad_groups") ? r.Int("grad_groups") : 1;
   t.steps = r.Int("steps");
   t.lr = r.Real("lr");
   t.min_lr = r.Real("min_lr");
@@ -167,6 +169,9 @@ TrainConfig ReadTrain(MapReader r) {
 
   Require(t.microbatch >= 1, r, "microbatch", t.microbatch, "must be >= 1");
   Require(t.microbatches >= 1, r, "microbatches", t.microbatches, "must be >= 1");
+  Require(t.grad_groups >= 1 && t.microbatches % t.grad_groups == 0, r, "grad_groups",
+          t.grad_groups, fmt::format("must be >= 1 and divide train.microbatches = {}",
+                                     t.microbatches).c_str());
   Require(t.steps >= 1, r, "steps", t.steps, "must be >= 1");
   Require(t.lr > 0 && t.lr <= 1, r, "lr", t.lr, "must be in (0, 1]");
   Require(t.min_lr >= 0 && t.min_lr <= t.lr, r, "min_lr", t.min_lr, "must be in [0, train.lr]");
@@ -257,6 +262,7 @@ std::string DescriptorJson(const RunConfig& config) {
   nlohmann::json train = {
       {"microbatch", t.microbatch},
       {"microbatches", t.microbatches},
+      {"grad_groups", t.grad_groups},
       {"steps", t.steps},
       {"lr", t.lr},
       {"min_lr", t.min_lr},

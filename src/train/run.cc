@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lockstep/train.h"
+#include "train/comm.h"
 
 namespace lockstep::train {
 namespace {
@@ -52,7 +53,9 @@ class MetricsLog {
                               {"tokens", total_tokens},
                               {"tokens_blake2b", ToHex(state.tokens_digest)},
                               {"step_seconds", r.seconds},
-                              {"tokens_per_second", r.tokens / r.seconds}};
+                              {"tokens_per_second", r.tokens / r.seconds},
+                              {"comm_seconds", r.comm_seconds},
+                              {"comm_bytes", r.comm_bytes}};
     std::FILE* f = std::fopen(path_.c_str(), "a");
     if (f == nullptr) Fail("{}: cannot open for appending", path_.string());
     const std::string line = j.dump() + "\n";
@@ -93,8 +96,12 @@ void PrintLossCurve(const fs::path& metrics_path, double unigram_entropy) {
 
 }  // namespace
 
-int RunTraining(const TrainOptions& options) {
+namespace {
+
+int Train(const TrainOptions& options, Comm& comm) {
   SetThreads(options.threads);
+  // Only rank 0 writes the run directory; every rank reads the checkpoint it resumes from.
+  const bool writer = comm.rank() == 0;
   const RunConfig config = LoadRunConfig(options.config);
   const data::Dataset dataset = data::OpenDataset(options.data_dir);
   if (config.model.vocab < static_cast<int64_t>(data::kByteVocab)) {
@@ -106,18 +113,27 @@ int RunTraining(const TrainOptions& options) {
 
   const fs::path hashes_path = options.run_dir / "state_hashes.jsonl";
   const fs::path metrics_path = options.run_dir / "metrics.jsonl";
-  if (!options.spill_dir) {
+  if (!options.spill_dir && comm.size() == 1) {
     // Say so before allocating rather than be killed.
-    const uint64_t needed = StateBytes(config.model);
+    const uint64_t needed = StateBytes(config.model) + GroupBufferBytes(config, 1);
     if (needed > MemAvailableBytes()) {
-      Fail("{}: parameters, AdamW moments and gradients need {:.2f} GiB of RAM but MemAvailable "
-           "is {:.2f} GiB: give --spill-dir DIR to keep them on disk",
-           options.config, static_cast<double>(needed) / (1 << 30),
-           static_cast<double>(MemAvailableBytes()) / (1 << 30));
+      const bool grouped = config.train.grad_groups > 1;
+      Fail("{}: parameters, AdamW moments and gradients{} need {:.2f} GiB of RAM but "
+           "MemAvailable is {:.2f} GiB: {}",
+           options.config, grouped ? " and a microbatch group's gradients" : "",
+           static_cast<double>(needed) / (1 << 30),
+           static_cast<double>(MemAvailableBytes()) / (1 << 30),
+           grouped ? "train it with more processes (mpirun; docs/distributed.md), which share the "
+                     "moments and gradients"
+                   : "give --spill-dir DIR to keep them on disk");
     }
   }
-  Trainer trainer(config, dataset, RunDescriptor(config, dataset), {options.spill_dir});
-  trainer.set_progress(options.progress);
+  Trainer trainer(config, dataset, RunDescriptor(config, dataset), {options.spill_dir}, &comm);
+  trainer.set_progress(options.progress && writer);
+  if (writer && comm.size() > 1) {
+    std::fprintf(stderr, "training with %d processes (train.grad_groups = %lld)\n", comm.size(),
+                 static_cast<long long>(config.train.grad_groups));
+  }
   MetricsLog metrics(metrics_path);
 
   if (options.resume) {
@@ -127,28 +143,32 @@ int RunTraining(const TrainOptions& options) {
            options.run_dir.string());
     }
     trainer.Restore(OpenCheckpoint(*latest));
-    // The logs may run past the checkpoint (a crash after it): keep what the checkpoint covers,
-    // and insist that the chain recorded there is the checkpoint's.
-    std::vector<StateHashLine> lines = ReadStateHashLines(hashes_path);
-    std::erase_if(lines, [&](const StateHashLine& l) { return l.step > trainer.state().step; });
-    if (lines.empty() || lines.back().step != trainer.state().step ||
-        lines.back().hash != trainer.hash()) {
-      Fail("{}: its line for step {} does not hold the checkpoint's hash {}", hashes_path.string(),
-           trainer.state().step, ToHex(trainer.hash()));
+    if (writer) {  // the logs are rank 0's
+      // The logs may run past the checkpoint (a crash after it): keep what the checkpoint covers,
+      // and insist that the chain recorded there is the checkpoint's.
+      std::vector<StateHashLine> lines = ReadStateHashLines(hashes_path);
+      std::erase_if(lines, [&](const StateHashLine& l) { return l.step > trainer.state().step; });
+      if (lines.empty() || lines.back().step != trainer.state().step ||
+          lines.back().hash != trainer.hash()) {
+        Fail("{}: its line for step {} does not hold the checkpoint's hash {}", hashes_path.string(),
+             trainer.state().step, ToHex(trainer.hash()));
+      }
+      WriteStateHashLines(hashes_path, lines);
+      metrics.TruncateAfter(trainer.state().step);
+      std::fprintf(stderr, "resumed from %s (step %llu, hash %s)\n", latest->c_str(),
+                   static_cast<unsigned long long>(trainer.state().step), ToHex(trainer.hash()).c_str());
     }
-    WriteStateHashLines(hashes_path, lines);
-    metrics.TruncateAfter(trainer.state().step);
-    std::fprintf(stderr, "resumed from %s (step %llu, hash %s)\n", latest->c_str(),
-                 static_cast<unsigned long long>(trainer.state().step), ToHex(trainer.hash()).c_str());
   } else {
-    if (fs::exists(hashes_path) || fs::exists(options.run_dir / "checkpoints")) {
-      Fail("{} already holds a run (state_hashes.jsonl or checkpoints/): use --resume to continue "
-           "it, or choose another --out",
-           options.run_dir.string());
+    if (writer) {
+      if (fs::exists(hashes_path) || fs::exists(options.run_dir / "checkpoints")) {
+        Fail("{} already holds a run (state_hashes.jsonl or checkpoints/): use --resume to "
+             "continue it, or choose another --out",
+             options.run_dir.string());
+      }
+      fs::create_directories(options.run_dir);
     }
-    fs::create_directories(options.run_dir);
     trainer.Initialize();
-    AppendStateHashLine(hashes_path, {0, trainer.hash()});
+    if (writer) AppendStateHashLine(hashes_path, {0, trainer.hash()});
     // Step 0 is a checkpoint too: the start of the first interval an auditor can replay.
     trainer.WriteCheckpoint(options.run_dir);
   }
@@ -161,13 +181,15 @@ int RunTraining(const TrainOptions& options) {
   while (trainer.state().step < target) {
     const StepReport r = trainer.Step();
     tokens += static_cast<uint64_t>(r.tokens);
-    AppendStateHashLine(hashes_path, {r.step, trainer.hash()});
-    metrics.Append(r, trainer.state(), tokens);
+    if (writer) {
+      AppendStateHashLine(hashes_path, {r.step, trainer.hash()});
+      metrics.Append(r, trainer.state(), tokens);
+    }
     const bool last = r.step == target || r.halt;
     if (last || (config.train.ckpt_every > 0 && r.step % config.train.ckpt_every == 0)) {
       trainer.WriteCheckpoint(options.run_dir);
     }
-    if (options.progress) {
+    if (options.progress && writer) {
       const double elapsed =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const double eta = elapsed / static_cast<double>(r.step - first) *
@@ -179,7 +201,7 @@ int RunTraining(const TrainOptions& options) {
       std::fprintf(stderr, tty ? "\r%s\033[K" : "%s\n", line.c_str());
     }
     if (r.halt) {
-      std::fprintf(stderr, "\nhalted by the spike protocol: %zu skipped steps within %lld steps "
+      if (writer) std::fprintf(stderr, "\nhalted by the spike protocol: %zu skipped steps within %lld steps "
                    "(train.spike_max_skips = %lld); state saved at step %llu\n",
                    trainer.state().spike.recent_skips.size(),
                    static_cast<long long>(config.train.spike_window),
@@ -189,9 +211,34 @@ int RunTraining(const TrainOptions& options) {
       break;
     }
   }
-  if (tty) std::fprintf(stderr, "\n");
-  PrintLossCurve(metrics_path, dataset.unigram_entropy_nats());
+  if (tty && writer) std::fprintf(stderr, "\n");
+  // Each process's peak RSS (the moments' share falls as 1/N: docs/distributed.md).
+  const uint64_t peak = PeakRssBytes();
+  std::vector<uint64_t> peaks(static_cast<size_t>(comm.size()));
+  comm.Allgather(std::as_bytes(std::span(&peak, 1)), std::as_writable_bytes(std::span(peaks)));
+  if (writer) {
+    std::string line;
+    for (size_t r = 0; r < peaks.size(); ++r) {
+      line += fmt::format("{}{:.1f} MiB", r == 0 ? "" : ", ", static_cast<double>(peaks[r]) / (1 << 20));
+    }
+    std::fprintf(stderr, "peak RSS %s: %s\n", comm.size() == 1 ? "of the process" : "per rank",
+                 line.c_str());
+    PrintLossCurve(metrics_path, dataset.unigram_entropy_nats());
+  }
   return exit_code;
+}
+
+}  // namespace
+
+int RunTraining(const TrainOptions& options) {
+  const std::unique_ptr<Comm> comm = MakeWorldComm(options.comm_timeout_seconds);
+  try {
+    return Train(options, *comm);
+  } catch (const Error& e) {
+    // Every rank's error reaches the terminal, with its rank.
+    if (comm->size() == 1) throw;
+    throw Error(fmt::format("rank {} of {}: {}", comm->rank(), comm->size(), e.what()));
+  }
 }
 
 }  // namespace lockstep::train

@@ -31,11 +31,21 @@ void StateStore::CloseGrad(size_t i) { Close(StateArray::kGrad, i, /*store=*/tru
 
 namespace {
 
+// The specs with every tensor not in `owned` made empty: a rank's moments and gradients.
+std::vector<ParamSpec> OwnedOnly(std::vector<ParamSpec> specs, const std::vector<bool>& owned) {
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (!owned[i]) specs[i].shape = {0};
+  }
+  return specs;
+}
+
 class MemoryStore final : public StateStore {
  public:
-  explicit MemoryStore(std::vector<ParamSpec> specs)
-      : StateStore(specs), arrays_{ParamStore(specs), ParamStore(specs), ParamStore(specs),
-                                   ParamStore(specs)} {}
+  MemoryStore(std::vector<ParamSpec> specs, std::vector<bool> owned)
+      : StateStore(specs),
+        owned_(std::move(owned)),
+        arrays_{ParamStore(specs), ParamStore(OwnedOnly(specs, owned_)),
+                ParamStore(OwnedOnly(specs, owned_)), ParamStore(OwnedOnly(specs, owned_))} {}
 
   int64_t PieceFloats() const override { return std::numeric_limits<int64_t>::max(); }
 
@@ -60,7 +70,9 @@ class MemoryStore final : public StateStore {
     return StreamCheckpoint(
         checkpoint, kCheckpointPieceFloats,
         [&](size_t i, StateArray a, int64_t begin, std::span<const float> piece) {
-          std::ranges::copy(piece, Array(a).Tensor(i).begin() + begin);
+          if (a == StateArray::kParam || owned_[i]) {
+            std::ranges::copy(piece, Array(a).Tensor(i).begin() + begin);
+          }
           loaded(piece.size_bytes());
         },
         digests);
@@ -69,13 +81,16 @@ class MemoryStore final : public StateStore {
  private:
   ParamStore& Array(StateArray a) { return arrays_[static_cast<size_t>(a)]; }
 
+  std::vector<bool> owned_;  // tensors whose moments and gradient this store holds
   std::array<ParamStore, kStateArrayCount> arrays_;
 };
 
 }  // namespace
 
-std::unique_ptr<StateStore> MakeMemoryStore(std::vector<ParamSpec> specs) {
-  return std::make_unique<MemoryStore>(std::move(specs));
+std::unique_ptr<StateStore> MakeMemoryStore(std::vector<ParamSpec> specs,
+                                            std::vector<bool> owned) {
+  if (owned.empty()) owned.assign(specs.size(), true);
+  return std::make_unique<MemoryStore>(std::move(specs), std::move(owned));
 }
 
 }  // namespace lockstep::train

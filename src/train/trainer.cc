@@ -5,10 +5,14 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "lockstep/kernels.h"
 #include "lockstep/train.h"
+#include "train/comm.h"
 #include "train/state_store.h"
 
 namespace lockstep::train {
@@ -43,16 +47,66 @@ std::string RunDescriptor(const RunConfig& config, const data::Dataset& dataset)
   return descriptor.dump();  // nlohmann::json keeps keys sorted; no indent: compact
 }
 
+namespace {
+
+// Whole tensors to ranks: contiguous runs in parameter order, balanced by element count (each
+// tensor goes to the rank whose share holds its midpoint). Any assignment gives the same bits;
+// this one is fixed so that every rank computes the same.
+std::vector<int> AssignOwners(const std::vector<ParamSpec>& specs, int ranks) {
+  long double total = 0;
+  for (const ParamSpec& spec : specs) total += static_cast<long double>(spec.numel());
+  std::vector<int> owner;
+  long double before = 0;
+  for (const ParamSpec& spec : specs) {
+    const long double mid = before + static_cast<long double>(spec.numel()) / 2;
+    owner.push_back(std::min(ranks - 1, static_cast<int>(mid * ranks / std::max(total, 1.0L))));
+    before += static_cast<long double>(spec.numel());
+  }
+  return owner;
+}
+
+std::string ServableSizes(int64_t groups) {
+  std::string sizes;
+  for (int64_t n = 1; n <= groups; ++n) {
+    if (groups % n == 0) sizes += (sizes.empty() ? "" : ", ") + std::to_string(n);
+  }
+  return sizes;
+}
+
+}  // namespace
+
 Trainer::Trainer(const RunConfig& config, const data::Dataset& dataset, std::string descriptor,
-                 const Storage& storage)
+                 const Storage& storage, Comm* comm)
     : config_(config),
+      solo_(comm == nullptr ? MakeSoloComm() : nullptr),
+      comm_(comm == nullptr ? solo_.get() : comm),
+      rank_(comm_->rank()),
+      ranks_(comm_->size()),
       stream_(dataset, config.train.data_seed, static_cast<uint32_t>(config.model.seq_len)),
       model_(config.model, config.train.vocab_chunk, config.train.microbatch,
              config.model.seq_len),
       specs_(ParameterSpecs(config.model)),
-      store_(storage.spill_dir ? MakeSpillStore(specs_, *storage.spill_dir)
-                               : MakeMemoryStore(specs_)),
       tokens_(static_cast<size_t>(config.train.microbatch * (config.model.seq_len + 1))) {
+  const int64_t groups = config.train.grad_groups;
+  if (groups % ranks_ != 0) {
+    Fail("{} processes cannot train config '{}': its train.grad_groups = {} microbatch groups "
+         "must divide evenly among the processes; world sizes that work: {} (docs/distributed.md)",
+         ranks_, config.name, groups, ServableSizes(groups));
+  }
+  owner_ = AssignOwners(specs_, ranks_);
+  if (storage.spill_dir) {
+    if (ranks_ > 1 || groups > 1) {
+      Fail("--spill-dir: a state on disk is single-process with train.grad_groups = 1 for now "
+           "(this run: {} processes, grad_groups = {})",
+           ranks_, groups);
+    }
+    store_ = MakeSpillStore(specs_, *storage.spill_dir);
+  } else {
+    std::vector<bool> owned;
+    for (const int o : owner_) owned.push_back(o == rank_);
+    store_ = MakeMemoryStore(specs_, owned);
+  }
+  if (GroupBufferBytes(config, ranks_) > 0) group_ = std::make_unique<ParamStore>(specs_);
   for (const ParamSpec& spec : specs_) shapes_.push_back({spec.name, spec.shape});
   state_.descriptor = std::move(descriptor);
   state_.rng_seed = config.train.seed;
@@ -87,12 +141,47 @@ uint64_t StateBytes(const ModelConfig& model) {
   return floats * sizeof(float) * kStateArrayCount;
 }
 
+namespace {
+
+// A test-only fault (docs/distributed.md): LOCKSTEP_TEST_CORRUPT_REPLICA=RANK:STEP makes rank
+// RANK change one element of the first parameter tensor it receives at step STEP, as a faulty
+// node would; the replica cross-check must name it.
+bool CorruptReplicaNow(int rank, uint64_t step) {
+  const char* fault = std::getenv("LOCKSTEP_TEST_CORRUPT_REPLICA");
+  if (fault == nullptr) return false;
+  int fault_rank = -1;
+  unsigned long long fault_step = 0;
+  return std::sscanf(fault, "%d:%llu", &fault_rank, &fault_step) == 2 && fault_rank == rank &&
+         fault_step == step;
+}
+
+std::span<const std::byte> Bytes(std::span<const float> f) { return std::as_bytes(f); }
+std::span<std::byte> Bytes(std::span<float> f) { return std::as_writable_bytes(f); }
+
+}  // namespace
+
+std::vector<std::byte> Trainer::ShareOwned(const std::vector<std::byte>& mine, size_t bytes) {
+  // Owners are contiguous runs of tensors in rank order, so the ranks' records concatenated in
+  // rank order are in tensor order.
+  std::vector<std::byte> all(specs_.size() * bytes);
+  comm_->Allgather(mine, all);
+  return all;
+}
+
+uint64_t GroupBufferBytes(const RunConfig& config, int processes) {
+  const bool needed = config.train.grad_groups > 1 || processes > 1;
+  return needed ? StateBytes(config.model) / kStateArrayCount : 0;
+}
+
 void Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_template, float clip_factor) {
   // Only a spilled pass is long enough to show (it reads and writes the state on disk).
   ProgressLine progress(update ? "update and hash" : "hash", StateBytes(config_.model),
                         progress_ && store_->SpillBytes() > 0);
-  std::vector<TensorDigest> digests;
+  comm_->set_phase(fmt::format("step {}: update and hash", state_.step));
+  constexpr size_t kRecord = kStateArrayCount * sizeof(Digest);
+  std::vector<std::byte> mine;
   for (size_t i = 0; i < specs_.size(); ++i) {
+    if (!owns(i)) continue;
     std::array<Blake2b, kStateArrayCount> hashers;
     ForEachPiece(*store_, specs_[i], [&](int64_t begin, int64_t count) {
       std::array<Piece, kStateArrayCount> p;
@@ -117,10 +206,63 @@ void Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_template, f
       }
       progress.Add(static_cast<uint64_t>(count) * sizeof(float) * kStateArrayCount);
     });
-    digests.push_back({specs_[i].name, specs_[i].shape, hashers[0].Final(), hashers[1].Final(),
-                       hashers[2].Final(), hashers[3].Final()});
+    for (Blake2b& h : hashers) {
+      const Digest d = h.Final();
+      const auto* bytes = reinterpret_cast<const std::byte*>(d.data());
+      mine.insert(mine.end(), bytes, bytes + d.size());
+    }
   }
+  const std::vector<std::byte> records = ShareOwned(mine, kRecord);
+  std::vector<TensorDigest> digests;
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    TensorDigest t{specs_[i].name, specs_[i].shape};
+    Digest* fields[kStateArrayCount] = {&t.param, &t.m, &t.v, &t.grad};
+    for (int a = 0; a < kStateArrayCount; ++a) {
+      std::memcpy(fields[a]->data(), records.data() + i * kRecord + a * sizeof(Digest),
+                  sizeof(Digest));
+    }
+    digests.push_back(std::move(t));
+  }
+  if (update && ranks_ > 1) ShareParameters(digests);
   hash_ = StateHashFromDigests(state_, digests);
+}
+
+void Trainer::ShareParameters(const std::vector<TensorDigest>& digests) {
+  // Each owner's updated tensors go to every rank; a replica that does not hash to its owner's
+  // digest (a faulty node, a corrupted transfer) stops the run on every rank, before the step
+  // is committed or trained on.
+  bool corrupt = CorruptReplicaNow(rank_, state_.step);
+  int64_t diverged = -1;  // the first tensor whose copy here differs from its owner's
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    Blake2b received;
+    ForEachPiece(*store_, specs_[i], [&](int64_t begin, int64_t count) {
+      const Piece p = store_->Acquire(StateArray::kParam, i, begin, count, /*load=*/owns(i));
+      comm_->Broadcast(Bytes(p.data), owner_[i]);
+      if (!owns(i)) {
+        if (corrupt) {
+          p.data[0] = std::nextafter(p.data[0], INFINITY);
+          corrupt = false;
+        }
+        received.Update(std::span<const float>(p.data));
+      }
+      store_->Release(p, /*store=*/!owns(i));
+    });
+    if (!owns(i) && diverged < 0 && received.Final() != digests[i].param) {
+      diverged = static_cast<int64_t>(i);
+    }
+  }
+  std::vector<int64_t> verdicts(static_cast<size_t>(ranks_));
+  comm_->Allgather(std::as_bytes(std::span(&diverged, 1)),
+                   std::as_writable_bytes(std::span(verdicts)));
+  for (int r = 0; r < ranks_; ++r) {
+    const int64_t t = verdicts[static_cast<size_t>(r)];
+    if (t < 0) continue;
+    const auto i = static_cast<size_t>(t);
+    Fail("step {}: rank {}'s copy of parameter tensor '{}' does not hash to the {} its owner, "
+         "rank {}, updated it to: the replicas diverged (a faulty node or transfer); the run "
+         "stops before committing the step",
+         state_.step, r, specs_[i].name, ToHex(digests[i].param), owner_[i]);
+  }
 }
 
 void Trainer::Initialize() {
@@ -175,7 +317,27 @@ StateHash Trainer::Restore(const CheckpointIndex& checkpoint, FileDigests digest
   return recomputed;
 }
 
+namespace {
+// A checkpoint piece request from rank 0 to an owner: tensor, array, begin, count; tensor -1
+// ends the checkpoint.
+using PieceRequest = std::array<int64_t, 4>;
+}  // namespace
+
 fs::path Trainer::WriteCheckpoint(const fs::path& run_dir) {
+  comm_->set_phase(fmt::format("step {}: checkpoint", state_.step));
+  if (rank_ != 0) {
+    // Answer rank 0's requests for the pieces this rank owns until it is done.
+    std::vector<float> piece;
+    for (;;) {
+      PieceRequest request{};
+      comm_->Receive(std::as_writable_bytes(std::span(request)), 0);
+      if (request[0] < 0) return {};
+      piece.resize(static_cast<size_t>(request[3]));
+      ReadPiece(static_cast<size_t>(request[0]), static_cast<StateArray>(request[1]), request[2],
+                piece);
+      comm_->Send(Bytes(std::span<const float>(piece)), 0);
+    }
+  }
   ProgressLine progress(fmt::format("write checkpoint step {}", state_.step), StateBytes(config_.model),
                         progress_);
   // Bounded pieces: the writer's buffer is one piece, whatever the store (in RAM a store's
@@ -187,6 +349,10 @@ fs::path Trainer::WriteCheckpoint(const fs::path& run_dir) {
         progress.Add(out.size_bytes());
       });
   progress.Finish();
+  for (int r = 1; r < ranks_; ++r) {
+    const PieceRequest done{-1, 0, 0, 0};
+    comm_->Send(std::as_bytes(std::span(done)), r);
+  }
   if (written.hash.hash != hash_.hash) {
     Fail("{}: the checkpoint written hashes to {}, but the trainer's state hash is {}",
          written.dir.string(), ToHex(written.hash.hash), ToHex(hash_.hash));
@@ -195,6 +361,14 @@ fs::path Trainer::WriteCheckpoint(const fs::path& run_dir) {
 }
 
 void Trainer::ReadPiece(size_t i, StateArray array, int64_t begin, std::span<float> out) {
+  if (array != StateArray::kParam && !owns(i)) {
+    if (rank_ != 0) Fail("rank {}: tensor {} is owned by rank {}", rank_, i, owner_.at(i));
+    const PieceRequest request{static_cast<int64_t>(i), static_cast<int64_t>(array), begin,
+                               static_cast<int64_t>(out.size())};
+    comm_->Send(std::as_bytes(std::span(request)), owner_[i]);
+    comm_->Receive(Bytes(out), owner_[i]);
+    return;
+  }
   // In the store's pieces, so that a whole array copied out costs no second copy of it.
   const int64_t piece = store_->PieceFloats(), end = begin + static_cast<int64_t>(out.size());
   for (int64_t at = begin; at < end;) {
@@ -205,8 +379,93 @@ void Trainer::ReadPiece(size_t i, StateArray array, int64_t begin, std::span<flo
   }
 }
 
+namespace {
+
+// The Model's tensors during a microbatch group other than a single process's first: the
+// parameters from the store, the gradients into the group buffer (overwritten by the group's
+// first microbatch, accumulated by the rest).
+class GroupAccess final : public TensorAccess {
+ public:
+  GroupAccess(TensorAccess& params, ParamStore& grads) : params_(params), grads_(grads) {}
+  std::span<const float> OpenParam(size_t i) override { return params_.OpenParam(i); }
+  void CloseParam(size_t i) override { params_.CloseParam(i); }
+  std::span<float> OpenGrad(size_t i, bool) override { return grads_.Tensor(i); }
+  void CloseGrad(size_t) override {}
+
+ private:
+  TensorAccess& params_;
+  ParamStore& grads_;
+};
+
+// Group gradients travel to their owners in pieces of this many floats (16 MiB): an owner
+// holds N of them at once.
+constexpr int64_t kFoldPieceFloats = int64_t{1} << 22;
+
+}  // namespace
+
+std::vector<float> Trainer::RunGroup(int64_t group, uint64_t cursor, TensorAccess& access,
+                                     std::vector<uint32_t>& tokens) {
+  const TrainConfig& tc = config_.train;
+  const int64_t seq = config_.model.seq_len, per_group = tc.microbatches / tc.grad_groups;
+  const float inv_tokens = 1.0f / static_cast<float>(tokens_per_step());
+  std::vector<float> sums;
+  for (int64_t k = 0; k < per_group; ++k) {
+    const uint64_t first = cursor + static_cast<uint64_t>((group * per_group + k) * tc.microbatch);
+    for (int64_t b = 0; b < tc.microbatch; ++b) {
+      stream_.Window(first + static_cast<uint64_t>(b),
+                     std::span(tokens_).subspan(b * (seq + 1), seq + 1));
+    }
+    tokens.insert(tokens.end(), tokens_.begin(), tokens_.end());
+    const LossSums s = model_.ForwardBackward(access, tokens_, inv_tokens, k > 0);
+    sums.push_back(s.loss);
+    sums.push_back(s.zloss);
+  }
+  return sums;
+}
+
+void Trainer::FoldRound(int64_t round) {
+  if (ranks_ == 1) {
+    if (round == 0) return;  // group 0 accumulated in place
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      ForEachPiece(*store_, specs_[i], [&](int64_t begin, int64_t count) {
+        const Piece total = store_->Acquire(StateArray::kGrad, i, begin, count, /*load=*/true);
+        rk::AddInto(group_->Tensor(i).subspan(static_cast<size_t>(begin), static_cast<size_t>(count)),
+                    total.data);
+        store_->Release(total, /*store=*/true);
+      });
+    }
+    return;
+  }
+  comm_->set_phase(fmt::format("step {}: gradients of round {}", state_.step + 1, round));
+  std::vector<float> received;
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const int64_t n = specs_[i].numel();
+    for (int64_t begin = 0; begin < n; begin += kFoldPieceFloats) {
+      const int64_t count = std::min(kFoldPieceFloats, n - begin);
+      const std::span<const float> send =
+          group_->Tensor(i).subspan(static_cast<size_t>(begin), static_cast<size_t>(count));
+      received.resize(owns(i) ? static_cast<size_t>(count * ranks_) : 0);
+      comm_->Gather(Bytes(send), Bytes(std::span(received)), owner_[i]);
+      if (!owns(i)) continue;
+      // Group round·N + r is rank r's: in rank order, the groups are added in group order.
+      const Piece total = store_->Acquire(StateArray::kGrad, i, begin, count, /*load=*/round > 0);
+      for (int r = 0; r < ranks_; ++r) {
+        const auto part = std::span<const float>(received).subspan(
+            static_cast<size_t>(r * count), static_cast<size_t>(count));
+        if (round == 0 && r == 0) {
+          std::ranges::copy(part, total.data.begin());
+        } else {
+          rk::AddInto(part, total.data);
+        }
+      }
+      store_->Release(total, /*store=*/true);
+    }
+  }
+}
+
 StepReport Trainer::Step() {
   const auto start = std::chrono::steady_clock::now();
+  const Comm::Traffic traffic = comm_->traffic();
   const TrainConfig& tc = config_.train;
   const int64_t seq = config_.model.seq_len, batch = tc.microbatch;
   StepReport report;
@@ -214,29 +473,51 @@ StepReport Trainer::Step() {
   report.lr = LearningRate(tc, static_cast<int64_t>(report.step));
   report.tokens = tokens_per_step();
 
-  // 1. Microbatches in order; windows taken in order from the cursor; gradients accumulated.
-  const float inv_tokens = 1.0f / static_cast<float>(report.tokens);
+  // 1. Microbatch groups in rounds: in round j rank r computes group j·N + r, so a round's
+  //    groups, gathered in rank order, are in group order. Losses and tokens are gathered per
+  //    microbatch and added / digested in microbatch order; group gradients are added into the
+  //    owners' gradients in group order (FoldRound).
+  const int64_t per_group = tc.microbatches / tc.grad_groups, rounds = tc.grad_groups / ranks_;
   Blake2b consumed;
-  uint64_t cursor = state_.data_cursor;
-  float loss_sum = 0.0f, zloss_sum = 0.0f;
-  for (int64_t mb = 0; mb < tc.microbatches; ++mb) {
-    for (int64_t b = 0; b < batch; ++b) {
-      stream_.Window(cursor++, std::span(tokens_).subspan(b * (seq + 1), seq + 1));
+  const uint64_t cursor = state_.data_cursor;
+  std::vector<float> sums;  // (loss, zloss) of each microbatch, in microbatch order
+  for (int64_t round = 0; round < rounds; ++round) {
+    const int64_t group = round * ranks_ + rank_;
+    comm_->set_phase(fmt::format("step {}: microbatch group {}", report.step, group));
+    std::vector<uint32_t> tokens;
+    std::vector<float> group_sums;
+    if (ranks_ == 1 && round == 0) {
+      group_sums = RunGroup(group, cursor, *store_, tokens);  // accumulates in place
+    } else {
+      GroupAccess access(*store_, *group_);
+      group_sums = RunGroup(group, cursor, access, tokens);
     }
-    consumed.Update(std::span(reinterpret_cast<const uint8_t*>(tokens_.data()),
-                              tokens_.size() * sizeof(uint32_t)));
-    const LossSums sums = model_.ForwardBackward(*store_, tokens_, inv_tokens, mb > 0);
-    loss_sum = loss_sum + sums.loss;
-    zloss_sum = zloss_sum + sums.zloss;
+    std::vector<uint32_t> round_tokens(tokens.size() * static_cast<size_t>(ranks_));
+    comm_->Allgather(std::as_bytes(std::span(tokens)), std::as_writable_bytes(std::span(round_tokens)));
+    consumed.Update(std::span(reinterpret_cast<const uint8_t*>(round_tokens.data()),
+                              round_tokens.size() * sizeof(uint32_t)));
+    std::vector<float> round_sums(group_sums.size() * static_cast<size_t>(ranks_));
+    comm_->Allgather(Bytes(std::span<const float>(group_sums)), Bytes(std::span(round_sums)));
+    sums.insert(sums.end(), round_sums.begin(), round_sums.end());
+    FoldRound(round);
   }
+  float loss_sum = 0.0f, zloss_sum = 0.0f;
+  for (size_t mb = 0; mb < sums.size(); mb += 2) {
+    loss_sum = loss_sum + sums[mb];
+    zloss_sum = zloss_sum + sums[mb + 1];
+  }
+  const float inv_tokens = 1.0f / static_cast<float>(report.tokens);
   report.loss = loss_sum * inv_tokens;
   report.zloss = zloss_sum * inv_tokens;
 
-  // 2. Global norm over every gradient in parameter order, piece by piece. A NaN gradient
+  // 2. Global norm over every gradient in parameter order, piece by piece, each owner over its
+  //    tensors; the per-tensor sums are shared and added in parameter order. A NaN gradient
   //    (whose bits the kernels do not fix) is made the canonical NaN here, before anything
   //    hashes or writes it; the scan runs only in a piece whose sum is NaN.
-  std::vector<double> squares;
+  comm_->set_phase(fmt::format("step {}: global norm", report.step));
+  std::vector<double> owned_squares;
   for (size_t i = 0; i < specs_.size(); ++i) {
+    if (!owns(i)) continue;
     double running = 0.0;
     ForEachPiece(*store_, specs_[i], [&](int64_t begin, int64_t count) {
       const Piece g = store_->Acquire(StateArray::kGrad, i, begin, count, /*load=*/true);
@@ -244,8 +525,13 @@ StepReport Trainer::Step() {
       const bool replaced = std::isnan(running) && rk::CanonicalizeNaNs(g.data) > 0;
       store_->Release(g, /*store=*/replaced);
     });
-    squares.push_back(running);
+    owned_squares.push_back(running);
   }
+  const auto* owned_bytes = reinterpret_cast<const std::byte*>(owned_squares.data());
+  const std::vector<std::byte> shared =
+      ShareOwned({owned_bytes, owned_bytes + owned_squares.size() * sizeof(double)}, sizeof(double));
+  std::vector<double> squares(specs_.size());
+  std::memcpy(squares.data(), shared.data(), shared.size());
   report.grad_norm = rk::NormOfTensorSums(squares);
 
   // 3. Spike protocol: a non-finite loss or norm, or a norm above the threshold, skips the
@@ -282,9 +568,11 @@ StepReport Trainer::Step() {
   state_.clip_factor = report.clip_factor;
   state_.skipped = report.skipped;
   state_.tokens_digest = consumed.Final();
-  state_.data_cursor = cursor;
+  state_.data_cursor = cursor + static_cast<uint64_t>(tc.microbatches * tc.microbatch);
   UpdateAndHash(!report.skipped, adam, report.clip_factor);
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report.comm_seconds = comm_->traffic().seconds - traffic.seconds;
+  report.comm_bytes = comm_->traffic().bytes_sent - traffic.bytes_sent;
   return report;
 }
 

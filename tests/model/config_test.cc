@@ -154,6 +154,9 @@ TEST(Config, BadConfigsNameTheFieldAndTheValue) {
       {"  seed: 1234", "  seed: -5", {"train.seed", "'-5'"}},
       {"  norm_eps: 1.0e-5", "  norm_eps: .nan", {"model.norm_eps", "not finite"}},
       {"train:", "extra: 1\ntrain:", {"unknown key extra"}},
+      {"  microbatches: 2", "  microbatches: 2\n  grad_groups: 3",
+       {"bad.yaml", "train.grad_groups = 3", "divide train.microbatches = 2"}},
+      {"  microbatches: 2", "  microbatches: 2\n  grad_groups: 0", {"train.grad_groups = 0"}},
   };
   for (const Case& c : cases) {
     const std::string message = ErrorOf(TinyWith(c.from, c.to));
@@ -163,6 +166,16 @@ TEST(Config, BadConfigsNameTheFieldAndTheValue) {
     }
   }
   EXPECT_NE(ErrorOf("name: [unclosed").find("bad.yaml"), std::string::npos);
+}
+
+TEST(Config, GradGroupsDefaultToOneAndEnterTheDescriptor) {
+  const RunConfig tiny = LoadRunConfig("tiny");
+  EXPECT_EQ(tiny.train.grad_groups, 1);  // tiny.yaml has no grad_groups
+  EXPECT_NE(DescriptorJson(tiny).find("\"grad_groups\":1"), std::string::npos);
+  const RunConfig dp = LoadRunConfig("tiny-dp");
+  EXPECT_EQ(dp.train.grad_groups, 8);
+  EXPECT_EQ(dp.train.microbatches, 8);
+  EXPECT_NE(DescriptorJson(dp).find("\"grad_groups\":8"), std::string::npos);
 }
 
 TEST(Config, FileErrorsNameThePath) {

@@ -12,8 +12,10 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "train",
       "train a model on a token dataset; writes metrics.jsonl, state_hashes.jsonl (the chained "
-      "state hash of every step) and checkpoints/step_%09d/ into the run directory. Exit 0 when "
-      "done, 1 when the spike protocol halted the run, 2 on bad input");
+      "state hash of every step) and checkpoints/step_%09d/ into the run directory. Under "
+      "`mpirun -np N` (or srun) N processes train together with the same bits as one "
+      "(docs/distributed.md); N must divide the config's train.grad_groups. Exit 0 when done, 1 "
+      "when the spike protocol halted the run, 2 on bad input, 3 when a rank died or hung");
   cmd->add_option("--config", options->config,
                   "embedded config name (tiny, smoke, bench-8x512, open-100m, open-1b) or a YAML "
                   "file")
@@ -39,6 +41,12 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
                   "they vanish even if the run is killed), "
                   "with only what a pass needs in RAM: for models larger than memory. Same bits as "
                   "training in RAM");
+  cmd->add_option("--comm-timeout", options->comm_timeout_seconds,
+                  "multi-process runs (mpirun -np N lockstep train ...): seconds a rank waits for "
+                  "the others in one exchange before it stops the run with an error (a rank died "
+                  "or hangs)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--progress,!--no-progress", options->progress,
                 "show (default) or hide the progress line on stderr");
   cmd->final_callback([options, exit_code, steps_opt, steps, spill_dir] {

@@ -1,0 +1,246 @@
+// Data-parallel training under mpirun (docs/distributed.md): the chain and the checkpoints do
+// not depend on the number of processes, resume works at another world size, an auditor replays
+// an N-rank run in one process, and a dead, hung or divergent rank stops the run with an error.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/run_lockstep.h"
+#include "lockstep/core.h"
+
+namespace lockstep {
+namespace {
+namespace fs = std::filesystem;
+
+using test::Lockstep;
+using test::Result;
+
+// `mpirun` with the flags this 2-core, root-run machine needs (more ranks than cores).
+const std::string kMpirun = "mpirun --oversubscribe --allow-run-as-root";
+
+Result Mpi(int ranks, const std::string& args, const std::string& env = "") {
+  const std::string command = kMpirun + " -np " + std::to_string(ranks) + " " + env + " " +
+                              LOCKSTEP_BINARY + " " + args + " 2>&1";
+  std::FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return {};
+  Result r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, n);
+  const int status = ::pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class Distributed : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           (std::string("lockstep_dp_") + info->name() + "_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    const Result r = Lockstep("data synth --out " + Data() + " --seed 7 --tokens 200000");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  std::string Data() const { return (dir_ / "data").string(); }
+  std::string Run(const std::string& name) const { return (dir_ / name).string(); }
+  // tiny-dp: 8 microbatches in 8 gradient groups (world sizes 1, 2, 4, 8), 20 steps,
+  // checkpoints every 5.
+  std::string TrainArgs(const std::string& run, const std::string& extra) const {
+    return "train --config tiny-dp --data " + Data() + " --out " + Run(run) + " --no-progress " +
+           extra;
+  }
+  std::string Text(const std::string& path) const { return ReadFileText(dir_ / path); }
+
+  void ExpectSameCheckpoints(const std::string& a, const std::string& b) {
+    size_t compared = 0;
+    for (const auto& step : fs::directory_iterator(dir_ / a / "checkpoints")) {
+      const fs::path other = dir_ / b / "checkpoints" / step.path().filename();
+      ASSERT_TRUE(fs::exists(other)) << other;
+      for (const auto& file : fs::directory_iterator(step.path())) {
+        EXPECT_EQ(ReadFileBytes(file.path()), ReadFileBytes(other / file.path().filename()))
+            << b << ": " << step.path().filename() << "/" << file.path().filename();
+        ++compared;
+      }
+    }
+    EXPECT_GE(compared, 5u);
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(Distributed, OneTwoAndFourProcessesCommitTheSameChainAndCheckpoints) {
+  const Result one = Lockstep(TrainArgs("n1", "--threads 2"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const Result two = Mpi(2, TrainArgs("n2", "--threads 1"));
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  const Result four = Mpi(4, TrainArgs("n4", "--threads 2"));
+  ASSERT_EQ(four.exit_code, 0) << four.output;
+  EXPECT_NE(four.output.find("training with 4 processes"), std::string::npos) << four.output;
+  const std::string chain = Text("n1/state_hashes.jsonl");
+  EXPECT_EQ(std::count(chain.begin(), chain.end(), '\n'), 21);  // steps 0..20
+  EXPECT_EQ(chain, Text("n2/state_hashes.jsonl"));
+  EXPECT_EQ(chain, Text("n4/state_hashes.jsonl"));
+  EXPECT_EQ(Text("n1/metrics.jsonl").find("\"skipped\":true"), std::string::npos);
+  ExpectSameCheckpoints("n1", "n2");
+  ExpectSameCheckpoints("n1", "n4");
+}
+
+TEST_F(Distributed, AWorldSizeTheGroupsCannotServeIsRefusedWithTheSizesThatWork) {
+  const Result three = Mpi(3, TrainArgs("n3", ""));
+  EXPECT_NE(three.exit_code, 0) << three.output;
+  EXPECT_NE(three.output.find("3 processes cannot train config 'tiny-dp'"), std::string::npos)
+      << three.output;
+  EXPECT_NE(three.output.find("world sizes that work: 1, 2, 4, 8"), std::string::npos)
+      << three.output;
+  EXPECT_FALSE(fs::exists(dir_ / "n3" / "state_hashes.jsonl"));
+}
+
+TEST_F(Distributed, AFourProcessRunResumesWithTwoAndWithOne) {
+  ASSERT_EQ(Lockstep(TrainArgs("straight", "")).exit_code, 0);
+  Result r = Mpi(4, TrainArgs("moved", "--steps 10"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = Mpi(2, TrainArgs("moved", "--steps 15 --resume"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step_000000010"), std::string::npos) << r.output;
+  r = Lockstep(TrainArgs("moved", "--resume --threads 2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(Text("straight/state_hashes.jsonl"), Text("moved/state_hashes.jsonl"));
+  ExpectSameCheckpoints("straight", "moved");
+}
+
+TEST_F(Distributed, EveryUnitOfAFourProcessRunsKitReplaysInOneProcess) {
+  Result r = Mpi(4, TrainArgs("n4", "--steps 10"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = Lockstep("kit build --run " + Run("n4") + " --data " + Data() + " --out " + Run("kit"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = Lockstep("audit " + Run("kit") + " --all --threads 2");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  size_t matches = 0;
+  for (size_t at = r.output.find("\"verdict\": \"MATCH\""); at != std::string::npos;
+       at = r.output.find("\"verdict\": \"MATCH\"", at + 1)) {
+    ++matches;
+  }
+  EXPECT_EQ(matches, 3u) << r.output;  // the init and the intervals 0-5 and 5-10
+  EXPECT_EQ(r.output.find("MISMATCH"), std::string::npos) << r.output;
+}
+
+// The pids of mpirun's children (the ranks).
+std::vector<pid_t> ChildrenOf(pid_t parent) {
+  std::vector<pid_t> children;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string pid, comm, state;
+    pid_t ppid = 0;
+    if (stat >> pid >> comm >> state >> ppid && ppid == parent && comm == "(lockstep)") {
+      children.push_back(static_cast<pid_t>(std::stol(pid)));
+    }
+  }
+  return children;
+}
+
+struct Outcome {
+  int status = 0;
+  double seconds = 0;  // from the fault to mpirun's exit
+  std::string output;
+};
+
+// Starts `mpirun -np 2 lockstep train ...` (output to a file), waits for checkpoint step 5,
+// sends `signal` to one rank, and waits (at most 120 s) for mpirun to end.
+Outcome FaultOneRank(const fs::path& dir, const std::string& train_args, int signal) {
+  const fs::path log = dir / "mpirun.log";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const std::string command = "exec " + kMpirun + " -np 2 " + LOCKSTEP_BINARY + " " +
+                                train_args + " > " + log.string() + " 2>&1";
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), nullptr);
+    ::_exit(127);
+  }
+  Outcome outcome;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!fs::exists(dir / "faulty/checkpoints/step_000000005/COMPLETE") &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::vector<pid_t> ranks = ChildrenOf(pid);
+  if (ranks.size() != 2) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &outcome.status, 0);
+    outcome.output = "expected 2 ranks under mpirun, found " + std::to_string(ranks.size());
+    return outcome;
+  }
+  ::kill(ranks[1], signal);
+  const auto fault = std::chrono::steady_clock::now();
+  while (::waitpid(pid, &outcome.status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > fault + std::chrono::seconds(120)) {
+      ::kill(pid, SIGKILL);
+      for (pid_t rank : ranks) ::kill(rank, SIGKILL);
+      ::waitpid(pid, &outcome.status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - fault).count();
+  for (pid_t rank : ranks) ::kill(rank, SIGKILL);  // a stopped rank mpirun left behind
+  outcome.output = ReadFileText(log);
+  return outcome;
+}
+
+TEST_F(Distributed, AKilledRankStopsTheOthersAndTheRunResumesBitExactly) {
+  ASSERT_EQ(Lockstep(TrainArgs("straight", "")).exit_code, 0);
+  const Outcome killed = FaultOneRank(dir_, TrainArgs("faulty", ""), SIGKILL);
+  ASSERT_TRUE(WIFEXITED(killed.status)) << killed.output;
+  EXPECT_NE(WEXITSTATUS(killed.status), 0) << killed.output;
+  EXPECT_LT(killed.seconds, 60.0) << killed.output;
+  const std::string cut = Text("faulty/state_hashes.jsonl");
+  ASSERT_LT(std::count(cut.begin(), cut.end(), '\n'), 21) << "the run ended before the kill";
+  // Whatever the ranks were doing, the newest complete checkpoint continues the straight run.
+  const Result r = Mpi(2, TrainArgs("faulty", "--resume"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(Text("straight/state_hashes.jsonl"), Text("faulty/state_hashes.jsonl"));
+  ExpectSameCheckpoints("straight", "faulty");
+}
+
+TEST_F(Distributed, AHungRankStopsTheRunWithinTheTimeout) {
+  const Outcome hung = FaultOneRank(dir_, TrainArgs("faulty", "--comm-timeout 5"), SIGSTOP);
+  ASSERT_TRUE(WIFEXITED(hung.status)) << hung.output;
+  EXPECT_NE(WEXITSTATUS(hung.status), 0) << hung.output;
+  EXPECT_LT(hung.seconds, 60.0) << hung.output;
+  EXPECT_GT(hung.seconds, 4.0) << "stopped before --comm-timeout 5 ran out: " << hung.output;
+  EXPECT_NE(hung.output.find("rank 0 of 2: waited"), std::string::npos) << hung.output;
+  EXPECT_NE(hung.output.find("a rank died or hangs"), std::string::npos) << hung.output;
+}
+
+TEST_F(Distributed, ADivergentReplicaIsNamedWithItsRankStepAndTensor) {
+  const Result r = Mpi(2, TrainArgs("faulty", ""), "-x LOCKSTEP_TEST_CORRUPT_REPLICA=1:3");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  // Both ranks stop, each naming the divergent rank, the step and the tensor.
+  for (const char* rank : {"rank 0 of 2", "rank 1 of 2"}) {
+    EXPECT_NE(r.output.find(std::string(rank) + ": step 3: rank 1's copy of parameter tensor '"),
+              std::string::npos)
+        << r.output;
+  }
+  EXPECT_NE(r.output.find("the replicas diverged"), std::string::npos) << r.output;
+  // Nothing past the last good step was committed.
+  const std::string chain = Text("faulty/state_hashes.jsonl");
+  EXPECT_EQ(std::count(chain.begin(), chain.end(), '\n'), 3);  // steps 0, 1, 2
+}
+
+}  // namespace
+}  // namespace lockstep
