@@ -6,12 +6,15 @@
 // the inputs (docs/numerics.md): never of the thread count or the SIMD variant.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <new>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "lockstep/kernels.h"
@@ -177,6 +180,62 @@ class StoreAccess final : public TensorAccess {
   ParamStore* grads_;
 };
 
+// ---- operation observer (traces and test faults: docs/disputes.md) ----------------------------
+// An op's scalar arguments by name (integers and binary32 values are exact in a double).
+struct OpArg {
+  std::string_view name;
+  double value = 0;
+};
+// A tensor an op reads or writes, by role: fp32 data, uint32 ids (tokens, targets) or fp64
+// values (the global norm's per-tensor sums), exactly one of them set.
+struct OpTensor {
+  std::string_view role;
+  std::span<const float> f32;
+  std::span<const uint32_t> u32 = {};
+  std::span<const double> f64 = {};
+};
+struct OpOutput {
+  std::string_view role;
+  std::span<float> f32;
+  std::span<double> f64 = {};
+};
+// Told of every kernel call of a step, in execution order. Begin is called before the op runs
+// (so inputs an op overwrites in place are seen as they were); End after, with the outputs, which
+// the observer may change (the test-only fault). Context says which step and microbatch the next
+// ops belong to (microbatch -1: the optimizer's part of the step).
+class OpObserver {
+ public:
+  virtual ~OpObserver() = default;
+  virtual void Context(uint64_t step, int64_t microbatch) = 0;
+  virtual void Begin(std::string_view op, int64_t layer, std::span<const OpArg> args,
+                     std::span<const OpTensor> inputs) = 0;
+  virtual void End(std::span<const OpOutput> outputs) = 0;
+};
+
+// Runs `kernel` between observer->Begin and ->End (just runs it without an observer).
+template <typename Kernel>
+void ObservedOp(OpObserver* observer, std::string_view op, int64_t layer,
+                std::span<const OpArg> args, std::initializer_list<OpTensor> inputs,
+                std::initializer_list<OpOutput> outputs, Kernel&& kernel) {
+  if (observer == nullptr) {
+    kernel();
+    return;
+  }
+  observer->Begin(op, layer, args, {inputs.begin(), inputs.size()});
+  kernel();
+  observer->End({outputs.begin(), outputs.size()});
+}
+template <typename Kernel>
+void ObservedOp(OpObserver* observer, std::string_view op, int64_t layer,
+                std::initializer_list<OpArg> args, std::initializer_list<OpTensor> inputs,
+                std::initializer_list<OpOutput> outputs, Kernel&& kernel) {
+  ObservedOp(observer, op, layer, std::span<const OpArg>(args.begin(), args.size()), inputs,
+             outputs, std::forward<Kernel>(kernel));
+}
+// The recorded arguments of the attention and cross-entropy ops (docs/disputes.md).
+std::array<OpArg, 7> AttentionArgs(const rk::AttentionShape& s);
+std::array<OpArg, 6> CrossEntropyArgs(const rk::CrossEntropyShape& s, float grad_scale);
+
 struct LossSums {
   float loss = 0;   // Σ over rows of the cross-entropy (rk::RowSum lane rule, fp32)
   float zloss = 0;  // Σ over rows of z_loss · lse²
@@ -216,6 +275,10 @@ class Model {
   std::span<const float> RowZLoss() const;
   void Logits(const ParamStore& params, std::span<float> logits) const;
 
+  // Every kernel call of Forward and Backward is reported to `observer` (null: none), with
+  // layer -1 for the embedding and the head.
+  void set_observer(OpObserver* observer) { observer_ = observer; }
+
  private:
   struct PlanOnly {};
   // Plans the arena (every Span, arena_floats_) without allocating it.
@@ -238,6 +301,7 @@ class Model {
   std::span<float> Grad(TensorAccess& access, size_t i, bool accumulate) const;
   rk::AttentionShape AttentionShape(int64_t layer) const;
   rk::CrossEntropyShape CrossEntropyShape() const;
+  OpObserver* observer_ = nullptr;
 
   ModelConfig config_;
   int64_t vocab_chunk_, batch_, seq_, rows_;

@@ -94,6 +94,11 @@ class Trainer {
   // Progress lines on stderr (ProgressLine) for the long phases: initialising, loading and
   // writing checkpoints, and a spilled step's update pass. Off by default.
   void set_progress(bool on) { progress_ = on; }
+  // Every op of the following steps -- the model's kernel calls and the step's gradient sums,
+  // norm, clip and update -- is reported to `observer` (null: none), in trace order
+  // (docs/disputes.md). Needs the state in RAM and one process. The test-only fault
+  // LOCKSTEP_TEST_FAULT_OP, when set, sits in front of it.
+  void set_observer(OpObserver* observer);
 
  private:
   // Digests every array of every tensor this rank owns (and, when `update`, applies the step's
@@ -130,6 +135,9 @@ class Trainer {
   StateHash hash_;
   std::vector<uint32_t> tokens_;  // one microbatch: [microbatch, seq_len + 1]
   bool progress_ = false;
+  OpObserver* observer_ = nullptr;  // the fault (if any) in front of the caller's observer
+  std::unique_ptr<OpObserver> fault_;
+  std::optional<std::pair<uint64_t, int64_t>> token_fault_;  // LOCKSTEP_TEST_FAULT_TOKEN
 };
 
 // The run descriptor hashed into every step: the model layer's DescriptorJson plus the data

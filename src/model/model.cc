@@ -177,12 +177,47 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
   const int64_t q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
   const float eps = static_cast<float>(c.norm_eps);
 
+  OpObserver* const obs = observer_;
+  const float theta = static_cast<float>(c.rope_theta);
+  // The recorded forms of the ops used more than once (docs/disputes.md, "Records").
+  auto rmsnorm = [&](int64_t layer, std::span<const float> x, std::span<const float> gain,
+                     std::span<float> y, std::span<float> rstd, int64_t rows, int64_t cols) {
+    const std::initializer_list<OpTensor> with_gain = {{"x", x}, {"gain", gain}};
+    const std::initializer_list<OpTensor> without = {{"x", x}};
+    ObservedOp(obs, "rmsnorm_fwd", layer,
+               {{"rows", double(rows)}, {"cols", double(cols)}, {"eps", eps}},
+               gain.empty() ? without : with_gain, {{"y", y}, {"rstd", rstd}},
+               [&] { rk::RmsNormForward(x, gain, eps, y, rstd, rows, cols); });
+  };
+  auto linear = [&](int64_t layer, std::span<const float> x, std::span<const float> w,
+                    std::span<float> y, int64_t rows, int64_t out, int64_t in) {
+    ObservedOp(obs, "gemm_xwt", layer,
+               {{"m", double(rows)}, {"n", double(out)}, {"k", double(in)}, {"accumulate", 0}},
+               {{"x", x}, {"w", w}}, {{"y", y}}, [&] { rk::GemmXWt(x, w, y, rows, out, in); });
+  };
+  auto rope = [&](int64_t layer, std::span<float> x, int64_t heads) {
+    ObservedOp(obs, "rope_fwd", layer,
+               {{"batch", double(batch_)}, {"seq", double(seq_)}, {"heads", double(heads)},
+                {"head_dim", double(hd)}, {"table_seq", double(c.seq_len)}, {"theta", theta}},
+               {{"x", x}}, {{"y", x}}, [&] { rk::RopeForward(x, x, rope_, batch_, seq_, heads, hd); });
+  };
+  auto add_into = [&](int64_t layer, std::span<const float> x, std::span<float> y) {
+    ObservedOp(obs, "add_into", layer, {{"n", double(x.size())}}, {{"x", x}, {"y", y}},
+               {{"y", y}}, [&] { rk::AddInto(x, y); });
+  };
+
   // Embedding (+ optional RMSNorm): x[N, d].
   std::span<float> x0 = A(layers_[0].x_in);
-  rk::EmbeddingForward(Param(access, P.tok), inputs_, c.embedding_norm ? A(emb_) : x0, c.vocab, d);
+  {
+    const std::span<const float> table = Param(access, P.tok);
+    const std::span<float> out = c.embedding_norm ? A(emb_) : x0;
+    ObservedOp(obs, "embedding_fwd", -1, {{"vocab", double(c.vocab)}, {"d", double(d)}},
+               {{"table", table}, {"ids", {}, inputs_}}, {{"out", out}},
+               [&] { rk::EmbeddingForward(table, inputs_, out, c.vocab, d); });
+  }
   access.CloseParam(P.tok);
   if (c.embedding_norm) {
-    rk::RmsNormForward(A(emb_), Param(access, P.emb_norm), eps, x0, A(emb_rstd_), n, d);
+    rmsnorm(-1, A(emb_), Param(access, P.emb_norm), x0, A(emb_rstd_), n, d);
     access.CloseParam(P.emb_norm);
   }
 
@@ -193,42 +228,58 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
       w[which] = Param(access, P.Layer(l, which));
     }
     // Attention block: x_mid = x_in + attn(RMSNorm(x_in)) · Woᵀ.
-    rk::RmsNormForward(A(a.x_in), w[kAttnNorm], eps, A(a.h), A(a.attn_rstd), n, d);  // h[N,d]
+    rmsnorm(l, A(a.x_in), w[kAttnNorm], A(a.h), A(a.attn_rstd), n, d);  // h[N,d]
     if (c.qk_norm) {
-      rk::GemmXWt(A(a.h), w[kWq], A(a.q_raw), n, q_dim, d);   // q_raw[N, Q]
-      rk::GemmXWt(A(a.h), w[kWk], A(a.k_raw), n, kv_dim, d);  // k_raw[N, K]
-      rk::RmsNormForward(A(a.q_raw), {}, eps, A(a.q), A(a.q_rstd), n * c.n_heads, hd);
-      rk::RmsNormForward(A(a.k_raw), {}, eps, A(a.k), A(a.k_rstd), n * c.n_kv_heads, hd);
+      linear(l, A(a.h), w[kWq], A(a.q_raw), n, q_dim, d);   // q_raw[N, Q]
+      linear(l, A(a.h), w[kWk], A(a.k_raw), n, kv_dim, d);  // k_raw[N, K]
+      rmsnorm(l, A(a.q_raw), {}, A(a.q), A(a.q_rstd), n * c.n_heads, hd);
+      rmsnorm(l, A(a.k_raw), {}, A(a.k), A(a.k_rstd), n * c.n_kv_heads, hd);
     } else {
-      rk::GemmXWt(A(a.h), w[kWq], A(a.q), n, q_dim, d);
-      rk::GemmXWt(A(a.h), w[kWk], A(a.k), n, kv_dim, d);
+      linear(l, A(a.h), w[kWq], A(a.q), n, q_dim, d);
+      linear(l, A(a.h), w[kWk], A(a.k), n, kv_dim, d);
     }
-    rk::GemmXWt(A(a.h), w[kWv], A(a.v), n, kv_dim, d);  // v[N, K]
-    rk::RopeForward(A(a.q), A(a.q), rope_, batch_, seq_, c.n_heads, hd);
-    rk::RopeForward(A(a.k), A(a.k), rope_, batch_, seq_, c.n_kv_heads, hd);
-    rk::AttentionForward(AttentionShape(l), A(a.q), A(a.k), A(a.v), A(a.attn),
-                         A(a.attn_lse));                        // attn[N, Q]
-    rk::GemmXWt(A(a.attn), w[kWo], A(a.x_mid), n, d, q_dim);  // x_mid[N, d]
-    rk::AddInto(A(a.x_in), A(a.x_mid));
+    linear(l, A(a.h), w[kWv], A(a.v), n, kv_dim, d);  // v[N, K]
+    rope(l, A(a.q), c.n_heads);
+    rope(l, A(a.k), c.n_kv_heads);
+    const rk::AttentionShape shape = AttentionShape(l);
+    ObservedOp(obs, "attention_fwd", l, AttentionArgs(shape),
+               {{"q", A(a.q)}, {"k", A(a.k)}, {"v", A(a.v)}},
+               {{"out", A(a.attn)}, {"lse", A(a.attn_lse)}}, [&] {
+                 rk::AttentionForward(shape, A(a.q), A(a.k), A(a.v), A(a.attn),
+                                      A(a.attn_lse));  // attn[N, Q]
+               });
+    linear(l, A(a.attn), w[kWo], A(a.x_mid), n, d, q_dim);  // x_mid[N, d]
+    add_into(l, A(a.x_in), A(a.x_mid));
     // Feed-forward block: x_out = x_mid + SwiGLU(RMSNorm(x_mid) · W_guᵀ) · W_downᵀ.
-    rk::RmsNormForward(A(a.x_mid), w[kFfnNorm], eps, A(a.h2), A(a.ffn_rstd), n, d);
-    rk::GemmXWt(A(a.h2), w[kWGateUp], A(a.gu), n, 2 * f, d);  // gu[N, 2F]: gate | up
-    rk::SwigluForward(A(a.gu), A(a.act), n, f);               // act[N, F]
+    rmsnorm(l, A(a.x_mid), w[kFfnNorm], A(a.h2), A(a.ffn_rstd), n, d);
+    linear(l, A(a.h2), w[kWGateUp], A(a.gu), n, 2 * f, d);  // gu[N, 2F]: gate | up
+    ObservedOp(obs, "swiglu_fwd", l, {{"rows", double(n)}, {"f", double(f)}}, {{"gu", A(a.gu)}},
+               {{"act", A(a.act)}}, [&] { rk::SwigluForward(A(a.gu), A(a.act), n, f); });
     const Span x_out = l + 1 < c.n_layers ? layers_[static_cast<size_t>(l + 1)].x_in : x_final_;
-    rk::GemmXWt(A(a.act), w[kWDown], A(x_out), n, d, f);  // x_out[N, d]
-    rk::AddInto(A(a.x_mid), A(x_out));
+    linear(l, A(a.act), w[kWDown], A(x_out), n, d, f);  // x_out[N, d]
+    add_into(l, A(a.x_mid), A(x_out));
     for (size_t which = 0; which < kTensorsPerLayer; ++which) access.CloseParam(P.Layer(l, which));
   }
 
   // Final RMSNorm and the fused output head + cross-entropy + z-loss.
-  rk::RmsNormForward(A(x_final_), Param(access, P.final_norm), eps, A(xf_), A(final_rstd_), n, d);
+  rmsnorm(-1, A(x_final_), Param(access, P.final_norm), A(xf_), A(final_rstd_), n, d);
   access.CloseParam(P.final_norm);
-  rk::CrossEntropyForward(CrossEntropyShape(), A(xf_), Param(access, P.output), targets_, A(loss_),
-                          A(zloss_), A(lse_));
+  {
+    const std::span<const float> head = Param(access, P.output);
+    const rk::CrossEntropyShape shape = CrossEntropyShape();
+    ObservedOp(obs, "cross_entropy_fwd", -1, CrossEntropyArgs(shape, 0),
+               {{"h", A(xf_)}, {"w", head}, {"targets", {}, targets_}},
+               {{"loss", A(loss_)}, {"zloss", A(zloss_)}, {"lse", A(lse_)}}, [&] {
+                 rk::CrossEntropyForward(shape, A(xf_), head, targets_, A(loss_), A(zloss_),
+                                         A(lse_));
+               });
+  }
   access.CloseParam(P.output);
   LossSums sums;
-  rk::RowSum(A(loss_), {&sums.loss, 1}, 1, n);
-  rk::RowSum(A(zloss_), {&sums.zloss, 1}, 1, n);
+  for (auto [rows, sum] : {std::pair{A(loss_), &sums.loss}, std::pair{A(zloss_), &sums.zloss}}) {
+    ObservedOp(obs, "row_sum", -1, {{"rows", 1}, {"cols", double(n)}}, {{"x", rows}},
+               {{"sum", {sum, 1}}}, [&] { rk::RowSum(rows, {sum, 1}, 1, n); });
+  }
   have_forward_ = true;
   return sums;
 }
@@ -239,21 +290,65 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
   const ParamIndex P(c);
   const int64_t n = rows_, d = c.d_model, f = c.ffn_hidden, hd = c.head_dim;
   const int64_t q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
+  OpObserver* const obs = observer_;
+  const float theta = static_cast<float>(c.rope_theta);
+  auto rmsnorm_bwd = [&](int64_t layer, std::span<const float> dy, std::span<const float> x,
+                         std::span<const float> gain, std::span<const float> rstd,
+                         std::span<float> dx, std::span<float> dgain, int64_t rows,
+                         int64_t cols) {
+    const std::initializer_list<OpTensor> with_gain = {
+        {"dy", dy}, {"x", x}, {"gain", gain}, {"rstd", rstd}};
+    const std::initializer_list<OpTensor> without = {{"dy", dy}, {"x", x}, {"rstd", rstd}};
+    const std::initializer_list<OpOutput> out_gain = {{"dx", dx}, {"dgain", dgain}};
+    const std::initializer_list<OpOutput> out = {{"dx", dx}};
+    ObservedOp(obs, "rmsnorm_bwd", layer, {{"rows", double(rows)}, {"cols", double(cols)}},
+               gain.empty() ? without : with_gain, gain.empty() ? out : out_gain,
+               [&] { rk::RmsNormBackward(dy, x, gain, rstd, dx, dgain, rows, cols); });
+  };
+  auto add_into = [&](int64_t layer, std::span<const float> x, std::span<float> y) {
+    ObservedOp(obs, "add_into", layer, {{"n", double(x.size())}}, {{"x", x}, {"y", y}},
+               {{"y", y}}, [&] { rk::AddInto(x, y); });
+  };
+  // dx = dy · w (accumulate: dx += ...).
+  auto input_grad = [&](int64_t layer, std::span<const float> dy, std::span<const float> w,
+                        std::span<float> dx, int64_t out, int64_t in, bool add) {
+    const std::initializer_list<OpTensor> plain = {{"dy", dy}, {"w", w}};
+    const std::initializer_list<OpTensor> onto = {{"dy", dy}, {"w", w}, {"dx", dx}};
+    ObservedOp(obs, "gemm_dyw", layer,
+               {{"m", double(n)}, {"n", double(out)}, {"k", double(in)}, {"accumulate", add}},
+               add ? onto : plain, {{"dx", dx}},
+               [&] { rk::GemmDyW(dy, w, dx, n, out, in, add); });
+  };
+  auto rope_bwd = [&](int64_t layer, std::span<float> dx, int64_t heads) {
+    ObservedOp(obs, "rope_bwd", layer,
+               {{"batch", double(batch_)}, {"seq", double(seq_)}, {"heads", double(heads)},
+                {"head_dim", double(hd)}, {"table_seq", double(c.seq_len)}, {"theta", theta}},
+               {{"dy", dx}}, {{"dx", dx}},
+               [&] { rk::RopeBackward(dx, dx, rope_, batch_, seq_, heads, hd); });
+  };
   // Gain gradients come out of RmsNormBackward overwritten (in dgain_); they are then stored or
   // added to the accumulated gradient.
-  auto store_gain = [&](size_t i) {
+  auto store_gain = [&](int64_t layer, size_t i) {
     const std::span<float> g = Grad(access, i, accumulate);
     if (accumulate) {
-      rk::AddInto(A(dgain_), g);
+      add_into(layer, A(dgain_), g);
     } else {
-      std::copy(A(dgain_).begin(), A(dgain_).end(), g.begin());
+      ObservedOp(obs, "copy", layer, {{"n", double(g.size())}}, {{"x", A(dgain_)}}, {{"y", g}},
+                 [&] { std::copy(A(dgain_).begin(), A(dgain_).end(), g.begin()); });
     }
     access.CloseGrad(i);
   };
   // dW = dyᵀ · x, stored or added to the accumulated gradient by the GEMM itself.
-  auto weight_grad = [&](size_t i, std::span<const float> dy, std::span<const float> x,
-                         int64_t rows_out, int64_t cols) {
-    rk::GemmDytX(dy, x, Grad(access, i, accumulate), n, rows_out, cols, accumulate);
+  auto weight_grad = [&](int64_t layer, size_t i, std::span<const float> dy,
+                         std::span<const float> x, int64_t rows_out, int64_t cols) {
+    const std::span<float> dw = Grad(access, i, accumulate);
+    const std::initializer_list<OpTensor> plain = {{"dy", dy}, {"x", x}};
+    const std::initializer_list<OpTensor> onto = {{"dy", dy}, {"x", x}, {"dw", dw}};
+    ObservedOp(obs, "gemm_dytx", layer,
+               {{"m", double(n)}, {"n", double(rows_out)}, {"k", double(cols)},
+                {"accumulate", accumulate}},
+               accumulate ? onto : plain, {{"dw", dw}},
+               [&] { rk::GemmDytX(dy, x, dw, n, rows_out, cols, accumulate); });
     access.CloseGrad(i);
   };
   // The embedding and output-head gradients are accumulated into by their kernels.
@@ -264,14 +359,24 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
   };
 
   // Output head and final norm: dx = d x_final [N, d].
-  rk::CrossEntropyBackward(CrossEntropyShape(), A(xf_), Param(access, P.output), targets_, A(lse_),
-                           grad_scale, A(dh_), scatter_grad(P.output));
+  {
+    const std::span<const float> head = Param(access, P.output);
+    const std::span<float> dw = scatter_grad(P.output);
+    const rk::CrossEntropyShape shape = CrossEntropyShape();
+    ObservedOp(obs, "cross_entropy_bwd", -1, CrossEntropyArgs(shape, grad_scale),
+               {{"h", A(xf_)}, {"w", head}, {"targets", {}, targets_}, {"lse", A(lse_)},
+                {"dw", dw}},
+               {{"dh", A(dh_)}, {"dw", dw}}, [&] {
+                 rk::CrossEntropyBackward(shape, A(xf_), head, targets_, A(lse_), grad_scale,
+                                          A(dh_), dw);
+               });
+  }
   access.CloseGrad(P.output);
   access.CloseParam(P.output);
-  rk::RmsNormBackward(A(dh_), A(x_final_), Param(access, P.final_norm), A(final_rstd_), A(dx_),
-                      A(dgain_), n, d);
+  rmsnorm_bwd(-1, A(dh_), A(x_final_), Param(access, P.final_norm), A(final_rstd_), A(dx_),
+              A(dgain_), n, d);
   access.CloseParam(P.final_norm);
-  store_gain(P.final_norm);
+  store_gain(-1, P.final_norm);
 
   for (int64_t l = c.n_layers - 1; l >= 0; --l) {
     const LayerActivations& a = layers_[static_cast<size_t>(l)];
@@ -281,47 +386,60 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
     }
     auto G = [&](size_t which) { return P.Layer(l, which); };
     // Feed-forward block; on entry dx = d x_out, on exit dx = d x_mid.
-    rk::GemmDyW(A(dx_), w[kWDown], A(dact_), n, d, f);            // dact[N, F]
-    weight_grad(G(kWDown), A(dx_), A(a.act), d, f);               // dW_down[d, F]
-    rk::SwigluBackward(A(a.gu), A(dact_), A(dgu_), n, f);         // dgu[N, 2F]
-    rk::GemmDyW(A(dgu_), w[kWGateUp], A(dh_), n, 2 * f, d);       // dh2[N, d]
-    weight_grad(G(kWGateUp), A(dgu_), A(a.h2), 2 * f, d);         // dW_gu[2F, d]
-    rk::RmsNormBackward(A(dh_), A(a.x_mid), w[kFfnNorm], A(a.ffn_rstd), A(dh_), A(dgain_), n, d);
-    store_gain(G(kFfnNorm));
-    rk::AddInto(A(dh_), A(dx_));
+    input_grad(l, A(dx_), w[kWDown], A(dact_), d, f, false);      // dact[N, F]
+    weight_grad(l, G(kWDown), A(dx_), A(a.act), d, f);            // dW_down[d, F]
+    ObservedOp(obs, "swiglu_bwd", l, {{"rows", double(n)}, {"f", double(f)}},
+               {{"gu", A(a.gu)}, {"dact", A(dact_)}}, {{"dgu", A(dgu_)}},
+               [&] { rk::SwigluBackward(A(a.gu), A(dact_), A(dgu_), n, f); });  // dgu[N, 2F]
+    input_grad(l, A(dgu_), w[kWGateUp], A(dh_), 2 * f, d, false);  // dh2[N, d]
+    weight_grad(l, G(kWGateUp), A(dgu_), A(a.h2), 2 * f, d);       // dW_gu[2F, d]
+    rmsnorm_bwd(l, A(dh_), A(a.x_mid), w[kFfnNorm], A(a.ffn_rstd), A(dh_), A(dgain_), n, d);
+    store_gain(l, G(kFfnNorm));
+    add_into(l, A(dh_), A(dx_));
     // Attention block; on exit dx = d x_in.
-    rk::GemmDyW(A(dx_), w[kWo], A(dattn_), n, d, q_dim);  // dattn[N, Q]
-    weight_grad(G(kWo), A(dx_), A(a.attn), d, q_dim);     // dWo[d, Q]
-    rk::AttentionBackward(AttentionShape(l), A(a.q), A(a.k), A(a.v), A(a.attn), A(a.attn_lse),
-                          A(dattn_), A(dq_), A(dk_), A(dv_));  // dq[N, Q], dk/dv[N, K]
-    rk::RopeBackward(A(dq_), A(dq_), rope_, batch_, seq_, c.n_heads, hd);
-    rk::RopeBackward(A(dk_), A(dk_), rope_, batch_, seq_, c.n_kv_heads, hd);
+    input_grad(l, A(dx_), w[kWo], A(dattn_), d, q_dim, false);  // dattn[N, Q]
+    weight_grad(l, G(kWo), A(dx_), A(a.attn), d, q_dim);        // dWo[d, Q]
+    const rk::AttentionShape shape = AttentionShape(l);
+    ObservedOp(obs, "attention_bwd", l, AttentionArgs(shape),
+               {{"q", A(a.q)}, {"k", A(a.k)}, {"v", A(a.v)}, {"out", A(a.attn)},
+                {"lse", A(a.attn_lse)}, {"dout", A(dattn_)}},
+               {{"dq", A(dq_)}, {"dk", A(dk_)}, {"dv", A(dv_)}}, [&] {
+                 rk::AttentionBackward(shape, A(a.q), A(a.k), A(a.v), A(a.attn), A(a.attn_lse),
+                                       A(dattn_), A(dq_), A(dk_), A(dv_));
+               });  // dq[N, Q], dk/dv[N, K]
+    rope_bwd(l, A(dq_), c.n_heads);
+    rope_bwd(l, A(dk_), c.n_kv_heads);
     if (c.qk_norm) {
-      rk::RmsNormBackward(A(dq_), A(a.q_raw), {}, A(a.q_rstd), A(dq_), {}, n * c.n_heads, hd);
-      rk::RmsNormBackward(A(dk_), A(a.k_raw), {}, A(a.k_rstd), A(dk_), {}, n * c.n_kv_heads, hd);
+      rmsnorm_bwd(l, A(dq_), A(a.q_raw), {}, A(a.q_rstd), A(dq_), {}, n * c.n_heads, hd);
+      rmsnorm_bwd(l, A(dk_), A(a.k_raw), {}, A(a.k_rstd), A(dk_), {}, n * c.n_kv_heads, hd);
     }
     // dh[N, d] = dq · Wq + dk · Wk + dv · Wv (the latter two GEMMs accumulate into dh).
-    rk::GemmDyW(A(dq_), w[kWq], A(dh_), n, q_dim, d);
-    rk::GemmDyW(A(dk_), w[kWk], A(dh_), n, kv_dim, d, /*accumulate=*/true);
-    rk::GemmDyW(A(dv_), w[kWv], A(dh_), n, kv_dim, d, /*accumulate=*/true);
-    weight_grad(G(kWq), A(dq_), A(a.h), q_dim, d);   // dWq[Q, d]
-    weight_grad(G(kWk), A(dk_), A(a.h), kv_dim, d);  // dWk[K, d]
-    weight_grad(G(kWv), A(dv_), A(a.h), kv_dim, d);  // dWv[K, d]
-    rk::RmsNormBackward(A(dh_), A(a.x_in), w[kAttnNorm], A(a.attn_rstd), A(dh_), A(dgain_), n,
-                        d);
-    store_gain(G(kAttnNorm));
-    rk::AddInto(A(dh_), A(dx_));
+    input_grad(l, A(dq_), w[kWq], A(dh_), q_dim, d, false);
+    input_grad(l, A(dk_), w[kWk], A(dh_), kv_dim, d, true);
+    input_grad(l, A(dv_), w[kWv], A(dh_), kv_dim, d, true);
+    weight_grad(l, G(kWq), A(dq_), A(a.h), q_dim, d);   // dWq[Q, d]
+    weight_grad(l, G(kWk), A(dk_), A(a.h), kv_dim, d);  // dWk[K, d]
+    weight_grad(l, G(kWv), A(dv_), A(a.h), kv_dim, d);  // dWv[K, d]
+    rmsnorm_bwd(l, A(dh_), A(a.x_in), w[kAttnNorm], A(a.attn_rstd), A(dh_), A(dgain_), n, d);
+    store_gain(l, G(kAttnNorm));
+    add_into(l, A(dh_), A(dx_));
     for (size_t which = 0; which < kTensorsPerLayer; ++which) access.CloseParam(G(which));
   }
 
   // Embedding norm and embedding.
   if (c.embedding_norm) {
-    rk::RmsNormBackward(A(dx_), A(emb_), Param(access, P.emb_norm), A(emb_rstd_), A(dx_),
-                        A(dgain_), n, d);
+    rmsnorm_bwd(-1, A(dx_), A(emb_), Param(access, P.emb_norm), A(emb_rstd_), A(dx_), A(dgain_),
+                n, d);
     access.CloseParam(P.emb_norm);
-    store_gain(P.emb_norm);
+    store_gain(-1, P.emb_norm);
   }
-  rk::EmbeddingBackward(A(dx_), inputs_, scatter_grad(P.tok), c.vocab, d);
+  {
+    const std::span<float> dtable = scatter_grad(P.tok);
+    ObservedOp(obs, "embedding_bwd", -1, {{"vocab", double(c.vocab)}, {"d", double(d)}},
+               {{"dout", A(dx_)}, {"ids", {}, inputs_}, {"dtable", dtable}},
+               {{"dtable", dtable}},
+               [&] { rk::EmbeddingBackward(A(dx_), inputs_, dtable, c.vocab, d); });
+  }
   access.CloseGrad(P.tok);
 }
 
@@ -340,6 +458,18 @@ void Model::Logits(const ParamStore& params, std::span<float> logits) const {
   CheckParams(params, "params");
   rk::GemmXWt(A(xf_), params.Tensor(ParamIndex(config_).output), logits, rows_, config_.vocab,
               config_.d_model);
+}
+
+std::array<OpArg, 7> AttentionArgs(const rk::AttentionShape& s) {
+  return {{{"batch", double(s.batch)}, {"seq", double(s.seq)}, {"q_heads", double(s.q_heads)},
+           {"kv_heads", double(s.kv_heads)}, {"head_dim", double(s.head_dim)},
+           {"window", double(s.window)}, {"scale", s.scale}}};
+}
+
+std::array<OpArg, 6> CrossEntropyArgs(const rk::CrossEntropyShape& s, float grad_scale) {
+  return {{{"rows", double(s.rows)}, {"d", double(s.d)}, {"vocab", double(s.vocab)},
+           {"vocab_chunk", double(s.vocab_chunk)}, {"z_loss", s.z_loss},
+           {"grad_scale", grad_scale}}};
 }
 
 rk::AttentionShape Model::AttentionShape(int64_t layer) const {

@@ -5,6 +5,8 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <optional>
+#include <limits>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
@@ -65,6 +67,53 @@ std::vector<int> AssignOwners(const std::vector<ParamSpec>& specs, int ranks) {
   return owner;
 }
 
+// The test-only faults (docs/disputes.md, "Faults to test with"), read from the environment:
+// LOCKSTEP_TEST_FAULT_OP=STEP:INDEX moves element 0 of the first output of op INDEX (0-based,
+// in trace order) of step STEP by one ulp toward +inf; LOCKSTEP_TEST_FAULT_TOKEN=STEP:INDEX
+// flips the lowest bit of token INDEX of step STEP (the step's tokens in microbatch order).
+std::optional<std::pair<uint64_t, int64_t>> FaultFromEnvironment(const char* name) {
+  const char* text = std::getenv(name);
+  if (text == nullptr) return std::nullopt;
+  unsigned long long step = 0;
+  long long index = 0;
+  char end = 0;
+  if (std::sscanf(text, "%llu:%lld%c", &step, &index, &end) != 2 || index < 0) {
+    Fail("{}={}: expected STEP:INDEX", name, text);
+  }
+  return std::pair{static_cast<uint64_t>(step), static_cast<int64_t>(index)};
+}
+
+// Numbers a step's ops in trace order, perturbs the one the fault names, and passes everything
+// on to the observer behind it (a trace), if any.
+class FaultyOp final : public OpObserver {
+ public:
+  FaultyOp(std::pair<uint64_t, int64_t> fault, OpObserver* next) : fault_(fault), next_(next) {}
+  void Context(uint64_t step, int64_t microbatch) override {
+    if (step != step_) index_ = 0;
+    step_ = step;
+    if (next_ != nullptr) next_->Context(step, microbatch);
+  }
+  void Begin(std::string_view op, int64_t layer, std::span<const OpArg> args,
+             std::span<const OpTensor> inputs) override {
+    if (next_ != nullptr) next_->Begin(op, layer, args, inputs);
+  }
+  void End(std::span<const OpOutput> outputs) override {
+    if (step_ == fault_.first && index_ == fault_.second && !outputs.empty()) {
+      const OpOutput& out = outputs.front();
+      if (!out.f32.empty()) out.f32[0] = std::nextafter(out.f32[0], INFINITY);
+      if (!out.f64.empty()) out.f64[0] = std::nextafter(out.f64[0], INFINITY);
+    }
+    ++index_;
+    if (next_ != nullptr) next_->End(outputs);
+  }
+
+ private:
+  std::pair<uint64_t, int64_t> fault_;
+  OpObserver* next_;
+  uint64_t step_ = 0;
+  int64_t index_ = 0;
+};
+
 std::string ServableSizes(int64_t groups) {
   std::string sizes;
   for (int64_t n = 1; n <= groups; ++n) {
@@ -107,12 +156,29 @@ Trainer::Trainer(const RunConfig& config, const data::Dataset& dataset, std::str
     store_ = MakeMemoryStore(specs_, owned);
   }
   if (GroupBufferBytes(config, ranks_) > 0) group_ = std::make_unique<ParamStore>(specs_);
+  token_fault_ = FaultFromEnvironment("LOCKSTEP_TEST_FAULT_TOKEN");
+  set_observer(nullptr);
   for (const ParamSpec& spec : specs_) shapes_.push_back({spec.name, spec.shape});
   state_.descriptor = std::move(descriptor);
   state_.rng_seed = config.train.seed;
 }
 
 Trainer::~Trainer() = default;
+
+void Trainer::set_observer(OpObserver* observer) {
+  if (const auto fault = FaultFromEnvironment("LOCKSTEP_TEST_FAULT_OP")) {
+    if (ranks_ > 1) Fail("LOCKSTEP_TEST_FAULT_OP: the op fault is for single-process runs");
+    fault_ = std::make_unique<FaultyOp>(*fault, observer);
+    observer = fault_.get();
+  }
+  // A spilled store hands out pieces, so an op would be seen piece by piece.
+  const bool in_ram = store_->PieceFloats() == std::numeric_limits<int64_t>::max();
+  if (observer != nullptr && !in_ram) {
+    Fail("op observers (traces, test faults) need the state in RAM, not --spill-dir");
+  }
+  observer_ = observer;
+  model_.set_observer(observer);
+}
 
 int64_t Trainer::tokens_per_step() const {
   return config_.train.microbatches * config_.train.microbatch * config_.model.seq_len;
@@ -190,11 +256,21 @@ void Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_template, f
       }
       if (update) {
         const std::span<float> grad = p[int(StateArray::kGrad)].data;
-        if (clip_factor != 1.0f) rk::Scale(grad, clip_factor);
+        const std::span<float> param = p[int(StateArray::kParam)].data;
+        const std::span<float> m = p[int(StateArray::kM)].data, v = p[int(StateArray::kV)].data;
+        if (clip_factor != 1.0f) {
+          ObservedOp(observer_, "scale", -1, {{"tensor", double(i)}, {"factor", clip_factor}},
+                     {{"x", grad}}, {{"x", grad}}, [&] { rk::Scale(grad, clip_factor); });
+        }
         rk::AdamWParams adam = adam_template;
         if (!specs_[i].weight_decay) adam.weight_decay = 0.0f;
-        rk::AdamWUpdate(adam, p[int(StateArray::kParam)].data, grad, p[int(StateArray::kM)].data,
-                        p[int(StateArray::kV)].data);
+        ObservedOp(observer_, "adamw", -1,
+                   {{"tensor", double(i)}, {"lr", adam.lr}, {"beta1", adam.beta1},
+                    {"beta2", adam.beta2}, {"eps", adam.eps}, {"weight_decay", adam.weight_decay},
+                    {"step", double(adam.step)}},
+                   {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}},
+                   {{"param", param}, {"m", m}, {"v", v}},
+                   [&] { rk::AdamWUpdate(adam, param, grad, m, v); });
       }
       // The four arrays' digests are independent streams.
       ParallelFor(kStateArrayCount, [&](int64_t a) {
@@ -415,7 +491,13 @@ std::vector<float> Trainer::RunGroup(int64_t group, uint64_t cursor, TensorAcces
       stream_.Window(first + static_cast<uint64_t>(b),
                      std::span(tokens_).subspan(b * (seq + 1), seq + 1));
     }
+    if (token_fault_ && token_fault_->first == state_.step + 1) {
+      const auto mb_tokens = static_cast<int64_t>(tokens_.size());
+      const int64_t at = token_fault_->second - (group * per_group + k) * mb_tokens;
+      if (at >= 0 && at < mb_tokens) tokens_[static_cast<size_t>(at)] ^= 1u;
+    }
     tokens.insert(tokens.end(), tokens_.begin(), tokens_.end());
+    if (observer_ != nullptr) observer_->Context(state_.step + 1, group * per_group + k);
     const LossSums s = model_.ForwardBackward(access, tokens_, inv_tokens, k > 0);
     sums.push_back(s.loss);
     sums.push_back(s.zloss);
@@ -429,8 +511,11 @@ void Trainer::FoldRound(int64_t round) {
     for (size_t i = 0; i < specs_.size(); ++i) {
       ForEachPiece(*store_, specs_[i], [&](int64_t begin, int64_t count) {
         const Piece total = store_->Acquire(StateArray::kGrad, i, begin, count, /*load=*/true);
-        rk::AddInto(group_->Tensor(i).subspan(static_cast<size_t>(begin), static_cast<size_t>(count)),
-                    total.data);
+        const std::span<const float> part =
+            group_->Tensor(i).subspan(static_cast<size_t>(begin), static_cast<size_t>(count));
+        ObservedOp(observer_, "add_into", -1, {{"tensor", double(i)}, {"n", double(count)}},
+                   {{"x", part}, {"y", total.data}}, {{"y", total.data}},
+                   [&] { rk::AddInto(part, total.data); });
         store_->Release(total, /*store=*/true);
       });
     }
@@ -515,14 +600,22 @@ StepReport Trainer::Step() {
   //    (whose bits the kernels do not fix) is made the canonical NaN here, before anything
   //    hashes or writes it; the scan runs only in a piece whose sum is NaN.
   comm_->set_phase(fmt::format("step {}: global norm", report.step));
+  if (observer_ != nullptr) observer_->Context(report.step, -1);
   std::vector<double> owned_squares;
   for (size_t i = 0; i < specs_.size(); ++i) {
     if (!owns(i)) continue;
     double running = 0.0;
     ForEachPiece(*store_, specs_[i], [&](int64_t begin, int64_t count) {
       const Piece g = store_->Acquire(StateArray::kGrad, i, begin, count, /*load=*/true);
-      running = rk::AddTensorSquares(running, g.data);
-      const bool replaced = std::isnan(running) && rk::CanonicalizeNaNs(g.data) > 0;
+      const double start = running;
+      ObservedOp(observer_, "sum_squares", -1, {{"tensor", double(i)}, {"start", start}},
+                 {{"x", g.data}}, {{"sum", {}, {&running, 1}}},
+                 [&] { running = rk::AddTensorSquares(start, g.data); });
+      bool replaced = false;
+      if (std::isnan(running)) {
+        ObservedOp(observer_, "canonicalize_nans", -1, {{"tensor", double(i)}}, {{"x", g.data}},
+                   {{"x", g.data}}, [&] { replaced = rk::CanonicalizeNaNs(g.data) > 0; });
+      }
       store_->Release(g, /*store=*/replaced);
     });
     owned_squares.push_back(running);
@@ -532,7 +625,9 @@ StepReport Trainer::Step() {
       ShareOwned({owned_bytes, owned_bytes + owned_squares.size() * sizeof(double)}, sizeof(double));
   std::vector<double> squares(specs_.size());
   std::memcpy(squares.data(), shared.data(), shared.size());
-  report.grad_norm = rk::NormOfTensorSums(squares);
+  ObservedOp(observer_, "global_norm", -1, {{"tensors", double(squares.size())}},
+             {{"sums", {}, {}, squares}}, {{"norm", {&report.grad_norm, 1}}},
+             [&] { report.grad_norm = rk::NormOfTensorSums(squares); });
 
   // 3. Spike protocol: a non-finite loss or norm, or a norm above the threshold, skips the
   //    update; spike_max_skips skips within spike_window steps halt the run.
