@@ -14,9 +14,9 @@ struct Result {
   std::string output;  // stdout and stderr
 };
 
-inline Result Lockstep(const std::string& args) {
-  const std::string command = std::string(LOCKSTEP_BINARY) + " " + args + " 2>&1";
-  std::FILE* pipe = ::popen(command.c_str(), "r");
+// Runs a shell command line, collecting its exit code and its stdout and stderr.
+inline Result Shell(const std::string& command) {
+  std::FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
   if (pipe == nullptr) return {};
   Result r;
   char buf[4096];
@@ -25,6 +25,10 @@ inline Result Lockstep(const std::string& args) {
   const int status = ::pclose(pipe);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+inline Result Lockstep(const std::string& args) {
+  return Shell(std::string(LOCKSTEP_BINARY) + " " + args);
 }
 
 }  // namespace lockstep::test

@@ -28,17 +28,8 @@ using test::Result;
 const std::string kMpirun = "mpirun --oversubscribe --allow-run-as-root";
 
 Result Mpi(int ranks, const std::string& args, const std::string& env = "") {
-  const std::string command = kMpirun + " -np " + std::to_string(ranks) + " " + env + " " +
-                              LOCKSTEP_BINARY + " " + args + " 2>&1";
-  std::FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return {};
-  Result r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, n);
-  const int status = ::pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return test::Shell(kMpirun + " -np " + std::to_string(ranks) + " " + env + " " +
+                     LOCKSTEP_BINARY + " " + args);
 }
 
 class Distributed : public ::testing::Test {

@@ -41,6 +41,7 @@ int Run(int argc, char** argv) {
   AddForwardCommand(app, &exit_code);
   AddReplayCommands(app, &exit_code);
   AddKitCommands(app, &exit_code);
+  AddDisputeCommands(app, &exit_code);
   RequireIeeeFloatingPoint();  // the contract needs IEEE subnormals: before any command runs
   try {
     app.parse(argc, argv);

@@ -1,0 +1,404 @@
+// Per-op traces of a step (docs/disputes.md): the recorder (an OpObserver on a replaying
+// Trainer), the records.jsonl / trace.json format with its Merkle root, and its strict reader.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "lockstep/audit.h"
+#include "lockstep/data.h"
+#include "lockstep/dispute.h"
+#include "lockstep/train.h"
+#include "state/internal.h"
+
+namespace lockstep::dispute {
+namespace fs = std::filesystem;
+using state_internal::Json;
+
+// ---- Merkle tree -----------------------------------------------------------------------------
+
+namespace {
+
+Digest NodeHash(const Digest& left, const Digest& right) {
+  const uint8_t tag = 0x01;
+  return Blake2b().Update({&tag, 1}).Update(left).Update(right).Final();
+}
+
+// The largest power of two strictly below n (n >= 2).
+size_t SplitPoint(size_t n) {
+  size_t k = 1;
+  while (k * 2 < n) k *= 2;
+  return k;
+}
+
+}  // namespace
+
+Digest LeafHash(std::string_view record_line) {
+  const uint8_t tag = 0x00;
+  return Blake2b().Update({&tag, 1}).Update(record_line).Final();
+}
+
+Digest MerkleRoot(std::span<const Digest> leaves) {
+  if (leaves.empty()) return Blake2b().Final();
+  if (leaves.size() == 1) return leaves[0];
+  const size_t k = SplitPoint(leaves.size());
+  return NodeHash(MerkleRoot(leaves.first(k)), MerkleRoot(leaves.subspan(k)));
+}
+
+std::vector<Digest> InclusionProof(std::span<const Digest> leaves, size_t index) {
+  if (index >= leaves.size()) {
+    Fail("InclusionProof: leaf {} of a tree of {} leaves", index, leaves.size());
+  }
+  if (leaves.size() == 1) return {};
+  const size_t k = SplitPoint(leaves.size());
+  std::vector<Digest> path;
+  if (index < k) {
+    path = InclusionProof(leaves.first(k), index);
+    path.push_back(MerkleRoot(leaves.subspan(k)));
+  } else {
+    path = InclusionProof(leaves.subspan(k), index - k);
+    path.push_back(MerkleRoot(leaves.first(k)));
+  }
+  return path;
+}
+
+bool VerifyInclusion(const Digest& leaf, size_t index, size_t count, std::span<const Digest> proof,
+                     const Digest& root) {
+  // RFC 9162, section 2.1.3.2.
+  if (index >= count) return false;
+  size_t fn = index, sn = count - 1;
+  Digest r = leaf;
+  for (const Digest& p : proof) {
+    if (sn == 0) return false;
+    if ((fn & 1) != 0 || fn == sn) {
+      r = NodeHash(p, r);
+      while ((fn & 1) == 0 && fn != 0) {
+        fn >>= 1;
+        sn >>= 1;
+      }
+    } else {
+      r = NodeHash(r, p);
+    }
+    fn >>= 1;
+    sn >>= 1;
+  }
+  return sn == 0 && r == root;
+}
+
+// ---- records ---------------------------------------------------------------------------------
+
+double TraceRecord::Arg(std::string_view name) const {
+  for (const auto& [key, value] : args) {
+    if (key == name) return value;
+  }
+  Fail("trace record {} ({}): no argument '{}'", index, op, name);
+}
+
+namespace {
+
+constexpr std::string_view kTraceFormat = "lockstep-trace";
+constexpr uint64_t kTraceVersion = 1;
+
+// An argument as JSON: integral values as integers, the others as the double they are.
+Json ArgJson(double v) {
+  if (std::isfinite(v) && v == std::trunc(v) && std::fabs(v) < 9007199254740992.0) {
+    return Json(static_cast<int64_t>(v));
+  }
+  return Json(v);
+}
+
+template <typename T>
+Digest DigestOf(std::span<const T> values) {
+  return Blake2b()
+      .Update(std::span(reinterpret_cast<const uint8_t*>(values.data()), values.size_bytes()))
+      .Final();
+}
+
+Json TensorJson(std::string_view role, std::string_view dtype, int64_t elements,
+                const Digest& digest) {
+  return Json{{"role", role}, {"dtype", dtype}, {"elements", elements}, {"blake2b", ToHex(digest)}};
+}
+
+Json InputJson(const OpTensor& t) {
+  if (!t.u32.empty()) return TensorJson(t.role, "u32", ssize(t.u32), DigestOf(t.u32));
+  if (!t.f64.empty()) return TensorJson(t.role, "f64", ssize(t.f64), DigestOf(t.f64));
+  return TensorJson(t.role, "f32", ssize(t.f32), DigestOf(t.f32));
+}
+
+Json OutputJson(const OpOutput& t) {
+  if (!t.f64.empty()) {
+    return TensorJson(t.role, "f64", ssize(t.f64), DigestOf(std::span<const double>(t.f64)));
+  }
+  return TensorJson(t.role, "f32", ssize(t.f32), DigestOf(std::span<const float>(t.f32)));
+}
+
+// A dumped tensor: its bytes as F32 words (a U32 id or half an F64 value per word), named
+// "input.<role>" or "output.<role>"; the metadata gives the real dtype.
+struct DumpTensor {
+  std::string name, dtype;
+  std::vector<float> words;
+};
+
+template <typename T>
+DumpTensor Dumped(std::string name, std::string dtype, std::span<const T> values) {
+  DumpTensor d{std::move(name), std::move(dtype), {}};
+  d.words.resize(values.size_bytes() / sizeof(float));
+  std::memcpy(d.words.data(), values.data(), values.size_bytes());
+  return d;
+}
+
+class TraceRecorder final : public OpObserver {
+ public:
+  TraceRecorder(const fs::path& records, std::set<int64_t> dump_ops)
+      : path_(records), dump_ops_(std::move(dump_ops)) {
+    file_ = std::fopen(records.c_str(), "wx");
+    if (file_ == nullptr) Fail("{}: cannot create", records.string());
+  }
+  ~TraceRecorder() override {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+
+  void Context(uint64_t step, int64_t microbatch) override {
+    step_ = step;
+    microbatch_ = microbatch;
+  }
+
+  void Begin(std::string_view op, int64_t layer, std::span<const OpArg> args,
+             std::span<const OpTensor> inputs) override {
+    record_ = Json::object();
+    record_["index"] = index_;
+    record_["step"] = step_;
+    record_["microbatch"] = microbatch_;
+    record_["op"] = op;
+    record_["layer"] = layer;
+    Json a = Json::object();
+    for (const OpArg& arg : args) a[std::string(arg.name)] = ArgJson(arg.value);
+    record_["args"] = a;
+    Json in = Json::array();
+    for (const OpTensor& t : inputs) in.push_back(InputJson(t));
+    record_["inputs"] = in;
+    if (dump_ops_.contains(index_)) {
+      Dump& dump = dumps_[index_];
+      dump.op = op;
+      for (const OpTensor& t : inputs) {
+        const std::string name = "input." + std::string(t.role);
+        if (!t.u32.empty()) {
+          dump.tensors.push_back(Dumped(name, "u32", t.u32));
+        } else if (!t.f64.empty()) {
+          dump.tensors.push_back(Dumped(name, "f64", t.f64));
+        } else {
+          dump.tensors.push_back(Dumped(name, "f32", t.f32));
+        }
+      }
+    }
+  }
+
+  void End(std::span<const OpOutput> outputs) override {
+    Json out = Json::array();
+    for (const OpOutput& t : outputs) out.push_back(OutputJson(t));
+    record_["outputs"] = out;
+    if (dump_ops_.contains(index_)) {
+      Dump& dump = dumps_[index_];
+      for (const OpOutput& t : outputs) {
+        const std::string name = "output." + std::string(t.role);
+        if (!t.f64.empty()) {
+          dump.tensors.push_back(Dumped(name, "f64", std::span<const double>(t.f64)));
+        } else {
+          dump.tensors.push_back(Dumped(name, "f32", std::span<const float>(t.f32)));
+        }
+      }
+    }
+    const std::string line = record_.dump();
+    leaves_.push_back(LeafHash(line));
+    if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() ||
+        std::fputc('\n', file_) == EOF) {
+      Fail("{}: write failed", path_.string());
+    }
+    ++index_;
+  }
+
+  // Flushes and fsyncs records.jsonl; returns the leaves.
+  const std::vector<Digest>& Finish() {
+    if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0 || std::fclose(file_) != 0) {
+      file_ = nullptr;
+      Fail("{}: write failed", path_.string());
+    }
+    file_ = nullptr;
+    return leaves_;
+  }
+
+  struct Dump {
+    std::string op;
+    std::vector<DumpTensor> tensors;
+  };
+  const std::map<int64_t, Dump>& dumps() const { return dumps_; }
+
+ private:
+  fs::path path_;
+  std::set<int64_t> dump_ops_;
+  std::FILE* file_ = nullptr;
+  uint64_t step_ = 0;
+  int64_t microbatch_ = 0, index_ = 0;
+  Json record_;
+  std::vector<Digest> leaves_;
+  std::map<int64_t, Dump> dumps_;
+};
+
+std::vector<TensorDigest> TensorsOf(const Json& list, const std::string& what) {
+  if (!list.is_array()) Fail("{}: not an array", what);
+  std::vector<TensorDigest> out;
+  for (const Json& t : list) {
+    state_internal::RequireKeys(t, {"role", "dtype", "elements", "blake2b"}, what);
+    TensorDigest d;
+    d.role = state_internal::StringField(t, "role", what);
+    d.dtype = state_internal::StringField(t, "dtype", what);
+    if (d.dtype != "f32" && d.dtype != "u32" && d.dtype != "f64") {
+      Fail("{}: dtype '{}' (expected f32, u32 or f64)", what, d.dtype);
+    }
+    const uint64_t elements = state_internal::U64Field(t, "elements", what);
+    if (elements > (uint64_t{1} << 60)) Fail("{}: elements = {} is too large", what, elements);
+    d.elements = static_cast<int64_t>(elements);
+    d.blake2b = state_internal::DigestField(t, "blake2b", what);
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+TraceRecord ParseRecord(const std::string& line, const std::string& what) {
+  const Json j = state_internal::ParseJsonStrict(line, what);
+  state_internal::RequireKeys(
+      j, {"index", "step", "microbatch", "op", "layer", "args", "inputs", "outputs"}, what);
+  TraceRecord r;
+  r.index = static_cast<int64_t>(state_internal::U64Field(j, "index", what));
+  r.step = state_internal::U64Field(j, "step", what);
+  for (const char* key : {"microbatch", "layer"}) {
+    if (!j[key].is_number_integer()) Fail("{}: {} is not an integer", what, key);
+  }
+  r.microbatch = j["microbatch"].get<int64_t>();
+  r.layer = j["layer"].get<int64_t>();
+  r.op = state_internal::StringField(j, "op", what);
+  if (!j["args"].is_object()) Fail("{}: args is not an object", what);
+  for (const auto& [key, value] : j["args"].items()) {
+    if (!value.is_number()) Fail("{}: args.{} is not a number", what, key);
+    r.args.emplace_back(key, value.get<double>());
+  }
+  r.inputs = TensorsOf(j["inputs"], what + " inputs");
+  r.outputs = TensorsOf(j["outputs"], what + " outputs");
+  r.line = line;
+  return r;
+}
+
+void WriteHeader(const fs::path& path, const TraceHeader& h) {
+  const Json j = {{"format", kTraceFormat},
+                  {"format_version", kTraceVersion},
+                  {"step", h.step},
+                  {"checkpoint_step", h.checkpoint_step},
+                  {"checkpoint_hash", ToHex(h.checkpoint_hash)},
+                  {"state_hash", ToHex(h.state_hash)},
+                  {"records", h.records},
+                  {"merkle_root", ToHex(h.merkle_root)}};
+  WriteFileSynced(path, j.dump(2) + "\n");
+}
+
+}  // namespace
+
+Trace WriteTrace(const TraceOptions& o) {
+  const CheckpointIndex start = OpenCheckpoint(o.checkpoint);
+  if (o.step <= start.state.step) {
+    Fail("--step {} is at or before the step of --checkpoint {} (step {}): a trace records a step "
+         "replayed from an earlier checkpoint",
+         o.step, o.checkpoint.string(), start.state.step);
+  }
+  if (fs::exists(o.out)) Fail("--out {} already exists", o.out.string());
+  SetThreads(o.threads);
+  const RunConfig config = audit::ConfigOfDescriptor(
+      start.state.descriptor, (o.checkpoint / "meta.json").string() + " descriptor");
+  const data::Dataset dataset = data::OpenDataset(o.data_dir);
+  train::Trainer trainer(config, dataset, train::RunDescriptor(config, dataset));
+  trainer.set_progress(o.progress);
+  trainer.Restore(start);
+  const Digest checkpoint_hash = trainer.hash();
+  while (trainer.state().step + 1 < o.step) trainer.Step();
+
+  fs::create_directories(o.out);
+  TraceRecorder recorder(o.out / "records.jsonl", o.dump_ops);
+  trainer.set_observer(&recorder);
+  trainer.Step();
+  trainer.set_observer(nullptr);
+  const std::vector<Digest>& leaves = recorder.Finish();
+
+  Trace trace;
+  trace.dir = o.out;
+  trace.header = {o.step, start.state.step, checkpoint_hash, trainer.hash(),
+                  static_cast<int64_t>(leaves.size()), MerkleRoot(leaves)};
+  for (const int64_t k : o.dump_ops) {
+    const auto dump = recorder.dumps().find(k);
+    if (dump == recorder.dumps().end()) {
+      Fail("--dump-op {}: step {} has {} ops (0 .. {})", k, o.step, leaves.size(),
+           leaves.size() - 1);
+    }
+    std::vector<NamedTensor> tensors;
+    std::map<std::string, std::string> metadata = {
+        {"op", dump->second.op}, {"index", std::to_string(k)}, {"step", std::to_string(o.step)}};
+    for (const DumpTensor& t : dump->second.tensors) {
+      tensors.push_back({t.name, {static_cast<int64_t>(t.words.size())}, t.words});
+      metadata["dtype." + t.name] = t.dtype;
+    }
+    WriteSafetensors(o.out / fmt::format("op_{}.safetensors", k), tensors, metadata);
+  }
+  WriteHeader(o.out / "trace.json", trace.header);
+  return ReadTrace(o.out);
+}
+
+Trace ReadTrace(const fs::path& dir) {
+  const std::string header_what = (dir / "trace.json").string();
+  const Json h = state_internal::ParseJsonStrict(ReadFileText(dir / "trace.json"), header_what);
+  state_internal::RequireKeys(h,
+                              {"format", "format_version", "step", "checkpoint_step",
+                               "checkpoint_hash", "state_hash", "records", "merkle_root"},
+                              header_what);
+  state_internal::RequireFormat(h, kTraceFormat, kTraceVersion, header_what);
+  Trace trace;
+  trace.dir = dir;
+  trace.header.step = state_internal::U64Field(h, "step", header_what);
+  trace.header.checkpoint_step = state_internal::U64Field(h, "checkpoint_step", header_what);
+  trace.header.checkpoint_hash = state_internal::DigestField(h, "checkpoint_hash", header_what);
+  trace.header.state_hash = state_internal::DigestField(h, "state_hash", header_what);
+  trace.header.records =
+      static_cast<int64_t>(state_internal::U64Field(h, "records", header_what));
+  trace.header.merkle_root = state_internal::DigestField(h, "merkle_root", header_what);
+
+  const fs::path records = dir / "records.jsonl";
+  const std::string text = ReadFileText(records);
+  std::vector<Digest> leaves;
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t end = text.find('\n', at);
+    const std::string what = fmt::format("{}: line {}", records.string(), leaves.size() + 1);
+    if (end == std::string::npos) Fail("{}: the last line has no newline (cut short?)", what);
+    TraceRecord r = ParseRecord(text.substr(at, end - at), what);
+    if (r.index != static_cast<int64_t>(leaves.size()) || r.step != trace.header.step) {
+      Fail("{}: index {} of step {} (expected index {} of step {})", what, r.index, r.step,
+           leaves.size(), trace.header.step);
+    }
+    leaves.push_back(LeafHash(r.line));
+    trace.records.push_back(std::move(r));
+    at = end + 1;
+  }
+  if (static_cast<int64_t>(leaves.size()) != trace.header.records) {
+    Fail("{}: {} records, trace.json says {}", records.string(), leaves.size(),
+         trace.header.records);
+  }
+  const Digest root = MerkleRoot(leaves);
+  if (root != trace.header.merkle_root) {
+    Fail("{}: the records' Merkle root is {}, trace.json commits to {}", records.string(),
+         ToHex(root), ToHex(trace.header.merkle_root));
+  }
+  return trace;
+}
+
+}  // namespace lockstep::dispute

@@ -1,0 +1,215 @@
+// Disputes end to end (docs/disputes.md): a party with a one-ulp fault in one op is found at the
+// right step and op, and the referee names the honest party whichever side it is on; faults in
+// the forward, the backward, the update and the data are each localised to their record; a
+// sparse chain is bisected in log2(k) questions.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/run_lockstep.h"
+#include "lockstep/core.h"
+#include "lockstep/dispute.h"
+
+namespace lockstep {
+namespace {
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+using test::Lockstep;
+using test::Result;
+using test::Shell;
+
+class Dispute : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("lockstep_dispute_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    Result r = Lockstep("data synth --out " + Path("data") + " --seed 7 --tokens 200000");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    // The honest party A: tiny, 16 steps, checkpoints at 0, 10 and 16.
+    r = Lockstep("train --config tiny --data " + Path("data") + " --out " + Path("A") +
+                 " --steps 16 --no-progress");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = Lockstep(TraceArgs("A", "TA", 7));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  static std::string Path(const std::string& name) { return (dir_ / name).string(); }
+  static std::string TraceArgs(const std::string& run, const std::string& out, int64_t step,
+                               int64_t dump = -1) {
+    return "trace --checkpoint " + Path(run) + "/checkpoints/step_000000000 --data " +
+           Path("data") + " --step " + std::to_string(step) + " --out " + Path(out) +
+           " --no-progress" + (dump >= 0 ? " --dump-op " + std::to_string(dump) : "");
+  }
+  static std::string Env(const std::string& fault) {
+    return "env " + fault + " " + LOCKSTEP_BINARY + " ";
+  }
+  // The index of the first record of honest trace TA matching op, layer and microbatch.
+  static int64_t IndexOf(const std::string& op, int64_t layer, int64_t microbatch) {
+    std::ifstream in(dir_ / "TA/records.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const Json r = Json::parse(line);
+      if (r["op"] == op && r["layer"] == layer && r["microbatch"] == microbatch) return r["index"];
+    }
+    ADD_FAILURE() << "no record " << op << " layer " << layer << " microbatch " << microbatch;
+    return -1;
+  }
+
+  static fs::path dir_;
+};
+fs::path Dispute::dir_;
+
+TEST_F(Dispute, AOneUlpFaultIsFoundAtItsStepAndOpAndTheHonestPartyWinsOnEitherSide) {
+  const int64_t k = IndexOf("attention_fwd", 1, 0);
+  const std::string fault = "LOCKSTEP_TEST_FAULT_OP=7:" + std::to_string(k);
+  Result r = Shell(Env(fault) + "train --config tiny --data " + Path("data") + " --out " +
+                   Path("B") + " --steps 8 --no-progress");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  r = Lockstep("dispute steps " + Path("A") + " " + Path("B"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const Json steps = Json::parse(r.output);
+  EXPECT_EQ(steps["first_divergent_step"], 7) << r.output;
+  EXPECT_EQ(steps["last_agreed_step"], 6) << r.output;
+
+  r = Lockstep(TraceArgs("A", "TA1", 7, k));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = Shell(Env(fault) + TraceArgs("B", "TB1", 7, k));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = Lockstep("dispute ops " + Path("TA1") + " " + Path("TB1"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const Json ops = Json::parse(r.output);
+  EXPECT_EQ(ops["verdict"], "outputs");
+  EXPECT_EQ(ops["index"], k);
+  EXPECT_EQ(ops["record"], "op " + std::to_string(k) + " 'attention_fwd' of step 7, layer 1, "
+                           "microbatch 0");
+
+  const std::string dump_a = Path("TA1/op_" + std::to_string(k) + ".safetensors");
+  const std::string dump_b = Path("TB1/op_" + std::to_string(k) + ".safetensors");
+  r = Lockstep("referee --trace-a " + Path("TA1") + " --trace-b " + Path("TB1") + " --op " +
+               std::to_string(k) + " --dump-a " + dump_a + " --dump-b " + dump_b);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(Json::parse(r.output)["verdict"], "a") << r.output;
+  // The roles swapped: the faulty party is now A, and B (honest) wins.
+  r = Lockstep("referee --trace-a " + Path("TB1") + " --trace-b " + Path("TA1") + " --op " +
+               std::to_string(k) + " --dump-a " + dump_b + " --dump-b " + dump_a);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(Json::parse(r.output)["verdict"], "b") << r.output;
+  // Dumps of another op are refused; inputs other than the agreed ones convince nobody.
+  r = Lockstep("referee --trace-a " + Path("TA1") + " --trace-b " + Path("TB1") + " --op " +
+               std::to_string(k - 1) + " --dump-a " + dump_a + " --dump-b " + dump_b);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("the dump of op " + std::to_string(k) + ", not of --op"),
+            std::string::npos) << r.output;
+  r = Lockstep("referee --trace-a " + Path("TA1") + " --trace-b " + Path("TB1") + " --op " +
+               std::to_string(k) + " --dump-a " + dump_b + " --dump-b " + dump_b);
+  EXPECT_EQ(r.exit_code, 3) << "B's outputs revealed as A's: " << r.output;
+}
+
+TEST_F(Dispute, FaultsInTheForwardTheBackwardTheUpdateAndTheDataAreLocalised) {
+  struct Case {
+    std::string name, fault, kind, role;
+    int64_t index;
+  };
+  const Case cases[] = {
+      {"forward", "", "outputs", "act", IndexOf("swiglu_fwd", 1, 0)},
+      {"backward", "", "outputs", "dw", IndexOf("gemm_dytx", 0, 1)},
+      {"update", "", "outputs", "param", IndexOf("adamw", -1, -1)},
+      // Token 130 is in microbatch 1 (2 sequences of 65 tokens each): its embedding reads it.
+      {"data", "LOCKSTEP_TEST_FAULT_TOKEN=7:130", "inputs", "ids", IndexOf("embedding_fwd", -1, 1)},
+  };
+  for (const Case& c : cases) {
+    const std::string fault =
+        c.fault.empty() ? "LOCKSTEP_TEST_FAULT_OP=7:" + std::to_string(c.index) : c.fault;
+    const std::string out = "TB_" + c.name;
+    Result r = Shell(Env(fault) + TraceArgs("A", out, 7));
+    ASSERT_EQ(r.exit_code, 0) << c.name << ": " << r.output;
+    r = Lockstep("dispute ops " + Path("TA") + " " + Path(out));
+    EXPECT_EQ(r.exit_code, 1) << c.name << ": " << r.output;
+    const Json v = Json::parse(r.output);
+    EXPECT_EQ(v["verdict"], c.kind) << c.name << ": " << r.output;
+    EXPECT_EQ(v["index"], c.index) << c.name << ": " << r.output;
+    EXPECT_EQ(v["differing"][0]["role"], c.role) << c.name << ": " << r.output;
+  }
+}
+
+TEST_F(Dispute, ASparseChainIsBisectedInThreeQuestions) {
+  const std::string fault =
+      "LOCKSTEP_TEST_FAULT_OP=7:" + std::to_string(IndexOf("gemm_dytx", 0, 1));
+  Result r = Shell(Env(fault) + "train --config tiny --data " + Path("data") + " --out " +
+                   Path("B16") + " --steps 16 --no-progress");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // B publishes every 8th hash only.
+  std::ifstream in(dir_ / "B16/state_hashes.jsonl");
+  std::ofstream sparse(dir_ / "B16_every8.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    if (Json::parse(line)["step"].get<int>() % 8 == 0) sparse << line << "\n";
+  }
+  sparse.close();
+  // Asked for a step it did not publish, B replays its own computation from step 0.
+  const std::string ask_b = Env(fault) + "replay --checkpoint " + Path("B16") +
+                            "/checkpoints/step_000000000 --until-step {step} --data " + Path("data");
+  r = Lockstep("dispute steps " + Path("A") + " " + Path("B16_every8.jsonl") + " --ask-b '" +
+               ask_b + "'");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const Json v = Json::parse(r.output);
+  EXPECT_EQ(v["first_differing_committed_step"], 8) << r.output;
+  EXPECT_EQ(v["first_divergent_step"], 7) << r.output;
+  EXPECT_EQ(v["located"], true) << r.output;
+  EXPECT_LE(v["queries"].get<int>(), 3) << r.output;
+  // Without a way to ask, the answer is the interval the committed hashes allow.
+  r = Lockstep("dispute steps " + Path("A") + " " + Path("B16_every8.jsonl"));
+  EXPECT_EQ(Json::parse(r.output)["located"], false) << r.output;
+}
+
+// The referee's recomputation of every kind of op a step has equals what the trainer computed:
+// an honest party's record against itself is "both" (exit 4) for each.
+TEST_F(Dispute, TheRefereeRecomputesEveryKindOfOpBitForBit) {
+  std::map<std::string, int64_t> first;
+  std::ifstream in(dir_ / "TA/records.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const Json r = Json::parse(line);
+    first.try_emplace(r["op"], r["index"]);
+  }
+  EXPECT_GE(first.size(), 20u);
+  std::string dumps;
+  for (const auto& [op, index] : first) dumps += " --dump-op " + std::to_string(index);
+  Result r = Lockstep(TraceArgs("A", "TALL", 7) + dumps);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const auto& [op, index] : first) {
+    const std::string dump = Path("TALL/op_" + std::to_string(index) + ".safetensors");
+    r = Lockstep("referee --trace-a " + Path("TALL") + " --trace-b " + Path("TA") + " --op " +
+                 std::to_string(index) + " --dump-a " + dump + " --dump-b " + dump);
+    EXPECT_EQ(r.exit_code, 4) << op << ": " << r.output;
+  }
+}
+
+// A revealed record with its inclusion proof verifies against the trace's root; another record
+// or another position does not.
+TEST_F(Dispute, ARevealedRecordProvesItsPlaceUnderTheRoot) {
+  const dispute::Trace trace = dispute::ReadTrace(dir_ / "TA");
+  for (int64_t k : {int64_t{0}, int64_t{37}, trace.header.records - 1}) {
+    const Result r = Lockstep("dispute reveal " + Path("TA") + " --op " + std::to_string(k));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const Json j = Json::parse(r.output);
+    std::vector<Digest> proof;
+    for (const auto& hex : j["proof"]) proof.push_back(DigestFromHex(hex.get<std::string>(), "proof"));
+    const Digest leaf = dispute::LeafHash(j["record"].get<std::string>());
+    const auto count = static_cast<size_t>(trace.header.records);
+    EXPECT_TRUE(dispute::VerifyInclusion(leaf, static_cast<size_t>(k), count, proof,
+                                         trace.header.merkle_root));
+    EXPECT_FALSE(dispute::VerifyInclusion(leaf, static_cast<size_t>(k) ^ 1, count, proof,
+                                          trace.header.merkle_root));
+    const Digest other = dispute::LeafHash(trace.records[(static_cast<size_t>(k) + 1) % count].line);
+    EXPECT_FALSE(dispute::VerifyInclusion(other, static_cast<size_t>(k), count, proof,
+                                          trace.header.merkle_root));
+  }
+}
+
+}  // namespace
+}  // namespace lockstep
