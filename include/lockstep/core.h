@@ -83,6 +83,31 @@ std::string ToHex(std::span<const uint8_t> bytes);
 // Parses exactly 64 lowercase hex digits; fails naming `what` and the offending text otherwise.
 Digest DigestFromHex(std::string_view hex, std::string_view what);
 
+// ---- Merkle trees (RFC 6962's shape, BLAKE2b-256) -------------------------------------------
+// leaf = H(0x00 || bytes), node = H(0x01 || left || right); n > 1 leaves split at the largest
+// power of two below n; the root of no leaves is H(empty). Used for traces and signed chains.
+Digest LeafHash(std::string_view bytes);
+Digest MerkleRoot(std::span<const Digest> leaves);
+// The audit path of leaf `index` (RFC 6962, section 2.1.1), bottom up.
+std::vector<Digest> InclusionProof(std::span<const Digest> leaves, size_t index);
+bool VerifyInclusion(const Digest& leaf, size_t index, size_t count, std::span<const Digest> proof,
+                     const Digest& root);
+
+// ---- Ed25519 signatures (libsodium's crypto_sign) -------------------------------------------
+using Ed25519Seed = std::array<uint8_t, 32>;       // the secret key's seed
+using Ed25519PublicKey = std::array<uint8_t, 32>;
+using Ed25519Signature = std::array<uint8_t, 64>;
+Ed25519Seed NewEd25519Seed();  // from the operating system's random source
+Ed25519PublicKey PublicKeyOf(const Ed25519Seed& seed);
+Ed25519Signature SignMessage(const Ed25519Seed& seed, std::span<const uint8_t> message);
+bool VerifySignature(const Ed25519PublicKey& key, std::span<const uint8_t> message,
+                     const Ed25519Signature& signature);
+// Parses exactly 2 * N lowercase hex digits; fails naming `what` and the text otherwise.
+template <size_t N>
+std::array<uint8_t, N> BytesFromHex(std::string_view hex, std::string_view what);
+extern template std::array<uint8_t, 32> BytesFromHex<32>(std::string_view, std::string_view);
+extern template std::array<uint8_t, 64> BytesFromHex<64>(std::string_view, std::string_view);
+
 // ---- memory ---------------------------------------------------------------------------------
 uint64_t PeakRssBytes();       // VmHWM of /proc/self/status: the peak since start or reset
 // VmHWM := VmRSS now, so work that follows has its own peak; false where the kernel does not
@@ -120,6 +145,8 @@ std::string ReadFileText(const std::filesystem::path& path);
 // Writes the file and fsyncs it (not its directory). Fails naming the path.
 void WriteFileSynced(const std::filesystem::path& path, std::span<const uint8_t> bytes);
 void WriteFileSynced(const std::filesystem::path& path, std::string_view text);
+// Appends `text` (O_APPEND, created 0644 if absent) and fsyncs: for logs read line by line.
+void AppendFileSynced(const std::filesystem::path& path, std::string_view text);
 // fsync of a directory, so that renames and creations inside it are durable.
 void SyncDirectory(const std::filesystem::path& dir);
 

@@ -20,15 +20,7 @@
 
 namespace lockstep::dispute {
 
-// ---- Merkle tree (RFC 6962's shape, BLAKE2b-256) ------------------------------------------------
-// leaf = H(0x00 || record line), node = H(0x01 || left || right); n > 1 leaves split at the
-// largest power of two below n; the root of no leaves is H(empty).
-Digest LeafHash(std::string_view record_line);
-Digest MerkleRoot(std::span<const Digest> leaves);
-// The audit path of leaf `index` (RFC 6962, section 2.1.1), bottom up.
-std::vector<Digest> InclusionProof(std::span<const Digest> leaves, size_t index);
-bool VerifyInclusion(const Digest& leaf, size_t index, size_t count, std::span<const Digest> proof,
-                     const Digest& root);
+// (The Merkle tree over the records is core's: MerkleRoot, InclusionProof, VerifyInclusion.)
 
 // ---- traces ----------------------------------------------------------------------------------
 struct TensorDigest {

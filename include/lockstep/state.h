@@ -176,6 +176,8 @@ StateHash VerifyCheckpointHash(const Checkpoint& checkpoint);
 // The complete checkpoint (a step_* directory holding COMPLETE) with the highest step, ignoring
 // temporary and incomplete directories. Does not validate its contents.
 std::optional<std::filesystem::path> LatestCompleteCheckpoint(const std::filesystem::path& run_dir);
+// The steps of every complete checkpoint under run_dir/checkpoints, ascending.
+std::vector<uint64_t> CompleteCheckpointSteps(const std::filesystem::path& run_dir);
 
 // ---- checkpoints streamed in pieces: RAM ~ one piece, whatever the model's size -------------
 // A checkpoint whose small files are read and checked but whose tensor data is not loaded:
@@ -270,6 +272,53 @@ void WriteStateHashLines(const std::filesystem::path& path, std::span<const Stat
 // errors name the file and the line number.
 std::vector<StateHashLine> ReadStateHashLines(const std::filesystem::path& path);
 
+// ---- signed commitments: keys and signatures.jsonl (docs/formats/signatures.md) -------------
+// KEY holds an Ed25519 seed ({"format": "lockstep-signing-key", ...}), KEY.pub its public key.
+// WriteSigningKey creates both (KEY with mode 0600; an existing file is refused).
+void WriteSigningKey(const std::filesystem::path& key_path, const Ed25519Seed& seed);
+Ed25519Seed ReadSigningKey(const std::filesystem::path& key_path);
+Ed25519PublicKey ReadPublicKey(const std::filesystem::path& pub_path);
+std::string PublicKeyJson(const Ed25519PublicKey& key);
+
+struct SignedLine {
+  uint64_t step = 0;
+  Digest hash{};
+  Ed25519Signature signature{};
+};
+struct SignedRoot {
+  uint64_t steps = 0;  // the root covers the chain lines of steps 0 .. steps - 1
+  Digest root{};
+  Ed25519Signature signature{};
+};
+struct SignedChain {
+  Ed25519PublicKey key{};
+  std::vector<SignedLine> lines;  // steps 0, 1, 2, ... (consecutive)
+  std::vector<SignedRoot> roots;  // in the order signed
+};
+// The messages signed: "lockstep/chain-line/v1\0" || u64(step) || hash and
+// "lockstep/chain-root/v1\0" || u64(steps) || root; the chain root is MerkleRoot over
+// LeafHash(u64(step) || hash) of each line, in step order.
+std::vector<uint8_t> ChainLineMessage(uint64_t step, const Digest& hash);
+std::vector<uint8_t> ChainRootMessage(uint64_t steps, const Digest& root);
+Digest ChainRoot(std::span<const SignedLine> lines);
+
+// signatures.jsonl: the key line, then line and root entries as they are signed (appended and
+// fsynced one by one).
+void StartSignedChain(const std::filesystem::path& path, const Ed25519PublicKey& key);
+void AppendSignedLine(const std::filesystem::path& path, const SignedLine& line);
+void AppendSignedRoot(const std::filesystem::path& path, const SignedRoot& root);
+// Parses strictly (exact keys, hex lengths, consecutive steps from 0, roots covering signed
+// lines); signatures are not checked here.
+SignedChain ReadSignedChain(const std::filesystem::path& path);
+// Every problem of a chain, one line each: a signature that does not verify under the chain's
+// key, a root that is not the root of its lines, a key other than `trusted` (when given).
+std::vector<std::string> VerifySignedChain(const SignedChain& chain,
+                                           const Ed25519PublicKey* trusted);
+// Two histories signed by one key that contradict each other (equivocation): the first step
+// with two different signed hashes, or a signed root of one that the other's lines do not
+// reproduce (naming the first step where the lines differ). nullopt: consistent.
+std::optional<std::string> FindEquivocation(const SignedChain& a, const SignedChain& b);
+
 // ---- kits: kit.json and trajectory.json (docs/kits.md) ---------------------------------------
 // Formats only: building, fetching and auditing a kit are the audit layer's (kit.h). Verifying a
 // kit's files needs nothing else.
@@ -314,6 +363,16 @@ KitFile DescribeFile(const std::filesystem::path& file, std::string relative_pat
 // every file's size and sha256. Returns one message per problem, each naming the file; empty
 // when the kit verifies. Throws Error when kit.json itself cannot be read or parsed.
 std::vector<std::string> VerifyKit(const std::filesystem::path& kit_dir);
+
+// The signed commitments of a kit (docs/kits.md, "Signed kits"): KIT/signatures.jsonl must
+// exist, be signed by `trusted`, verify (every line and root), and sign each unit's
+// expected_hash at its until_step; each of `known_histories` (signatures.jsonl files obtained
+// earlier, e.g. from a previous publication) must not contradict it (equivocation, naming the
+// step). Returns one message per problem; empty when all holds.
+std::vector<std::string> VerifyKitSignatures(const std::filesystem::path& kit_dir,
+                                             const Ed25519PublicKey& trusted,
+                                             std::span<const std::filesystem::path> known_histories);
+inline constexpr std::string_view kSignaturesName = "signatures.jsonl";
 
 // ---- trajectory.json -------------------------------------------------------------------------
 enum class UnitKind { kInit, kInterval };

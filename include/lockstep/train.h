@@ -155,6 +155,9 @@ struct TrainOptions {
   // Distributed runs: a collective that waits longer than this for the other ranks stops the
   // run (a rank died or hangs).
   double comm_timeout_seconds = 600;
+  // Signs every chain line and, after every checkpoint, a root over the chain so far, into
+  // run_dir/signatures.jsonl (docs/formats/signatures.md).
+  std::optional<std::filesystem::path> sign_key;
 };
 
 // `lockstep train`: trains into run_dir (metrics.jsonl, state_hashes.jsonl, checkpoints/).

@@ -27,26 +27,6 @@ struct PublishedCheckpoint {
 };
 
 // The canonical complete checkpoints of a run (step_%09d directories holding COMPLETE), by step.
-std::vector<fs::path> CompleteCheckpointDirs(const fs::path& run_dir) {
-  const fs::path root = run_dir / kCheckpointsDir;
-  std::map<uint64_t, fs::path> found;
-  std::error_code ec;
-  for (auto it = fs::directory_iterator(root, ec); !ec && it != fs::end(it); it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (!name.starts_with("step_")) continue;
-    uint64_t step = 0;
-    const char* digits = name.data() + 5;
-    const auto [end, error] = std::from_chars(digits, name.data() + name.size(), step);
-    if (error != std::errc() || end != name.data() + name.size()) continue;
-    if (CheckpointDir(run_dir, step) != it->path()) continue;  // not the canonical spelling
-    if (fs::is_regular_file(it->path() / "COMPLETE")) found.emplace(step, it->path());
-  }
-  if (ec) Fail("{}: cannot list checkpoints: {}", root.string(), ec.message());
-  std::vector<fs::path> dirs;
-  for (auto& [step, dir] : found) dirs.push_back(std::move(dir));
-  return dirs;
-}
-
 // What the kit needs from a checkpoint: meta.json's step, state_hash and descriptor, and the file
 // list of COMPLETE. The tensors are not loaded here (for a large model they are many GiB): the
 // auditor's replay verifies them, and kit.json pins their bytes.
@@ -161,10 +141,26 @@ Trajectory BuildKit(const BuildOptions& options) {
   std::map<uint64_t, Digest> chain;
   for (const StateHashLine& line : ReadStateHashLines(hashes_path)) chain[line.step] = line.hash;
   if (!chain.contains(0)) Fail("{}: no line for step 0 (the init)", hashes_path.string());
+  // A signed run's signatures go into the kit; they must verify and sign this very chain.
+  const fs::path signatures = options.run_dir / kSignaturesName;
+  if (fs::exists(signatures)) {
+    const SignedChain signed_chain = ReadSignedChain(signatures);
+    if (const auto problems = VerifySignedChain(signed_chain, nullptr); !problems.empty()) {
+      Fail("{}: {}", signatures.string(), problems.front());
+    }
+    for (const SignedLine& line : signed_chain.lines) {
+      const auto it = chain.find(line.step);
+      if (it == chain.end() || it->second != line.hash) {
+        Fail("{}: step {} is signed as {}, but {} holds {}", signatures.string(), line.step,
+             ToHex(line.hash), hashes_path.string(),
+             it == chain.end() ? "no line" : ToHex(it->second));
+      }
+    }
+  }
 
   std::vector<PublishedCheckpoint> checkpoints;
-  for (const fs::path& dir : CompleteCheckpointDirs(options.run_dir)) {
-    const uint64_t step = std::stoull(dir.filename().string().substr(5));
+  for (const uint64_t step : CompleteCheckpointSteps(options.run_dir)) {
+    const fs::path dir = CheckpointDir(options.run_dir, step);
     PublishedCheckpoint c = ReadPublishedCheckpoint(dir, step);
     const auto line = chain.find(step);
     if (line == chain.end() || line->second != c.state_hash) {
@@ -270,6 +266,7 @@ Trajectory BuildKit(const BuildOptions& options) {
   for (const PublishedCheckpoint& c : checkpoints) {
     for (const std::string& name : c.files) CopyFile(c.dir / name, tmp / kit_checkpoint(c) / name);
   }
+  if (fs::exists(signatures)) CopyFile(signatures, tmp / kSignaturesName);
   WriteFileSynced(tmp / kConfigName, config_yaml);
   WriteFileSynced(tmp / kTrajectoryName, TrajectoryJson(trajectory));
 

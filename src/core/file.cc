@@ -50,6 +50,27 @@ void WriteFileSynced(const std::filesystem::path& path, std::span<const uint8_t>
   if (::fsync(f.fd) != 0) Fail("{}: fsync failed: {}", path.string(), std::strerror(errno));
 }
 
+// WriteFileSynced replaces a file; a log needs O_APPEND, so that a crash can at worst leave a
+// torn last line (which its reader reports) and never lose earlier ones.
+void AppendFileSynced(const std::filesystem::path& path, std::string_view text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) Fail("{}: cannot open for appending: {}", path.string(), std::strerror(errno));
+  size_t done = 0;
+  int error = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      error = errno;
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (error == 0 && ::fsync(fd) != 0) error = errno;
+  ::close(fd);
+  if (error != 0) Fail("{}: append failed: {}", path.string(), std::strerror(error));
+}
+
 void WriteFileSynced(const std::filesystem::path& path, std::string_view text) {
   WriteFileSynced(path, std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
 }

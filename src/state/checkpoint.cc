@@ -608,23 +608,29 @@ StateHash VerifyStreamedHash(const CheckpointIndex& index, StateHash recomputed)
   return CheckRecomputedHash(index.dir, index.state_hash, std::move(recomputed));
 }
 
-std::optional<fs::path> LatestCompleteCheckpoint(const fs::path& run_dir) {
+std::vector<uint64_t> CompleteCheckpointSteps(const fs::path& run_dir) {
   const fs::path parent = run_dir / "checkpoints";
-  if (!fs::is_directory(parent)) return std::nullopt;
-  std::optional<uint64_t> latest;
+  std::vector<uint64_t> steps;
+  if (!fs::is_directory(parent)) return steps;
   std::error_code list_error;
   for (const fs::directory_entry& entry : fs::directory_iterator(parent, list_error)) {
     const std::optional<uint64_t> step = StepOfDirName(entry.path().filename().string());
-    if (!step || (latest && *step <= *latest)) continue;
+    if (!step) continue;
     std::error_code unreadable;  // an entry that cannot be inspected is not a complete checkpoint
     if (entry.is_directory(unreadable) &&
         fs::is_regular_file(entry.path() / kCompleteFile, unreadable)) {
-      latest = step;
+      steps.push_back(*step);
     }
   }
   if (list_error) Fail("{}: cannot list directory: {}", parent.string(), list_error.message());
-  if (!latest) return std::nullopt;
-  return parent / StepDirName(*latest);
+  std::ranges::sort(steps);
+  return steps;
+}
+
+std::optional<fs::path> LatestCompleteCheckpoint(const fs::path& run_dir) {
+  const std::vector<uint64_t> steps = CompleteCheckpointSteps(run_dir);
+  if (steps.empty()) return std::nullopt;
+  return run_dir / "checkpoints" / StepDirName(steps.back());
 }
 
 }  // namespace lockstep

@@ -1,10 +1,4 @@
 // state_hashes.jsonl: the run's chain, one {"step": N, "hash": "<64 hex>"} object per line.
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-
 #include "lockstep/state.h"
 #include "state/internal.h"
 
@@ -15,26 +9,8 @@ std::string FormatLine(const StateHashLine& line) {
 }
 }  // namespace
 
-// core's WriteFileSynced replaces a file; a log needs O_APPEND, so that a crash can at worst
-// leave a torn last line (which the reader reports) and never lose earlier ones.
 void AppendStateHashLine(const std::filesystem::path& path, const StateHashLine& line) {
-  const std::string text = FormatLine(line);
-  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) Fail("{}: cannot open for appending: {}", path.string(), std::strerror(errno));
-  size_t done = 0;
-  int error = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      error = errno;
-      break;
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (error == 0 && ::fsync(fd) != 0) error = errno;
-  ::close(fd);
-  if (error != 0) Fail("{}: append failed: {}", path.string(), std::strerror(error));
+  AppendFileSynced(path, FormatLine(line));
 }
 
 void WriteStateHashLines(const std::filesystem::path& path, std::span<const StateHashLine> lines) {

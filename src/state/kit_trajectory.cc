@@ -119,4 +119,41 @@ Trajectory ReadTrajectory(const std::filesystem::path& kit_dir) {
   return ParseTrajectory(ReadFileText(path), path.string());
 }
 
+std::vector<std::string> VerifyKitSignatures(const std::filesystem::path& kit_dir,
+                                             const Ed25519PublicKey& trusted,
+                                             std::span<const std::filesystem::path> known_histories) {
+  const std::filesystem::path path = kit_dir / kSignaturesName;
+  if (!std::filesystem::exists(path)) {
+    return {fmt::format("{}: missing: the kit is not signed", path.string())};
+  }
+  const SignedChain chain = ReadSignedChain(path);
+  std::vector<std::string> problems;
+  for (const std::string& p : VerifySignedChain(chain, &trusted)) {
+    problems.push_back(fmt::format("{}: {}", path.string(), p));
+  }
+  for (const Unit& unit : ReadTrajectory(kit_dir).units) {
+    if (unit.until_step >= chain.lines.size()) {
+      problems.push_back(fmt::format("unit {}: no signed chain line for step {}", unit.name,
+                                     unit.until_step));
+    } else if (chain.lines[unit.until_step].hash != unit.expected_hash) {
+      problems.push_back(fmt::format(
+          "unit {}: expected_hash {} is not the signed hash {} of step {}", unit.name,
+          ToHex(unit.expected_hash), ToHex(chain.lines[unit.until_step].hash), unit.until_step));
+    }
+  }
+  for (const std::filesystem::path& known : known_histories) {
+    const SignedChain other = ReadSignedChain(known);
+    if (const auto bad = VerifySignedChain(other, &trusted); !bad.empty()) {
+      problems.push_back(fmt::format("{}: not a valid history under the trusted key: {}",
+                                     known.string(), bad.front()));
+      continue;
+    }
+    if (const auto equivocation = FindEquivocation(other, chain)) {
+      problems.push_back(fmt::format("{} against {}: {}", path.string(), known.string(),
+                                     *equivocation));
+    }
+  }
+  return problems;
+}
+
 }  // namespace lockstep::kit

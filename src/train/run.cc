@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -98,6 +99,55 @@ void PrintLossCurve(const fs::path& metrics_path, double unigram_entropy) {
 
 namespace {
 
+// --sign-key: every chain line is signed as it is appended, and after every checkpoint a root
+// over the chain so far (docs/formats/signatures.md). Ed25519 signatures are deterministic, so
+// re-signing a line gives the same bytes: a resume rebuilds the file from the chain it keeps.
+class ChainSigner {
+ public:
+  ChainSigner(const fs::path& path, const fs::path& key_path)
+      : path_(path), seed_(ReadSigningKey(key_path)), key_(PublicKeyOf(seed_)) {}
+
+  void Start() { StartSignedChain(path_, key_); }
+
+  void Line(uint64_t step, const Digest& hash) {
+    const SignedLine line{step, hash, SignMessage(seed_, ChainLineMessage(step, hash))};
+    lines_.push_back(line);
+    AppendSignedLine(path_, line);
+  }
+
+  void Root() {
+    const Digest root = ChainRoot(lines_);
+    const uint64_t steps = lines_.size();
+    AppendSignedRoot(path_, {steps, root, SignMessage(seed_, ChainRootMessage(steps, root))});
+  }
+
+  // After a resume truncated the chain: the key line, every kept line, and a root after each
+  // complete checkpoint among them. A file signed with another key is refused.
+  void Rebuild(std::span<const StateHashLine> chain, std::span<const uint64_t> checkpoints) {
+    if (fs::exists(path_) && ReadSignedChain(path_).key != key_) {
+      Fail("{}: the run was signed with another key than --sign-key's ({})", path_.string(),
+           ToHex(key_));
+    }
+    const fs::path temp = path_.string() + ".tmp";
+    const fs::path final_path = path_;
+    path_ = temp;
+    fs::remove(temp);
+    Start();
+    for (const StateHashLine& line : chain) {
+      Line(line.step, line.hash);
+      if (std::ranges::binary_search(checkpoints, line.step)) Root();
+    }
+    fs::rename(temp, final_path);
+    path_ = final_path;
+  }
+
+ private:
+  fs::path path_;
+  Ed25519Seed seed_;
+  Ed25519PublicKey key_;
+  std::vector<SignedLine> lines_;
+};
+
 int Train(const TrainOptions& options, Comm& comm) {
   SetThreads(options.threads);
   // Only rank 0 writes the run directory; every rank reads the checkpoint it resumes from.
@@ -135,6 +185,9 @@ int Train(const TrainOptions& options, Comm& comm) {
                  static_cast<long long>(config.train.grad_groups));
   }
   MetricsLog metrics(metrics_path);
+  const fs::path signatures_path = options.run_dir / "signatures.jsonl";
+  std::optional<ChainSigner> signer;
+  if (options.sign_key && writer) signer.emplace(signatures_path, *options.sign_key);
 
   if (options.resume) {
     const auto latest = LatestCompleteCheckpoint(options.run_dir);
@@ -155,6 +208,11 @@ int Train(const TrainOptions& options, Comm& comm) {
       }
       WriteStateHashLines(hashes_path, lines);
       metrics.TruncateAfter(trainer.state().step);
+      if (signer) {
+        signer->Rebuild(lines, CompleteCheckpointSteps(options.run_dir));
+      } else if (fs::exists(signatures_path)) {
+        Fail("{}: this run's chain is signed: resume it with --sign-key", signatures_path.string());
+      }
       std::fprintf(stderr, "resumed from %s (step %llu, hash %s)\n", latest->c_str(),
                    static_cast<unsigned long long>(trainer.state().step), ToHex(trainer.hash()).c_str());
     }
@@ -169,8 +227,13 @@ int Train(const TrainOptions& options, Comm& comm) {
     }
     trainer.Initialize();
     if (writer) AppendStateHashLine(hashes_path, {0, trainer.hash()});
+    if (signer) {
+      signer->Start();
+      signer->Line(0, trainer.hash());
+    }
     // Step 0 is a checkpoint too: the start of the first interval an auditor can replay.
     trainer.WriteCheckpoint(options.run_dir);
+    if (signer) signer->Root();
   }
 
   const bool tty = options.progress && isatty(STDERR_FILENO);
@@ -183,11 +246,13 @@ int Train(const TrainOptions& options, Comm& comm) {
     tokens += static_cast<uint64_t>(r.tokens);
     if (writer) {
       AppendStateHashLine(hashes_path, {r.step, trainer.hash()});
+      if (signer) signer->Line(r.step, trainer.hash());
       metrics.Append(r, trainer.state(), tokens);
     }
     const bool last = r.step == target || r.halt;
     if (last || (config.train.ckpt_every > 0 && r.step % config.train.ckpt_every == 0)) {
       trainer.WriteCheckpoint(options.run_dir);
+      if (signer) signer->Root();
     }
     if (options.progress && writer) {
       const double elapsed =

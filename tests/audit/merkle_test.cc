@@ -1,4 +1,4 @@
-// The trace's Merkle tree against its definition (docs/disputes.md: RFC 6962's shape with
+// core's Merkle tree (traces, signed chains) against its definition (docs/disputes.md: RFC 6962's shape with
 // BLAKE2b-256), inclusion proofs for every leaf of trees of 1..33 leaves, and the step bisection
 // on synthetic chains.
 #include <gtest/gtest.h>

@@ -199,14 +199,14 @@ TEST_F(Dispute, ARevealedRecordProvesItsPlaceUnderTheRoot) {
     const Json j = Json::parse(r.output);
     std::vector<Digest> proof;
     for (const auto& hex : j["proof"]) proof.push_back(DigestFromHex(hex.get<std::string>(), "proof"));
-    const Digest leaf = dispute::LeafHash(j["record"].get<std::string>());
+    const Digest leaf = LeafHash(j["record"].get<std::string>());
     const auto count = static_cast<size_t>(trace.header.records);
-    EXPECT_TRUE(dispute::VerifyInclusion(leaf, static_cast<size_t>(k), count, proof,
+    EXPECT_TRUE(VerifyInclusion(leaf, static_cast<size_t>(k), count, proof,
                                          trace.header.merkle_root));
-    EXPECT_FALSE(dispute::VerifyInclusion(leaf, static_cast<size_t>(k) ^ 1, count, proof,
+    EXPECT_FALSE(VerifyInclusion(leaf, static_cast<size_t>(k) ^ 1, count, proof,
                                           trace.header.merkle_root));
-    const Digest other = dispute::LeafHash(trace.records[(static_cast<size_t>(k) + 1) % count].line);
-    EXPECT_FALSE(dispute::VerifyInclusion(other, static_cast<size_t>(k), count, proof,
+    const Digest other = LeafHash(trace.records[(static_cast<size_t>(k) + 1) % count].line);
+    EXPECT_FALSE(VerifyInclusion(other, static_cast<size_t>(k), count, proof,
                                           trace.header.merkle_root));
   }
 }

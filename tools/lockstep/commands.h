@@ -15,6 +15,6 @@ void AddTrainCommand(CLI::App& app, int* exit_code);     // train.cc
 void AddForwardCommand(CLI::App& app, int* exit_code);   // forward.cc
 void AddReplayCommands(CLI::App& app, int* exit_code);   // replay.cc: replay, verify-handoff
 void AddKitCommands(CLI::App& app, int* exit_code);      // kit.cc: kit build|inspect|verify|fetch, audit
-void AddDisputeCommands(CLI::App& app, int* exit_code);  // dispute.cc: trace, dispute, referee
+void AddDisputeCommands(CLI::App& app, int* exit_code);  // dispute.cc: trace, dispute, referee, keygen
 
 }  // namespace lockstep::cli

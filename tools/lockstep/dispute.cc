@@ -9,6 +9,7 @@
 #include <regex>
 
 #include "lockstep/dispute.h"
+#include "lockstep/state.h"
 #include "tools/lockstep/commands.h"
 
 namespace lockstep::cli {
@@ -142,10 +143,10 @@ void AddDisputeSubcommands(CLI::App& app, int* exit_code) {
       Fail("--op {}: the trace has {} records", *reveal_op, t.header.records);
     }
     std::vector<Digest> leaves;
-    for (const dispute::TraceRecord& r : t.records) leaves.push_back(dispute::LeafHash(r.line));
+    for (const dispute::TraceRecord& r : t.records) leaves.push_back(LeafHash(r.line));
     const auto k = static_cast<size_t>(*reveal_op);
     nlohmann::json proof = nlohmann::json::array();
-    for (const Digest& d : dispute::InclusionProof(leaves, k)) proof.push_back(ToHex(d));
+    for (const Digest& d : InclusionProof(leaves, k)) proof.push_back(ToHex(d));
     fmt::print("{}\n", nlohmann::json{{"index", k},
                                       {"records", t.header.records},
                                       {"record", t.records[k].line},
@@ -153,6 +154,23 @@ void AddDisputeSubcommands(CLI::App& app, int* exit_code) {
                                       {"proof", proof},
                                       {"merkle_root", ToHex(t.header.merkle_root)}}
                            .dump(2));
+    *exit_code = 0;
+  });
+}
+
+void AddKeygenCommand(CLI::App& app, int* exit_code) {
+  auto out = std::make_shared<fs::path>();
+  CLI::App* cmd = app.add_subcommand(
+      "keygen",
+      "create an Ed25519 signing key (libsodium) for lockstep train --sign-key: KEY (the secret "
+      "seed, mode 0600) and KEY.pub (the public key to publish); prints the public key. An "
+      "existing file is never overwritten. Exit 0, 2 on error");
+  cmd->add_option("--out", *out, "the secret key file to create (KEY.pub beside it)")->required();
+  cmd->final_callback([out, exit_code] {
+    WriteSigningKey(*out, NewEd25519Seed());
+    fs::path pub = *out;
+    pub += ".pub";
+    fmt::print("public key: {} ({})\n", ToHex(ReadPublicKey(pub)), pub.string());
     *exit_code = 0;
   });
 }
@@ -184,6 +202,7 @@ void AddDisputeCommands(CLI::App& app, int* exit_code) {
   AddTraceCommand(app, exit_code);
   AddDisputeSubcommands(app, exit_code);
   AddRefereeCommand(app, exit_code);
+  AddKeygenCommand(app, exit_code);
 }
 
 }  // namespace lockstep::cli

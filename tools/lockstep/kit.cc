@@ -73,17 +73,48 @@ size_t ReportProblems(const std::vector<std::string>& problems, std::string_view
   return problems.size();
 }
 
-int RunVerify(const fs::path& kit_dir) {
-  const std::vector<std::string> problems = kit::VerifyKit(kit_dir);
+// kit verify's and audit's checks: the files, then (with a trusted key) the signatures.
+struct VerifyFlags {
+  std::string trusted_key;
+  std::vector<fs::path> known_histories;
+};
+
+std::vector<std::string> KitProblems(const fs::path& kit_dir, const VerifyFlags& flags) {
+  std::vector<std::string> problems = kit::VerifyKit(kit_dir);
+  if (!flags.trusted_key.empty()) {
+    const Ed25519PublicKey trusted = ReadPublicKey(flags.trusted_key);
+    for (std::string& p : kit::VerifyKitSignatures(kit_dir, trusted, flags.known_histories)) {
+      problems.push_back(std::move(p));
+    }
+  } else if (!flags.known_histories.empty()) {
+    Fail("--known-history needs --trusted-key (a history is evidence only under a trusted key)");
+  }
+  return problems;
+}
+
+void AddTrustOptions(CLI::App* cmd, VerifyFlags& flags) {
+  cmd->add_option("--trusted-key", flags.trusted_key,
+                  "the publisher's public key (KEY.pub from lockstep keygen): the kit must carry "
+                  "signatures.jsonl signed by it, every signature and signed root must verify, "
+                  "and every unit's expected hash must be a signed chain line");
+  cmd->add_option("--known-history", flags.known_histories,
+                  "a signatures.jsonl obtained earlier from the same publisher (repeatable): a "
+                  "kit whose signed history contradicts it is reported as equivocation, naming "
+                  "the step");
+}
+
+int RunVerify(const fs::path& kit_dir, const VerifyFlags& flags) {
+  const std::vector<std::string> problems = KitProblems(kit_dir, flags);
   if (ReportProblems(problems, "kit verify") > 0) {
     fmt::print("kit verify: FAILED ({} problem{})\n", problems.size(),
                problems.size() == 1 ? "" : "s");
     return 1;
   }
   const kit::KitManifest manifest = kit::ReadManifest(kit_dir);
-  fmt::print("kit verify: OK: {} files ({}) match kit.json (sha256 {})\n", manifest.files.size(),
-             MiB(TotalBytes(manifest)),
-             ToHex(Sha256(ReadFileBytes(kit_dir / kit::kManifestName))));
+  fmt::print("kit verify: OK: {} files ({}) match kit.json (sha256 {}){}\n",
+             manifest.files.size(), MiB(TotalBytes(manifest)),
+             ToHex(Sha256(ReadFileBytes(kit_dir / kit::kManifestName))),
+             flags.trusted_key.empty() ? "" : "; signed by the trusted key");
   return 0;
 }
 
@@ -101,10 +132,11 @@ struct AuditCommand {
   kit::AuditOptions options;
   bool all = false;
   std::string json_out;
+  VerifyFlags trust;
 };
 
 int RunAudit(const AuditCommand& command) {
-  const std::vector<std::string> problems = kit::VerifyKit(command.options.kit_dir);
+  const std::vector<std::string> problems = KitProblems(command.options.kit_dir, command.trust);
   if (ReportProblems(problems, "audit: kit verify") > 0) {
     if (!command.options.force) {
       fmt::print(stderr, "audit: the kit does not verify: nothing replayed (--force replays "
@@ -153,11 +185,16 @@ void AddKitCommands(CLI::App& app, int* exit_code) {
   inspect_cmd->final_callback([inspect_dir, exit_code] { *exit_code = RunInspect(*inspect_dir); });
 
   auto verify_dir = std::make_shared<std::string>();
+  auto verify_flags = std::make_shared<VerifyFlags>();
   CLI::App* verify_cmd = kit_cmd->add_subcommand(
-      "verify", "check a kit's exact file set, sizes and sha256 against kit.json. Exit 0 when it "
-                "verifies, 1 when it does not, 2 when kit.json cannot be read");
+      "verify", "check a kit's exact file set, sizes and sha256 against kit.json (and, with "
+                "--trusted-key, its signed commitments). Exit 0 when it verifies, 1 when it does "
+                "not, 2 when kit.json cannot be read");
   verify_cmd->add_option("KIT", *verify_dir, "kit directory")->required();
-  verify_cmd->final_callback([verify_dir, exit_code] { *exit_code = RunVerify(*verify_dir); });
+  AddTrustOptions(verify_cmd, *verify_flags);
+  verify_cmd->final_callback([verify_dir, verify_flags, exit_code] {
+    *exit_code = RunVerify(*verify_dir, *verify_flags);
+  });
 
   auto fetch = std::make_shared<kit::FetchOptions>();
   CLI::App* fetch_cmd = kit_cmd->add_subcommand(
@@ -185,6 +222,7 @@ void AddKitCommands(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(1, 1024));
   audit_cmd->add_option("--json-out", audit->json_out,
                         "write the JSON report here; the table then goes to stdout");
+  AddTrustOptions(audit_cmd, audit->trust);
   audit_cmd->add_flag("--force", audit->options.force,
                       "replay even when the kit does not verify or the memory plan exceeds the "
                       "machine (the verdict still counts every problem)");

@@ -47,9 +47,15 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
                   "or hangs)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  auto sign_key = std::make_shared<std::string>();
+  cmd->add_option("--sign-key", *sign_key,
+                  "sign every chain line as it is appended, and after every checkpoint a Merkle "
+                  "root over the chain so far, with this Ed25519 key (lockstep keygen) into "
+                  "RUN/signatures.jsonl; a signed run must be resumed with the same key");
   cmd->add_flag("--progress,!--no-progress", options->progress,
                 "show (default) or hide the progress line on stderr");
-  cmd->final_callback([options, exit_code, steps_opt, steps, spill_dir] {
+  cmd->final_callback([options, exit_code, steps_opt, steps, spill_dir, sign_key] {
+    if (!sign_key->empty()) options->sign_key = *sign_key;
     if (steps_opt->count() > 0) options->steps = *steps;
     if (!spill_dir->empty()) options->spill_dir = *spill_dir;
     *exit_code = train::RunTraining(*options);
