@@ -1,17 +1,13 @@
 // The run config a checkpoint was trained with, rebuilt from the run descriptor it records.
 #include <nlohmann/json.hpp>
 
+#include "core/json.h"
 #include "lockstep/audit.h"
 
 namespace lockstep::audit {
 
 RunConfig ConfigOfDescriptor(std::string_view descriptor, const std::string& source) {
-  nlohmann::json parsed;
-  try {
-    parsed = nlohmann::json::parse(descriptor);
-  } catch (const nlohmann::json::exception& e) {
-    Fail("{}: the run descriptor is not JSON: {}", source, e.what());
-  }
+  const nlohmann::json parsed = ParseJsonStrict(descriptor, source + " (the run descriptor)");
   if (!parsed.is_object()) Fail("{}: the run descriptor is not a JSON object", source);
   nlohmann::json config;
   for (const char* key : {"name", "model", "train"}) {

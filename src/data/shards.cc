@@ -5,6 +5,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "core/json.h"
 #include "lockstep/data.h"
 
 namespace lockstep::data {
@@ -239,12 +240,9 @@ Dataset OpenDataset(const std::filesystem::path& dir) {
   const std::filesystem::path manifest_path = dir / kManifestName;
   const std::vector<uint8_t> manifest_bytes = ReadFileBytes(manifest_path);
   const ManifestFields m(manifest_path.string());
-  json j;
-  try {
-    j = json::parse(manifest_bytes);
-  } catch (const json::parse_error& e) {
-    Fail("{}: not valid JSON: {}", m.file(), e.what());
-  }
+  const json j = ParseJsonStrict(
+      std::string_view(reinterpret_cast<const char*>(manifest_bytes.data()), manifest_bytes.size()),
+      m.file());
   if (!j.is_object()) m.Bad("(top level)", j, "an object");
   m.Expect(j, "format", kFormat);
   m.Expect(j, "format_version", kFormatVersion);

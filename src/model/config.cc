@@ -26,7 +26,15 @@ class MapReader {
       Fail("{}: {} must be a map of keys to values, got {}", source_,
            path_.empty() ? "the document" : path_, Describe(node_));
     }
+    // yaml-cpp keeps the first of two equal keys: a config must mean one thing to every reader.
+    std::set<std::string> keys;
+    for (const auto& entry : node_) {
+      if (!entry.first.IsScalar()) Fail("{}: a key of {} is not a scalar", source_, Where());
+      const std::string key = entry.first.Scalar();
+      if (!keys.insert(key).second) Fail("{}: duplicate key {}", source_, FieldPath(key));
+    }
   }
+  std::string Where() const { return path_.empty() ? "the document" : path_; }
 
   const std::string& source() const { return source_; }
   std::string FieldPath(const std::string& key) const {
@@ -120,18 +128,22 @@ ModelConfig ReadModel(MapReader r) {
   // Token ids are uint32 and the byte tokenizer needs 256 byte ids plus end-of-document.
   Require(m.vocab >= 257 && m.vocab <= (int64_t{1} << 31), r, "vocab", m.vocab,
           "must be in [257, 2^31] (the byte tokenizer needs 257 ids)");
-  Require(m.d_model >= 1, r, "d_model", m.d_model, "must be >= 1");
-  Require(m.n_layers >= 1, r, "n_layers", m.n_layers, "must be >= 1");
-  Require(m.n_heads >= 1, r, "n_heads", m.n_heads, "must be >= 1");
+  // Upper bounds keep every size product of the model and its activations inside int64 (so
+  // that a hostile config is refused by name, never overflows an allocation).
+  Require(m.d_model >= 1 && m.d_model <= (1 << 16), r, "d_model", m.d_model, "must be in [1, 2^16]");
+  Require(m.n_layers >= 1 && m.n_layers <= (1 << 12), r, "n_layers", m.n_layers,
+          "must be in [1, 2^12]");
+  Require(m.n_heads >= 1 && m.n_heads <= (1 << 12), r, "n_heads", m.n_heads, "must be in [1, 2^12]");
   Require(m.n_kv_heads >= 1, r, "n_kv_heads", m.n_kv_heads, "must be >= 1");
   if (m.n_heads % m.n_kv_heads != 0) {
     Fail("{}: model.n_heads = {} is invalid: must be a multiple of model.n_kv_heads = {}",
          r.source(), m.n_heads, m.n_kv_heads);
   }
-  Require(m.head_dim >= 2 && m.head_dim % 2 == 0, r, "head_dim", m.head_dim,
-          "must be even and >= 2 (RoPE rotates pairs)");
-  Require(m.ffn_hidden >= 1, r, "ffn_hidden", m.ffn_hidden, "must be >= 1");
-  Require(m.seq_len >= 1, r, "seq_len", m.seq_len, "must be >= 1");
+  Require(m.head_dim >= 2 && m.head_dim % 2 == 0 && m.head_dim <= (1 << 12), r, "head_dim",
+          m.head_dim, "must be even and in [2, 2^12] (RoPE rotates pairs)");
+  Require(m.ffn_hidden >= 1 && m.ffn_hidden <= (1 << 20), r, "ffn_hidden", m.ffn_hidden,
+          "must be in [1, 2^20]");
+  Require(m.seq_len >= 1 && m.seq_len <= (1 << 20), r, "seq_len", m.seq_len, "must be in [1, 2^20]");
   Require(m.window >= 0, r, "window", m.window, "must be >= 0 (0: no sliding window)");
   Require(m.full_attention_every >= 1, r, "full_attention_every", m.full_attention_every,
           "must be >= 1");
@@ -167,12 +179,14 @@ TrainConfig ReadTrain(MapReader r) {
   t.vocab_chunk = r.Int("vocab_chunk");
   r.Finish();
 
-  Require(t.microbatch >= 1, r, "microbatch", t.microbatch, "must be >= 1");
-  Require(t.microbatches >= 1, r, "microbatches", t.microbatches, "must be >= 1");
+  Require(t.microbatch >= 1 && t.microbatch <= (1 << 16), r, "microbatch", t.microbatch,
+          "must be in [1, 2^16]");
+  Require(t.microbatches >= 1 && t.microbatches <= (1 << 20), r, "microbatches", t.microbatches,
+          "must be in [1, 2^20]");
   Require(t.grad_groups >= 1 && t.microbatches % t.grad_groups == 0, r, "grad_groups",
           t.grad_groups, fmt::format("must be >= 1 and divide train.microbatches = {}",
                                      t.microbatches).c_str());
-  Require(t.steps >= 1, r, "steps", t.steps, "must be >= 1");
+  Require(t.steps >= 1 && t.steps <= (int64_t{1} << 40), r, "steps", t.steps, "must be in [1, 2^40]");
   Require(t.lr > 0 && t.lr <= 1, r, "lr", t.lr, "must be in (0, 1]");
   Require(t.min_lr >= 0 && t.min_lr <= t.lr, r, "min_lr", t.min_lr, "must be in [0, train.lr]");
   Require(t.warmup_steps >= 0, r, "warmup_steps", t.warmup_steps, "must be >= 0");
@@ -194,14 +208,29 @@ TrainConfig ReadTrain(MapReader r) {
           t.spike_max_skips,
           "must be in [1, train.spike_window] (otherwise the run can never halt)");
   Require(t.ckpt_every >= 0, r, "ckpt_every", t.ckpt_every, "must be >= 0 (0: only at the end)");
-  Require(t.vocab_chunk >= 256 && t.vocab_chunk % 256 == 0, r, "vocab_chunk", t.vocab_chunk,
-          "must be a positive multiple of 256");
+  Require(t.vocab_chunk >= 256 && t.vocab_chunk % 256 == 0 && t.vocab_chunk <= (1 << 20), r,
+          "vocab_chunk", t.vocab_chunk, "must be a positive multiple of 256, at most 2^20");
   return t;
 }
 
 }  // namespace
 
 RunConfig ParseRunConfig(std::string_view yaml, const std::string& source) {
+  // yaml-cpp parses recursively: bound the text and its flow nesting before it sees it.
+  constexpr size_t kMaxYamlBytes = size_t{1} << 20;
+  constexpr int kMaxFlowDepth = 16;
+  if (yaml.size() > kMaxYamlBytes) Fail("{}: {} bytes (a config is at most 1 MiB)", source, yaml.size());
+  if (yaml.find('\0') != std::string_view::npos) Fail("{}: holds a NUL byte", source);
+  int depth = 0;
+  for (const char c : yaml) {
+    if (c == '[' || c == '{') {
+      if (++depth > kMaxFlowDepth) Fail("{}: nested deeper than {} levels", source, kMaxFlowDepth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    } else if (c == '\n') {
+      depth = 0;  // flow collections in configs are one line; a new line starts over
+    }
+  }
   YAML::Node root;
   try {
     root = YAML::Load(std::string(yaml));
@@ -215,6 +244,12 @@ RunConfig ParseRunConfig(std::string_view yaml, const std::string& source) {
   config.model = ReadModel(MapReader(top.Get("model"), source, "model"));
   config.train = ReadTrain(MapReader(top.Get("train"), source, "train"));
   top.Finish();
+  if (config.train.microbatch * config.model.seq_len > (int64_t{1} << 24)) {
+    Fail("{}: train.microbatch = {} times model.seq_len = {} is {} tokens per microbatch (at most "
+         "2^24)",
+         source, config.train.microbatch, config.model.seq_len,
+         config.train.microbatch * config.model.seq_len);
+  }
   return config;
 }
 

@@ -12,12 +12,7 @@
 
 namespace lockstep::state_internal {
 
-// Cut short so that a wrong array of a million entries is not a million-character message.
-std::string Shown(const Json& value) {
-  std::string text = value.dump();
-  if (text.size() > 80) text = text.substr(0, 77) + "...";
-  return text;
-}
+std::string Shown(const Json& value) { return ShownJson(value); }
 
 uint64_t ElementCount(const std::vector<int64_t>& shape, std::string_view what) {
   constexpr uint64_t kMaxElements = (uint64_t{1} << 61) - 1;  // so that bytes fit in int64
@@ -31,28 +26,6 @@ uint64_t ElementCount(const std::vector<int64_t>& shape, std::string_view what) 
     count *= d;
   }
   return count;
-}
-
-Json ParseJsonStrict(std::string_view text, std::string_view what) {
-  std::vector<std::set<std::string>> open_objects;
-  std::string duplicate;
-  auto track_keys = [&](int, Json::parse_event_t event, Json& parsed) {
-    if (event == Json::parse_event_t::object_start) open_objects.emplace_back();
-    if (event == Json::parse_event_t::object_end) open_objects.pop_back();
-    if (event == Json::parse_event_t::key && duplicate.empty() &&
-        !open_objects.back().insert(parsed.get<std::string>()).second) {
-      duplicate = parsed.get<std::string>();
-    }
-    return true;
-  };
-  Json value;
-  try {
-    value = Json::parse(text.begin(), text.end(), track_keys);
-  } catch (const Json::exception& e) {
-    Fail("{}: invalid JSON: {}", what, e.what());
-  }
-  if (!duplicate.empty()) Fail("{}: duplicate key \"{}\"", what, duplicate);
-  return value;
 }
 
 void RequireKeys(const Json& value, std::initializer_list<std::string_view> keys,

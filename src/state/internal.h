@@ -14,15 +14,15 @@
 #include <vector>
 
 #include "lockstep/core.h"
+#include "core/json.h"
 #include "lockstep/state.h"
 
 namespace lockstep::state_internal {
 
 using Json = nlohmann::json;
 
-// Parses `text`, rejecting duplicate object keys: parsers disagree on which duplicate wins, and
-// an audited file must mean the same thing to every reader.
-Json ParseJsonStrict(std::string_view text, std::string_view what);
+// core's strict reader (core/json.h): depth, size, NUL and duplicate keys checked.
+using lockstep::ParseJsonStrict;
 
 // Fails unless `value` is an object whose keys are exactly `keys`.
 void RequireKeys(const Json& value, std::initializer_list<std::string_view> keys,

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/json.h"
 #include "lockstep/train.h"
 #include "train/comm.h"
 
@@ -28,8 +29,8 @@ class MetricsLog {
     for (int number = 1; std::getline(in, line); ++number) {
       nlohmann::json j;
       try {
-        j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::exception&) {
+        j = ParseJsonStrict(line, fmt::format("{}: line {}", path_.string(), number));
+      } catch (const Error&) {
         break;  // a line cut short by a crash is the end of the log
       }
       if (!j.contains("step") || !j["step"].is_number_unsigned()) {
@@ -79,8 +80,14 @@ void PrintLossCurve(const fs::path& metrics_path, double unigram_entropy) {
   std::vector<std::pair<uint64_t, double>> losses;
   std::ifstream in(metrics_path);
   for (std::string line; std::getline(in, line);) {
-    const nlohmann::json j = nlohmann::json::parse(line);
-    losses.emplace_back(j.at("step").get<uint64_t>(), j.at("loss").get<double>());
+    const nlohmann::json j = ParseJsonStrict(line, metrics_path.string());
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_unsigned() ||
+        !j.contains("loss")) {
+      Fail("{}: a line without an unsigned \"step\" and a \"loss\"", metrics_path.string());
+    }
+    // A diverged step's loss is written as null: it has no place on the curve.
+    if (!j["loss"].is_number()) continue;
+    losses.emplace_back(j["step"].get<uint64_t>(), j["loss"].get<double>());
   }
   if (losses.empty()) return;
   fmt::print("loss curve ({} steps; unigram entropy of the corpus: {:.4f} nats/token)\n",
@@ -165,10 +172,13 @@ int Train(const TrainOptions& options, Comm& comm) {
   const fs::path metrics_path = options.run_dir / "metrics.jsonl";
   if (!options.spill_dir && comm.size() == 1) {
     // Say so before allocating rather than be killed.
-    const uint64_t needed = StateBytes(config.model) + GroupBufferBytes(config, 1);
+    const uint64_t needed =
+        StateBytes(config.model) + GroupBufferBytes(config, 1) +
+        static_cast<uint64_t>(Model::AllocatedBytes(config.model, config.train.vocab_chunk,
+                                                    config.train.microbatch, config.model.seq_len));
     if (needed > MemAvailableBytes()) {
       const bool grouped = config.train.grad_groups > 1;
-      Fail("{}: parameters, AdamW moments and gradients{} need {:.2f} GiB of RAM but "
+      Fail("{}: parameters, AdamW moments, gradients{} and activations need {:.2f} GiB of RAM but "
            "MemAvailable is {:.2f} GiB: {}",
            options.config, grouped ? " and a microbatch group's gradients" : "",
            static_cast<double>(needed) / (1 << 30),

@@ -128,7 +128,19 @@ TEST_F(ManifestTest, BadDigestTextAndFileNames) {
 
 TEST_F(ManifestTest, NotJson) {
   WriteFileSynced(dir() / "manifest.json", "{\"format\": ");
-  ExpectErrorMentioning([&] { OpenDataset(dir()); }, {"manifest.json", "not valid JSON"});
+  ExpectErrorMentioning([&] { OpenDataset(dir()); }, {"manifest.json", "invalid JSON"});
+}
+
+// The manifest goes through the one strict reader: nesting, a NUL with junk after it and
+// duplicate keys are refused (they used to crash, or be accepted).
+TEST_F(ManifestTest, HostileJsonIsRefused) {
+  const std::string good = ReadFileText(dir() / "manifest.json");
+  WriteFileSynced(dir() / "manifest.json", std::string(100000, '[') + std::string(100000, ']'));
+  ExpectErrorMentioning([&] { OpenDataset(dir()); }, {"manifest.json", "nested deeper than 64"});
+  WriteFileSynced(dir() / "manifest.json", good + std::string("\0junk", 5));
+  ExpectErrorMentioning([&] { OpenDataset(dir()); }, {"manifest.json", "a NUL byte"});
+  WriteFileSynced(dir() / "manifest.json", "{\"format\": 1, \"format\": 2}");
+  ExpectErrorMentioning([&] { OpenDataset(dir()); }, {"manifest.json", "duplicate key"});
 }
 
 TEST_F(ManifestTest, FlippedByteInBinNamesShardAndBothDigests) {

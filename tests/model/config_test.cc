@@ -157,6 +157,12 @@ TEST(Config, BadConfigsNameTheFieldAndTheValue) {
       {"  microbatches: 2", "  microbatches: 2\n  grad_groups: 3",
        {"bad.yaml", "train.grad_groups = 3", "divide train.microbatches = 2"}},
       {"  microbatches: 2", "  microbatches: 2\n  grad_groups: 0", {"train.grad_groups = 0"}},
+      {"  vocab: 512", "  vocab: 512\n  vocab: 600", {"bad.yaml", "duplicate key model.vocab"}},
+      {"  d_model: 128", "  d_model: 4611686018427387904", {"model.d_model = 4611686018427387904"}},
+      {"  n_layers: 2", "  n_layers: 2147483647", {"model.n_layers = 2147483647"}},
+      {"  seq_len: 64", "  seq_len: 9223372036854775807", {"model.seq_len"}},
+      {"  steps: 30", "  steps: 99999999999999999999", {"train.steps"}},
+      {"name: tiny", "name: [[[[[[[[[[[[[[[[[[x]]]]]]]]]]]]]]]]]]", {"nested deeper than 16"}},
   };
   for (const Case& c : cases) {
     const std::string message = ErrorOf(TinyWith(c.from, c.to));
@@ -166,6 +172,12 @@ TEST(Config, BadConfigsNameTheFieldAndTheValue) {
     }
   }
   EXPECT_NE(ErrorOf("name: [unclosed").find("bad.yaml"), std::string::npos);
+  // Each size within its bound, their product not: tokens per microbatch.
+  std::string big = TinyWith("  seq_len: 64", "  seq_len: 1048576");
+  big.replace(big.find("  microbatch: 2"), 15, "  microbatch: 32");
+  EXPECT_NE(ErrorOf(big).find("train.microbatch = 32 times model.seq_len = 1048576"),
+            std::string::npos)
+      << ErrorOf(big);
 }
 
 TEST(Config, GradGroupsDefaultToOneAndEnterTheDescriptor) {

@@ -1,0 +1,69 @@
+#include "core/json.h"
+
+#include <set>
+#include <vector>
+
+#include "lockstep/core.h"
+
+namespace lockstep {
+
+nlohmann::json ParseJsonStrict(std::string_view text, std::string_view what) {
+  using Json = nlohmann::json;
+  if (text.size() > kMaxJsonBytes) {
+    Fail("{}: {} bytes of JSON (at most {})", what, text.size(), kMaxJsonBytes);
+  }
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    Fail("{}: a NUL byte at offset {} (JSON text holds none)", what, nul);
+  }
+  // Nesting depth, outside strings, before the recursive parts of nlohmann::json see it.
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) {
+        Fail("{}: nested deeper than {} levels at offset {}", what, kMaxJsonDepth, i);
+      }
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  std::vector<std::set<std::string>> open_objects;
+  std::string duplicate;
+  auto track_keys = [&](int, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::object_start) open_objects.emplace_back();
+    if (event == Json::parse_event_t::object_end) open_objects.pop_back();
+    if (event == Json::parse_event_t::key && duplicate.empty() &&
+        !open_objects.back().insert(parsed.get<std::string>()).second) {
+      duplicate = parsed.get<std::string>();
+    }
+    return true;
+  };
+  Json value;
+  try {
+    value = Json::parse(text.begin(), text.end(), track_keys);
+  } catch (const Json::exception& e) {
+    Fail("{}: invalid JSON: {}", what, e.what());
+  }
+  if (!duplicate.empty()) Fail("{}: duplicate key \"{}\"", what, duplicate.substr(0, 80));
+  return value;
+}
+
+// Cut short so that a wrong array of a million entries is not a million-character message.
+std::string ShownJson(const nlohmann::json& value) {
+  std::string text = value.dump();
+  if (text.size() > 80) text = text.substr(0, 77) + "...";
+  return text;
+}
+
+}  // namespace lockstep
