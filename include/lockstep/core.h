@@ -145,6 +145,9 @@ std::string ReadFileText(const std::filesystem::path& path);
 // Writes the file and fsyncs it (not its directory). Fails naming the path.
 void WriteFileSynced(const std::filesystem::path& path, std::span<const uint8_t> bytes);
 void WriteFileSynced(const std::filesystem::path& path, std::string_view text);
+// Opens a regular file read-only (close-on-exec) and returns its descriptor; a FIFO, device or
+// directory is refused at once ("not a regular file"), never waited on.
+int OpenRegularFileForReading(const std::filesystem::path& path);
 // Appends `text` (O_APPEND, created 0644 if absent) and fsyncs: for logs read line by line.
 void AppendFileSynced(const std::filesystem::path& path, std::string_view text);
 // fsync of a directory, so that renames and creations inside it are durable.

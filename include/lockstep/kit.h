@@ -38,6 +38,9 @@ struct FetchOptions {
   std::string url;            // the kit's base: file://..., http://..., https://...
   std::filesystem::path dest;  // created if missing
   bool progress = true;       // progress bars on stderr (when it is a terminal)
+  // A server that does not connect, or sends under a byte per second, this long fails the
+  // transfer (the .part is kept for a resume).
+  long stall_seconds = 60;
 };
 
 struct FetchReport {

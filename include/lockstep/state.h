@@ -269,8 +269,12 @@ void AppendStateHashLine(const std::filesystem::path& path, const StateHashLine&
 // lines past its checkpoint.
 void WriteStateHashLines(const std::filesystem::path& path, std::span<const StateHashLine> lines);
 // Reads and validates every line (exact keys, 64 lowercase hex, strictly increasing steps);
-// errors name the file and the line number.
-std::vector<StateHashLine> ReadStateHashLines(const std::filesystem::path& path);
+// errors name the file and the line number. A last line without its newline (an append cut
+// short by a crash or a full disk) is an error, or with kDrop dropped with a note on stderr (a
+// resume: the line is rewritten when its step is replayed).
+enum class TornLine { kRefuse, kDrop };
+std::vector<StateHashLine> ReadStateHashLines(const std::filesystem::path& path,
+                                              TornLine torn = TornLine::kRefuse);
 
 // ---- signed commitments: keys and signatures.jsonl (docs/formats/signatures.md) -------------
 // KEY holds an Ed25519 seed ({"format": "lockstep-signing-key", ...}), KEY.pub its public key.

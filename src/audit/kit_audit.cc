@@ -49,6 +49,9 @@ std::vector<UnitOutcome> AuditKit(const AuditOptions& options) {
          build::kContractVersion);
   }
   const Trajectory trajectory = ReadTrajectory(options.kit_dir);
+  if (trajectory.units.empty()) {
+    Fail("{}: no units: the kit has nothing to audit", (options.kit_dir / kTrajectoryName).string());
+  }
   std::vector<const Unit*> chosen;
   for (const std::string& name : options.units) {
     const auto it = std::find_if(trajectory.units.begin(), trajectory.units.end(),
@@ -72,6 +75,18 @@ std::vector<UnitOutcome> AuditKit(const AuditOptions& options) {
                  options.threads, options.threads == 1 ? "" : "s");
     UnitOutcome outcome{*unit, std::nullopt, {}};
     try {
+      if (unit->kind == UnitKind::kInterval) {
+        // The unit must start where trajectory.json says, in the run it describes.
+        const CheckpointIndex start = OpenCheckpoint(options.kit_dir / unit->start_checkpoint);
+        if (start.state.step != unit->start_step) {
+          Fail("{}: holds step {}, trajectory.json's start_step is {}", unit->start_checkpoint,
+               start.state.step, unit->start_step);
+        }
+        if (start.state.descriptor != trajectory.descriptor) {
+          Fail("{}: its run descriptor is not trajectory.json's descriptor",
+               unit->start_checkpoint);
+        }
+      }
       outcome.result = audit::Replay(ReplayOptionsFor(*unit, options));
       std::fprintf(stderr, "%s\n", audit::VerdictLine(*outcome.result).c_str());
     } catch (const Error& e) {

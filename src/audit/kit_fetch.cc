@@ -28,10 +28,12 @@ std::string JoinUrl(std::string_view base, std::string_view path) {
   return fmt::format("{}/{}", base, path);  // kit paths need no escaping (ValidateKitPath)
 }
 
-// One easy handle per transfer; curl_global_init runs once per process.
+// One easy handle per transfer; curl_global_init runs once per process. A server that does not
+// connect, or sends less than a byte per second, for `stall_seconds` ends the transfer with an
+// error (a dead or hostile server must not hold a fetch forever; the .part stays for a resume).
 class CurlHandle {
  public:
-  CurlHandle() {
+  explicit CurlHandle(long stall_seconds) {
     static std::once_flag once;
     std::call_once(once, [] {
       if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) Fail("libcurl: global init failed");
@@ -44,6 +46,9 @@ class CurlHandle {
     curl_easy_setopt(handle_, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(handle_, CURLOPT_FOLLOWLOCATION, 1L);
     curl_easy_setopt(handle_, CURLOPT_FAILONERROR, 1L);  // an HTTP status >= 400 is an error
+    curl_easy_setopt(handle_, CURLOPT_CONNECTTIMEOUT, stall_seconds);
+    curl_easy_setopt(handle_, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(handle_, CURLOPT_LOW_SPEED_TIME, stall_seconds);
   }
   ~CurlHandle() { curl_easy_cleanup(handle_); }
   CurlHandle(const CurlHandle&) = delete;
@@ -64,8 +69,8 @@ class CurlHandle {
   char error_[CURL_ERROR_SIZE];
 };
 
-std::string FetchText(std::string_view url) {
-  CurlHandle curl;
+std::string FetchText(std::string_view url, long stall_seconds) {
+  CurlHandle curl(stall_seconds);
   std::string body;
   curl_easy_setopt(curl.get(), CURLOPT_WRITEDATA, &body);
   curl_easy_setopt(curl.get(), CURLOPT_WRITEFUNCTION,
@@ -126,7 +131,7 @@ int OnProgress(void* context, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
 // Appends the source's bytes from `offset` on to `part`. Returns false when the source sent more
 // than the listed size. Fails on a transfer error, leaving the .part for a later resume.
 bool DownloadPart(const std::string& url, const fs::path& part, uint64_t offset,
-                  const KitFile& file, bool progress) {
+                  const KitFile& file, bool progress, long stall_seconds) {
   Transfer t;
   t.offset = offset;
   t.expected = file.size;
@@ -135,7 +140,7 @@ bool DownloadPart(const std::string& url, const fs::path& part, uint64_t offset,
   t.out = std::fopen(part.c_str(), offset > 0 ? "ab" : "wb");
   if (t.out == nullptr) Fail("{}: cannot open for writing", part.string());
 
-  CurlHandle curl;
+  CurlHandle curl(stall_seconds);
   curl_easy_setopt(curl.get(), CURLOPT_WRITEFUNCTION, WriteToPart);
   curl_easy_setopt(curl.get(), CURLOPT_WRITEDATA, &t);
   // With an offset, HTTP sends "Range: bytes=offset-" and libcurl refuses a server that answers
@@ -182,6 +187,22 @@ void RemoveFile(const fs::path& path) {
   if (ec) Fail("{}: cannot delete: {}", path.string(), ec.message());
 }
 
+// Nothing between DEST and a kit file, nor the file or its .part, may be a symbolic link: a link
+// already in DEST would make the fetch write outside it.
+void RefuseLinksUnder(const fs::path& dest, const std::string& kit_path) {
+  fs::path at = dest;
+  const fs::path relative(kit_path);
+  for (auto it = relative.begin(); it != relative.end(); ++it) {
+    at /= *it;
+    for (const fs::path& p : {at, fs::path(at.string() + ".part")}) {
+      if (fs::is_symlink(p)) {
+        Fail("{}: a symbolic link inside the destination: refusing to write through it",
+             p.string());
+      }
+    }
+  }
+}
+
 }  // namespace
 
 FetchReport Fetch(const FetchOptions& options) {
@@ -190,7 +211,13 @@ FetchReport Fetch(const FetchOptions& options) {
   FetchReport report;
 
   const std::string manifest_url = JoinUrl(options.url, kManifestName);
-  const std::string manifest_text = FetchText(manifest_url);
+  if (!(options.stall_seconds >= 1)) {
+    Fail("--stall-timeout {} (must be at least 1 second)", options.stall_seconds);
+  }
+  if (fs::exists(options.dest) && (fs::is_symlink(options.dest) || !fs::is_directory(options.dest))) {
+    Fail("{}: exists and is not a directory", options.dest.string());
+  }
+  const std::string manifest_text = FetchText(manifest_url, options.stall_seconds);
   report.manifest_sha256 = Sha256({reinterpret_cast<const uint8_t*>(manifest_text.data()),
                                    manifest_text.size()});
   const KitManifest manifest = ParseManifest(manifest_text, manifest_url);
@@ -208,6 +235,7 @@ FetchReport Fetch(const FetchOptions& options) {
   for (const KitFile& file : manifest.files) {
     const fs::path final_path = options.dest / file.path;
     const fs::path part = final_path.string() + ".part";
+    RefuseLinksUnder(options.dest, file.path);
     if (fs::exists(final_path)) {
       const std::string mismatch = Mismatch(final_path, file);
       if (mismatch.empty()) {
@@ -230,7 +258,8 @@ FetchReport Fetch(const FetchOptions& options) {
     }
     bool complete_source = true;
     if (offset < file.size || !fs::exists(part)) {
-      complete_source = DownloadPart(JoinUrl(options.url, file.path), part, offset, file, progress);
+      complete_source = DownloadPart(JoinUrl(options.url, file.path), part, offset, file, progress,
+                                     options.stall_seconds);
     }
     const std::string mismatch =
         complete_source ? Mismatch(part, file)

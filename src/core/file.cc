@@ -1,4 +1,5 @@
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -17,9 +18,21 @@ struct Fd {
 };
 }  // namespace
 
+int OpenRegularFileForReading(const std::filesystem::path& path) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) Fail("{}: cannot open for reading: {}", path.string(), std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    Fail("{}: not a regular file", path.string());
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
 std::vector<uint8_t> ReadFileBytes(const std::filesystem::path& path) {
-  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (f.fd < 0) Fail("{}: cannot open for reading: {}", path.string(), std::strerror(errno));
+  Fd f{OpenRegularFileForReading(path)};
   std::vector<uint8_t> bytes;
   uint8_t buf[1 << 16];
   for (;;) {

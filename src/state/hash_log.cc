@@ -1,4 +1,6 @@
 // state_hashes.jsonl: the run's chain, one {"step": N, "hash": "<64 hex>"} object per line.
+#include <cstdio>
+
 #include "lockstep/state.h"
 #include "state/internal.h"
 
@@ -26,8 +28,14 @@ void WriteStateHashLines(const std::filesystem::path& path, std::span<const Stat
   SyncDirectory(parent.empty() ? "." : parent);
 }
 
-std::vector<StateHashLine> ReadStateHashLines(const std::filesystem::path& path) {
-  const std::string text = ReadFileText(path);
+std::vector<StateHashLine> ReadStateHashLines(const std::filesystem::path& path, TornLine torn) {
+  std::string text = ReadFileText(path);
+  if (torn == TornLine::kDrop && !text.empty() && text.back() != '\n') {
+    const size_t keep = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
+    std::fprintf(stderr, "%s: dropping a torn last line (%zu bytes without a newline)\n",
+                 path.c_str(), text.size() - keep);
+    text.resize(keep);
+  }
   std::vector<StateHashLine> lines;
   size_t begin = 0;
   for (size_t number = 1; begin < text.size(); ++number) {

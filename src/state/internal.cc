@@ -77,8 +77,7 @@ Digest DigestField(const Json& object, const char* key, std::string_view what) {
 }
 
 File File::OpenForReading(const std::filesystem::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) Fail("{}: cannot open for reading: {}", path.string(), std::strerror(errno));
+  const int fd = OpenRegularFileForReading(path);
   // Pieces are read front to back: let the kernel read ahead while the last piece is hashed.
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   return File(fd, path);

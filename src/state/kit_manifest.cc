@@ -96,8 +96,7 @@ KitManifest ReadManifest(const fs::path& kit_dir) {
 }
 
 KitFile DescribeFile(const fs::path& file, std::string relative_path) {
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) Fail("{}: cannot open for reading: {}", file.string(), std::strerror(errno));
+  const int fd = OpenRegularFileForReading(file);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int error = errno;

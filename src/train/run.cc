@@ -168,6 +168,9 @@ int Train(const TrainOptions& options, Comm& comm) {
   const uint64_t target = static_cast<uint64_t>(options.steps.value_or(config.train.steps));
   if (options.steps && *options.steps < 0) Fail("--steps = {} (must be >= 0)", *options.steps);
 
+  if (fs::exists(options.run_dir) && !fs::is_directory(options.run_dir)) {
+    Fail("--out {}: exists and is not a directory", options.run_dir.string());
+  }
   const fs::path hashes_path = options.run_dir / "state_hashes.jsonl";
   const fs::path metrics_path = options.run_dir / "metrics.jsonl";
   if (!options.spill_dir && comm.size() == 1) {
@@ -202,14 +205,16 @@ int Train(const TrainOptions& options, Comm& comm) {
   if (options.resume) {
     const auto latest = LatestCompleteCheckpoint(options.run_dir);
     if (!latest) {
-      Fail("--resume: {} has no complete checkpoint (checkpoints/step_*/COMPLETE)",
+      Fail("--resume: {} has no complete checkpoint (checkpoints/step_*/COMPLETE): the run was "
+           "stopped before its step-0 checkpoint was saved, so there is nothing to resume; delete "
+           "the directory and start the run again",
            options.run_dir.string());
     }
     trainer.Restore(OpenCheckpoint(*latest));
     if (writer) {  // the logs are rank 0's
       // The logs may run past the checkpoint (a crash after it): keep what the checkpoint covers,
       // and insist that the chain recorded there is the checkpoint's.
-      std::vector<StateHashLine> lines = ReadStateHashLines(hashes_path);
+      std::vector<StateHashLine> lines = ReadStateHashLines(hashes_path, TornLine::kDrop);
       std::erase_if(lines, [&](const StateHashLine& l) { return l.step > trainer.state().step; });
       if (lines.empty() || lines.back().step != trainer.state().step ||
           lines.back().hash != trainer.hash()) {
@@ -229,9 +234,12 @@ int Train(const TrainOptions& options, Comm& comm) {
   } else {
     if (writer) {
       if (fs::exists(hashes_path) || fs::exists(options.run_dir / "checkpoints")) {
-        Fail("{} already holds a run (state_hashes.jsonl or checkpoints/): use --resume to "
-             "continue it, or choose another --out",
-             options.run_dir.string());
+        Fail("{} already holds a run (state_hashes.jsonl or checkpoints/): {}",
+             options.run_dir.string(),
+             LatestCompleteCheckpoint(options.run_dir)
+                 ? "use --resume to continue it, or choose another --out"
+                 : "it has no complete checkpoint (it was stopped before step 0 was saved), so "
+                   "it cannot be resumed: delete it, or choose another --out");
       }
       fs::create_directories(options.run_dir);
     }

@@ -124,8 +124,7 @@ class SpillStore final : public StateStore {
       for (int a = 0; a < kStateArrayCount; ++a) {
         const fs::path& path = checkpoint.Where(i, static_cast<StateArray>(a)).file;
         if (file_of.contains(path)) continue;
-        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd < 0) Fail("{}: cannot open for reading: {}", path.string(), std::strerror(errno));
+        const int fd = OpenRegularFileForReading(path);
         file_of[path] = static_cast<int>(files_.size());
         files_.push_back({path, fd, false});
       }

@@ -203,6 +203,11 @@ void AddKitCommands(CLI::App& app, int* exit_code) {
                "renamed. Exit 1 when a file fails verification (it is deleted)");
   fetch_cmd->add_option("URL", fetch->url, "the kit's base URL (holding kit.json)")->required();
   fetch_cmd->add_option("DEST", fetch->dest, "destination directory")->required();
+  fetch_cmd->add_option("--stall-timeout", fetch->stall_seconds,
+                        "seconds a server may fail to connect or send anything before the fetch "
+                        "stops with an error (run it again to resume)")
+      ->capture_default_str()
+      ->check(CLI::Range(1L, 86400L));
   fetch_cmd->add_flag("--progress,!--no-progress", fetch->progress,
                       "show (default, on a terminal) or hide progress bars on stderr");
   fetch_cmd->final_callback([fetch, exit_code] { *exit_code = RunFetch(*fetch); });

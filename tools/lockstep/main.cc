@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <exception>
 
 #include "lockstep/build_info.h"
 #include "lockstep/core.h"
@@ -66,6 +67,11 @@ int main(int argc, char** argv) {
   try {
     return lockstep::cli::Run(argc, argv);
   } catch (const lockstep::Error& e) {
+    std::fprintf(stderr, "lockstep: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    // Every known failure is an Error naming its cause; anything else (a file system or
+    // library error) still ends as a message and exit 2, never an abort.
     std::fprintf(stderr, "lockstep: error: %s\n", e.what());
     return 2;
   }

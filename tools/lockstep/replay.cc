@@ -39,9 +39,10 @@ void AddReplayCommand(CLI::App& app, int* exit_code) {
                   "the run's dataset directory (both units: the run descriptor every hash "
                   "covers includes its manifest digest)")
       ->required();
-  cmd->add_option("--expect-hash", f->expect_hash,
-                  "target state hash (64 lowercase hex); an interval unit in a run directory "
-                  "defaults to the run's state_hashes.jsonl line for --until-step");
+  auto* expect_opt = cmd->add_option(
+      "--expect-hash", f->expect_hash,
+      "target state hash (64 lowercase hex); an interval unit in a run directory "
+      "defaults to the run's state_hashes.jsonl line for --until-step");
   cmd->add_option("--threads", o.threads, "worker threads (results do not depend on it)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
@@ -60,10 +61,11 @@ void AddReplayCommand(CLI::App& app, int* exit_code) {
                 "replay even when the memory plan exceeds MemAvailable or the start "
                 "checkpoint's digests fail (with a warning); write the hand-off checkpoint "
                 "without a match");
-  cmd->final_callback([f, seed, exit_code] {
+  cmd->final_callback([f, seed, expect_opt, exit_code] {
     audit::ReplayOptions& o = f->options;
-    // Validated before any work: a truncated hash must not cost a replay.
-    if (!f->expect_hash.empty()) o.expect_hash = DigestFromHex(f->expect_hash, "--expect-hash");
+    // Validated before any work: a truncated (or empty) hash must not cost a replay, nor pass
+    // for no target.
+    if (expect_opt->count() > 0) o.expect_hash = DigestFromHex(f->expect_hash, "--expect-hash");
     if (seed->count() > 0) o.seed = f->seed;
     if (!f->save_checkpoint_dir.empty()) o.save_checkpoint_dir = f->save_checkpoint_dir;
     if (!f->loss_log.empty()) o.loss_log = f->loss_log;

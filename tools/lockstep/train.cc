@@ -28,7 +28,8 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
       "--steps", *steps,
       "stop once this many steps are done (default: the config's train.steps; the learning-rate "
       "schedule always follows train.steps). A new run always writes the initial state as checkpoint "
-      "step 0; --steps 0 stops there");
+      "step 0; --steps 0 stops there")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cmd->add_option("--threads", options->threads, "worker threads (results do not depend on it)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));

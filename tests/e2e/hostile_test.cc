@@ -1,0 +1,142 @@
+// Hostile and careless inputs (issue: hardening): each gets a clear error and exit 2 -- or, for
+// a torn log line, the documented recovery -- and nothing hangs.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/run_lockstep.h"
+#include "lockstep/core.h"
+#include "lockstep/state.h"
+
+namespace lockstep {
+namespace {
+namespace fs = std::filesystem;
+using test::Lockstep;
+using test::Result;
+using test::Shell;
+
+class Hostile : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("lockstep_hostile_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    Result r = Lockstep("data synth --out " + Path("data") + " --seed 7 --tokens 100000");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = Lockstep(Train("run", "--steps 4"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  static std::string Path(const std::string& name) { return (dir_ / name).string(); }
+  static std::string Train(const std::string& run, const std::string& extra) {
+    return "train --config tiny --data " + Path("data") + " --out " + Path(run) + " --no-progress " +
+           extra;
+  }
+  static void ExpectRefused(const Result& r, const std::string& message) {
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+  }
+  static fs::path dir_;
+};
+fs::path Hostile::dir_;
+
+TEST_F(Hostile, PathsOfTheWrongKind) {
+  WriteFileSynced(dir_ / "a_file", "x");
+  ExpectRefused(Lockstep(Train("a_file", "--steps 1")), "exists and is not a directory");
+  // A FIFO where a shard should be: refused at once, not waited on.
+  fs::copy(dir_ / "data", dir_ / "fifo_data", fs::copy_options::recursive);
+  fs::remove(dir_ / "fifo_data/shard_00000.bin");
+  ASSERT_EQ(::mkfifo((dir_ / "fifo_data/shard_00000.bin").c_str(), 0600), 0);
+  ExpectRefused(Shell("timeout 60 " + std::string(LOCKSTEP_BINARY) + " data inspect " +
+                      Path("fifo_data")),
+                "not a regular file");
+}
+
+TEST_F(Hostile, CommandLineValuesOutOfRange) {
+  ExpectRefused(Lockstep("replay --checkpoint " + Path("run/checkpoints/step_000000000") +
+                         " --until-step 1 --data " + Path("data") + " --expect-hash ''"),
+                "--expect-hash");
+  EXPECT_EQ(Lockstep(Train("huge", "--steps 99999999999999999999")).exit_code, 2);
+  EXPECT_FALSE(fs::exists(dir_ / "huge"));
+}
+
+TEST_F(Hostile, HostileJsonInAChainLineIsRefused) {
+  fs::copy(dir_ / "run", dir_ / "deep", fs::copy_options::recursive);
+  AppendFileSynced(dir_ / "deep/state_hashes.jsonl",
+                   std::string(100000, '[') + std::string(100000, ']') + "\n");
+  ExpectRefused(Lockstep("dispute steps " + Path("deep") + " " + Path("run")),
+                "nested deeper than 64");
+}
+
+TEST_F(Hostile, ATornChainLineIsDroppedOnResume) {
+  fs::copy(dir_ / "run", dir_ / "torn", fs::copy_options::recursive);
+  AppendFileSynced(dir_ / "torn/state_hashes.jsonl", "{\"step\": 5, \"ha");  // a full disk
+  const Result r = Lockstep(Train("torn", "--steps 6 --resume"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("dropping a torn last line"), std::string::npos) << r.output;
+  ASSERT_EQ(Lockstep(Train("straight6", "--steps 6")).exit_code, 0);
+  EXPECT_EQ(ReadFileText(dir_ / "torn/state_hashes.jsonl"),
+            ReadFileText(dir_ / "straight6/state_hashes.jsonl"));
+}
+
+TEST_F(Hostile, ARunStoppedBeforeItsFirstCheckpointSaysWhatToDo) {
+  fs::create_directories(dir_ / "early/checkpoints/.tmp-step_000000000");
+  WriteFileSynced(dir_ / "early/state_hashes.jsonl",
+                  ReadFileText(dir_ / "run/state_hashes.jsonl").substr(0, 87));
+  ExpectRefused(Lockstep(Train("early", "--steps 2")), "delete it");
+  ExpectRefused(Lockstep(Train("early", "--steps 2 --resume")), "delete the directory");
+}
+
+TEST_F(Hostile, KitsWithoutUnitsOrWithLinksAndStalledServers) {
+  Result r = Lockstep("kit build --run " + Path("run") + " --data " + Path("data") + " --out " +
+                      Path("kit"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // No units: nothing to audit is not a pass.
+  fs::copy(dir_ / "kit", dir_ / "empty", fs::copy_options::recursive);
+  nlohmann::json trajectory = nlohmann::json::parse(ReadFileText(dir_ / "empty/trajectory.json"));
+  trajectory["units"] = nlohmann::json::array();
+  WriteFileSynced(dir_ / "empty/trajectory.json", trajectory.dump(2) + "\n");
+  kit::KitManifest m = kit::ReadManifest(dir_ / "empty");
+  for (kit::KitFile& f : m.files) {
+    if (f.path != "trajectory.json") continue;
+    const std::vector<uint8_t> bytes = ReadFileBytes(dir_ / "empty/trajectory.json");
+    f.size = bytes.size();
+    f.sha256 = Sha256(bytes);
+  }
+  WriteFileSynced(dir_ / "empty" / kit::kManifestName, kit::ManifestJson(m));
+  r = Lockstep("audit " + Path("empty"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("no units"), std::string::npos) << r.output;
+
+  // A symbolic link already inside the destination is never written through.
+  fs::create_directories(dir_ / "dest");
+  fs::create_directory_symlink(dir_ / "elsewhere", dir_ / "dest/data");
+  ExpectRefused(Lockstep("kit fetch file://" + Path("kit") + " " + Path("dest") + " --no-progress"),
+                "a symbolic link inside the destination");
+  EXPECT_FALSE(fs::exists(dir_ / "elsewhere"));
+
+  // A server that accepts and then says nothing (until the client hangs up): the fetch stops
+  // after --stall-timeout.
+  const std::string server =
+      "python3 -c \"import socket\ns=socket.socket()\ns.bind(('127.0.0.1',0))\n"
+      "s.listen(1)\nprint(s.getsockname()[1],flush=True)\nc=s.accept()[0]\nwhile c.recv(4096): pass\"";
+  std::FILE* pipe = ::popen(server.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  int port = 0;
+  ASSERT_EQ(std::fscanf(pipe, "%d", &port), 1);
+  const auto start = std::chrono::steady_clock::now();
+  r = Lockstep("kit fetch http://127.0.0.1:" + std::to_string(port) + "/kit " + Path("dest2") +
+               " --stall-timeout 2 --no-progress");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ExpectRefused(r, "Operation too slow");
+  EXPECT_LT(seconds, 30.0);
+  ::pclose(pipe);
+}
+
+}  // namespace
+}  // namespace lockstep
