@@ -18,3 +18,13 @@ function(lockstep_numerics target)
   target_compile_options(${target} PRIVATE ${LOCKSTEP_FP_FLAGS})
   target_compile_definitions(${target} PRIVATE ${LOCKSTEP_HWY_DEFINES})
 endfunction()
+
+# -DLOCKSTEP_SANITIZE=ON: AddressSanitizer + UndefinedBehaviorSanitizer on everything
+# (scripts/sanitize.sh builds build-asan with it and runs the whole suite). The FP flags above
+# stay: the sanitized build must give the same bits.
+option(LOCKSTEP_SANITIZE "build with -fsanitize=address,undefined" OFF)
+if(LOCKSTEP_SANITIZE)
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer
+                      -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+endif()

@@ -3,7 +3,7 @@
 # (openssh-client: Open MPI's mpirun refuses to start, even on one machine, without an rsh agent.)
 set -euo pipefail
 packages=(
-  build-essential cmake ninja-build pkg-config git python3
+  build-essential cmake ninja-build pkg-config git python3 clang
   libhwy-dev libsleef-dev libsodium-dev libfmt-dev libcli11-dev nlohmann-json3-dev libyaml-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libmpfr-dev libgmp-dev libopenblas-dev
   libcurl4-openssl-dev libopenmpi-dev openmpi-bin openssh-client

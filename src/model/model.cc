@@ -276,7 +276,9 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
   }
   access.CloseParam(P.output);
   LossSums sums;
-  for (auto [rows, sum] : {std::pair{A(loss_), &sums.loss}, std::pair{A(zloss_), &sums.zloss}}) {
+  for (const auto& [span, total] : {std::pair{A(loss_), &sums.loss}, std::pair{A(zloss_), &sums.zloss}}) {
+    const std::span<const float> rows = span;
+    float* const sum = total;  // (structured bindings cannot be captured by Clang 14)
     ObservedOp(obs, "row_sum", -1, {{"rows", 1}, {"cols", double(n)}}, {{"x", rows}},
                {{"sum", {sum, 1}}}, [&] { rk::RowSum(rows, {sum, 1}, 1, n); });
   }
@@ -315,7 +317,7 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
     const std::initializer_list<OpTensor> plain = {{"dy", dy}, {"w", w}};
     const std::initializer_list<OpTensor> onto = {{"dy", dy}, {"w", w}, {"dx", dx}};
     ObservedOp(obs, "gemm_dyw", layer,
-               {{"m", double(n)}, {"n", double(out)}, {"k", double(in)}, {"accumulate", add}},
+               {{"m", double(n)}, {"n", double(out)}, {"k", double(in)}, {"accumulate", double(add)}},
                add ? onto : plain, {{"dx", dx}},
                [&] { rk::GemmDyW(dy, w, dx, n, out, in, add); });
   };
@@ -346,7 +348,7 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
     const std::initializer_list<OpTensor> onto = {{"dy", dy}, {"x", x}, {"dw", dw}};
     ObservedOp(obs, "gemm_dytx", layer,
                {{"m", double(n)}, {"n", double(rows_out)}, {"k", double(cols)},
-                {"accumulate", accumulate}},
+                {"accumulate", double(accumulate)}},
                accumulate ? onto : plain, {{"dw", dw}},
                [&] { rk::GemmDytX(dy, x, dw, n, rows_out, cols, accumulate); });
     access.CloseGrad(i);

@@ -19,9 +19,11 @@
 // -mavx512f; Highway compiles per target with function attributes instead, so declare the
 // members of the cinz family used below ourselves (signatures as in sleef.h 3.5).
 extern "C" {
-#define LOCKSTEP_SLEEF_DECLARE(fn)                     \
-  __m256 Sleef_cinz_##fn##f8_u10avx(__m256);           \
-  __m512 Sleef_cinz_##fn##f16_u10avx512fnofma(__m512);
+// The target attributes give the vector arguments their AVX / AVX-512 calling convention (Clang
+// refuses the declarations without them).
+#define LOCKSTEP_SLEEF_DECLARE(fn)                                                     \
+  __attribute__((target("avx"))) __m256 Sleef_cinz_##fn##f8_u10avx(__m256);            \
+  __attribute__((target("avx512f"))) __m512 Sleef_cinz_##fn##f16_u10avx512fnofma(__m512);
 LOCKSTEP_SLEEF_DECLARE(exp)
 LOCKSTEP_SLEEF_DECLARE(log)
 LOCKSTEP_SLEEF_DECLARE(sin)

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Regenerates tests/fixtures/tiny_chain.jsonl: the state-hash chain of `tiny` trained 20 steps on
+# the synthetic corpus (seed 7, 200000 tokens). tests/e2e/golden_test.cc compares a fresh run with
+# it, so a toolchain, library or code change that moves a single bit of the contract fails CI
+# (the other tests compare variants with the reference and cannot see both move together).
+# Regenerate only for an intended change of the numerics contract, formats or run descriptor --
+# with its version bumped -- and say so in the commit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+lockstep=${LOCKSTEP:-build/lockstep}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$lockstep" data synth --out "$tmp/data" --seed 7 --tokens 200000 >/dev/null 2>&1
+"$lockstep" train --config tiny --data "$tmp/data" --out "$tmp/run" --steps 20 --no-progress >/dev/null 2>&1
+cp "$tmp/run/state_hashes.jsonl" tests/fixtures/tiny_chain.jsonl
+echo "wrote tests/fixtures/tiny_chain.jsonl ($(wc -l < tests/fixtures/tiny_chain.jsonl) lines, $("$lockstep" --version | grep 'numerics contract'))"

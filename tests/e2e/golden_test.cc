@@ -1,0 +1,37 @@
+// The golden chain (tests/fixtures/tiny_chain.jsonl, regenerated only by scripts/golden-chain.sh):
+// every other determinism test compares two computations of this build with each other, so a
+// compiler, library or code change that moves the reference and every variant together would pass
+// them. This one pins the bits themselves: any change to a constant of the numerics contract fails
+// here. (The property behind it -- the chain does not depend on threads, SIMD width, storage or
+// processes -- is tested on its own in train_test.cc and distributed_test.cc.)
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "common/run_lockstep.h"
+#include "lockstep/core.h"
+
+namespace lockstep {
+namespace {
+namespace fs = std::filesystem;
+
+TEST(Golden, TinyChainIsThePinnedOne) {
+  const fs::path dir = fs::temp_directory_path() / ("lockstep_golden_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  test::Result r = test::Lockstep("data synth --out " + (dir / "data").string() +
+                                  " --seed 7 --tokens 200000");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = test::Lockstep("train --config tiny --data " + (dir / "data").string() + " --out " +
+                     (dir / "run").string() + " --steps 20 --threads 2 --no-progress");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(ReadFileText(dir / "run/state_hashes.jsonl"),
+            ReadFileText(fs::path(LOCKSTEP_SOURCE_DIR) / "tests/fixtures/tiny_chain.jsonl"))
+      << "the tiny chain moved: if the numerics contract, a format or the run descriptor changed "
+         "on purpose, bump its version and regenerate with scripts/golden-chain.sh";
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace lockstep
