@@ -26,38 +26,19 @@ struct PublishedCheckpoint {
   std::vector<std::string> files;  // COMPLETE's listing, then COMPLETE itself
 };
 
-// The canonical complete checkpoints of a run (step_%09d directories holding COMPLETE), by step.
-// What the kit needs from a checkpoint: meta.json's step, state_hash and descriptor, and the file
-// list of COMPLETE. The tensors are not loaded here (for a large model they are many GiB): the
-// auditor's replay verifies them, and kit.json pins their bytes.
+// What the kit needs from a checkpoint: meta.json's step, state_hash and descriptor, and the
+// files COMPLETE lists -- read by the state layer's one checkpoint reader (OpenCheckpoint checks
+// meta.json, COMPLETE and the tensor headers; the tensors are not loaded: for a large model they
+// are many GiB, the auditor's replay verifies them, and kit.json pins their bytes).
 PublishedCheckpoint ReadPublishedCheckpoint(const fs::path& dir, uint64_t expected_step) {
-  using namespace state_internal;
-  PublishedCheckpoint c;
-  c.dir = dir;
-  const fs::path meta_path = dir / "meta.json";
-  const std::string meta_what = meta_path.string();
-  const Json meta = ParseJsonStrict(ReadFileText(meta_path), meta_what);
-  if (!meta.is_object() || !meta.contains("step") || !meta.contains("state_hash") ||
-      !meta.contains("descriptor")) {
-    Fail("{}: not a checkpoint meta.json (needs \"step\", \"state_hash\" and \"descriptor\")",
-         meta_what);
+  const CheckpointIndex index = OpenCheckpoint(dir);
+  if (index.state.step != expected_step) {
+    Fail("{}: field \"step\" is {} but the directory is step {}", (dir / "meta.json").string(),
+         index.state.step, expected_step);
   }
-  c.step = U64Field(meta, "step", meta_what);
-  if (c.step != expected_step) {
-    Fail("{}: field \"step\" is {} but the directory is step {}", meta_what, c.step, expected_step);
-  }
-  c.state_hash = DigestField(meta, "state_hash", meta_what);
-  c.descriptor = StringField(meta, "descriptor", meta_what);
-
-  const fs::path complete_path = dir / "COMPLETE";
-  const Json complete = ParseJsonStrict(ReadFileText(complete_path), complete_path.string());
-  if (!complete.is_object() || !complete.contains("files") || !complete["files"].is_object()) {
-    Fail("{}: no \"files\" object", complete_path.string());
-  }
-  for (const auto& [name, unused] : complete["files"].items()) {
-    ValidateKitPath(name, complete_path.string());
-    c.files.push_back(name);
-  }
+  PublishedCheckpoint c{index.state.step, dir, index.state_hash, index.state.descriptor, {}};
+  for (const CheckpointIndex::File& f : index.files) c.files.push_back(f.path.filename().string());
+  c.files.push_back("meta.json");
   c.files.push_back("COMPLETE");
   return c;
 }
