@@ -5,6 +5,8 @@
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <algorithm>
+#include <cctype>
 #include <set>
 #include <string>
 #include <vector>
@@ -240,7 +242,18 @@ RunConfig ParseRunConfig(std::string_view yaml, const std::string& source) {
   MapReader top(root, source, "");
   RunConfig config;
   config.name = top.String("name");
-  if (config.name.empty()) Fail("{}: name = '' is invalid: must not be empty", source);
+  // The name goes into the run descriptor (JSON) and into messages: a safe, short word.
+  const bool word = !config.name.empty() && config.name.size() <= 64 &&
+                    std::all_of(config.name.begin(), config.name.end(), [](char c) {
+                      return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ||
+                             c == '.';
+                    });
+  if (!word) {
+    std::string shown = config.name.substr(0, 64);  // printable ASCII only: it may reach JSON
+    for (char& c : shown) c = std::isprint(static_cast<unsigned char>(c)) ? c : '?';
+    Fail("{}: name = '{}' is invalid: must be 1 to 64 characters of A-Z, a-z, 0-9, '.', '_', '-'",
+         source, shown);
+  }
   config.model = ReadModel(MapReader(top.Get("model"), source, "model"));
   config.train = ReadTrain(MapReader(top.Get("train"), source, "train"));
   top.Finish();

@@ -24,6 +24,20 @@
 
 namespace lockstep {
 namespace {
+
+// Under AddressSanitizer (scripts/sanitize.sh) a process's RSS includes shadow memory, so the
+// memory plan's accuracy is not checked there.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kRssIsMeaningful = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kRssIsMeaningful = false;
+#else
+constexpr bool kRssIsMeaningful = true;
+#endif
+#else
+constexpr bool kRssIsMeaningful = true;
+#endif
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
@@ -154,8 +168,10 @@ TEST_F(Audit, IntervalReplayMatchesTheChainAtOneAndTwoThreads) {
     EXPECT_NE(r.err.find("memory plan: planned peak RSS"), std::string::npos) << r.err;
     const double planned = j.at("planned_peak_rss_bytes").get<double>();
     const double measured = j.at("peak_rss_bytes").get<double>();
-    EXPECT_NEAR(planned / measured, 1.0, 0.15)
-        << "planned " << planned << ", measured " << measured;
+    if (kRssIsMeaningful) {
+      EXPECT_NEAR(planned / measured, 1.0, 0.15)
+          << "planned " << planned << ", measured " << measured;
+    }
     // The hand-off is the publisher's checkpoint, byte for byte; the loss log has every step.
     for (const char* file : {"model.safetensors", "optimizer.safetensors", "grads.safetensors",
                              "meta.json", "COMPLETE"}) {
@@ -387,7 +403,9 @@ TEST_F(Audit, SmokeInitMatchesAndOneStepPlanIsAccurate) {
   EXPECT_NE(r.err.find("MATCH=None"), std::string::npos) << r.err;
   const double planned = j.at("planned_peak_rss_bytes").get<double>();
   const double measured = j.at("peak_rss_bytes").get<double>();
-  EXPECT_NEAR(planned / measured, 1.0, 0.15) << "planned " << planned << ", measured " << measured;
+  if (kRssIsMeaningful) {
+    EXPECT_NEAR(planned / measured, 1.0, 0.15) << "planned " << planned << ", measured " << measured;
+  }
 }
 
 // open-100m (~100M parameters, tensors of several spill chunks): the streamed init unit equals
@@ -406,8 +424,10 @@ TEST_F(Audit, OpenHundredMillionInitUnitMatchesTheSpilledTrainer) {
   EXPECT_EQ(j.at("match"), true) << init.out;
   const double planned = j.at("planned_peak_rss_bytes").get<double>();
   const double measured = j.at("peak_rss_bytes").get<double>();
-  EXPECT_NEAR(planned / measured, 1.0, 0.15) << "planned " << planned << ", measured " << measured;
-  EXPECT_LT(measured, 64.0 * 1024 * 1024) << "the init unit holds one piece, not the model";
+  if (kRssIsMeaningful) {
+    EXPECT_NEAR(planned / measured, 1.0, 0.15) << "planned " << planned << ", measured " << measured;
+    EXPECT_LT(measured, 64.0 * 1024 * 1024) << "the init unit holds one piece, not the model";
+  }
   EXPECT_FALSE(fs::exists(Scratch() / "spill")) << "the trainer left its spill files";
 }
 

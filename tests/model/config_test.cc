@@ -154,6 +154,8 @@ TEST(Config, BadConfigsNameTheFieldAndTheValue) {
       {"  seed: 1234", "  seed: -5", {"train.seed", "'-5'"}},
       {"  norm_eps: 1.0e-5", "  norm_eps: .nan", {"model.norm_eps", "not finite"}},
       {"train:", "extra: 1\ntrain:", {"unknown key extra"}},
+      {"name: tiny", "name: \"ti\\xffny\"", {"bad.yaml", "name = 'ti", "' is invalid"}},
+      {"name: tiny", "name: a/b", {"name = 'a/b' is invalid"}},
       {"  microbatches: 2", "  microbatches: 2\n  grad_groups: 3",
        {"bad.yaml", "train.grad_groups = 3", "divide train.microbatches = 2"}},
       {"  microbatches: 2", "  microbatches: 2\n  grad_groups: 0", {"train.grad_groups = 0"}},
