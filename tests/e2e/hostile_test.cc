@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "common/kit_edit.h"
 #include "common/run_lockstep.h"
 #include "lockstep/core.h"
 #include "lockstep/state.h"
@@ -100,14 +101,7 @@ TEST_F(Hostile, KitsWithoutUnitsOrWithLinksAndStalledServers) {
   nlohmann::json trajectory = nlohmann::json::parse(ReadFileText(dir_ / "empty/trajectory.json"));
   trajectory["units"] = nlohmann::json::array();
   WriteFileSynced(dir_ / "empty/trajectory.json", trajectory.dump(2) + "\n");
-  kit::KitManifest m = kit::ReadManifest(dir_ / "empty");
-  for (kit::KitFile& f : m.files) {
-    if (f.path != "trajectory.json") continue;
-    const std::vector<uint8_t> bytes = ReadFileBytes(dir_ / "empty/trajectory.json");
-    f.size = bytes.size();
-    f.sha256 = Sha256(bytes);
-  }
-  WriteFileSynced(dir_ / "empty" / kit::kManifestName, kit::ManifestJson(m));
+  test::RelistKitFile(dir_ / "empty", "trajectory.json");
   r = Lockstep("audit " + Path("empty"));
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("no units"), std::string::npos) << r.output;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <string>
 
+#include "common/kit_edit.h"
 #include "common/run_lockstep.h"
 #include "lockstep/core.h"
 #include "lockstep/state.h"
@@ -44,18 +45,6 @@ class Signing : public ::testing::Test {
   static Result Verify(const std::string& kit, const std::string& extra = "") {
     return Lockstep("kit verify " + Path(kit) + " --trusted-key " + Path("key.pub") + " " + extra);
   }
-  // Rewrites kit.json's entry for `path` after a change, as a publisher rewriting history would.
-  static void Relist(const fs::path& kit, const std::string& path) {
-    kit::KitManifest m = kit::ReadManifest(kit);
-    for (kit::KitFile& f : m.files) {
-      if (f.path != path) continue;
-      const std::vector<uint8_t> bytes = ReadFileBytes(kit / path);
-      f.size = bytes.size();
-      f.sha256 = Sha256(bytes);
-    }
-    WriteFileSynced(kit / kit::kManifestName, kit::ManifestJson(m));
-  }
-
   static fs::path dir_;
 };
 fs::path Signing::dir_;
@@ -85,7 +74,7 @@ TEST_F(Signing, AnEditedLineOrAnotherKeyFails) {
   ASSERT_NE(at, std::string::npos);
   text[at] = text[at] == '0' ? '1' : '0';
   WriteFileSynced(dir_ / "edited/signatures.jsonl", text);
-  Relist(dir_ / "edited", "signatures.jsonl");
+  test::RelistKitFile(dir_ / "edited", "signatures.jsonl");
   Result r = Verify("edited");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("step 3: the signature of hash"), std::string::npos) << r.output;

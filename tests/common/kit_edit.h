@@ -1,0 +1,25 @@
+// Tests that edit a kit the way a dishonest publisher would: after changing a file, make
+// kit.json list its new size and sha256, so that only the deeper checks can tell.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "lockstep/core.h"
+#include "lockstep/state.h"
+
+namespace lockstep::test {
+
+inline void RelistKitFile(const std::filesystem::path& kit, const std::string& path) {
+  kit::KitManifest m = kit::ReadManifest(kit);
+  for (kit::KitFile& f : m.files) {
+    if (f.path != path) continue;
+    const std::vector<uint8_t> bytes = ReadFileBytes(kit / path);
+    f.size = bytes.size();
+    f.sha256 = Sha256(bytes);
+  }
+  WriteFileSynced(kit / kit::kManifestName, kit::ManifestJson(m));
+}
+
+}  // namespace lockstep::test
