@@ -138,6 +138,7 @@ class Trainer {
   OpObserver* observer_ = nullptr;  // the fault (if any) in front of the caller's observer
   std::unique_ptr<OpObserver> fault_;
   std::optional<std::pair<uint64_t, int64_t>> token_fault_;  // LOCKSTEP_TEST_FAULT_TOKEN
+  std::optional<std::pair<uint64_t, int64_t>> replica_fault_;  // LOCKSTEP_TEST_CORRUPT_REPLICA
 };
 
 // The run descriptor hashed into every step: the model layer's DescriptorJson plus the data

@@ -67,10 +67,11 @@ std::vector<int> AssignOwners(const std::vector<ParamSpec>& specs, int ranks) {
   return owner;
 }
 
-// The test-only faults (docs/disputes.md, "Faults to test with"), read from the environment:
-// LOCKSTEP_TEST_FAULT_OP=STEP:INDEX moves element 0 of the first output of op INDEX (0-based,
-// in trace order) of step STEP by one ulp toward +inf; LOCKSTEP_TEST_FAULT_TOKEN=STEP:INDEX
-// flips the lowest bit of token INDEX of step STEP (the step's tokens in microbatch order).
+// The test-only faults, each two non-negative integers A:B in an environment variable
+// (docs/disputes.md, "Faults to test with"; docs/distributed.md): LOCKSTEP_TEST_FAULT_OP=STEP:INDEX
+// moves element 0 of the first output of op INDEX (0-based, in trace order) of step STEP by one
+// ulp toward +inf; LOCKSTEP_TEST_FAULT_TOKEN=STEP:INDEX flips the lowest bit of token INDEX of
+// step STEP (the step's tokens in microbatch order); LOCKSTEP_TEST_CORRUPT_REPLICA=RANK:STEP.
 std::optional<std::pair<uint64_t, int64_t>> FaultFromEnvironment(const char* name) {
   const char* text = std::getenv(name);
   if (text == nullptr) return std::nullopt;
@@ -78,7 +79,7 @@ std::optional<std::pair<uint64_t, int64_t>> FaultFromEnvironment(const char* nam
   long long index = 0;
   char end = 0;
   if (std::sscanf(text, "%llu:%lld%c", &step, &index, &end) != 2 || index < 0) {
-    Fail("{}={}: expected STEP:INDEX", name, text);
+    Fail("{}={}: expected two non-negative integers A:B", name, text);
   }
   return std::pair{static_cast<uint64_t>(step), static_cast<int64_t>(index)};
 }
@@ -157,6 +158,9 @@ Trainer::Trainer(const RunConfig& config, const data::Dataset& dataset, std::str
   }
   if (GroupBufferBytes(config, ranks_) > 0) group_ = std::make_unique<ParamStore>(specs_);
   token_fault_ = FaultFromEnvironment("LOCKSTEP_TEST_FAULT_TOKEN");
+  // LOCKSTEP_TEST_CORRUPT_REPLICA=RANK:STEP (docs/distributed.md): rank RANK changes one element
+  // of the first parameter tensor it receives at step STEP, as a faulty node would.
+  replica_fault_ = FaultFromEnvironment("LOCKSTEP_TEST_CORRUPT_REPLICA");
   set_observer(nullptr);
   for (const ParamSpec& spec : specs_) shapes_.push_back({spec.name, spec.shape});
   state_.descriptor = std::move(descriptor);
@@ -208,18 +212,6 @@ uint64_t StateBytes(const ModelConfig& model) {
 }
 
 namespace {
-
-// A test-only fault (docs/distributed.md): LOCKSTEP_TEST_CORRUPT_REPLICA=RANK:STEP makes rank
-// RANK change one element of the first parameter tensor it receives at step STEP, as a faulty
-// node would; the replica cross-check must name it.
-bool CorruptReplicaNow(int rank, uint64_t step) {
-  const char* fault = std::getenv("LOCKSTEP_TEST_CORRUPT_REPLICA");
-  if (fault == nullptr) return false;
-  int fault_rank = -1;
-  unsigned long long fault_step = 0;
-  return std::sscanf(fault, "%d:%llu", &fault_rank, &fault_step) == 2 && fault_rank == rank &&
-         fault_step == step;
-}
 
 std::span<const std::byte> Bytes(std::span<const float> f) { return std::as_bytes(f); }
 std::span<std::byte> Bytes(std::span<float> f) { return std::as_writable_bytes(f); }
@@ -307,7 +299,8 @@ void Trainer::ShareParameters(const std::vector<TensorDigest>& digests) {
   // Each owner's updated tensors go to every rank; a replica that does not hash to its owner's
   // digest (a faulty node, a corrupted transfer) stops the run on every rank, before the step
   // is committed or trained on.
-  bool corrupt = CorruptReplicaNow(rank_, state_.step);
+  bool corrupt = replica_fault_ && replica_fault_->first == static_cast<uint64_t>(rank_) &&
+                 replica_fault_->second == static_cast<int64_t>(state_.step);
   int64_t diverged = -1;  // the first tensor whose copy here differs from its owner's
   for (size_t i = 0; i < specs_.size(); ++i) {
     Blake2b received;
