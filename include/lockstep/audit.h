@@ -24,6 +24,7 @@ namespace lockstep::audit {
 RunConfig ConfigOfDescriptor(std::string_view descriptor, const std::string& source);
 // The run config a checkpoint was trained with.
 RunConfig ConfigOfCheckpoint(const Checkpoint& checkpoint);
+RunConfig ConfigOfCheckpoint(const CheckpointIndex& checkpoint);
 
 // ---- memory ------------------------------------------------------------------------------------
 // The estimated peak resident set of a replay: what is resident when planning (program,

@@ -23,4 +23,9 @@ RunConfig ConfigOfCheckpoint(const Checkpoint& checkpoint) {
                             (checkpoint.dir / "meta.json").string() + " descriptor");
 }
 
+RunConfig ConfigOfCheckpoint(const CheckpointIndex& checkpoint) {
+  return ConfigOfDescriptor(checkpoint.state.descriptor,
+                            (checkpoint.dir / "meta.json").string() + " descriptor");
+}
+
 }  // namespace lockstep::audit

@@ -261,8 +261,7 @@ ReplayResult ReplayInterval(const ReplayOptions& o) {
          "at least one step",
          o.until_step, o.checkpoint.string(), start.state.step);
   }
-  const RunConfig config = ConfigOfDescriptor(
-      start.state.descriptor, (o.checkpoint / "meta.json").string() + " descriptor");
+  const RunConfig config = ConfigOfCheckpoint(start);
   std::optional<CheckpointIndex> reference;
   if (o.compare_checkpoint) {
     reference = OpenCheckpoint(*o.compare_checkpoint);

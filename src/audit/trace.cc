@@ -245,8 +245,7 @@ Trace WriteTrace(const TraceOptions& o) {
   }
   if (fs::exists(o.out)) Fail("--out {} already exists", o.out.string());
   SetThreads(o.threads);
-  const RunConfig config = audit::ConfigOfDescriptor(
-      start.state.descriptor, (o.checkpoint / "meta.json").string() + " descriptor");
+  const RunConfig config = audit::ConfigOfCheckpoint(start);
   const data::Dataset dataset = data::OpenDataset(o.data_dir);
   train::Trainer trainer(config, dataset, train::RunDescriptor(config, dataset));
   trainer.set_progress(o.progress);
