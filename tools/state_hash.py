@@ -15,11 +15,18 @@ import os
 import struct
 import sys
 
-TAG = b"lockstep/state-hash/v1\x00"
+TAG = b"lockstep/state-hash/v2\x00"
+CHUNK_BYTES = 4 << 18  # kHashChunkFloats elements of 4 bytes
 
 
 def blake2b(data):
     return hashlib.blake2b(data, digest_size=32).digest()
+
+
+def array_digest(data):
+    """H(u64(element count) || H(chunk 0) || H(chunk 1) || ...), chunks of CHUNK_BYTES."""
+    chunks = b"".join(blake2b(data[at:at + CHUNK_BYTES]) for at in range(0, len(data), CHUNK_BYTES))
+    return blake2b(u64(len(data) // 4) + chunks)
 
 
 class CheckpointError(Exception):
@@ -87,10 +94,10 @@ def state_hash(meta, model, optimizer, grads):
     gradients = {name: data for name, _, data in grads}
     for name, _, param in model:
         components += [
-            ("param:" + name, blake2b(param)),
-            ("m:" + name, blake2b(moments[name + ".exp_avg"])),
-            ("v:" + name, blake2b(moments[name + ".exp_avg_sq"])),
-            ("grad:" + name, blake2b(gradients[name])),
+            ("param:" + name, array_digest(param)),
+            ("m:" + name, array_digest(moments[name + ".exp_avg"])),
+            ("v:" + name, array_digest(moments[name + ".exp_avg_sq"])),
+            ("grad:" + name, array_digest(gradients[name])),
         ]
     return blake2b(TAG + b"".join(digest for _, digest in components)), components
 

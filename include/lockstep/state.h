@@ -106,7 +106,34 @@ struct TensorShape {
 };
 
 // ---- the chained state hash (docs/formats/state-hash.md) -------------------------------------
-// The per-tensor part of the hash: BLAKE2b-256 of each array's little-endian bytes.
+// An array's digest: BLAKE2b-256 of u64(element count) followed by the BLAKE2b-256 digests of
+// its chunks of kHashChunkFloats elements (the last may be shorter), in order. Chunks are
+// independent, so any thread, or in a distributed run the rank that holds them, may hash them;
+// the digest cannot depend on who did.
+inline constexpr int64_t kHashChunkFloats = int64_t{1} << 18;  // 1 MiB
+// The digests of the chunks of `piece`, which starts at a chunk boundary of its array and holds
+// whole chunks except perhaps the array's last (in parallel on Threads() threads).
+std::vector<Digest> ChunkDigests(std::span<const float> piece);
+Digest ArrayDigestFromChunks(uint64_t elements, std::span<const Digest> chunks);
+// Chunks in an array of `elements`.
+inline int64_t ChunkCount(int64_t elements) {
+  return (elements + kHashChunkFloats - 1) / kHashChunkFloats;
+}
+Digest ArrayDigest(std::span<const float> values);
+// An array's digest from its elements in pieces of any lengths, in order.
+class ArrayHasher {
+ public:
+  ArrayHasher& Update(std::span<const float> piece);
+  Digest Final();
+
+ private:
+  uint64_t elements_ = 0;
+  Blake2b partial_;            // the chunk being filled,
+  int64_t partial_floats_ = 0;  // with this many elements
+  std::vector<Digest> chunks_;
+};
+
+// The per-tensor part of the hash: the array digest of each of the four arrays.
 struct TensorDigest {
   std::string name;
   std::vector<int64_t> shape;

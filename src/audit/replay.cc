@@ -87,7 +87,7 @@ ReplayResult ReplayInit(const ReplayOptions& o) {
   for (size_t i = 0; i < specs.size(); ++i) {
     const ParamSpec& spec = specs[i];
     const int64_t n = spec.numel();
-    Blake2b param;
+    ArrayHasher param;
     for (int64_t begin = 0; begin < n; begin += piece_floats) {
       const size_t size = static_cast<size_t>(std::min(piece_floats, n - begin));
       const std::span<float> out(piece.data(), size);
@@ -96,7 +96,7 @@ ReplayResult ReplayInit(const ReplayOptions& o) {
     }
     auto [zero, new_count] = zeros_digest.try_emplace(n);
     if (new_count) {
-      Blake2b hash;
+      ArrayHasher hash;
       for (int64_t begin = 0; begin < n; begin += piece_floats) {
         hash.Update(std::span(zeros).first(static_cast<size_t>(std::min(piece_floats, n - begin))));
       }

@@ -308,10 +308,16 @@ size_t PieceSize(int64_t piece_floats, std::span<const int64_t> counts) {
   return static_cast<size_t>(std::min(piece_floats, largest));
 }
 
-// Adds a piece to its file's and its array's BLAKE2b. The two are independent, so they run as
-// two tasks (on two threads when Threads() > 1; the digests cannot depend on it).
-void HashPiece(Blake2b& file, Blake2b& array, std::span<const float> piece) {
-  ParallelFor(2, [&](int64_t task) { (task == 0 ? file : array).Update(piece); });
+// Adds a piece to its file's BLAKE2b and its array's digest. The two are independent, so they
+// run as two tasks (on two threads when Threads() > 1; the digests cannot depend on it).
+void HashPiece(Blake2b& file, ArrayHasher& array, std::span<const float> piece) {
+  ParallelFor(2, [&](int64_t task) {
+    if (task == 0) {
+      file.Update(piece);
+    } else {
+      array.Update(piece);
+    }
+  });
 }
 
 std::span<const uint8_t> BytesOf(std::string_view text) {
@@ -424,7 +430,7 @@ WrittenCheckpoint WriteCheckpointStreamed(const fs::path& run_dir, const StepSta
     for (size_t i = 0; i < tensors.size(); ++i) {
       for (int a = 0; a < kStateArrayCount; ++a) {
         if (kArrayPlaces[a].file != f) continue;
-        Blake2b array_hash;
+        ArrayHasher array_hash;
         for (int64_t begin = 0; begin < counts[i]; begin += piece_floats) {
           const std::span<float> p(piece.data(),
                                    static_cast<size_t>(std::min(piece_floats, counts[i] - begin)));
@@ -576,7 +582,7 @@ StateHash StreamCheckpoint(const CheckpointIndex& index, int64_t piece_floats,
     in.ReadAt(0, header);
     file_hash.Update(header);
     for (const auto& [offset, i, a] : arrays) {
-      Blake2b array_hash;
+      ArrayHasher array_hash;
       for (int64_t begin = 0; begin < counts[i]; begin += piece_floats) {
         const std::span<float> p(piece.data(),
                                  static_cast<size_t>(std::min(piece_floats, counts[i] - begin)));

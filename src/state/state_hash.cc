@@ -2,6 +2,7 @@
 // docs/formats/state-hash.md; tools/state_hash.py recomputes it independently.
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <set>
@@ -13,12 +14,11 @@ namespace lockstep {
 namespace {
 
 // Version tag of the layout: any change to what is hashed or how bumps it.
-constexpr std::string_view kStateHashTag{"lockstep/state-hash/v1\0", 23};
+constexpr std::string_view kStateHashTag{"lockstep/state-hash/v2\0", 23};
 
 using state_internal::kDigestArrays, state_internal::kStateArrayNames;
 using state_internal::kStateArrays;
 
-Digest DigestOf(std::span<const float> values) { return Blake2b().Update(values).Final(); }
 Digest DigestOf(std::string_view text) { return Blake2b().Update(text).Final(); }
 
 Digest ScalarsDigest(const StepState& s) {
@@ -46,7 +46,82 @@ Digest LayoutDigest(std::span<const TensorDigest> tensors) {
   }
   return h.Final();
 }
+// The digest of a chunk of zeros of full length, which init states and skipped gradients are
+// mostly made of: hashed once.
+const Digest& ZeroChunkDigest() {
+  static const Digest digest = [] {
+    const std::vector<float> zeros(static_cast<size_t>(kHashChunkFloats), 0.0f);
+    return Blake2b().Update(std::span<const float>(zeros)).Final();
+  }();
+  return digest;
+}
+
+bool AllZeroBits(std::span<const float> values) {
+  const auto* words = reinterpret_cast<const uint32_t*>(values.data());
+  return std::all_of(words, words + values.size(), [](uint32_t w) { return w == 0; });
+}
+
 }  // namespace
+
+std::vector<Digest> ChunkDigests(std::span<const float> piece) {
+  const auto n = static_cast<int64_t>(piece.size());
+  std::vector<Digest> digests(static_cast<size_t>(ChunkCount(n)));
+  ZeroChunkDigest();  // made here: ParallelFor bodies must not throw
+  ParallelFor(static_cast<int64_t>(digests.size()), [&](int64_t c) {
+    const int64_t begin = c * kHashChunkFloats, count = std::min(kHashChunkFloats, n - begin);
+    const auto chunk = piece.subspan(static_cast<size_t>(begin), static_cast<size_t>(count));
+    digests[static_cast<size_t>(c)] = count == kHashChunkFloats && AllZeroBits(chunk)
+                                          ? ZeroChunkDigest()
+                                          : Blake2b().Update(chunk).Final();
+  });
+  return digests;
+}
+
+Digest ArrayDigestFromChunks(uint64_t elements, std::span<const Digest> chunks) {
+  if (chunks.size() != static_cast<size_t>(ChunkCount(static_cast<int64_t>(elements)))) {
+    Fail("array digest: {} chunk digests for {} elements (expected {})", chunks.size(), elements,
+         ChunkCount(static_cast<int64_t>(elements)));
+  }
+  Blake2b h;
+  h.UpdateU64(elements);
+  for (const Digest& chunk : chunks) h.Update(chunk);
+  return h.Final();
+}
+
+Digest ArrayDigest(std::span<const float> values) {
+  return ArrayDigestFromChunks(values.size(), ChunkDigests(values));
+}
+
+ArrayHasher& ArrayHasher::Update(std::span<const float> piece) {
+  elements_ += piece.size();
+  while (!piece.empty()) {
+    if (partial_floats_ == 0 && piece.size() >= static_cast<size_t>(kHashChunkFloats)) {
+      // Whole chunks straight from the piece, in parallel.
+      const size_t whole = piece.size() - piece.size() % static_cast<size_t>(kHashChunkFloats);
+      const std::vector<Digest> digests = ChunkDigests(piece.first(whole));
+      chunks_.insert(chunks_.end(), digests.begin(), digests.end());
+      piece = piece.subspan(whole);
+      continue;
+    }
+    const size_t take =
+        std::min(piece.size(), static_cast<size_t>(kHashChunkFloats - partial_floats_));
+    partial_.Update(piece.first(take));
+    partial_floats_ += static_cast<int64_t>(take);
+    piece = piece.subspan(take);
+    if (partial_floats_ == kHashChunkFloats) {
+      chunks_.push_back(partial_.Final());
+      partial_ = Blake2b();
+      partial_floats_ = 0;
+    }
+  }
+  return *this;
+}
+
+Digest ArrayHasher::Final() {
+  if (partial_floats_ > 0) chunks_.push_back(partial_.Final());
+  partial_floats_ = 0;
+  return ArrayDigestFromChunks(elements_, chunks_);
+}
 
 void state_internal::CheckTensorState(const TensorState& t) {
   if (t.name.empty()) Fail("state hash: a tensor has an empty name");
@@ -65,7 +140,7 @@ TensorDigest DigestTensor(const TensorState& tensor) {
   state_internal::CheckTensorState(tensor);
   TensorDigest d{.name = tensor.name, .shape = tensor.shape};
   for (int a = 0; a < kStateArrayCount; ++a) {
-    d.*kDigestArrays[a] = DigestOf(tensor.*kStateArrays[a]);
+    d.*kDigestArrays[a] = ArrayDigest(tensor.*kStateArrays[a]);
   }
   return d;
 }
@@ -107,7 +182,7 @@ StateHash ComputeStateHash(const StepState& state, std::span<const TensorState> 
   ParallelFor(static_cast<int64_t>(kStateArrayCount * tensors.size()), [&](int64_t task) {
     const size_t i = static_cast<size_t>(task) / kStateArrayCount;
     const size_t a = static_cast<size_t>(task) % kStateArrayCount;
-    digests[i].*kDigestArrays[a] = DigestOf(tensors[i].*kStateArrays[a]);
+    digests[i].*kDigestArrays[a] = ArrayDigest(tensors[i].*kStateArrays[a]);
   });
   return StateHashFromDigests(state, digests);
 }

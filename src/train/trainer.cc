@@ -240,7 +240,7 @@ void Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_template, f
   std::vector<std::byte> mine;
   for (size_t i = 0; i < specs_.size(); ++i) {
     if (!owns(i)) continue;
-    std::array<Blake2b, kStateArrayCount> hashers;
+    std::array<ArrayHasher, kStateArrayCount> hashers;
     ForEachPiece(*store_, specs_[i], [&](int64_t begin, int64_t count) {
       std::array<Piece, kStateArrayCount> p;
       for (int a = 0; a < kStateArrayCount; ++a) {
@@ -274,7 +274,7 @@ void Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_template, f
       }
       progress.Add(static_cast<uint64_t>(count) * sizeof(float) * kStateArrayCount);
     });
-    for (Blake2b& h : hashers) {
+    for (ArrayHasher& h : hashers) {
       const Digest d = h.Final();
       const auto* bytes = reinterpret_cast<const std::byte*>(d.data());
       mine.insert(mine.end(), bytes, bytes + d.size());
@@ -303,7 +303,7 @@ void Trainer::ShareParameters(const std::vector<TensorDigest>& digests) {
                  replica_fault_->second == static_cast<int64_t>(state_.step);
   int64_t diverged = -1;  // the first tensor whose copy here differs from its owner's
   for (size_t i = 0; i < specs_.size(); ++i) {
-    Blake2b received;
+    ArrayHasher received;
     ForEachPiece(*store_, specs_[i], [&](int64_t begin, int64_t count) {
       const Piece p = store_->Acquire(StateArray::kParam, i, begin, count, /*load=*/owns(i));
       comm_->Broadcast(Bytes(p.data), owner_[i]);

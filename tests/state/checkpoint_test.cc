@@ -188,26 +188,30 @@ TEST_F(CheckpointTest, StateHashLogRoundTripAndValidation) {
   ExpectError([&] { ReadStateHashLines(path); }, {"line 3", "missing field \"hash\""});
 }
 
+// tools/state_hash.py on a checkpoint directory: its exit status, and its stdout in `output`.
+int RunPythonStateHash(const fs::path& dir, std::string* output) {
+  const std::string command = std::string("python3 ") + LOCKSTEP_SOURCE_DIR +
+                              "/tools/state_hash.py '" + dir.string() + "' 2>/dev/null";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) ADD_FAILURE() << "popen failed: " << command;
+  char buf[256];
+  while (pipe != nullptr && std::fgets(buf, sizeof buf, pipe) != nullptr) *output += buf;
+  const int status = pipe == nullptr ? -1 : ::pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+bool HavePython() { return std::system("python3 --version > /dev/null 2>&1") == 0; }
+
 // tools/state_hash.py recomputes the hash from the files with nothing but Python's stdlib: the
 // auditor's independent check of the byte layout.
 TEST_F(CheckpointTest, PythonRecomputesTheStateHash) {
-  if (std::system("python3 --version > /dev/null 2>&1") != 0) {
+  if (!HavePython()) {
     GTEST_SKIP() << "python3 is not installed: the independent recomputation is not checked";
   }
   const SampleState s;
   const fs::path dir = WriteCheckpoint(dir_, s.state, s.Tensors());
-  const auto run = [&](std::string* output) {
-    const std::string command = std::string("python3 ") + LOCKSTEP_SOURCE_DIR +
-                                "/tools/state_hash.py '" + dir.string() + "' 2>/dev/null";
-    FILE* pipe = ::popen(command.c_str(), "r");
-    if (pipe == nullptr) ADD_FAILURE() << "popen failed: " << command;
-    char buf[256];
-    while (pipe != nullptr && std::fgets(buf, sizeof buf, pipe) != nullptr) *output += buf;
-    const int status = pipe == nullptr ? -1 : ::pclose(pipe);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  };
   std::string output;
-  EXPECT_EQ(run(&output), 0);
+  EXPECT_EQ(RunPythonStateHash(dir, &output), 0);
   EXPECT_EQ(output, ToHex(ComputeStateHash(s.state, s.Tensors()).hash) + "\n");
 
   // A forged (self-consistent) meta.json: the script recomputes a different hash, exit 1.
@@ -216,8 +220,30 @@ TEST_F(CheckpointTest, PythonRecomputesTheStateHash) {
   SampleState forged;
   forged.state.rng_counter = 98;
   output.clear();
-  EXPECT_EQ(run(&output), 1);
+  EXPECT_EQ(RunPythonStateHash(dir, &output), 1);
   EXPECT_EQ(output, ToHex(ComputeStateHash(forged.state, forged.Tensors()).hash) + "\n");
+}
+
+// Arrays of several hash chunks (the sample's are smaller than one): whole chunks of zeros
+// (whose digest lockstep computes once), mixed chunks and a short last chunk.
+TEST_F(CheckpointTest, PythonRecomputesArraysOfSeveralChunks) {
+  if (!HavePython()) {
+    GTEST_SKIP() << "python3 is not installed: the independent recomputation is not checked";
+  }
+  SampleState s;
+  const int64_t n = 2 * kHashChunkFloats + kHashChunkFloats / 2 + 3;
+  SampleState::Arrays big{"big.weight", {n}, {}, {}, {}, {}};
+  for (int64_t i = 0; i < n; ++i) {
+    big.param.push_back(static_cast<float>(i % 1000) * 0.001f - 0.5f);
+    big.m.push_back(0.0f);
+    big.v.push_back(i < kHashChunkFloats ? 0.0f : 1e-6f);
+    big.grad.push_back(i == kHashChunkFloats + 7 ? -0.0f : 0.0f);  // one -0 in a chunk of zeros
+  }
+  s.arrays.push_back(std::move(big));
+  const fs::path dir = WriteCheckpoint(dir_, s.state, s.Tensors());
+  std::string output;
+  EXPECT_EQ(RunPythonStateHash(dir, &output), 0);
+  EXPECT_EQ(output, ToHex(ComputeStateHash(s.state, s.Tensors()).hash) + "\n");
 }
 
 }  // namespace

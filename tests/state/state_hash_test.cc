@@ -13,11 +13,12 @@ using test::SampleState;
 void FlipLowBit(float& x) { x = std::bit_cast<float>(std::bit_cast<uint32_t>(x) ^ 1u); }
 
 TEST(StateHash, PinnedValueOfTheSampleState) {
-  // The layout is normative (docs/formats/state-hash.md; tools/state_hash.py recomputes it):
-  // this value changes only with a deliberate, versioned layout change.
+  // The layout is normative (docs/formats/state-hash.md): this value is what
+  // tests/state/sample_state_hash.py prints (tools/state_hash.py on the same state, built in
+  // Python), and changes only with a deliberate, versioned layout change.
   const SampleState s;
   EXPECT_EQ(ToHex(ComputeStateHash(s.state, s.Tensors()).hash),
-            "054b1bff46766bae23629eade068710a88ca839f76c3ba86582b4ab8650165f9");
+            "b5f7b3d85948c54c140701bb46bd57b2c090024df472a06ce125e96555eaad77");
 }
 
 TEST(StateHash, ComponentsInHashOrder) {
@@ -32,8 +33,43 @@ TEST(StateHash, ComponentsInHashOrder) {
                 "m:final_norm.gain", "v:final_norm.gain", "grad:final_norm.gain"}));
   EXPECT_EQ(h.components[0].second, s.state.prev_hash);
   EXPECT_EQ(h.components[3].second, s.state.tokens_digest);
-  // A tensor digest is the plain BLAKE2b-256 of the array's little-endian bytes.
-  EXPECT_EQ(h.components[5].second, Blake2b().Update(s.arrays[0].param).Final());
+  // An array of one chunk: H(u64(element count) || H(its little-endian bytes)).
+  const Digest chunk = Blake2b().Update(s.arrays[0].param).Final();
+  EXPECT_EQ(h.components[5].second, Blake2b().UpdateU64(12).Update(chunk).Final());
+}
+
+TEST(StateHash, ArrayDigestOfChunksHoweverFedAndOnAnyThreadCount) {
+  const int64_t n = 3 * kHashChunkFloats + 5;
+  std::vector<float> values(static_cast<size_t>(n), 0.0f);  // chunk 0 all zeros
+  for (int64_t i = kHashChunkFloats; i < n; ++i) values[size_t(i)] = float(i % 77) - 38.0f;
+  Blake2b by_definition;
+  by_definition.UpdateU64(static_cast<uint64_t>(n));
+  for (int64_t c = 0; c < n; c += kHashChunkFloats) {
+    const auto chunk = std::span<const float>(values).subspan(
+        size_t(c), size_t(std::min(kHashChunkFloats, n - c)));
+    by_definition.Update(Blake2b().Update(chunk).Final());
+  }
+  const Digest expected = by_definition.Final();
+  for (int threads : {1, 2, 3, 4, 7}) {
+    SetThreads(threads);
+    EXPECT_EQ(ArrayDigest(values), expected) << threads << " threads";
+    for (const int64_t piece : {int64_t{1}, int64_t{1000}, kHashChunkFloats - 1, kHashChunkFloats,
+                                2 * kHashChunkFloats + 1}) {
+      ArrayHasher hasher;
+      for (int64_t at = 0; at < n; at += piece) {
+        hasher.Update(std::span<const float>(values).subspan(size_t(at),
+                                                             size_t(std::min(piece, n - at))));
+      }
+      EXPECT_EQ(hasher.Final(), expected) << "pieces of " << piece << ", " << threads << " threads";
+    }
+  }
+  SetThreads(1);
+  EXPECT_EQ(ArrayDigest({}), Blake2b().UpdateU64(0).Final());
+  // Chunk digests of a piece at a chunk boundary, combined, give the array's digest.
+  std::vector<Digest> chunks = ChunkDigests(std::span<const float>(values).first(size_t(kHashChunkFloats)));
+  const std::vector<Digest> rest = ChunkDigests(std::span<const float>(values).subspan(size_t(kHashChunkFloats)));
+  chunks.insert(chunks.end(), rest.begin(), rest.end());
+  EXPECT_EQ(ArrayDigestFromChunks(static_cast<uint64_t>(n), chunks), expected);
 }
 
 TEST(StateHash, SameAtAnyThreadCountAndWhenStreamed) {
