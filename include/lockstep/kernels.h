@@ -170,6 +170,12 @@ float GlobalNorm(std::span<const std::span<const float>> tensors);
 // sums in order and takes the root (steps 4-5).
 double AddTensorSquares(double running, std::span<const float> piece);
 float NormOfTensorSums(std::span<const double> tensor_sums);
+// The same in blocks, for gradients spread over processes: BlockSquares gives the sum of each
+// kNormBlock block of `piece` (which starts at a block boundary of its tensor), the values
+// AddTensorSquares adds in order; NormOfBlockSums adds tensor t's blocks[t] sums to 0.0 in order
+// (tensors in list order, their blocks concatenated in block_sums), then NormOfTensorSums.
+std::vector<double> BlockSquares(std::span<const float> piece);
+float NormOfBlockSums(std::span<const double> block_sums, std::span<const int64_t> blocks);
 // min(1, max_norm / (norm + 1e-6)); 1 when max_norm <= 0 (clipping off).
 float ClipFactor(float norm, float max_norm);
 // x[i] *= factor.

@@ -98,6 +98,9 @@ struct TensorState {
 // The four arrays of a tensor's state, in state-hash order.
 enum class StateArray { kParam = 0, kM = 1, kV = 2, kGrad = 3 };
 inline constexpr int kStateArrayCount = 4;
+// As the state hash's components name them (docs/formats/state-hash.md).
+inline constexpr std::array<std::string_view, kStateArrayCount> kStateArrayNames = {
+    "param", "m", "v", "grad"};
 
 // A parameter's name and shape, in parameter order: a tensor's state without its data.
 struct TensorShape {

@@ -3,6 +3,7 @@
 // spike protocol, and the chained state hash after every step (docs/training.md).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -52,14 +53,27 @@ struct Storage {
 // of each of the four arrays at once.
 inline constexpr int64_t kSpillPieceFloats = int64_t{16} << 20;
 
+// Elements [begin, end) of a tensor.
+struct ElementRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+
+// Who holds what in a run of `ranks` processes (docs/distributed.md, "Who owns what"): the hash
+// chunks (kHashChunkFloats) of every tensor in parameter order, each given to the rank whose
+// equal share of all elements holds the chunk's midpoint, floor(N * (2 * before + size) /
+// (2 * total)). Returns per tensor N + 1 element offsets: rank r holds the moments and gradient
+// of elements [bounds[r], bounds[r + 1]) and updates them.
+std::vector<std::vector<int64_t>> OwnershipBounds(const std::vector<ParamSpec>& specs, int ranks);
+
 // The whole training state of a run and the step function: the parameters, both AdamW moments
 // and the gradients of the last step, in a StateStore.
 class Trainer {
  public:
   // descriptor: the canonical run descriptor (RunDescriptor()). With `comm` of N > 1 ranks
   // (src/train/comm.h) every rank constructs a Trainer and calls the same methods in the same
-  // order: each computes its microbatch groups and owns whole tensors' moments, gradients and
-  // updates (docs/distributed.md); the bits are those of one process. N must divide
+  // order: each computes its microbatch groups and owns a range of each tensor's moments,
+  // gradients and update (docs/distributed.md); the bits are those of one process. N must divide
   // train.grad_groups. Without `comm`: one process.
   Trainer(const RunConfig& config, const data::Dataset& dataset, std::string descriptor,
           const Storage& storage = {}, Comm* comm = nullptr);
@@ -77,7 +91,7 @@ class Trainer {
   // Makes step state().step + 1 and hashes the result.
   StepReport Step();
   // Writes the current state as run_dir/checkpoints/step_N (WriteCheckpointStreamed). In a
-  // distributed run rank 0 writes, asking each tensor's owner for its pieces, while every other
+  // distributed run rank 0 writes, asking each range's owner for its pieces, while every other
   // rank calls it too and answers (it returns an empty path there).
   std::filesystem::path WriteCheckpoint(const std::filesystem::path& run_dir);
   // Copies elements [begin, begin + out.size()) of array `array` of tensor i (a PieceSource).
@@ -101,10 +115,10 @@ class Trainer {
   void set_observer(OpObserver* observer);
 
  private:
-  // Digests every array of every tensor this rank owns (and, when `update`, applies the step's
-  // clip and AdamW update piece by piece first); shares the digests and the updated parameters
-  // with the other ranks, checking each received tensor against its owner's digest; then hashes
-  // the state.
+  // Digests the chunks of every array this rank holds (and, when `update`, applies the step's
+  // clip and AdamW update piece by piece first); shares the chunk digests and the updated
+  // parameters with the other ranks, checking each received chunk against its owner's digest;
+  // then hashes the state.
   void UpdateAndHash(bool update, const rk::AdamWParams& adam_template, float clip_factor);
   // Microbatch group g (its microbatches' windows from `cursor`) forward and backward into
   // `access`; returns each microbatch's (loss, zloss) sums and appends its tokens to `tokens`.
@@ -113,18 +127,24 @@ class Trainer {
   // Adds the gradients of round j's groups (in the group buffer of each rank) into the owners'
   // gradients, in group order.
   void FoldRound(int64_t round);
-  // The per-tensor records each owner made, given to every rank (`bytes` per tensor).
-  std::vector<std::byte> ShareOwned(const std::vector<std::byte>& mine, size_t bytes);
-  // Sends each updated tensor from its owner to every rank and checks each copy received
-  // against the owner's parameter digest.
-  void ShareParameters(const std::vector<TensorDigest>& digests);
-  bool owns(size_t i) const { return owner_[i] == rank_; }
+  // Per tensor, per array: the digests of its hash chunks, in order.
+  using ChunkTable = std::vector<std::array<std::vector<Digest>, kStateArrayCount>>;
+  // Sends each owner's updated parameter range to every rank and checks each copy received
+  // against the owner's chunk digests.
+  void ShareParameters(const ChunkTable& chunks);
+  // The elements of tensor i whose moments and gradient rank r holds, and the whole tensor.
+  ElementRange Held(size_t i, int r) const {
+    return {bounds_[i][static_cast<size_t>(r)], bounds_[i][static_cast<size_t>(r) + 1]};
+  }
+  ElementRange Whole(size_t i) const { return {0, specs_[i].numel()}; }
 
   RunConfig config_;
   std::unique_ptr<Comm> solo_;  // when no Comm was given
   Comm* comm_;
   int rank_ = 0, ranks_ = 1;
-  std::vector<int> owner_;  // per tensor: the rank that holds its moments and gradient
+  // Per tensor, N + 1 element offsets: rank r holds the moments and gradient of elements
+  // [bounds_[i][r], bounds_[i][r + 1]) and updates them (docs/distributed.md).
+  std::vector<std::vector<int64_t>> bounds_;
   std::unique_ptr<ParamStore> group_;  // a microbatch group's gradients (N > 1 or K > 1)
   data::TokenStream stream_;
   Model model_;

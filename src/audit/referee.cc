@@ -2,6 +2,7 @@
 // parties agree on, with the reference kernels at one thread; its time and memory are one op's.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -176,13 +177,20 @@ OpData Recompute(const TraceRecord& r, const OpData& in) {
   } else if (op == "row_sum") {
     o["sum"] = zeros(I(r, "rows"));
     rk::RowSum(in.F("x"), o["sum"], I(r, "rows"), I(r, "cols"));
-  } else if (op == "sum_squares") {
-    out.f64["sum"] = {rk::AddTensorSquares(r.Arg("start"), in.F("x"))};
+  } else if (op == "block_squares") {
+    out.f64["sums"] = rk::BlockSquares(in.F("x"));
   } else if (op == "canonicalize_nans") {
     o["x"] = in.F("x");
     rk::CanonicalizeNaNs(o["x"]);
   } else if (op == "global_norm") {
-    o["norm"] = {rk::NormOfTensorSums(in.D("sums"))};
+    std::vector<int64_t> blocks;
+    for (const double count : in.D("blocks")) {
+      if (!(count >= 0 && count <= 9007199254740992.0) || count != std::floor(count)) {
+        Fail("referee: record {}: block count {} is not a non-negative integer", r.index, count);
+      }
+      blocks.push_back(static_cast<int64_t>(count));
+    }
+    o["norm"] = {rk::NormOfBlockSums(in.D("sums"), blocks)};
   } else if (op == "scale") {
     o["x"] = in.F("x");
     rk::Scale(o["x"], Fl(r, "factor"));

@@ -16,7 +16,7 @@ constexpr int64_t kScaleBlock = 65536;
 
 // Blocks are the contract's split points, so they may run on any thread in any order; only
 // their sums are added in a fixed order afterwards.
-double AddTensorSquares(double running, std::span<const float> piece) {
+std::vector<double> BlockSquares(std::span<const float> piece) {
   const auto n = static_cast<int64_t>(piece.size());
   const int64_t blocks = (n + kNormBlock - 1) / kNormBlock;
   std::vector<double> block_sum(static_cast<size_t>(blocks));
@@ -29,7 +29,11 @@ double AddTensorSquares(double running, std::span<const float> piece) {
     }
     block_sum[static_cast<size_t>(b)] = lanes[0];
   });
-  for (const double sum : block_sum) running = running + sum;
+  return block_sum;
+}
+
+double AddTensorSquares(double running, std::span<const float> piece) {
+  for (const double sum : BlockSquares(piece)) running = running + sum;
   return running;
 }
 
@@ -39,6 +43,24 @@ float NormOfTensorSums(std::span<const double> tensor_sums) {
   // IEEE 754 square root is correctly rounded, so std::sqrt on a double is the same on every
   // conforming machine (unlike exp/log); the one rounding to fp32 follows.
   return dmath::Canonical(static_cast<float>(std::sqrt(total)));
+}
+
+float NormOfBlockSums(std::span<const double> block_sums, std::span<const int64_t> blocks) {
+  std::vector<double> tensor_sums;
+  size_t at = 0;
+  for (const int64_t count : blocks) {
+    if (count < 0 || static_cast<size_t>(count) > block_sums.size() - at) {
+      Fail("NormOfBlockSums: tensor {} has {} blocks, but only {} block sums are left", 
+           tensor_sums.size(), count, block_sums.size() - at);
+    }
+    double sum = 0.0;
+    for (int64_t b = 0; b < count; ++b) sum = sum + block_sums[at++];
+    tensor_sums.push_back(sum);
+  }
+  if (at != block_sums.size()) {
+    Fail("NormOfBlockSums: {} block sums for {} blocks", block_sums.size(), at);
+  }
+  return NormOfTensorSums(tensor_sums);
 }
 
 float GlobalNorm(std::span<const std::span<const float>> tensors) {

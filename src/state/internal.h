@@ -53,8 +53,6 @@ inline constexpr std::array<std::span<const float> TensorState::*, kStateArrayCo
     kStateArrays = {&TensorState::param, &TensorState::m, &TensorState::v, &TensorState::grad};
 inline constexpr std::array<Digest TensorDigest::*, kStateArrayCount> kDigestArrays = {
     &TensorDigest::param, &TensorDigest::m, &TensorDigest::v, &TensorDigest::grad};
-inline constexpr std::array<std::string_view, kStateArrayCount> kStateArrayNames = {
-    "param", "m", "v", "grad"};
 
 // Fails naming the tensor when its name is empty or an array's size does not match its shape.
 void CheckTensorState(const TensorState& tensor);

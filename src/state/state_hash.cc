@@ -16,7 +16,7 @@ namespace {
 // Version tag of the layout: any change to what is hashed or how bumps it.
 constexpr std::string_view kStateHashTag{"lockstep/state-hash/v2\0", 23};
 
-using state_internal::kDigestArrays, state_internal::kStateArrayNames;
+using state_internal::kDigestArrays;
 using state_internal::kStateArrays;
 
 Digest DigestOf(std::string_view text) { return Blake2b().Update(text).Final(); }

@@ -31,31 +31,34 @@ void StateStore::CloseGrad(size_t i) { Close(StateArray::kGrad, i, /*store=*/tru
 
 namespace {
 
-// The specs with every tensor not in `owned` made empty: a rank's moments and gradients.
-std::vector<ParamSpec> OwnedOnly(std::vector<ParamSpec> specs, const std::vector<bool>& owned) {
-  for (size_t i = 0; i < specs.size(); ++i) {
-    if (!owned[i]) specs[i].shape = {0};
-  }
+// The specs with each tensor cut to its held range: a rank's moments and gradients.
+std::vector<ParamSpec> HeldOnly(std::vector<ParamSpec> specs,
+                                const std::vector<ElementRange>& held) {
+  for (size_t i = 0; i < specs.size(); ++i) specs[i].shape = {held[i].size()};
   return specs;
 }
 
 class MemoryStore final : public StateStore {
  public:
-  MemoryStore(std::vector<ParamSpec> specs, std::vector<bool> owned)
+  MemoryStore(std::vector<ParamSpec> specs, std::vector<ElementRange> held)
       : StateStore(specs),
-        owned_(std::move(owned)),
-        arrays_{ParamStore(specs), ParamStore(OwnedOnly(specs, owned_)),
-                ParamStore(OwnedOnly(specs, owned_)), ParamStore(OwnedOnly(specs, owned_))} {}
+        held_(std::move(held)),
+        arrays_{ParamStore(specs), ParamStore(HeldOnly(specs, held_)),
+                ParamStore(HeldOnly(specs, held_)), ParamStore(HeldOnly(specs, held_))} {}
 
   int64_t PieceFloats() const override { return std::numeric_limits<int64_t>::max(); }
 
   Piece Acquire(StateArray array, size_t tensor, int64_t begin, int64_t count, bool) override {
-    const std::span<float> all = Array(array).Tensor(tensor);
-    if (begin < 0 || count < 0 || begin + count > static_cast<int64_t>(all.size())) {
-      Fail("MemoryStore: piece [{}, {}) outside tensor '{}' ({} elements)", begin, begin + count,
-           specs_[tensor].name, all.size());
+    const ElementRange held = Held(array, tensor);
+    if (count < 0 || begin < held.begin || begin > held.end || count > held.end - begin) {
+      Fail("MemoryStore: piece [{}, {}) of {} of tensor '{}' is outside the elements held here, "
+           "[{}, {})",
+           begin, begin + count, kStateArrayNames[static_cast<size_t>(array)], specs_[tensor].name,
+           held.begin, held.end);
     }
-    return {array, tensor, begin, all.subspan(static_cast<size_t>(begin), static_cast<size_t>(count))};
+    return {array, tensor, begin,
+            Array(array).Tensor(tensor).subspan(static_cast<size_t>(begin - held.begin),
+                                                static_cast<size_t>(count))};
   }
 
   void Release(const Piece&, bool) override {}
@@ -70,8 +73,14 @@ class MemoryStore final : public StateStore {
     return StreamCheckpoint(
         checkpoint, kCheckpointPieceFloats,
         [&](size_t i, StateArray a, int64_t begin, std::span<const float> piece) {
-          if (a == StateArray::kParam || owned_[i]) {
-            std::ranges::copy(piece, Array(a).Tensor(i).begin() + begin);
+          // The part of the piece held here.
+          const ElementRange held = Held(a, i);
+          const int64_t from = std::max(begin, held.begin);
+          const int64_t to = std::min(begin + static_cast<int64_t>(piece.size()), held.end);
+          if (from < to) {
+            std::ranges::copy(piece.subspan(static_cast<size_t>(from - begin),
+                                            static_cast<size_t>(to - from)),
+                              Array(a).Tensor(i).begin() + (from - held.begin));
           }
           loaded(piece.size_bytes());
         },
@@ -80,17 +89,25 @@ class MemoryStore final : public StateStore {
 
  private:
   ParamStore& Array(StateArray a) { return arrays_[static_cast<size_t>(a)]; }
+  ElementRange Held(StateArray a, size_t i) const {
+    return a == StateArray::kParam ? ElementRange{0, specs_[i].numel()} : held_[i];
+  }
 
-  std::vector<bool> owned_;  // tensors whose moments and gradient this store holds
+  std::vector<ElementRange> held_;  // per tensor: the elements of the moments and gradient held
   std::array<ParamStore, kStateArrayCount> arrays_;
 };
 
 }  // namespace
 
 std::unique_ptr<StateStore> MakeMemoryStore(std::vector<ParamSpec> specs,
-                                            std::vector<bool> owned) {
-  if (owned.empty()) owned.assign(specs.size(), true);
-  return std::make_unique<MemoryStore>(std::move(specs), std::move(owned));
+                                            std::vector<ElementRange> held) {
+  if (held.empty()) {
+    for (const ParamSpec& spec : specs) held.push_back({0, spec.numel()});
+  }
+  if (held.size() != specs.size()) {
+    Fail("MakeMemoryStore: {} held ranges for {} tensors", held.size(), specs.size());
+  }
+  return std::make_unique<MemoryStore>(std::move(specs), std::move(held));
 }
 
 }  // namespace lockstep::train

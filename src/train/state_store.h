@@ -68,11 +68,12 @@ class StateStore : public TensorAccess {
   std::map<std::pair<StateArray, size_t>, Piece> open_;  // whole tensors open for the Model
 };
 
-// Four ParamStores in RAM; pieces are views into them (no copies). With `owned` (one flag per
-// tensor; empty: all), the moments and gradients of the other tensors are not held at all (a
-// rank of a distributed run: ZeRO-1), and asking for them fails.
+// Four ParamStores in RAM; pieces are views into them (no copies). With `held` (one range per
+// tensor; empty: every tensor whole), the moments and gradients of the other elements are not
+// held at all (a rank of a distributed run: ZeRO-1), and asking for them fails; the parameters
+// are always held whole.
 std::unique_ptr<StateStore> MakeMemoryStore(std::vector<ParamSpec> specs,
-                                            std::vector<bool> owned = {});
+                                            std::vector<ElementRange> held = {});
 // Files under `dir` (created if needed), unlinked as soon as they are open: they vanish with the
 // store, or with the process however it ends.
 std::unique_ptr<StateStore> MakeSpillStore(std::vector<ParamSpec> specs,

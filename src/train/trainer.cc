@@ -5,6 +5,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <numeric>
 #include <optional>
 #include <limits>
 #include <cstdlib>
@@ -49,23 +50,34 @@ std::string RunDescriptor(const RunConfig& config, const data::Dataset& dataset)
   return descriptor.dump();  // nlohmann::json keeps keys sorted; no indent: compact
 }
 
-namespace {
-
-// Whole tensors to ranks: contiguous runs in parameter order, balanced by element count (each
-// tensor goes to the rank whose share holds its midpoint). Any assignment gives the same bits;
-// this one is fixed so that every rank computes the same.
-std::vector<int> AssignOwners(const std::vector<ParamSpec>& specs, int ranks) {
-  long double total = 0;
-  for (const ParamSpec& spec : specs) total += static_cast<long double>(spec.numel());
-  std::vector<int> owner;
-  long double before = 0;
+// Owners are non-decreasing in chunk order, so each rank's chunks of a tensor are one range.
+std::vector<std::vector<int64_t>> OwnershipBounds(const std::vector<ParamSpec>& specs, int ranks) {
+  using Wide = unsigned __int128;  // N * 2 * total: no overflow for any int64 element count
+  Wide total = 0;
+  for (const ParamSpec& spec : specs) total += static_cast<Wide>(spec.numel());
+  std::vector<std::vector<int64_t>> bounds;
+  Wide before = 0;
   for (const ParamSpec& spec : specs) {
-    const long double mid = before + static_cast<long double>(spec.numel()) / 2;
-    owner.push_back(std::min(ranks - 1, static_cast<int>(mid * ranks / std::max(total, 1.0L))));
-    before += static_cast<long double>(spec.numel());
+    const int64_t n = spec.numel();
+    std::vector<int64_t> b(static_cast<size_t>(ranks) + 1, n);
+    b[0] = 0;
+    for (int64_t begin = 0; begin < n; begin += kHashChunkFloats) {
+      const Wide size = static_cast<Wide>(std::min(kHashChunkFloats, n - begin));
+      const Wide mid2 = 2 * (before + static_cast<Wide>(begin)) + size;
+      const auto owner = static_cast<int>(
+          std::min<Wide>(static_cast<Wide>(ranks - 1), mid2 * static_cast<Wide>(ranks) / (2 * total)));
+      // The first chunk owned by a rank >= r starts rank r's range (and ends those before it).
+      for (int r = 1; r <= owner; ++r) {
+        if (b[static_cast<size_t>(r)] == n) b[static_cast<size_t>(r)] = begin;
+      }
+    }
+    before += static_cast<Wide>(n);
+    bounds.push_back(std::move(b));
   }
-  return owner;
+  return bounds;
 }
+
+namespace {
 
 // The test-only faults, each two non-negative integers A:B in an environment variable
 // (docs/disputes.md, "Faults to test with"; docs/distributed.md): LOCKSTEP_TEST_FAULT_OP=STEP:INDEX
@@ -143,7 +155,7 @@ Trainer::Trainer(const RunConfig& config, const data::Dataset& dataset, std::str
          "must divide evenly among the processes; world sizes that work: {} (docs/distributed.md)",
          ranks_, config.name, groups, ServableSizes(groups));
   }
-  owner_ = AssignOwners(specs_, ranks_);
+  bounds_ = OwnershipBounds(specs_, ranks_);
   if (storage.spill_dir) {
     if (ranks_ > 1 || groups > 1) {
       Fail("--spill-dir: a state on disk is single-process with train.grad_groups = 1 for now "
@@ -152,9 +164,9 @@ Trainer::Trainer(const RunConfig& config, const data::Dataset& dataset, std::str
     }
     store_ = MakeSpillStore(specs_, *storage.spill_dir);
   } else {
-    std::vector<bool> owned;
-    for (const int o : owner_) owned.push_back(o == rank_);
-    store_ = MakeMemoryStore(specs_, owned);
+    std::vector<ElementRange> held;
+    for (size_t i = 0; i < specs_.size(); ++i) held.push_back(Held(i, rank_));
+    store_ = MakeMemoryStore(specs_, held);
   }
   if (GroupBufferBytes(config, ranks_) > 0) group_ = std::make_unique<ParamStore>(specs_);
   token_fault_ = FaultFromEnvironment("LOCKSTEP_TEST_FAULT_TOKEN");
@@ -192,15 +204,29 @@ uint64_t Trainer::SpillBytes() const { return store_->SpillBytes(); }
 
 namespace {
 
-// Pieces of a tensor: [begin, begin + count) with begin a multiple of the store's piece length.
+// Pieces of a tensor's range: [begin, begin + count), at most the store's piece length each (a
+// spilled store's ranges are whole tensors, so its pieces start at multiples of it).
 template <typename Body>
-void ForEachPiece(const StateStore& store, const ParamSpec& spec, Body&& body) {
-  const int64_t n = spec.numel(), piece = store.PieceFloats();
-  for (int64_t begin = 0; begin < n;) {
-    const int64_t count = std::min(piece, n - begin);  // piece may be INT64_MAX (in RAM)
+void ForEachPiece(const StateStore& store, ElementRange range, Body&& body) {
+  const int64_t piece = store.PieceFloats();
+  for (int64_t begin = range.begin; begin < range.end;) {
+    const int64_t count = std::min(piece, range.end - begin);  // piece may be INT64_MAX (in RAM)
     body(begin, count);
     begin += count;
   }
+}
+
+// Gradients and parameters travel between ranks in pieces of this many floats (16 MiB, whole
+// hash chunks): an owner gathering a piece holds N of them at once.
+constexpr int64_t kExchangePieceFloats = int64_t{1} << 22;
+static_assert(kExchangePieceFloats % kHashChunkFloats == 0);
+
+// Every rank's `mine` concatenated in rank order (`total` elements in all), on every rank.
+template <typename T>
+std::vector<T> AllgatherInRankOrder(Comm& comm, const std::vector<T>& mine, size_t total) {
+  std::vector<T> all(total);
+  comm.Allgather(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)));
+  return all;
 }
 
 }  // namespace
@@ -218,14 +244,6 @@ std::span<std::byte> Bytes(std::span<float> f) { return std::as_writable_bytes(f
 
 }  // namespace
 
-std::vector<std::byte> Trainer::ShareOwned(const std::vector<std::byte>& mine, size_t bytes) {
-  // Owners are contiguous runs of tensors in rank order, so the ranks' records concatenated in
-  // rank order are in tensor order.
-  std::vector<std::byte> all(specs_.size() * bytes);
-  comm_->Allgather(mine, all);
-  return all;
-}
-
 uint64_t GroupBufferBytes(const RunConfig& config, int processes) {
   const bool needed = config.train.grad_groups > 1 || processes > 1;
   return needed ? StateBytes(config.model) / kStateArrayCount : 0;
@@ -236,12 +254,11 @@ void Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_template, f
   ProgressLine progress(update ? "update and hash" : "hash", StateBytes(config_.model),
                         progress_ && store_->SpillBytes() > 0);
   comm_->set_phase(fmt::format("step {}: update and hash", state_.step));
-  constexpr size_t kRecord = kStateArrayCount * sizeof(Digest);
-  std::vector<std::byte> mine;
+  // The chunk digests of what this rank holds: per tensor, per array, its chunks in order.
+  std::vector<Digest> mine;
   for (size_t i = 0; i < specs_.size(); ++i) {
-    if (!owns(i)) continue;
-    std::array<ArrayHasher, kStateArrayCount> hashers;
-    ForEachPiece(*store_, specs_[i], [&](int64_t begin, int64_t count) {
+    std::array<std::vector<Digest>, kStateArrayCount> chunks;
+    ForEachPiece(*store_, Held(i, rank_), [&](int64_t begin, int64_t count) {
       std::array<Piece, kStateArrayCount> p;
       for (int a = 0; a < kStateArrayCount; ++a) {
         p[a] = store_->Acquire(static_cast<StateArray>(a), i, begin, count, /*load=*/true);
@@ -264,73 +281,99 @@ void Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_template, f
                    {{"param", param}, {"m", m}, {"v", v}},
                    [&] { rk::AdamWUpdate(adam, param, grad, m, v); });
       }
-      // The four arrays' digests are independent streams.
+      // The four arrays' chunks are independent (ChunkDigests runs inline in a task).
+      std::array<std::vector<Digest>, kStateArrayCount> piece_chunks;
       ParallelFor(kStateArrayCount, [&](int64_t a) {
-        hashers[static_cast<size_t>(a)].Update(std::span<const float>(p[a].data));
+        piece_chunks[static_cast<size_t>(a)] = ChunkDigests(p[static_cast<size_t>(a)].data);
       });
+      for (int a = 0; a < kStateArrayCount; ++a) {
+        chunks[a].insert(chunks[a].end(), piece_chunks[a].begin(), piece_chunks[a].end());
+      }
       // An unscaled gradient is unchanged: only what the update wrote is stored back.
       for (const Piece& piece : p) {
         store_->Release(piece, update && (piece.array != StateArray::kGrad || clip_factor != 1.0f));
       }
       progress.Add(static_cast<uint64_t>(count) * sizeof(float) * kStateArrayCount);
     });
-    for (ArrayHasher& h : hashers) {
-      const Digest d = h.Final();
-      const auto* bytes = reinterpret_cast<const std::byte*>(d.data());
-      mine.insert(mine.end(), bytes, bytes + d.size());
+    for (const std::vector<Digest>& c : chunks) mine.insert(mine.end(), c.begin(), c.end());
+  }
+  // Every rank's chunk digests, in rank order: each tensor's chunks are those of ranks 0, 1, ...
+  size_t total = 0;
+  for (const ParamSpec& spec : specs_) total += kStateArrayCount * ChunkCount(spec.numel());
+  const std::vector<Digest> all = AllgatherInRankOrder(*comm_, mine, total);
+  ChunkTable chunks(specs_.size());
+  size_t at = 0;
+  for (int r = 0; r < ranks_; ++r) {
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      const ElementRange held = Held(i, r);
+      const auto count = static_cast<size_t>(
+          held.size() == 0 ? 0 : ChunkCount(held.end) - held.begin / kHashChunkFloats);
+      for (auto& array : chunks[i]) {
+        array.insert(array.end(), all.begin() + static_cast<std::ptrdiff_t>(at),
+                     all.begin() + static_cast<std::ptrdiff_t>(at + count));
+        at += count;
+      }
     }
   }
-  const std::vector<std::byte> records = ShareOwned(mine, kRecord);
   std::vector<TensorDigest> digests;
   for (size_t i = 0; i < specs_.size(); ++i) {
     TensorDigest t{specs_[i].name, specs_[i].shape};
     Digest* fields[kStateArrayCount] = {&t.param, &t.m, &t.v, &t.grad};
     for (int a = 0; a < kStateArrayCount; ++a) {
-      std::memcpy(fields[a]->data(), records.data() + i * kRecord + a * sizeof(Digest),
-                  sizeof(Digest));
+      *fields[a] = ArrayDigestFromChunks(static_cast<uint64_t>(specs_[i].numel()), chunks[i][a]);
     }
     digests.push_back(std::move(t));
   }
-  if (update && ranks_ > 1) ShareParameters(digests);
+  if (update && ranks_ > 1) ShareParameters(chunks);
   hash_ = StateHashFromDigests(state_, digests);
 }
 
-void Trainer::ShareParameters(const std::vector<TensorDigest>& digests) {
-  // Each owner's updated tensors go to every rank; a replica that does not hash to its owner's
-  // digest (a faulty node, a corrupted transfer) stops the run on every rank, before the step
-  // is committed or trained on.
+void Trainer::ShareParameters(const ChunkTable& chunks) {
+  // Each owner's updated range goes to every rank; a replica whose chunks do not hash to the
+  // owner's chunk digests (a faulty node, a corrupted transfer) stops the run on every rank,
+  // before the step is committed or trained on.
   bool corrupt = replica_fault_ && replica_fault_->first == static_cast<uint64_t>(rank_) &&
                  replica_fault_->second == static_cast<int64_t>(state_.step);
-  int64_t diverged = -1;  // the first tensor whose copy here differs from its owner's
+  // The first chunk whose copy here differs from its owner's: tensor, owner, first element.
+  std::array<int64_t, 3> diverged{-1, -1, -1};
+  const auto& param_chunks = [&](size_t i) { return chunks[i][int(StateArray::kParam)]; };
   for (size_t i = 0; i < specs_.size(); ++i) {
-    ArrayHasher received;
-    ForEachPiece(*store_, specs_[i], [&](int64_t begin, int64_t count) {
-      const Piece p = store_->Acquire(StateArray::kParam, i, begin, count, /*load=*/owns(i));
-      comm_->Broadcast(Bytes(p.data), owner_[i]);
-      if (!owns(i)) {
-        if (corrupt) {
-          p.data[0] = std::nextafter(p.data[0], INFINITY);
-          corrupt = false;
+    for (int r = 0; r < ranks_; ++r) {
+      const ElementRange held = Held(i, r);
+      for (int64_t begin = held.begin; begin < held.end; begin += kExchangePieceFloats) {
+        const int64_t count = std::min(kExchangePieceFloats, held.end - begin);
+        const Piece p = store_->Acquire(StateArray::kParam, i, begin, count, /*load=*/r == rank_);
+        comm_->Broadcast(Bytes(p.data), r);
+        if (r != rank_) {
+          if (corrupt) {
+            p.data[0] = std::nextafter(p.data[0], INFINITY);
+            corrupt = false;
+          }
+          const std::vector<Digest> received = ChunkDigests(p.data);
+          const size_t first = static_cast<size_t>(begin / kHashChunkFloats);
+          for (size_t c = 0; c < received.size() && diverged[0] < 0; ++c) {
+            if (received[c] != param_chunks(i)[first + c]) {
+              diverged = {static_cast<int64_t>(i), r,
+                          static_cast<int64_t>(first + c) * kHashChunkFloats};
+            }
+          }
         }
-        received.Update(std::span<const float>(p.data));
+        store_->Release(p, /*store=*/r != rank_);
       }
-      store_->Release(p, /*store=*/!owns(i));
-    });
-    if (!owns(i) && diverged < 0 && received.Final() != digests[i].param) {
-      diverged = static_cast<int64_t>(i);
     }
   }
-  std::vector<int64_t> verdicts(static_cast<size_t>(ranks_));
-  comm_->Allgather(std::as_bytes(std::span(&diverged, 1)),
-                   std::as_writable_bytes(std::span(verdicts)));
+  const std::vector<int64_t> verdicts = AllgatherInRankOrder(
+      *comm_, std::vector<int64_t>(diverged.begin(), diverged.end()), 3 * static_cast<size_t>(ranks_));
   for (int r = 0; r < ranks_; ++r) {
-    const int64_t t = verdicts[static_cast<size_t>(r)];
-    if (t < 0) continue;
-    const auto i = static_cast<size_t>(t);
-    Fail("step {}: rank {}'s copy of parameter tensor '{}' does not hash to the {} its owner, "
-         "rank {}, updated it to: the replicas diverged (a faulty node or transfer); the run "
-         "stops before committing the step",
-         state_.step, r, specs_[i].name, ToHex(digests[i].param), owner_[i]);
+    const int64_t* v = &verdicts[3 * static_cast<size_t>(r)];
+    if (v[0] < 0) continue;
+    const auto i = static_cast<size_t>(v[0]);
+    const int64_t end = std::min(v[2] + kHashChunkFloats, specs_[i].numel());
+    Fail("step {}: rank {}'s copy of elements [{}, {}) of parameter tensor '{}' does not hash to "
+         "the {} its owner, rank {}, updated them to: the replicas diverged (a faulty node or "
+         "transfer); the run stops before committing the step",
+         state_.step, r, v[2], end, specs_[i].name,
+         ToHex(param_chunks(i)[static_cast<size_t>(v[2] / kHashChunkFloats)]), v[1]);
   }
 }
 
@@ -344,7 +387,7 @@ void Trainer::Initialize() {
   {
     ProgressLine progress("initialise", StateBytes(config_.model) / kStateArrayCount, progress_);
     for (size_t i = 0; i < specs_.size(); ++i) {
-      ForEachPiece(*store_, specs_[i], [&](int64_t begin, int64_t count) {
+      ForEachPiece(*store_, Whole(i), [&](int64_t begin, int64_t count) {
         const Piece p = store_->Acquire(StateArray::kParam, i, begin, count, /*load=*/false);
         InitTensorRange(config_.model, config_.train.seed, specs_[i], first_draws[i], begin,
                         p.data);
@@ -430,21 +473,33 @@ fs::path Trainer::WriteCheckpoint(const fs::path& run_dir) {
 }
 
 void Trainer::ReadPiece(size_t i, StateArray array, int64_t begin, std::span<float> out) {
-  if (array != StateArray::kParam && !owns(i)) {
-    if (rank_ != 0) Fail("rank {}: tensor {} is owned by rank {}", rank_, i, owner_.at(i));
-    const PieceRequest request{static_cast<int64_t>(i), static_cast<int64_t>(array), begin,
-                               static_cast<int64_t>(out.size())};
-    comm_->Send(std::as_bytes(std::span(request)), owner_[i]);
-    comm_->Receive(Bytes(out), owner_[i]);
-    return;
-  }
-  // In the store's pieces, so that a whole array copied out costs no second copy of it.
-  const int64_t piece = store_->PieceFloats(), end = begin + static_cast<int64_t>(out.size());
-  for (int64_t at = begin; at < end;) {
-    const Piece p = store_->Acquire(array, i, at, std::min(piece, end - at), /*load=*/true);
-    std::ranges::copy(p.data, out.begin() + (at - begin));
-    store_->Release(p, /*store=*/false);
-    at += static_cast<int64_t>(p.data.size());
+  const int64_t end = begin + static_cast<int64_t>(out.size());
+  for (int r = 0; r < ranks_; ++r) {
+    // Every rank holds the parameters whole; the other arrays in its range.
+    const ElementRange held =
+        array == StateArray::kParam ? (r == rank_ ? Whole(i) : ElementRange{}) : Held(i, r);
+    const int64_t from = std::max(begin, held.begin), to = std::min(end, held.end);
+    if (from >= to) continue;
+    const std::span<float> part =
+        out.subspan(static_cast<size_t>(from - begin), static_cast<size_t>(to - from));
+    if (r != rank_) {
+      if (rank_ != 0) {
+        Fail("rank {}: elements [{}, {}) of tensor {} are held by rank {}", rank_, from, to, i, r);
+      }
+      const PieceRequest request{static_cast<int64_t>(i), static_cast<int64_t>(array), from,
+                                 to - from};
+      comm_->Send(std::as_bytes(std::span(request)), r);
+      comm_->Receive(Bytes(part), r);
+      continue;
+    }
+    // In the store's pieces, so that a whole array copied out costs no second copy of it.
+    const int64_t piece = store_->PieceFloats();
+    for (int64_t at = from; at < to;) {
+      const Piece p = store_->Acquire(array, i, at, std::min(piece, to - at), /*load=*/true);
+      std::ranges::copy(p.data, part.begin() + (at - from));
+      store_->Release(p, /*store=*/false);
+      at += static_cast<int64_t>(p.data.size());
+    }
   }
 }
 
@@ -466,9 +521,6 @@ class GroupAccess final : public TensorAccess {
   ParamStore& grads_;
 };
 
-// Group gradients travel to their owners in pieces of this many floats (16 MiB): an owner
-// holds N of them at once.
-constexpr int64_t kFoldPieceFloats = int64_t{1} << 22;
 
 }  // namespace
 
@@ -502,7 +554,7 @@ void Trainer::FoldRound(int64_t round) {
   if (ranks_ == 1) {
     if (round == 0) return;  // group 0 accumulated in place
     for (size_t i = 0; i < specs_.size(); ++i) {
-      ForEachPiece(*store_, specs_[i], [&](int64_t begin, int64_t count) {
+      ForEachPiece(*store_, Whole(i), [&](int64_t begin, int64_t count) {
         const Piece total = store_->Acquire(StateArray::kGrad, i, begin, count, /*load=*/true);
         const std::span<const float> part =
             group_->Tensor(i).subspan(static_cast<size_t>(begin), static_cast<size_t>(count));
@@ -517,26 +569,28 @@ void Trainer::FoldRound(int64_t round) {
   comm_->set_phase(fmt::format("step {}: gradients of round {}", state_.step + 1, round));
   std::vector<float> received;
   for (size_t i = 0; i < specs_.size(); ++i) {
-    const int64_t n = specs_[i].numel();
-    for (int64_t begin = 0; begin < n; begin += kFoldPieceFloats) {
-      const int64_t count = std::min(kFoldPieceFloats, n - begin);
-      const std::span<const float> send =
-          group_->Tensor(i).subspan(static_cast<size_t>(begin), static_cast<size_t>(count));
-      received.resize(owns(i) ? static_cast<size_t>(count * ranks_) : 0);
-      comm_->Gather(Bytes(send), Bytes(std::span(received)), owner_[i]);
-      if (!owns(i)) continue;
-      // Group round·N + r is rank r's: in rank order, the groups are added in group order.
-      const Piece total = store_->Acquire(StateArray::kGrad, i, begin, count, /*load=*/round > 0);
-      for (int r = 0; r < ranks_; ++r) {
-        const auto part = std::span<const float>(received).subspan(
-            static_cast<size_t>(r * count), static_cast<size_t>(count));
-        if (round == 0 && r == 0) {
-          std::ranges::copy(part, total.data.begin());
-        } else {
-          rk::AddInto(part, total.data);
+    for (int owner = 0; owner < ranks_; ++owner) {
+      const ElementRange held = Held(i, owner);
+      for (int64_t begin = held.begin; begin < held.end; begin += kExchangePieceFloats) {
+        const int64_t count = std::min(kExchangePieceFloats, held.end - begin);
+        const std::span<const float> send =
+            group_->Tensor(i).subspan(static_cast<size_t>(begin), static_cast<size_t>(count));
+        received.resize(owner == rank_ ? static_cast<size_t>(count * ranks_) : 0);
+        comm_->Gather(Bytes(send), Bytes(std::span(received)), owner);
+        if (owner != rank_) continue;
+        // Group round·N + r is rank r's: in rank order, the groups are added in group order.
+        const Piece total = store_->Acquire(StateArray::kGrad, i, begin, count, /*load=*/round > 0);
+        for (int r = 0; r < ranks_; ++r) {
+          const auto part = std::span<const float>(received).subspan(
+              static_cast<size_t>(r * count), static_cast<size_t>(count));
+          if (round == 0 && r == 0) {
+            std::ranges::copy(part, total.data.begin());
+          } else {
+            rk::AddInto(part, total.data);
+          }
         }
+        store_->Release(total, /*store=*/true);
       }
-      store_->Release(total, /*store=*/true);
     }
   }
 }
@@ -588,39 +642,38 @@ StepReport Trainer::Step() {
   report.loss = loss_sum * inv_tokens;
   report.zloss = zloss_sum * inv_tokens;
 
-  // 2. Global norm over every gradient in parameter order, piece by piece, each owner over its
-  //    tensors; the per-tensor sums are shared and added in parameter order. A NaN gradient
-  //    (whose bits the kernels do not fix) is made the canonical NaN here, before anything
-  //    hashes or writes it; the scan runs only in a piece whose sum is NaN.
+  // 2. Global norm over every gradient in parameter order: each rank sums the squares of the
+  //    kNormBlock blocks it holds; the block sums are shared and added in parameter order. A NaN
+  //    gradient (whose bits the kernels do not fix) is made the canonical NaN here, before
+  //    anything hashes or writes it; the scan runs only in a piece whose sums hold a NaN.
   comm_->set_phase(fmt::format("step {}: global norm", report.step));
   if (observer_ != nullptr) observer_->Context(report.step, -1);
-  std::vector<double> owned_squares;
+  std::vector<double> my_blocks;
+  std::vector<int64_t> blocks;  // per tensor
   for (size_t i = 0; i < specs_.size(); ++i) {
-    if (!owns(i)) continue;
-    double running = 0.0;
-    ForEachPiece(*store_, specs_[i], [&](int64_t begin, int64_t count) {
+    blocks.push_back((specs_[i].numel() + rk::kNormBlock - 1) / rk::kNormBlock);
+    ForEachPiece(*store_, Held(i, rank_), [&](int64_t begin, int64_t count) {
       const Piece g = store_->Acquire(StateArray::kGrad, i, begin, count, /*load=*/true);
-      const double start = running;
-      ObservedOp(observer_, "sum_squares", -1, {{"tensor", double(i)}, {"start", start}},
-                 {{"x", g.data}}, {{"sum", {}, {&running, 1}}},
-                 [&] { running = rk::AddTensorSquares(start, g.data); });
+      std::vector<double> sums(static_cast<size_t>((count + rk::kNormBlock - 1) / rk::kNormBlock));
+      ObservedOp(observer_, "block_squares", -1, {{"tensor", double(i)}, {"begin", double(begin)}},
+                 {{"x", g.data}}, {{"sums", {}, sums}},
+                 [&] { std::ranges::copy(rk::BlockSquares(g.data), sums.begin()); });
       bool replaced = false;
-      if (std::isnan(running)) {
+      if (std::ranges::any_of(sums, [](double x) { return std::isnan(x); })) {
         ObservedOp(observer_, "canonicalize_nans", -1, {{"tensor", double(i)}}, {{"x", g.data}},
                    {{"x", g.data}}, [&] { replaced = rk::CanonicalizeNaNs(g.data) > 0; });
       }
       store_->Release(g, /*store=*/replaced);
+      my_blocks.insert(my_blocks.end(), sums.begin(), sums.end());
     });
-    owned_squares.push_back(running);
   }
-  const auto* owned_bytes = reinterpret_cast<const std::byte*>(owned_squares.data());
-  const std::vector<std::byte> shared =
-      ShareOwned({owned_bytes, owned_bytes + owned_squares.size() * sizeof(double)}, sizeof(double));
-  std::vector<double> squares(specs_.size());
-  std::memcpy(squares.data(), shared.data(), shared.size());
-  ObservedOp(observer_, "global_norm", -1, {{"tensors", double(squares.size())}},
-             {{"sums", {}, {}, squares}}, {{"norm", {&report.grad_norm, 1}}},
-             [&] { report.grad_norm = rk::NormOfTensorSums(squares); });
+  const std::vector<double> block_sums = AllgatherInRankOrder(
+      *comm_, my_blocks, static_cast<size_t>(std::reduce(blocks.begin(), blocks.end())));
+  const std::vector<double> block_counts(blocks.begin(), blocks.end());
+  ObservedOp(observer_, "global_norm", -1, {{"tensors", double(blocks.size())}},
+             {{"sums", {}, {}, block_sums}, {"blocks", {}, {}, block_counts}},
+             {{"norm", {&report.grad_norm, 1}}},
+             [&] { report.grad_norm = rk::NormOfBlockSums(block_sums, blocks); });
 
   // 3. Spike protocol: a non-finite loss or norm, or a norm above the threshold, skips the
   //    update; spike_max_skips skips within spike_window steps halt the run.
