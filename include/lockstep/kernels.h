@@ -180,6 +180,9 @@ float NormOfBlockSums(std::span<const double> block_sums, std::span<const int64_
 float ClipFactor(float norm, float max_norm);
 // x[i] *= factor.
 void Scale(std::span<float> x, float factor);
+// x[i] = dmath::Erfinv(x[i]) (vector forms where the SIMD target has them: the same bits). On
+// the calling thread: the truncated-normal init calls it per block from its own tasks.
+void ErfinvInPlace(std::span<float> x);
 // Replaces every NaN in x by the canonical quiet NaN (dmath::kCanonicalNaNBits); returns how
 // many it replaced. Elementwise, so every ISA and thread count gives the same bits.
 int64_t CanonicalizeNaNs(std::span<float> x);

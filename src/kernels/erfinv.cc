@@ -25,6 +25,8 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/erfinv_impl.h"
+#include "kernels/internal.h"
 #include "lockstep/kernels.h"
 
 namespace lockstep::dmath {
@@ -84,3 +86,12 @@ float Erfinv(float x) {
 }
 
 }  // namespace lockstep::dmath
+
+namespace lockstep::rk {
+
+void ErfinvInPlace(std::span<float> x) {
+  const auto kernel = detail::UsingReference() ? &ref::ErfinvInPlace : &simd::ErfinvInPlace;
+  kernel(x.data(), static_cast<int64_t>(x.size()));
+}
+
+}  // namespace lockstep::rk

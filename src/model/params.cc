@@ -90,11 +90,12 @@ struct TruncatedNormal {
     return Philox4x32({static_cast<uint32_t>(c), static_cast<uint32_t>(c >> 32), 0, 0}, key);
   }
 
-  float FromWord(uint32_t word) const {
+  // The erfinv argument of a draw; the parameter is scale * Erfinv(ErfinvArgument(word)).
+  float ErfinvArgument(uint32_t word) const {
     const int32_t k = static_cast<int32_t>(word >> 8);  // 24 uniform bits
     // 2k + 1 - 2^24 is an odd integer of magnitude < 2^24: exact in binary32, as is the scaling.
     const float t = static_cast<float>(2 * k + 1 - (1 << 24)) * 0x1.0p-24f;  // in (-1, 1)
-    return scale * dmath::Erfinv(t * bound);
+    return t * bound;
   }
 };
 
@@ -123,8 +124,12 @@ void InitTensorRange(const ModelConfig& config, uint64_t seed, const ParamSpec& 
     for (int64_t e = b0; e < b1; ++e) {
       const uint64_t g = static_cast<uint64_t>(first_draw + begin + e);
       if (g / 4 != counter) words = dist.Words(counter = g / 4);
-      out[static_cast<size_t>(e)] = dist.FromWord(words[g % 4]);
+      out[static_cast<size_t>(e)] = dist.ErfinvArgument(words[g % 4]);
     }
+    const std::span<float> drawn =
+        out.subspan(static_cast<size_t>(b0), static_cast<size_t>(b1 - b0));
+    rk::ErfinvInPlace(drawn);
+    for (float& x : drawn) x = dist.scale * x;
   });
 }
 

@@ -467,3 +467,55 @@ TEST(DmathSpecialValues, ErfinvIsOdd) {
 
 }  // namespace
 }  // namespace lockstep::dmath
+
+namespace lockstep {
+namespace {
+
+// rk::ErfinvInPlace (the init's vector erfinv) gives dmath::Erfinv's bits on every usable ISA,
+// for the init's arguments (t * erf(sqrt 2), t uniform in (-1, 1)), arguments near +-1 and 0,
+// random bit patterns (every binade, subnormals, infinities, NaNs) and the special values, at
+// every offset of a vector (lengths that are not multiples of the width take the tail path).
+TEST(DmathVectorErfinv, BitIdenticalToScalarOnEveryIsa) {
+  std::vector<float> x;
+  const float bound = dmath::Erf(0x1.6a09e6p+0f);
+  for (int32_t k = 0; k < (1 << 24); k += 97) {
+    x.push_back(static_cast<float>(2 * k + 1 - (1 << 24)) * 0x1.0p-24f * bound);
+  }
+  for (float v = 1.0f; v > 0.999f; v = std::nextafter(v, 0.0f)) {
+    x.push_back(v);
+    x.push_back(-v);
+  }
+  for (float v = std::numeric_limits<float>::denorm_min(); v < 1e-3f; v *= 1.7f) x.push_back(v);
+  uint32_t state = 12345;
+  for (int i = 0; i < 100000; ++i) {
+    state = state * 1664525u + 1013904223u;
+    x.push_back(std::bit_cast<float>(state));
+  }
+  for (float v : {0.0f, -0.0f, 1.0f, -1.0f, std::numeric_limits<float>::infinity(),
+                  -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                  -std::numeric_limits<float>::quiet_NaN(), std::nextafter(1.0f, 2.0f)}) {
+    x.push_back(v);
+  }
+  std::vector<uint32_t> want;
+  for (float v : x) want.push_back(std::bit_cast<uint32_t>(dmath::Erfinv(v)));
+  const rk::Isa saved = rk::ActiveIsa();
+  for (const rk::Isa& isa : rk::UsableIsas()) {
+    rk::SetIsa(isa);
+    for (size_t offset : {size_t{0}, size_t{3}}) {
+      std::vector<float> got(x.begin() + offset, x.end());
+      rk::ErfinvInPlace(got);
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (std::bit_cast<uint32_t>(got[i]) != want[i + offset]) {
+          ADD_FAILURE() << isa.name << ": Erfinv(" << std::hexfloat << x[i + offset] << ") = "
+                        << got[i] << ", the scalar function gives "
+                        << std::bit_cast<float>(want[i + offset]);
+          break;
+        }
+      }
+    }
+  }
+  rk::SetIsa(saved);
+}
+
+}  // namespace
+}  // namespace lockstep

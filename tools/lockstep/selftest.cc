@@ -13,6 +13,7 @@
 
 #include "lockstep/core.h"
 #include "lockstep/kernels.h"
+#include "lockstep/model.h"
 #include "tools/lockstep/commands.h"
 
 namespace lockstep::cli {
@@ -201,6 +202,19 @@ std::vector<Case> Cases() {
                          out.push_back(r);
                        }
                      }
+                     return out;
+                   }});
+  cases.push_back({"erfinv over an array (the init's vector form) n=4099+specials", [] {
+                     Floats x = Inputs(4099, 31);
+                     x.insert(x.end(), std::begin(kSpecials), std::end(kSpecials));
+                     rk::ErfinvInPlace(x);
+                     return x;
+                   }});
+  cases.push_back({"truncated-normal init n=70001 (first draw 5)", [] {
+                     ModelConfig model = LoadRunConfig("tiny").model;
+                     Floats out(70001);
+                     const ParamSpec spec{"w", {70001}, true, true};
+                     InitTensorRange(model, 99, spec, 5, 0, out);
                      return out;
                    }});
   return cases;

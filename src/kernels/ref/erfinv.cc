@@ -1,0 +1,11 @@
+// Reference erfinv over an array: the scalar dmath::Erfinv, element by element.
+#include "kernels/erfinv_impl.h"
+#include "lockstep/kernels.h"
+
+namespace lockstep::rk::ref {
+
+void ErfinvInPlace(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = dmath::Erfinv(x[i]);
+}
+
+}  // namespace lockstep::rk::ref
