@@ -123,6 +123,8 @@ inline int64_t ChunkCount(int64_t elements) {
   return (elements + kHashChunkFloats - 1) / kHashChunkFloats;
 }
 Digest ArrayDigest(std::span<const float> values);
+// ArrayDigest of `elements` zeros (+0.0f), without them: init moments and gradients.
+Digest ZeroArrayDigest(uint64_t elements);
 // An array's digest from its elements in pieces of any lengths, in order.
 class ArrayHasher {
  public:

@@ -21,8 +21,9 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-// The init unit generates and hashes each tensor in pieces of this many floats (4 MiB).
-constexpr int64_t kInitPieceFloats = int64_t{1} << 20;
+// The init unit generates and hashes each tensor in pieces of this many floats (16 MiB: 16
+// hash chunks, enough for every core's hashing lanes).
+constexpr int64_t kInitPieceFloats = int64_t{1} << 22;
 
 void Note(const std::string& line) { std::fprintf(stderr, "replay: %s\n", line.c_str()); }
 
@@ -73,15 +74,13 @@ ReplayResult ReplayInit(const ReplayOptions& o) {
   for (const ParamSpec& spec : specs) largest = std::max(largest, spec.numel());
   const int64_t piece_floats = std::min(kInitPieceFloats, largest);
   const uint64_t piece_bytes = static_cast<uint64_t>(piece_floats) * sizeof(float);
-  const MemoryPlan plan{.parts = {{"init piece", piece_bytes}, {"zero piece", piece_bytes}},
+  const MemoryPlan plan{.parts = {{"init piece", piece_bytes}, {"chunk of zeros", 4 << 18}},
                         .resident_at_planning = CurrentRssBytes()};
   CheckMemoryPlan(plan, o.force);
 
   // Parameters are generated piece by piece into one buffer; m, v and the gradient are zeros,
-  // whose digest depends on the element count only, so each count is hashed once.
+  // whose digest depends on the element count only (ZeroArrayDigest).
   std::vector<float> piece(static_cast<size_t>(piece_floats));
-  const std::vector<float> zeros(static_cast<size_t>(piece_floats), 0.0f);
-  std::map<int64_t, Digest> zeros_digest;
   const std::vector<int64_t> first_draws = FirstDraws(specs);
   std::vector<TensorDigest> digests;
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -94,16 +93,8 @@ ReplayResult ReplayInit(const ReplayOptions& o) {
       InitTensorRange(config.model, config.train.seed, spec, first_draws[i], begin, out);
       param.Update(std::span<const float>(out));
     }
-    auto [zero, new_count] = zeros_digest.try_emplace(n);
-    if (new_count) {
-      ArrayHasher hash;
-      for (int64_t begin = 0; begin < n; begin += piece_floats) {
-        hash.Update(std::span(zeros).first(static_cast<size_t>(std::min(piece_floats, n - begin))));
-      }
-      zero->second = hash.Final();
-    }
-    digests.push_back({spec.name, spec.shape, param.Final(), zero->second, zero->second,
-                       zero->second});
+    const Digest zeros = ZeroArrayDigest(static_cast<uint64_t>(n));
+    digests.push_back({spec.name, spec.shape, param.Final(), zeros, zeros, zeros});
   }
   // The state of step 0 as Trainer::Initialize makes it (docs/training.md, "Step 0").
   StepState state;

@@ -46,13 +46,14 @@ Digest LayoutDigest(std::span<const TensorDigest> tensors) {
   }
   return h.Final();
 }
-// The digest of a chunk of zeros of full length, which init states and skipped gradients are
-// mostly made of: hashed once.
+// A chunk of zeros, which init states and skipped gradients are mostly made of, and its
+// digest: hashed once.
+std::span<const float> ZeroChunk() {
+  static const std::vector<float> zeros(static_cast<size_t>(kHashChunkFloats), 0.0f);
+  return zeros;
+}
 const Digest& ZeroChunkDigest() {
-  static const Digest digest = [] {
-    const std::vector<float> zeros(static_cast<size_t>(kHashChunkFloats), 0.0f);
-    return Blake2b().Update(std::span<const float>(zeros)).Final();
-  }();
+  static const Digest digest = Blake2b().Update(ZeroChunk()).Final();
   return digest;
 }
 
@@ -65,15 +66,38 @@ bool AllZeroBits(std::span<const float> values) {
 
 std::vector<Digest> ChunkDigests(std::span<const float> piece) {
   const auto n = static_cast<int64_t>(piece.size());
+  const int64_t whole = n / kHashChunkFloats;  // full chunks; a shorter last one is hashed alone
   std::vector<Digest> digests(static_cast<size_t>(ChunkCount(n)));
   ZeroChunkDigest();  // made here: ParallelFor bodies must not throw
-  ParallelFor(static_cast<int64_t>(digests.size()), [&](int64_t c) {
-    const int64_t begin = c * kHashChunkFloats, count = std::min(kHashChunkFloats, n - begin);
-    const auto chunk = piece.subspan(static_cast<size_t>(begin), static_cast<size_t>(count));
-    digests[static_cast<size_t>(c)] = count == kHashChunkFloats && AllZeroBits(chunk)
-                                          ? ZeroChunkDigest()
-                                          : Blake2b().Update(chunk).Final();
+  Blake2bImplementation();
+  // Tasks of up to kGroup full chunks, hashed side by side (Blake2b256Strided), a chunk of
+  // zeros by its known digest.
+  constexpr int64_t kGroup = 8;
+  const auto* bytes = reinterpret_cast<const uint8_t*>(piece.data());
+  constexpr size_t kChunkBytes = sizeof(float) * kHashChunkFloats;
+  ParallelFor((whole + kGroup - 1) / kGroup, [&](int64_t task) {
+    const int64_t first = task * kGroup, last = std::min(whole, first + kGroup);
+    int64_t c = first;
+    while (c < last) {
+      if (AllZeroBits(piece.subspan(static_cast<size_t>(c * kHashChunkFloats),
+                                    static_cast<size_t>(kHashChunkFloats)))) {
+        digests[static_cast<size_t>(c++)] = ZeroChunkDigest();
+        continue;
+      }
+      int64_t end = c + 1;  // a run of chunks that are not all zeros
+      while (end < last && !AllZeroBits(piece.subspan(static_cast<size_t>(end * kHashChunkFloats),
+                                                      static_cast<size_t>(kHashChunkFloats)))) {
+        ++end;
+      }
+      Blake2b256Strided(bytes + static_cast<size_t>(c) * kChunkBytes, kChunkBytes, kChunkBytes,
+                        static_cast<size_t>(end - c), &digests[static_cast<size_t>(c)]);
+      c = end;
+    }
   });
+  if (whole < ChunkCount(n)) {
+    digests.back() =
+        Blake2b().Update(piece.subspan(static_cast<size_t>(whole * kHashChunkFloats))).Final();
+  }
   return digests;
 }
 
@@ -115,6 +139,13 @@ ArrayHasher& ArrayHasher::Update(std::span<const float> piece) {
     }
   }
   return *this;
+}
+
+Digest ZeroArrayDigest(uint64_t elements) {
+  const uint64_t whole = elements / kHashChunkFloats, rest = elements % kHashChunkFloats;
+  std::vector<Digest> chunks(whole, ZeroChunkDigest());
+  if (rest > 0) chunks.push_back(Blake2b().Update(ZeroChunk().first(rest)).Final());
+  return ArrayDigestFromChunks(elements, chunks);
 }
 
 Digest ArrayHasher::Final() {

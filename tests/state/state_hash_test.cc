@@ -147,5 +147,13 @@ TEST(StateHash, RejectsInconsistentTensors) {
   ExpectError([&] { ComputeStateHash(s.state, tensors); }, {"duplicate", "'embed.weight'"});
 }
 
+TEST(StateHash, ZeroArrayDigestIsTheDigestOfZeros) {
+  for (const int64_t n : {int64_t{0}, int64_t{1}, kHashChunkFloats - 1, kHashChunkFloats,
+                          kHashChunkFloats + 5, 3 * kHashChunkFloats}) {
+    const std::vector<float> zeros(static_cast<size_t>(n), 0.0f);
+    EXPECT_EQ(ZeroArrayDigest(static_cast<uint64_t>(n)), ArrayDigest(zeros)) << n;
+  }
+}
+
 }  // namespace
 }  // namespace lockstep

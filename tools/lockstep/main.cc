@@ -27,13 +27,14 @@ void PrintVersion() {
   fmt::print("SIMD variants compiled: {}\n", IsaNames(rk::CompiledIsas()));
   fmt::print("SIMD variants usable on this CPU: {}\n", IsaNames(rk::UsableIsas()));
   fmt::print("active variant: {}\n", rk::ActiveIsa().name);
+  fmt::print("BLAKE2b of hash chunks: {}\n", Blake2bImplementation());
 }
 
 int Run(int argc, char** argv) {
   CLI::App app{"lockstep: bitwise-auditable transformer training"};
   app.require_subcommand(0, 1);
   bool version = false;
-  app.add_flag("--version", version, "print version, commit, compiler, contract and SIMD variants");
+  app.add_flag("--version", version, "print version, commit, compiler, contract, SIMD variants and the BLAKE2b implementation");
   int exit_code = 0;
   AddSelftestCommand(app, &exit_code);
   AddDataCommands(app, &exit_code);
