@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/core.h"
+
 namespace lockstep::rk {
 
 // ---- implementation selection --------------------------------------------------------------
@@ -180,6 +182,10 @@ float NormOfBlockSums(std::span<const double> block_sums, std::span<const int64_
 float ClipFactor(float norm, float max_norm);
 // x[i] *= factor.
 void Scale(std::span<float> x, float factor);
+// Words [first, first + out.size()) of the Philox4x32-10 stream under `key`: word g is word
+// g % 4 of Philox4x32({low 32 bits of g / 4, high 32 bits, 0, 0}, key) (vector forms where the
+// SIMD target has them: the same words). On the calling thread.
+void PhiloxWords(PhiloxKey key, uint64_t first, std::span<uint32_t> out);
 // x[i] = dmath::Erfinv(x[i]) (vector forms where the SIMD target has them: the same bits). On
 // the calling thread: the truncated-normal init calls it per block from its own tasks.
 void ErfinvInPlace(std::span<float> x);

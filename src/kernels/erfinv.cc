@@ -26,6 +26,7 @@
 #include <limits>
 
 #include "kernels/erfinv_impl.h"
+#include "kernels/philox_impl.h"
 #include "kernels/internal.h"
 #include "lockstep/kernels.h"
 
@@ -88,6 +89,11 @@ float Erfinv(float x) {
 }  // namespace lockstep::dmath
 
 namespace lockstep::rk {
+
+void PhiloxWords(PhiloxKey key, uint64_t first, std::span<uint32_t> out) {
+  const auto kernel = detail::UsingReference() ? &ref::PhiloxWords : &simd::PhiloxWords;
+  kernel(key[0], key[1], first, out.data(), static_cast<int64_t>(out.size()));
+}
 
 void ErfinvInPlace(std::span<float> x) {
   const auto kernel = detail::UsingReference() ? &ref::ErfinvInPlace : &simd::ErfinvInPlace;

@@ -76,19 +76,14 @@ void ParamStore::Zero() { std::fill(data_.begin(), data_.end(), 0.0f); }
 // ---- initialisation (docs/model.md, "Initialisation") ----------------------------------------
 namespace {
 
-// Draws handled by one parallel task: a multiple of 4, so that each Philox block (4 words) is
-// generated once. The bits do not depend on it; only the split of the work does.
+// Draws handled by one parallel task. The bits do not depend on it; only the split of the work
+// does.
 constexpr int64_t kInitBlock = 16384;
 
 struct TruncatedNormal {
   float scale;  // (float)init_std * (float)sqrt(2)
   float bound;  // Erf((float)sqrt(2)): erfinv(t * bound) * sqrt(2) stays inside (-2, 2)
-  PhiloxKey key;
-
-  // The four draws 4c .. 4c+3 of the stream: Philox4x32({c low, c high, 0, 0}, key).
-  PhiloxCounter Words(uint64_t c) const {
-    return Philox4x32({static_cast<uint32_t>(c), static_cast<uint32_t>(c >> 32), 0, 0}, key);
-  }
+  PhiloxKey key;  // draw g is word g of the stream (rk::PhiloxWords)
 
   // The erfinv argument of a draw; the parameter is scale * Erfinv(ErfinvArgument(word)).
   float ErfinvArgument(uint32_t word) const {
@@ -118,16 +113,11 @@ void InitTensorRange(const ModelConfig& config, uint64_t seed, const ParamSpec& 
   const int64_t count = static_cast<int64_t>(out.size());
   ParallelFor((count + kInitBlock - 1) / kInitBlock, [&](int64_t block) {
     const int64_t b0 = block * kInitBlock, b1 = std::min(count, b0 + kInitBlock);
-    // Draw g is word g % 4 of counter g / 4; each counter is generated once per task.
-    uint64_t counter = static_cast<uint64_t>(first_draw + begin + b0) / 4;
-    PhiloxCounter words = dist.Words(counter);
-    for (int64_t e = b0; e < b1; ++e) {
-      const uint64_t g = static_cast<uint64_t>(first_draw + begin + e);
-      if (g / 4 != counter) words = dist.Words(counter = g / 4);
-      out[static_cast<size_t>(e)] = dist.ErfinvArgument(words[g % 4]);
-    }
+    std::vector<uint32_t> words(static_cast<size_t>(b1 - b0));
+    rk::PhiloxWords(dist.key, static_cast<uint64_t>(first_draw + begin + b0), words);
     const std::span<float> drawn =
         out.subspan(static_cast<size_t>(b0), static_cast<size_t>(b1 - b0));
+    for (size_t e = 0; e < words.size(); ++e) drawn[e] = dist.ErfinvArgument(words[e]);
     rk::ErfinvInPlace(drawn);
     for (float& x : drawn) x = dist.scale * x;
   });

@@ -519,3 +519,36 @@ TEST(DmathVectorErfinv, BitIdenticalToScalarOnEveryIsa) {
 
 }  // namespace
 }  // namespace lockstep
+
+namespace lockstep {
+namespace {
+
+// rk::PhiloxWords (the init's word stream) gives, on every usable ISA, the words of
+// Philox4x32 one counter at a time -- from any first word (not a multiple of 4 included), for
+// lengths around the vector widths, and for counters whose high 32 bits are set or about to be.
+TEST(PhiloxWords, EqualsPhilox4x32OnEveryIsa) {
+  const PhiloxKey key = PhiloxKeyFromSeed(0x0123456789abcdefULL);
+  const rk::Isa saved = rk::ActiveIsa();
+  for (const uint64_t first : {uint64_t{0}, uint64_t{1}, uint64_t{7}, uint64_t{4} * uint64_t{0xFFFFFFFD} + 2,
+                               uint64_t{4} << 40}) {
+    std::vector<uint32_t> want(300);
+    for (size_t i = 0; i < want.size(); ++i) {
+      const uint64_t g = first + i, c = g / 4;
+      want[i] = Philox4x32({static_cast<uint32_t>(c), static_cast<uint32_t>(c >> 32), 0, 0}, key)[g % 4];
+    }
+    for (const rk::Isa& isa : rk::UsableIsas()) {
+      rk::SetIsa(isa);
+      for (const size_t n : {size_t{0}, size_t{1}, size_t{5}, size_t{32}, size_t{33}, size_t{64},
+                             size_t{67}, size_t{300}}) {
+        std::vector<uint32_t> got(n);
+        rk::PhiloxWords(key, first, got);
+        EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin()))
+            << isa.name << ": first word " << first << ", " << n << " words";
+      }
+    }
+  }
+  rk::SetIsa(saved);
+}
+
+}  // namespace
+}  // namespace lockstep

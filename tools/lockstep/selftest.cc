@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <iterator>
@@ -209,6 +210,13 @@ std::vector<Case> Cases() {
                      x.insert(x.end(), std::begin(kSpecials), std::end(kSpecials));
                      rk::ErfinvInPlace(x);
                      return x;
+                   }});
+  cases.push_back({"philox words n=4099 from word 2^34+3", [] {
+                     std::vector<uint32_t> words(4099);
+                     rk::PhiloxWords(PhiloxKeyFromSeed(77), (uint64_t{1} << 34) + 3, words);
+                     Floats out;
+                     for (const uint32_t w : words) out.push_back(std::bit_cast<float>(w));
+                     return out;
                    }});
   cases.push_back({"truncated-normal init n=70001 (first draw 5)", [] {
                      ModelConfig model = LoadRunConfig("tiny").model;

@@ -1,0 +1,68 @@
+// SIMD Philox word stream: Philox4x32-10 (src/core/philox.cc) on one counter per 64-bit lane,
+// so that a lane's 32x32 -> 64-bit products come from one MulEven; integer arithmetic, so every
+// target gives the reference's words exactly. Words before the first whole counter and after
+// the last whole vector of counters come from the reference.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/simd/philox.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <algorithm>
+
+#include "kernels/philox_impl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace lockstep::rk::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+void PhiloxWords(uint32_t k0, uint32_t k1, uint64_t first, uint32_t* out, int64_t n) {
+  const int64_t head = std::min<int64_t>(n, static_cast<int64_t>((4 - first % 4) % 4));
+  ref::PhiloxWords(k0, k1, first, out, head);
+  int64_t i = head;
+  const hn::ScalableTag<uint64_t> d;
+  const hn::Repartition<uint32_t, decltype(d)> d32;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto low = hn::Set(d, uint64_t{0xFFFFFFFF});
+  const auto mul0 = hn::BitCast(d32, hn::Set(d, uint64_t{0xD2511F53}));
+  const auto mul1 = hn::BitCast(d32, hn::Set(d, uint64_t{0xCD9E8D57}));
+  HWY_ALIGN uint64_t words[4][hn::MaxLanes(d)];
+  for (; i + 4 * lanes <= n; i += 4 * lanes) {
+    const auto counter = hn::Add(hn::Iota(d, 0), hn::Set(d, (first + static_cast<uint64_t>(i)) / 4));
+    auto x0 = hn::And(counter, low), x1 = hn::ShiftRight<32>(counter);
+    auto x2 = hn::Zero(d), x3 = hn::Zero(d);
+    uint32_t key0 = k0, key1 = k1;
+    for (int round = 0; round < 10; ++round) {
+      if (round > 0) {
+        key0 += 0x9E3779B9u;
+        key1 += 0xBB67AE85u;
+      }
+      const auto p0 = hn::MulEven(hn::BitCast(d32, x0), mul0);
+      const auto p1 = hn::MulEven(hn::BitCast(d32, x2), mul1);
+      x0 = hn::Xor(hn::Xor(hn::ShiftRight<32>(p1), x1), hn::Set(d, uint64_t{key0}));
+      x1 = hn::And(p1, low);
+      x2 = hn::Xor(hn::Xor(hn::ShiftRight<32>(p0), x3), hn::Set(d, uint64_t{key1}));
+      x3 = hn::And(p0, low);
+    }
+    hn::Store(x0, d, words[0]);
+    hn::Store(x1, d, words[1]);
+    hn::Store(x2, d, words[2]);
+    hn::Store(x3, d, words[3]);
+    for (int64_t l = 0; l < lanes; ++l) {
+      for (int w = 0; w < 4; ++w) out[i + 4 * l + w] = static_cast<uint32_t>(words[w][l]);
+    }
+  }
+  ref::PhiloxWords(k0, k1, first + static_cast<uint64_t>(i), out + i, n - i);
+}
+
+}  // namespace lockstep::rk::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace lockstep::rk::simd {
+HWY_EXPORT(PhiloxWords);
+
+void PhiloxWords(uint32_t k0, uint32_t k1, uint64_t first, uint32_t* out, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(PhiloxWords)(k0, k1, first, out, n);
+}
+}  // namespace lockstep::rk::simd
+#endif
