@@ -51,7 +51,14 @@ def read_listed_files(directory):
 def read_safetensors(name, data):
     """Returns [(tensor name, shape, raw little-endian F32 bytes)] in file (data) order."""
     (header_size,) = struct.unpack_from("<Q", data, 0)
-    header = json.loads(data[8:8 + header_size])
+    raw = data[8:8 + header_size]
+    header = json.loads(raw)
+    # The one form docs/formats/checkpoint.md allows: compact, keys sorted, space-padded to 8.
+    canonical = json.dumps(header, sort_keys=True, separators=(",", ":"),
+                           ensure_ascii=False).encode("utf-8")
+    canonical += b" " * (-len(canonical) % 8)
+    if raw != canonical or header.get("__metadata__", None) == {}:
+        raise CheckpointError(f"{name}: the header is not in canonical form")
     body = memoryview(data)[8 + header_size:]
     entries = sorted((info["data_offsets"], key, info) for key, info in header.items()
                      if key != "__metadata__")

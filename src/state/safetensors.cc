@@ -207,6 +207,18 @@ SafetensorsHeader ParseSafetensorsHeader(std::string_view json, uint64_t data_si
   if (covered != data_size) {
     Fail("{}: the tensors cover {} bytes but the data section holds {}", file, covered, data_size);
   }
+  // One form only: the header bytes must be those lockstep writes for these tensors, so that
+  // no two files with the same tensors differ (docs/formats/checkpoint.md, "Tensor files").
+  std::vector<TensorShape> shapes;
+  for (const SafetensorsEntry& e : result.entries) shapes.push_back({e.name, e.shape});
+  const std::string canonical = SafetensorsHeaderBytes(shapes, result.metadata, file);
+  if (std::string_view(canonical).substr(8) != json) {
+    Fail("{}: the header is not in canonical form (compact JSON, keys sorted by byte, "
+         "\"__metadata__\" only when non-empty, spaces to a multiple of 8 bytes: "
+         "docs/formats/checkpoint.md); its {} bytes differ from the canonical {} for the same "
+         "tensors",
+         file, json.size(), canonical.size() - 8);
+  }
   return result;
 }
 

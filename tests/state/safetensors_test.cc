@@ -146,19 +146,34 @@ TEST_F(SafetensorsTest, MalformedHeadersNameTheProblem) {
   ExpectParseError(FileWithHeader(R"({"__metadata__":{"k":1}})", 0), {"\"k\"", "must be a string"});
 }
 
-TEST_F(SafetensorsTest, UnpaddedHeaderFromAnotherWriterIsRead) {
-  // 53-byte header (not a multiple of 4): the data must still be readable as floats.
-  const std::string header = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
-  std::vector<uint8_t> bytes(8 + header.size() + 8);
-  const uint64_t n = header.size();
-  std::memcpy(bytes.data(), &n, 8);
-  std::memcpy(bytes.data() + 8, header.data(), header.size());
-  const float values[2] = {1.5f, -7.0f};
-  std::memcpy(bytes.data() + 8 + header.size(), values, 8);
-  const SafetensorsFile file = ParseSafetensors(bytes, "foreign.safetensors");
+// One form only: the same tensors under a header another writer formatted (its own key order,
+// no padding, spaces, an empty __metadata__) are refused; the canonical bytes are read.
+TEST_F(SafetensorsTest, OnlyTheCanonicalHeaderIsRead) {
+  const auto file_with = [](const std::string& header) {
+    std::vector<uint8_t> bytes(8 + header.size() + 8);
+    const uint64_t n = header.size();
+    std::memcpy(bytes.data(), &n, 8);
+    std::memcpy(bytes.data() + 8, header.data(), header.size());
+    const float values[2] = {1.5f, -7.0f};
+    std::memcpy(bytes.data() + 8 + header.size(), values, 8);
+    return bytes;
+  };
+  // The canonical header: compact, keys sorted, padded with spaces to 56 bytes.
+  const std::string canonical = R"({"a":{"data_offsets":[0,8],"dtype":"F32","shape":[2]}})";
+  const SafetensorsFile file =
+      ParseSafetensors(file_with(canonical + std::string(56 - canonical.size(), ' ')), "ok");
   ASSERT_EQ(file.Get("a").data.size(), 2u);
-  EXPECT_EQ(file.Get("a").data[0], 1.5f);
   EXPECT_EQ(file.Get("a").data[1], -7.0f);
+  for (const std::string& foreign :
+       {std::string(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})"),  // key order
+        canonical,                                                                   // unpadded
+        std::string(R"({"a": {"data_offsets": [0, 8], "dtype": "F32", "shape": [2]}})"),
+        std::string(R"({"__metadata__":{},"a":{"data_offsets":[0,8],"dtype":"F32","shape":[2]}})")}) {
+    std::string padded = foreign;
+    if (foreign != canonical) padded.resize((foreign.size() + 7) / 8 * 8, ' ');
+    ExpectError([&] { ParseSafetensors(file_with(padded), "foreign.safetensors"); },
+                {"foreign.safetensors", "not in canonical form"});
+  }
 }
 
 TEST_F(SafetensorsTest, HeaderOnlyReadValidatesAsParseDoes) {
