@@ -4,8 +4,11 @@
 #include <cblas-openblas.h>
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -97,6 +100,15 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // OpenBLAS picks its kernel when it loads: from OPENBLAS_CORETYPE when that is set (this
+  // environment sets Haswell, half of OpenBLAS's speed on an AVX-512 CPU), else the best for the
+  // CPU. The comparison is against the best, so run again without it; the kernel is printed.
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) {
+    ::unsetenv("OPENBLAS_CORETYPE");
+    ::execv("/proc/self/exe", argv);
+    fmt::print(stderr, "bench_gemm: cannot re-run itself without OPENBLAS_CORETYPE\n");
+    return 1;
+  }
   bool json = false;
   int reps = 3;
   std::vector<Shape> shapes = {{4096, 2048, 2048}, {4096, 5632, 2048}, {4096, 2048, 5632},
@@ -120,9 +132,11 @@ int main(int argc, char** argv) {
   }
   lockstep::RequireIeeeFloatingPoint();
   const std::string isa = lockstep::rk::ActiveIsa().name;
+  const std::string corename = openblas_get_corename();
   std::vector<std::string> rows;
   if (!json) {
-    fmt::print("lockstep variant {}; best of {} runs\n", isa, reps);
+    fmt::print("lockstep variant {}; OpenBLAS kernel {}; best of {} runs\n", isa, corename,
+               reps);
     fmt::print("{:>5} {:>5} {:>5} {:>5} {:>3} {:>10} {:>10} {:>6} {:>9} {:>9}\n", "form", "m", "n",
                "k", "thr", "lockstep", "openblas", "ratio", "ls-same", "ob-same");
   }
@@ -148,9 +162,10 @@ int main(int argc, char** argv) {
               "{{\"form\": \"{}\", \"m\": {}, \"n\": {}, \"k\": {}, \"threads\": {}, "
               "\"lockstep_gflops\": {:.2f}, \"openblas_gflops\": {:.2f}, \"ratio\": {:.3f}, "
               "\"lockstep_bitwise_same_across_threads\": {}, "
-              "\"openblas_bitwise_same_across_threads\": {}, \"lockstep_variant\": \"{}\"}}",
+              "\"openblas_bitwise_same_across_threads\": {}, \"lockstep_variant\": \"{}\", "
+              "\"openblas_kernel\": \"{}\"}}",
               FormName(f), s.m, s.n, s.k, t + 1, ls_gf[t], ob_gf[t], ratio, ls_same, ob_same,
-              isa));
+              isa, corename));
         } else {
           fmt::print("{:>5} {:>5} {:>5} {:>5} {:>3} {:>10.2f} {:>10.2f} {:>6.3f} {:>9} {:>9}\n",
                      FormName(f), s.m, s.n, s.k, t + 1, ls_gf[t], ob_gf[t], ratio, ls_same,
