@@ -17,6 +17,7 @@ import sys
 
 TAG = b"lockstep/state-hash/v2\x00"
 CHUNK_BYTES = 4 << 18  # kHashChunkFloats elements of 4 bytes
+TENSOR_FILE_TAG = b"lockstep/tensor-file/v1\x00"
 
 
 def blake2b(data):
@@ -33,17 +34,32 @@ class CheckpointError(Exception):
     pass
 
 
+def tensor_file_digest(name, data):
+    """COMPLETE's digest of a tensor file: H(tag || u64(data_start) || H(header bytes) ||
+    A(each tensor's data, in data order)) (docs/formats/checkpoint.md)."""
+    (header_size,) = struct.unpack_from("<Q", data, 0)
+    start = 8 + header_size
+    arrays = b"".join(array_digest(bytes(raw)) for _, _, raw in read_safetensors(name, data))
+    return blake2b(TENSOR_FILE_TAG + u64(start) + blake2b(data[:start]) + arrays)
+
+
 def read_listed_files(directory):
     """Returns {name: bytes} for every file COMPLETE lists, after checking size and digest."""
     with open(os.path.join(directory, "COMPLETE"), "rb") as f:
         listing = json.load(f)
+    if listing.get("format_version") != 2:
+        raise CheckpointError(f"{directory}: COMPLETE format_version is not 2")
     files = {}
     for name, entry in sorted(listing["files"].items()):
         path = os.path.join(directory, name)
         with open(path, "rb") as f:
             data = f.read()
-        if len(data) != entry["size"] or blake2b(data).hex() != entry["blake2b"]:
-            raise CheckpointError(f"{path}: size or BLAKE2b differs from COMPLETE")
+        if name.endswith(".safetensors"):
+            digest = tensor_file_digest(name, data).hex() == entry["digest"]
+        else:
+            digest = blake2b(data).hex() == entry["blake2b"]
+        if len(data) != entry["size"] or not digest:
+            raise CheckpointError(f"{path}: size or digest differs from COMPLETE")
         files[name] = data
     return files
 

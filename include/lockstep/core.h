@@ -60,6 +60,11 @@ PhiloxCounter Philox4x32(PhiloxCounter counter, PhiloxKey key);
 // The key of a 64-bit seed: {low 32 bits, high 32 bits}.
 PhiloxKey PhiloxKeyFromSeed(uint64_t seed);
 
+// ---- format versions (docs/formats/): every run descriptor pins them -----------------------
+inline constexpr int kStateHashFormatVersion = 2;   // docs/formats/state-hash.md
+inline constexpr int kCheckpointFormatVersion = 2;  // docs/formats/checkpoint.md
+inline constexpr int kShardsFormatVersion = 1;      // docs/formats/shards.md
+
 // ---- hashing: BLAKE2b-256 (libsodium's crypto_generichash, 32-byte output, no key) -----------
 using Digest = std::array<uint8_t, 32>;
 class Blake2b {

@@ -165,7 +165,13 @@ StateHash ComputeStateHash(const StepState& state, std::span<const TensorState> 
 std::vector<std::string> DifferingComponents(const StateHash& a, const StateHash& b);
 
 // ---- checkpoints (docs/formats/checkpoint.md) ------------------------------------------------
-inline constexpr int kCheckpointFormatVersion = 1;
+// The digest COMPLETE lists for a tensor file (docs/formats/checkpoint.md, "COMPLETE"):
+// H(tag || u64(data_start) || H(the data_start bytes before the data) || the ArrayDigest of each
+// tensor in data order). Each byte is hashed once, and the arrays' digests are those the state
+// hash uses. TensorFileDigestOf takes them; TensorFileDigest parses a whole file (which must be a
+// valid safetensors file) and computes them.
+Digest TensorFileDigestOf(std::span<const uint8_t> head, std::span<const Digest> arrays);
+Digest TensorFileDigest(std::span<const uint8_t> file, const std::filesystem::path& path);
 
 // `run_dir/checkpoints/step_%09d` for `step`.
 std::filesystem::path CheckpointDir(const std::filesystem::path& run_dir, uint64_t step);
@@ -235,7 +241,7 @@ struct CheckpointIndex {
   struct File {
     std::filesystem::path path;
     uint64_t size = 0;
-    Digest blake2b{};
+    Digest digest{};          // TensorFileDigest for a tensor file, BLAKE2b-256 for meta.json
     uint64_t data_start = 0;  // 8 + the header's length: the bytes before the tensor data
   };
   std::array<File, 3> files;

@@ -18,7 +18,7 @@ using nlohmann::ordered_json;
 
 constexpr std::string_view kManifestName = "manifest.json";
 constexpr std::string_view kFormat = "lockstep-shards";
-constexpr uint64_t kFormatVersion = 1;
+constexpr uint64_t kFormatVersion = kShardsFormatVersion;
 constexpr std::string_view kTokenizer = "bytes+eod";
 // Shuffle draws index documents with 32-bit counters (docs/formats/stream.md).
 constexpr uint64_t kMaxDocuments = uint64_t{1} << 32;

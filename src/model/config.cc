@@ -335,7 +335,10 @@ std::string DescriptorJson(const RunConfig& config) {
       {"model", model},
       {"train", train},
       {"contract_version", build::kContractVersion},
-      {"format_versions", {{"state_hash", 1}, {"checkpoint", 1}, {"shards", 1}}},
+      {"format_versions",
+       {{"state_hash", kStateHashFormatVersion},
+        {"checkpoint", kCheckpointFormatVersion},
+        {"shards", kShardsFormatVersion}}},
   };
   return descriptor.dump();
 }

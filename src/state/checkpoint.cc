@@ -28,6 +28,8 @@ constexpr char kCompleteFile[] = "COMPLETE";
 constexpr char kMetaFormat[] = "lockstep-checkpoint";
 constexpr char kCompleteFormat[] = "lockstep-checkpoint-complete";
 constexpr char kTempPrefix[] = ".tmp-";
+// Version tag of TensorFileDigest's layout (docs/formats/checkpoint.md, "COMPLETE").
+constexpr std::string_view kTensorFileTag{"lockstep/tensor-file/v1\0", 24};
 constexpr char kExpAvg[] = ".exp_avg";
 constexpr char kExpAvgSq[] = ".exp_avg_sq";
 
@@ -185,16 +187,18 @@ Listing ReadListing(const fs::path& dir) {
   const Json& files = complete["files"];
   state_internal::RequireKeys(files, {kModelFile, kOptimizerFile, kGradsFile, kMetaFile},
                               what + ": files");
-  const auto listed = [&](const char* name) {
+  // meta.json by its BLAKE2b, a tensor file by its TensorFileDigest.
+  const auto listed = [&](const char* name, const char* digest_key) {
     const std::string entry_what = fmt::format("{}: files.{}", what, name);
     const Json& entry = files[name];
-    state_internal::RequireKeys(entry, {"blake2b", "size"}, entry_what);
+    state_internal::RequireKeys(entry, {digest_key, "size"}, entry_what);
     return ListedFile{.path = dir / name,
                       .size = state_internal::U64Field(entry, "size", entry_what),
-                      .blake2b = state_internal::DigestField(entry, "blake2b", entry_what)};
+                      .digest = state_internal::DigestField(entry, digest_key, entry_what)};
   };
-  return {.meta = listed(kMetaFile),
-          .tensor_files = {listed(kModelFile), listed(kOptimizerFile), listed(kGradsFile)}};
+  return {.meta = listed(kMetaFile, "blake2b"),
+          .tensor_files = {listed(kModelFile, "digest"), listed(kOptimizerFile, "digest"),
+                           listed(kGradsFile, "digest")}};
 }
 
 void CheckExists(const ListedFile& file) {
@@ -209,18 +213,20 @@ void CheckSize(const ListedFile& file, uint64_t actual) {
 }
 
 void CheckDigest(const ListedFile& file, const Digest& actual, FileDigests digests) {
-  if (actual != file.blake2b && digests == FileDigests::kEnforce) {
-    Fail("{}: BLAKE2b-256 {} differs from {} listed in COMPLETE (the file is corrupt)",
-         file.path.string(), ToHex(actual), ToHex(file.blake2b));
+  if (actual != file.digest && digests == FileDigests::kEnforce) {
+    Fail("{}: digest {} differs from {} listed in COMPLETE (the file is corrupt)",
+         file.path.string(), ToHex(actual), ToHex(file.digest));
   }
 }
 
-// The whole file, checked against its listed size and (unless `digests` is kIgnore) digest.
+// The whole file, checked against its listed size and (unless `digests` is kIgnore) digest:
+// BLAKE2b-256 for meta.json, TensorFileDigest for a tensor file.
 std::vector<uint8_t> ReadListedFile(const ListedFile& file, FileDigests digests) {
   CheckExists(file);
   std::vector<uint8_t> bytes = ReadFileBytes(file.path);
   CheckSize(file, bytes.size());
-  CheckDigest(file, Blake2b256(bytes), digests);
+  const bool tensors = file.path.extension() == ".safetensors";
+  CheckDigest(file, tensors ? TensorFileDigest(bytes, file.path) : Blake2b256(bytes), digests);
   return bytes;
 }
 
@@ -306,18 +312,6 @@ size_t PieceSize(int64_t piece_floats, std::span<const int64_t> counts) {
   int64_t largest = 0;
   for (int64_t count : counts) largest = std::max(largest, count);
   return static_cast<size_t>(std::min(piece_floats, largest));
-}
-
-// Adds a piece to its file's BLAKE2b and its array's digest. The two are independent, so they
-// run as two tasks (on two threads when Threads() > 1; the digests cannot depend on it).
-void HashPiece(Blake2b& file, ArrayHasher& array, std::span<const float> piece) {
-  ParallelFor(2, [&](int64_t task) {
-    if (task == 0) {
-      file.Update(piece);
-    } else {
-      array.Update(piece);
-    }
-  });
 }
 
 std::span<const uint8_t> BytesOf(std::string_view text) {
@@ -423,10 +417,9 @@ WrittenCheckpoint WriteCheckpointStreamed(const fs::path& run_dir, const StepSta
   std::vector<float> piece(PieceSize(piece_floats, counts));
   for (size_t f = 0; f < kTensorFiles.size(); ++f) {
     state_internal::File out = state_internal::File::Create(temp_dir / kTensorFiles[f].name);
-    Blake2b file_hash;
     out.Write(BytesOf(headers[f]));
-    file_hash.Update(headers[f]);
     uint64_t size = headers[f].size();
+    std::vector<Digest> in_file;  // the file's array digests, in data order
     for (size_t i = 0; i < tensors.size(); ++i) {
       for (int a = 0; a < kStateArrayCount; ++a) {
         if (kArrayPlaces[a].file != f) continue;
@@ -435,15 +428,16 @@ WrittenCheckpoint WriteCheckpointStreamed(const fs::path& run_dir, const StepSta
           const std::span<float> p(piece.data(),
                                    static_cast<size_t>(std::min(piece_floats, counts[i] - begin)));
           source(i, static_cast<StateArray>(a), begin, p);
-          HashPiece(file_hash, array_hash, p);
+          array_hash.Update(p);
           out.Write(BytesOf(p));
           size += p.size_bytes();
         }
-        digests[i].*kDigestArrays[a] = array_hash.Final();
+        in_file.push_back(digests[i].*kDigestArrays[a] = array_hash.Final());
       }
     }
     out.Sync();
-    listing[kTensorFiles[f].name] = {{"blake2b", ToHex(file_hash.Final())}, {"size", size}};
+    listing[kTensorFiles[f].name] = {
+        {"digest", ToHex(TensorFileDigestOf(BytesOf(headers[f]), in_file))}, {"size", size}};
   }
   StateHash hash = StateHashFromDigests(state, digests);
   const std::string meta = MetaJson(state, hash.hash);
@@ -471,6 +465,27 @@ fs::path WriteCheckpoint(const fs::path& run_dir, const StepState& state,
     std::copy_n(from.begin() + begin, piece.size(), piece.begin());
   };
   return WriteCheckpointStreamed(run_dir, state, shapes, kCheckpointPieceFloats, copy).dir;
+}
+
+Digest TensorFileDigestOf(std::span<const uint8_t> head, std::span<const Digest> arrays) {
+  Blake2b h;
+  h.Update(kTensorFileTag).UpdateU64(head.size()).Update(Blake2b256(head));
+  for (const Digest& array : arrays) h.Update(array);
+  return h.Final();
+}
+
+Digest TensorFileDigest(std::span<const uint8_t> file, const fs::path& path) {
+  const uint64_t header_size = state_internal::SafetensorsHeaderLength(
+      file.first(std::min<size_t>(8, file.size())), file.size(), path);
+  const std::string_view json(reinterpret_cast<const char*>(file.data()) + 8, header_size);
+  const state_internal::SafetensorsHeader header =
+      state_internal::ParseSafetensorsHeader(json, file.size() - 8 - header_size, path);
+  std::vector<Digest> arrays;
+  for (const state_internal::SafetensorsEntry& e : header.entries) {
+    const auto data = file.subspan(header.data_start + e.begin, e.end - e.begin);
+    arrays.push_back(ArrayDigest({reinterpret_cast<const float*>(data.data()), data.size() / 4}));
+  }
+  return TensorFileDigestOf(file.first(header.data_start), arrays);
 }
 
 Checkpoint ReadCheckpoint(const fs::path& dir, FileDigests digests) {
@@ -577,22 +592,21 @@ StateHash StreamCheckpoint(const CheckpointIndex& index, int64_t piece_floats,
       }
     }
     std::sort(arrays.begin(), arrays.end());
-    Blake2b file_hash;
     std::vector<uint8_t> header(listed.data_start);
     in.ReadAt(0, header);
-    file_hash.Update(header);
+    std::vector<Digest> in_file;  // the file's array digests, in data order
     for (const auto& [offset, i, a] : arrays) {
       ArrayHasher array_hash;
       for (int64_t begin = 0; begin < counts[i]; begin += piece_floats) {
         const std::span<float> p(piece.data(),
                                  static_cast<size_t>(std::min(piece_floats, counts[i] - begin)));
         in.ReadAt(offset + 4 * static_cast<uint64_t>(begin), WritableBytesOf(p));
-        HashPiece(file_hash, array_hash, p);
+        array_hash.Update(p);
         if (sink) sink(i, static_cast<StateArray>(a), begin, p);
       }
-      tensor_digests[i].*kDigestArrays[a] = array_hash.Final();
+      in_file.push_back(tensor_digests[i].*kDigestArrays[a] = array_hash.Final());
     }
-    CheckDigest(listed, file_hash.Final(), digests);
+    CheckDigest(listed, TensorFileDigestOf(header, in_file), digests);
   }
   return StateHashFromDigests(index.state, tensor_digests);
 }

@@ -15,6 +15,7 @@ namespace {
 
 // Version tag of the layout: any change to what is hashed or how bumps it.
 constexpr std::string_view kStateHashTag{"lockstep/state-hash/v2\0", 23};
+static_assert(kStateHashFormatVersion == 2, "the tag names the layout's version");
 
 using state_internal::kDigestArrays;
 using state_internal::kStateArrays;

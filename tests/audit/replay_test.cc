@@ -21,6 +21,7 @@
 #include "lockstep/state.h"
 #include "lockstep/train.h"
 #include "state/internal.h"
+#include "state/state_fixtures.h"
 
 namespace lockstep {
 namespace {
@@ -247,7 +248,7 @@ fs::path ForgeHugeCheckpoint(const fs::path& dir, const fs::path& model_checkpoi
   auto sparse = [&](const char* name, const char* content, std::span<const TensorShape> tensors) {
     const std::map<std::string, std::string> metadata = {{"content", content},
                                                          {"format", "lockstep-checkpoint"},
-                                                         {"format_version", "1"},
+                                                         {"format_version", std::to_string(kCheckpointFormatVersion)},
                                                          {"step", std::to_string(meta["step"].get<uint64_t>())}};
     const std::string header = state_internal::SafetensorsHeaderBytes(tensors, metadata, name);
     uint64_t size = header.size();
@@ -258,13 +259,14 @@ fs::path ForgeHugeCheckpoint(const fs::path& dir, const fs::path& model_checkpoi
     }
     WriteFileSynced(dir / name, header);
     fs::resize_file(dir / name, size);
-    files[name] = {{"blake2b", std::string(64, '0')}, {"size", size}};  // never read that far
+    files[name] = {{"digest", std::string(64, '0')}, {"size", size}};  // never read that far
   };
   sparse("model.safetensors", "model", params);
   sparse("optimizer.safetensors", "optimizer", moments);
   sparse("grads.safetensors", "grads", params);
   const Json complete = {
-      {"files", files}, {"format", "lockstep-checkpoint-complete"}, {"format_version", 1}};
+      {"files", files}, {"format", "lockstep-checkpoint-complete"},
+      {"format_version", kCheckpointFormatVersion}};
   WriteFileSynced(dir / "COMPLETE", complete.dump(2) + "\n");
   return dir;
 }
@@ -336,7 +338,7 @@ TEST_F(Audit, FlippedBitIsRefusedAndWithForceLocalised) {
 void RelistInComplete(const fs::path& checkpoint, const std::string& name) {
   Json complete = Json::parse(ReadFileText(checkpoint / "COMPLETE"));
   const std::vector<uint8_t> bytes = ReadFileBytes(checkpoint / name);
-  complete["files"][name] = {{"blake2b", ToHex(Blake2b256(bytes))}, {"size", bytes.size()}};
+  complete["files"][name] = test::CompleteEntry(name, bytes);
   WriteFileSynced(checkpoint / "COMPLETE", complete.dump(2) + "\n");
 }
 

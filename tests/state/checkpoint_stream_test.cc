@@ -33,7 +33,7 @@ std::span<const float> ArrayOf(const TensorState& t, StateArray a) {
 std::map<std::string, std::string> Metadata(const std::string& content, uint64_t step) {
   return {{"content", content},
           {"format", "lockstep-checkpoint"},
-          {"format_version", "1"},
+          {"format_version", std::to_string(kCheckpointFormatVersion)},
           {"step", std::to_string(step)}};
 }
 
@@ -238,7 +238,8 @@ TEST_F(CheckpointStreamTest, StreamCheckpointNamesACorruptFile) {
     // The size and header are intact: only the digest, known at the file's end, can tell.
     const CheckpointIndex damaged = OpenCheckpoint(dir);
     ExpectError([&] { StreamCheckpoint(damaged, 3, nullptr); },
-                {path.string(), ToHex(Blake2b256(flipped)), ToHex(Blake2b256(bytes)), "corrupt"});
+                {path.string(), ToHex(TensorFileDigest(flipped, path)),
+                 ToHex(TensorFileDigest(bytes, path)), "corrupt"});
     const StateHash forced = StreamCheckpoint(damaged, 3, nullptr, FileDigests::kIgnore);
     EXPECT_EQ(DifferingComponents(forced, good), std::vector<std::string>{c.component});
     ExpectError([&] { VerifyStreamedHash(damaged, forced); },

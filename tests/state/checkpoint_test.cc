@@ -101,8 +101,8 @@ TEST_F(CheckpointTest, DamagedCheckpointsNameTheFile) {
   flipped[flipped.size() - 5] ^= 0x10;
   WriteFileSynced(dir / "model.safetensors", flipped);
   ExpectError([&] { ReadCheckpoint(dir); },
-              {(dir / "model.safetensors").string(), ToHex(Blake2b256(flipped)),
-               ToHex(Blake2b256(model)), "corrupt"});
+              {(dir / "model.safetensors").string(), ToHex(TensorFileDigest(flipped, "m")),
+               ToHex(TensorFileDigest(model, "m")), "corrupt"});
   WriteFileSynced(dir / "model.safetensors", model);
   EXPECT_NO_THROW(ReadCheckpoint(dir));
 

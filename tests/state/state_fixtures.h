@@ -30,6 +30,22 @@ inline void ExpectError(const std::function<void()>& call,
   }
 }
 
+// COMPLETE's entry for a checkpoint file holding `bytes` (docs/formats/checkpoint.md): a tensor
+// file's TensorFileDigest, meta.json's BLAKE2b. A tensor file that does not parse gets its
+// BLAKE2b: readers refuse it while computing its digest, before comparing.
+inline nlohmann::json CompleteEntry(const std::string& name, std::span<const uint8_t> bytes) {
+  if (name.ends_with(".safetensors")) {
+    Digest digest;
+    try {
+      digest = TensorFileDigest(bytes, name);
+    } catch (const Error&) {
+      digest = Blake2b256(bytes);
+    }
+    return {{"digest", ToHex(digest)}, {"size", bytes.size()}};
+  }
+  return {{"blake2b", ToHex(Blake2b256(bytes))}, {"size", bytes.size()}};
+}
+
 // Replaces a checkpoint file and updates its COMPLETE entry, as a forger would: the damage
 // then has to be caught by the file's own parser or by the state hash.
 inline void Forge(const std::filesystem::path& dir, const std::string& name,
@@ -37,7 +53,7 @@ inline void Forge(const std::filesystem::path& dir, const std::string& name,
   WriteFileSynced(dir / name, text);
   nlohmann::json complete = nlohmann::json::parse(ReadFileText(dir / "COMPLETE"));
   const auto bytes = std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size());
-  complete["files"][name] = {{"blake2b", ToHex(Blake2b256(bytes))}, {"size", text.size()}};
+  complete["files"][name] = CompleteEntry(name, bytes);
   WriteFileSynced(dir / "COMPLETE", complete.dump(2) + "\n");
 }
 
