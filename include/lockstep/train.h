@@ -59,7 +59,7 @@ struct ElementRange {
   int64_t size() const { return end - begin; }
 };
 
-// Who holds what in a run of `ranks` processes (docs/distributed.md, "Who owns what"): the hash
+// Who holds what in a run of `ranks` processes (docs/distributed.md, "What each rank holds"): the hash
 // chunks (kHashChunkFloats) of every tensor in parameter order, each given to the rank whose
 // equal share of all elements holds the chunk's midpoint, floor(N * (2 * before + size) /
 // (2 * total)). Returns per tensor N + 1 element offsets: rank r holds the moments and gradient

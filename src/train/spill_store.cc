@@ -1,5 +1,6 @@
 // SpillStore: the four arrays of every tensor in files of fixed chunks (kSpillChunkFloats), each
-// chunk's BLAKE2b kept in RAM and checked whenever the chunk is read back, so a spill file
+// chunk's digest (ArrayDigest: its hash chunks side by side in vector lanes) kept in RAM and
+// checked whenever the chunk is read back, so a spill file
 // changed under a run is reported, never trained on. A chunk lives in one of three places: nowhere
 // (all zeros: the moments and gradients at init cost no disk), in the checkpoint file it was
 // loaded from (read in place: loading a checkpoint copies nothing), or in its slot of this store's
@@ -129,14 +130,22 @@ class SpillStore final : public StateStore {
         files_.push_back({path, fd, false});
       }
     }
-    // Each piece StreamCheckpoint reads is one chunk: digest it and leave it where it is.
+    // StreamCheckpoint reads pieces of whole chunks (a piece's hash chunks are digested on every
+    // core); each chunk of a piece is digested, in parallel, and left where it is.
     return StreamCheckpoint(
-        checkpoint, kSpillChunkFloats,
+        checkpoint, kSpillPieceFloats,
         [&](size_t i, StateArray a, int64_t begin, std::span<const float> piece) {
           const CheckpointIndex::Location where = checkpoint.Where(i, a);
-          chunks_[static_cast<size_t>(a)][i][static_cast<size_t>(begin / kSpillChunkFloats)] = {
-              file_of.at(where.file), where.offset + static_cast<uint64_t>(begin) * sizeof(float),
-              Blake2b().Update(piece).Final()};
+          const int file = file_of.at(where.file);
+          const auto n = static_cast<int64_t>(piece.size());
+          ParallelFor(Chunks(n), [&](int64_t k) {
+            const int64_t first = begin + k * kSpillChunkFloats;
+            chunks_[static_cast<size_t>(a)][i][static_cast<size_t>(first / kSpillChunkFloats)] = {
+                file, where.offset + static_cast<uint64_t>(first) * sizeof(float),
+                ArrayDigest(piece.subspan(static_cast<size_t>(k * kSpillChunkFloats),
+                                          static_cast<size_t>(std::min(kSpillChunkFloats,
+                                                                       n - k * kSpillChunkFloats))))};
+          });
           loaded(piece.size_bytes());
         },
         digests);
@@ -204,10 +213,10 @@ class SpillStore final : public StateStore {
       }
       done += static_cast<size_t>(got);
     }
-    const Digest digest = Blake2b().Update(std::span<const float>(data)).Final();
+    const Digest digest = ArrayDigest(data);
     if (digest != chunk.digest) {
       return fmt::format(
-          "{}: {} at byte {} reads back with BLAKE2b {} but was {} with {}: the file was changed "
+          "{}: {} at byte {} reads back with digest {} but was {} with {}: the file was changed "
           "under lockstep",
           file.path.string(), Describe(piece, c), chunk.offset, ToHex(digest),
           file.owned ? "written" : "loaded", ToHex(chunk.digest));
@@ -232,7 +241,7 @@ class SpillStore final : public StateStore {
       }
       done += static_cast<size_t>(put);
     }
-    ChunkOf(piece, c) = {static_cast<int>(piece.array), offset, Blake2b().Update(data).Final()};
+    ChunkOf(piece, c) = {static_cast<int>(piece.array), offset, ArrayDigest(data)};
     return std::nullopt;
   }
 

@@ -1,4 +1,4 @@
-// Who holds what in a distributed run (OwnershipBounds, docs/distributed.md "Who owns what"):
+// Who holds what in a distributed run (OwnershipBounds, docs/distributed.md "What each rank holds"):
 // whole hash chunks, one contiguous run of the parameters per rank, balanced to within a chunk,
 // and large tensors split between ranks so that each rank's moments fall as 1/N.
 #include <gtest/gtest.h>
