@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "lockstep/data.h"
@@ -90,6 +91,11 @@ class Trainer {
                     FileDigests digests = FileDigests::kEnforce);
   // Makes step state().step + 1 and hashes the result.
   StepReport Step();
+  // The next Step() computes its state hash but need not keep the new state: a spilled store
+  // skips writing the updated arrays back (half of the update pass's disk traffic). For a
+  // replay's last step when nothing reads the state after it; the trainer then refuses further
+  // steps, reads and checkpoints.
+  void DiscardNextState() { discard_next_ = true; }
   // Writes the current state as run_dir/checkpoints/step_N (WriteCheckpointStreamed). In a
   // distributed run rank 0 writes, asking each range's owner for its pieces, while every other
   // rank calls it too and answers (it returns an empty path there).
@@ -127,6 +133,8 @@ class Trainer {
   // Adds the gradients of round j's groups (in the group buffer of each rank) into the owners'
   // gradients, in group order.
   void FoldRound(int64_t round);
+  // Fails naming `what` once a step's state was discarded.
+  void RefuseDiscarded(std::string_view what) const;
   // Per tensor, per array: the digests of its hash chunks, in order.
   using ChunkTable = std::vector<std::array<std::vector<Digest>, kStateArrayCount>>;
   // Sends each owner's updated parameter range to every rank and checks each copy received
@@ -155,6 +163,7 @@ class Trainer {
   StateHash hash_;
   std::vector<uint32_t> tokens_;  // one microbatch: [microbatch, seq_len + 1]
   bool progress_ = false;
+  bool discard_next_ = false, discarded_ = false;  // DiscardNextState
   OpObserver* observer_ = nullptr;  // the fault (if any) in front of the caller's observer
   std::unique_ptr<OpObserver> fault_;
   std::optional<std::pair<uint64_t, int64_t>> token_fault_;  // LOCKSTEP_TEST_FAULT_TOKEN

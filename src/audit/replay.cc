@@ -301,7 +301,11 @@ ReplayResult ReplayInterval(const ReplayOptions& o) {
   result.mode = "interval";
   result.expected = target;
   result.planned_peak_rss_bytes = storage.plan.total();
+  // Nothing reads the last step's state unless it is compared or handed off: a spilled replay
+  // then need not write it back.
+  const bool state_needed = reference.has_value() || o.save_checkpoint_dir.has_value();
   while (trainer.state().step < o.until_step) {
+    if (trainer.state().step + 1 == o.until_step && !state_needed) trainer.DiscardNextState();
     const train::StepReport r = trainer.Step();
     result.losses.push_back(r.loss);
     Note(fmt::format("step {}/{}  loss {:.6f}  grad_norm {:.6f}  {:.2f} s{}", r.step, o.until_step,

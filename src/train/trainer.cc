@@ -289,9 +289,11 @@ void Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_template, f
       for (int a = 0; a < kStateArrayCount; ++a) {
         chunks[a].insert(chunks[a].end(), piece_chunks[a].begin(), piece_chunks[a].end());
       }
-      // An unscaled gradient is unchanged: only what the update wrote is stored back.
+      // An unscaled gradient is unchanged: only what the update wrote is stored back (and
+      // nothing when the new state is discarded).
       for (const Piece& piece : p) {
-        store_->Release(piece, update && (piece.array != StateArray::kGrad || clip_factor != 1.0f));
+        store_->Release(piece, update && !discard_next_ &&
+                                   (piece.array != StateArray::kGrad || clip_factor != 1.0f));
       }
       progress.Add(static_cast<uint64_t>(count) * sizeof(float) * kStateArrayCount);
     });
@@ -436,6 +438,7 @@ using PieceRequest = std::array<int64_t, 4>;
 }  // namespace
 
 fs::path Trainer::WriteCheckpoint(const fs::path& run_dir) {
+  RefuseDiscarded("a checkpoint");
   comm_->set_phase(fmt::format("step {}: checkpoint", state_.step));
   if (rank_ != 0) {
     // Answer rank 0's requests for the pieces this rank owns until it is done.
@@ -473,6 +476,7 @@ fs::path Trainer::WriteCheckpoint(const fs::path& run_dir) {
 }
 
 void Trainer::ReadPiece(size_t i, StateArray array, int64_t begin, std::span<float> out) {
+  RefuseDiscarded("a read of the state");
   const int64_t end = begin + static_cast<int64_t>(out.size());
   for (int r = 0; r < ranks_; ++r) {
     // Every rank holds the parameters whole; the other arrays in its range.
@@ -595,7 +599,16 @@ void Trainer::FoldRound(int64_t round) {
   }
 }
 
+void Trainer::RefuseDiscarded(std::string_view what) const {
+  if (discarded_) {
+    Fail("{} after step {}, whose state was discarded (DiscardNextState): the trainer holds no "
+         "state to continue from",
+         what, state_.step);
+  }
+}
+
 StepReport Trainer::Step() {
+  RefuseDiscarded("a step");
   const auto start = std::chrono::steady_clock::now();
   const Comm::Traffic traffic = comm_->traffic();
   const TrainConfig& tc = config_.train;
@@ -711,6 +724,8 @@ StepReport Trainer::Step() {
   state_.tokens_digest = consumed.Final();
   state_.data_cursor = cursor + static_cast<uint64_t>(tc.microbatches * tc.microbatch);
   UpdateAndHash(!report.skipped, adam, report.clip_factor);
+  discarded_ = discard_next_;
+  discard_next_ = false;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   report.comm_seconds = comm_->traffic().seconds - traffic.seconds;
   report.comm_bytes = comm_->traffic().bytes_sent - traffic.bytes_sent;
