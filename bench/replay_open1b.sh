@@ -8,7 +8,7 @@
 #   3. replays the init unit (streamed, tensor by tensor) against chain line 0;
 #   4. replays the one-step interval 0 -> 1 from the step-0 checkpoint against chain line 1;
 # and prints one JSON object: each replay's result (match, wall time, peak RSS measured and
-# planned) and the disk each part used. Needs ~55 GB free under WORK and ~30 minutes on 2 cores.
+# planned) and the disk each part used. Needs ~55 GB free under WORK and ~6 minutes on 2 cores.
 #
 # usage: bench/replay_open1b.sh [WORK_DIR] [THREADS]     (default /tmp/lockstep-open1b, nproc)
 set -euo pipefail
