@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <bit>
 #include <charconv>
+#include <future>
 #include <map>
+#include <optional>
 #include <system_error>
 #include <tuple>
 
@@ -579,7 +581,10 @@ StateHash StreamCheckpoint(const CheckpointIndex& index, int64_t piece_floats,
     counts.push_back(ElementCount(t, index.dir));
     tensor_digests.push_back({.name = t.name, .shape = t.shape});
   }
-  std::vector<float> piece(PieceSize(piece_floats, counts));
+  // Two piece buffers: the next piece is read on its own thread while the current one is
+  // hashed and handed to the sink, so the disk does not wait for the hashing.
+  std::array<std::vector<float>, 2> buffers;
+  for (std::vector<float>& b : buffers) b.resize(PieceSize(piece_floats, counts));
   for (size_t f = 0; f < kTensorFiles.size(); ++f) {
     const ListedFile& listed = index.files[f];
     const state_internal::File in = state_internal::File::OpenForReading(listed.path);
@@ -594,17 +599,44 @@ StateHash StreamCheckpoint(const CheckpointIndex& index, int64_t piece_floats,
     std::sort(arrays.begin(), arrays.end());
     std::vector<uint8_t> header(listed.data_start);
     in.ReadAt(0, header);
-    std::vector<Digest> in_file;  // the file's array digests, in data order
-    for (const auto& [offset, i, a] : arrays) {
-      ArrayHasher array_hash;
-      for (int64_t begin = 0; begin < counts[i]; begin += piece_floats) {
-        const std::span<float> p(piece.data(),
-                                 static_cast<size_t>(std::min(piece_floats, counts[i] - begin)));
-        in.ReadAt(offset + 4 * static_cast<uint64_t>(begin), WritableBytesOf(p));
-        array_hash.Update(p);
-        if (sink) sink(i, static_cast<StateArray>(a), begin, p);
+    // The file's pieces in data order: array (its index in `arrays`), first element, length.
+    struct Job {
+      size_t array;
+      int64_t begin, count;
+    };
+    std::vector<Job> jobs;
+    for (size_t k = 0; k < arrays.size(); ++k) {
+      const int64_t n = counts[std::get<1>(arrays[k])];
+      for (int64_t begin = 0; begin < n; begin += piece_floats) {
+        jobs.push_back({k, begin, std::min(piece_floats, n - begin)});
       }
-      in_file.push_back(tensor_digests[i].*kDigestArrays[a] = array_hash.Final());
+    }
+    const auto piece_of = [&](size_t j) {
+      return std::span<float>(buffers[j % 2].data(), static_cast<size_t>(jobs[j].count));
+    };
+    const auto read = [&](size_t j) {
+      const uint64_t offset = std::get<0>(arrays[jobs[j].array]);
+      in.ReadAt(offset + 4 * static_cast<uint64_t>(jobs[j].begin), WritableBytesOf(piece_of(j)));
+    };
+    std::vector<Digest> in_file(arrays.size());  // the file's array digests, in data order
+    for (size_t k = 0; k < arrays.size(); ++k) {  // an array without elements has no pieces
+      const auto& [offset, i, a] = arrays[k];
+      if (counts[i] == 0) in_file[k] = tensor_digests[i].*kDigestArrays[a] = ArrayHasher().Final();
+    }
+    std::optional<ArrayHasher> array_hash;
+    std::future<void> next;
+    if (!jobs.empty()) next = std::async(std::launch::async, read, 0);
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      next.get();  // piece j is in its buffer (or its read's error is thrown here)
+      if (j + 1 < jobs.size()) next = std::async(std::launch::async, read, j + 1);
+      const auto& [offset, i, a] = arrays[jobs[j].array];
+      if (jobs[j].begin == 0) array_hash.emplace();
+      const std::span<float> p = piece_of(j);
+      array_hash->Update(p);
+      if (sink) sink(i, static_cast<StateArray>(a), jobs[j].begin, p);
+      if (jobs[j].begin + jobs[j].count == counts[i]) {
+        in_file[jobs[j].array] = tensor_digests[i].*kDigestArrays[a] = array_hash->Final();
+      }
     }
     CheckDigest(listed, TensorFileDigestOf(header, in_file), digests);
   }
