@@ -130,6 +130,8 @@ class ArrayHasher {
  public:
   ArrayHasher& Update(std::span<const float> piece);
   Digest Final();
+  // The digests of the chunks completed so far (after Final: all of them).
+  std::span<const Digest> chunks() const { return chunks_; }
 
  private:
   uint64_t elements_ = 0;
@@ -255,8 +257,11 @@ CheckpointIndex OpenCheckpoint(const std::filesystem::path& dir);
 inline constexpr int64_t kCheckpointPieceFloats = int64_t{1} << 20;
 
 // Receives a piece of array `a` of tensor `i`: elements [begin, begin + piece.size()).
-using PieceSink =
-    std::function<void(size_t i, StateArray a, int64_t begin, std::span<const float> piece)>;
+// A piece of array a of tensor i as it is read, with the digests of its hash chunks
+// (kHashChunkFloats; ChunkDigests of the piece) when piece_floats is a multiple of
+// kHashChunkFloats, else empty: a sink can reuse them instead of hashing the piece again.
+using PieceSink = std::function<void(size_t i, StateArray a, int64_t begin,
+                                     std::span<const float> piece, std::span<const Digest> chunks)>;
 // Fills a piece likewise.
 using PieceSource =
     std::function<void(size_t i, StateArray a, int64_t begin, std::span<float> piece)>;

@@ -633,9 +633,18 @@ StateHash StreamCheckpoint(const CheckpointIndex& index, int64_t piece_floats,
       if (jobs[j].begin == 0) array_hash.emplace();
       const std::span<float> p = piece_of(j);
       array_hash->Update(p);
-      if (sink) sink(i, static_cast<StateArray>(a), jobs[j].begin, p);
-      if (jobs[j].begin + jobs[j].count == counts[i]) {
+      if (jobs[j].begin + jobs[j].count == counts[i]) {  // the array's last piece
         in_file[jobs[j].array] = tensor_digests[i].*kDigestArrays[a] = array_hash->Final();
+      }
+      if (sink) {
+        // Aligned pieces are whole hash chunks (the array's last perhaps shorter), all final now.
+        const std::span<const Digest> chunks =
+            piece_floats % kHashChunkFloats == 0
+                ? array_hash->chunks().subspan(
+                      static_cast<size_t>(jobs[j].begin / kHashChunkFloats),
+                      static_cast<size_t>(ChunkCount(jobs[j].count)))
+                : std::span<const Digest>();
+        sink(i, static_cast<StateArray>(a), jobs[j].begin, p, chunks);
       }
     }
     CheckDigest(listed, TensorFileDigestOf(header, in_file), digests);

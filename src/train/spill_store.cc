@@ -130,22 +130,27 @@ class SpillStore final : public StateStore {
         files_.push_back({path, fd, false});
       }
     }
-    // StreamCheckpoint reads pieces of whole chunks (a piece's hash chunks are digested on every
-    // core); each chunk of a piece is digested, in parallel, and left where it is.
+    // StreamCheckpoint reads pieces of whole chunks and hands over their hash chunks' digests:
+    // a chunk's digest (ArrayDigest) is made from those, and the chunk is left where it is.
+    static_assert(kSpillChunkFloats % kHashChunkFloats == 0 &&
+                  kSpillPieceFloats % kHashChunkFloats == 0);
+    constexpr int64_t kPerChunk = kSpillChunkFloats / kHashChunkFloats;
     return StreamCheckpoint(
         checkpoint, kSpillPieceFloats,
-        [&](size_t i, StateArray a, int64_t begin, std::span<const float> piece) {
+        [&](size_t i, StateArray a, int64_t begin, std::span<const float> piece,
+            std::span<const Digest> hash_chunks) {
           const CheckpointIndex::Location where = checkpoint.Where(i, a);
           const int file = file_of.at(where.file);
           const auto n = static_cast<int64_t>(piece.size());
-          ParallelFor(Chunks(n), [&](int64_t k) {
+          for (int64_t k = 0; k < Chunks(n); ++k) {
             const int64_t first = begin + k * kSpillChunkFloats;
+            const int64_t floats = std::min(kSpillChunkFloats, n - k * kSpillChunkFloats);
             chunks_[static_cast<size_t>(a)][i][static_cast<size_t>(first / kSpillChunkFloats)] = {
                 file, where.offset + static_cast<uint64_t>(first) * sizeof(float),
-                ArrayDigest(piece.subspan(static_cast<size_t>(k * kSpillChunkFloats),
-                                          static_cast<size_t>(std::min(kSpillChunkFloats,
-                                                                       n - k * kSpillChunkFloats))))};
-          });
+                ArrayDigestFromChunks(static_cast<uint64_t>(floats),
+                                      hash_chunks.subspan(static_cast<size_t>(k * kPerChunk),
+                                                          static_cast<size_t>(ChunkCount(floats))))};
+          }
           loaded(piece.size_bytes());
         },
         digests);

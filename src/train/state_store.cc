@@ -72,7 +72,8 @@ class MemoryStore final : public StateStore {
                  const std::function<void(uint64_t)>& loaded) override {
     return StreamCheckpoint(
         checkpoint, kCheckpointPieceFloats,
-        [&](size_t i, StateArray a, int64_t begin, std::span<const float> piece) {
+        [&](size_t i, StateArray a, int64_t begin, std::span<const float> piece,
+            std::span<const Digest>) {
           // The part of the piece held here.
           const ElementRange held = Held(a, i);
           const int64_t from = std::max(begin, held.begin);

@@ -184,12 +184,21 @@ TEST_F(CheckpointStreamTest, StreamCheckpointCoversEveryArrayOnceFrontToBack) {
   const std::map<fs::path, int> file_order = {
       {dir / "model.safetensors", 0}, {dir / "optimizer.safetensors", 1},
       {dir / "grads.safetensors", 2}};
-  for (const int64_t piece_floats : {1, 3, 5, 1000}) {
+  for (const int64_t piece_floats : {int64_t{1}, int64_t{3}, int64_t{5}, int64_t{1000}, kHashChunkFloats}) {
     std::vector<std::tuple<size_t, StateArray, int64_t, size_t>> pieces;
     std::map<std::pair<size_t, StateArray>, std::vector<float>> got;
     std::pair<int, uint64_t> last_position{-1, 0};  // (file, byte offset): strictly increasing
     const StateHash hash = StreamCheckpoint(
-        index, piece_floats, [&](size_t i, StateArray a, int64_t begin, std::span<const float> p) {
+        index, piece_floats,
+        [&](size_t i, StateArray a, int64_t begin, std::span<const float> p,
+            std::span<const Digest> chunks) {
+          // Whole-chunk pieces come with their chunks' digests, others with none.
+          if (piece_floats % kHashChunkFloats == 0) {
+            const std::vector<Digest> want = ChunkDigests(p);
+            EXPECT_TRUE(std::ranges::equal(chunks, want)) << "piece " << begin << " of " << i;
+          } else {
+            EXPECT_TRUE(chunks.empty());
+          }
           pieces.emplace_back(i, a, begin, p.size());
           got[{i, a}].insert(got[{i, a}].end(), p.begin(), p.end());
           const CheckpointIndex::Location where = index.Where(i, a);
