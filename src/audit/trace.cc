@@ -31,7 +31,7 @@ double TraceRecord::Arg(std::string_view name) const {
 namespace {
 
 constexpr std::string_view kTraceFormat = "lockstep-trace";
-constexpr uint64_t kTraceVersion = 1;
+constexpr uint64_t kTraceVersion = 2;  // 2: the norm recorded as block_squares (docs/disputes.md)
 
 // An argument as JSON: integral values as integers, the others as the double they are.
 Json ArgJson(double v) {
