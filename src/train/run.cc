@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <chrono>
 #include <cstdio>
+#include <thread>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -318,9 +320,15 @@ int RunTraining(const TrainOptions& options) {
   try {
     return Train(options, *comm);
   } catch (const Error& e) {
-    // Every rank's error reaches the terminal, with its rank.
     if (comm->size() == 1) throw;
-    throw Error(fmt::format("rank {} of {}: {}", comm->rank(), comm->size(), e.what()));
+    // Every rank's error reaches the terminal, with its rank. mpirun stops the whole job as soon
+    // as one rank exits non-zero, so a rank that fails lingers a moment after reporting: ranks
+    // that fail together (a verdict every rank reached) all get their message out.
+    std::fprintf(stderr, "lockstep: error: rank %d of %d: %s\n", comm->rank(), comm->size(),
+                 e.what());
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    return 2;
   }
 }
 
