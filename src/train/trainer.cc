@@ -338,7 +338,9 @@ void Trainer::ShareParameters(const ChunkTable& chunks) {
                  replica_fault_->second == static_cast<int64_t>(state_.step);
   // The first chunk whose copy here differs from its owner's: tensor, owner, first element.
   std::array<int64_t, 3> diverged{-1, -1, -1};
-  const auto& param_chunks = [&](size_t i) { return chunks[i][int(StateArray::kParam)]; };
+  const auto param_chunks = [&](size_t i) -> const std::vector<Digest>& {
+    return chunks[i][int(StateArray::kParam)];
+  };
   for (size_t i = 0; i < specs_.size(); ++i) {
     for (int r = 0; r < ranks_; ++r) {
       const ElementRange held = Held(i, r);
