@@ -12,5 +12,12 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$lockstep" data synth --out "$tmp/data" --seed 7 --tokens 200000 >/dev/null 2>&1
 "$lockstep" train --config tiny --data "$tmp/data" --out "$tmp/run" --steps 20 --no-progress >/dev/null 2>&1
+# The chain's checkpointed steps re-derived independently: tools/state_hash.py recomputes each
+# checkpoint's hash from its files (Python's standard library only) and must print the chain's line.
+for step in 0 20; do
+  derived=$(python3 tools/state_hash.py "$tmp/run/checkpoints/$(printf 'step_%09d' "$step")")
+  grep -qx "{\"step\": $step, \"hash\": \"$derived\"}" "$tmp/run/state_hashes.jsonl" ||
+    { echo "golden-chain.sh: tools/state_hash.py gives $derived for step $step, not the chain's" >&2; exit 1; }
+done
 cp "$tmp/run/state_hashes.jsonl" tests/fixtures/tiny_chain.jsonl
 echo "wrote tests/fixtures/tiny_chain.jsonl ($(wc -l < tests/fixtures/tiny_chain.jsonl) lines, $("$lockstep" --version | grep 'numerics contract'))"

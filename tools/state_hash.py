@@ -47,8 +47,11 @@ def read_listed_files(directory):
     """Returns {name: bytes} for every file COMPLETE lists, after checking size and digest."""
     with open(os.path.join(directory, "COMPLETE"), "rb") as f:
         listing = json.load(f)
-    if listing.get("format_version") != 2:
-        raise CheckpointError(f"{directory}: COMPLETE format_version is not 2")
+    if listing.get("format_version") != 3:
+        raise CheckpointError(f"{directory}: COMPLETE format_version is not 3")
+    names = {"model.safetensors", "optimizer.safetensors", "meta.json"}
+    if set(listing["files"]) not in (names, names | {"grads.safetensors"}):
+        raise CheckpointError(f"{directory}: COMPLETE lists {sorted(listing['files'])}")
     files = {}
     for name, entry in sorted(listing["files"].items()):
         path = os.path.join(directory, name)
@@ -94,8 +97,10 @@ def u32(*values):
     return struct.pack(f"<{len(values)}I", *values)
 
 
-def state_hash(meta, model, optimizer, grads):
-    """Returns (hash, [(component name, digest)]) as docs/formats/state-hash.md defines them."""
+def state_hash(meta, model, optimizer, grads=None):
+    """Returns (hash, [(component name, digest)]) as docs/formats/state-hash.md defines them.
+    The gradients' digests are meta.json's grad_digests; with `grads` (a checkpoint with full
+    gradients) each gradient must hash to its listed digest."""
     spike = meta["spike"]
     scalars = (u64(meta["step"], meta["optimizer_step"]) +
                u32(int(meta["lr_bits"], 16), int(meta["grad_norm_bits"], 16),
@@ -114,13 +119,20 @@ def state_hash(meta, model, optimizer, grads):
         ("layout", blake2b(layout)),
     ]
     moments = {name: data for name, _, data in optimizer}
-    gradients = {name: data for name, _, data in grads}
-    for name, _, param in model:
+    grad_digests = [bytes.fromhex(d) for d in meta["grad_digests"]]
+    if len(grad_digests) != len(model):
+        raise CheckpointError(f"meta.json: {len(grad_digests)} grad_digests for "
+                              f"{len(model)} parameters")
+    gradients = None if grads is None else {name: data for name, _, data in grads}
+    for (name, _, param), grad in zip(model, grad_digests):
+        if gradients is not None and array_digest(gradients[name]) != grad:
+            raise CheckpointError(f"grads.safetensors: {name} does not hash to its grad_digests "
+                                  "entry")
         components += [
             ("param:" + name, array_digest(param)),
             ("m:" + name, array_digest(moments[name + ".exp_avg"])),
             ("v:" + name, array_digest(moments[name + ".exp_avg_sq"])),
-            ("grad:" + name, array_digest(gradients[name])),
+            ("grad:" + name, grad),
         ]
     return blake2b(TAG + b"".join(digest for _, digest in components)), components
 
@@ -134,9 +146,9 @@ def main(argv):
         files = read_listed_files(directory)
         meta = json.loads(files["meta.json"])
         tensors = {name: read_safetensors(name, files[name + ".safetensors"])
-                   for name in ("model", "optimizer", "grads")}
+                   for name in ("model", "optimizer", "grads") if name + ".safetensors" in files}
         digest, components = state_hash(meta, tensors["model"], tensors["optimizer"],
-                                        tensors["grads"])
+                                        tensors.get("grads"))
     except (OSError, ValueError, KeyError, TypeError, struct.error, CheckpointError) as e:
         print(f"state_hash.py: {directory}: cannot read the checkpoint: {type(e).__name__}: {e}",
               file=sys.stderr)

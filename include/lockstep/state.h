@@ -87,12 +87,15 @@ struct StepState {
   std::string descriptor;  // canonical run descriptor JSON, hashed as these exact UTF-8 bytes
 };
 
-// One parameter with its AdamW moments and its post-clip gradient. All four are always present
-// and have the shape's element count (at init m, v and grad are zeros).
+// One parameter with its AdamW moments and its post-clip gradient. param, m and v always have
+// the shape's element count (at init m, v and grad are zeros). The gradient is known by its
+// elements, by its array digest (`grad_digest`, with `grad` empty: a checkpoint that keeps only
+// the gradients' digests), or by both, and then the elements must hash to the digest.
 struct TensorState {
   std::string name;
   std::vector<int64_t> shape;
   std::span<const float> param, m, v, grad;
+  std::optional<Digest> grad_digest;
 };
 
 // The four arrays of a tensor's state, in state-hash order.
@@ -155,7 +158,8 @@ struct StateHash {
   std::vector<std::pair<std::string, Digest>> components;
 };
 
-// Fails naming the tensor when an array's size does not match its shape.
+// Fails naming the tensor when an array's size does not match its shape, or when the gradient's
+// elements do not hash to its grad_digest.
 TensorDigest DigestTensor(const TensorState& tensor);
 // The hash from per-tensor digests, so a caller can stream tensors one at a time (RAM ~ one
 // tensor). Fails on empty or duplicate tensor names.
@@ -163,6 +167,8 @@ StateHash StateHashFromDigests(const StepState& state, std::span<const TensorDig
 // DigestTensor on every tensor (in parallel on Threads() threads; the result does not depend
 // on it), then StateHashFromDigests.
 StateHash ComputeStateHash(const StepState& state, std::span<const TensorState> tensors);
+// The digest of a named component ("grad:<name>", ...); fails naming it when the hash has none.
+const Digest& ComponentDigest(const StateHash& hash, std::string_view component);
 // Names of the components that differ between two hashes, or that only one of them has.
 std::vector<std::string> DifferingComponents(const StateHash& a, const StateHash& b);
 
@@ -175,26 +181,38 @@ std::vector<std::string> DifferingComponents(const StateHash& a, const StateHash
 Digest TensorFileDigestOf(std::span<const uint8_t> head, std::span<const Digest> arrays);
 Digest TensorFileDigest(std::span<const uint8_t> file, const std::filesystem::path& path);
 
+// What a checkpoint keeps of the step's post-clip gradients (docs/formats/checkpoint.md): their
+// array digests in meta.json, which is all the state hash needs (the checkpoint is then 12 bytes
+// per parameter), or the gradients themselves as well (grads.safetensors), which localising a
+// disagreement down to gradient elements needs.
+enum class Gradients { kDigests, kFull };
+
 // `run_dir/checkpoints/step_%09d` for `step`.
 std::filesystem::path CheckpointDir(const std::filesystem::path& run_dir, uint64_t step);
 
-// Writes run_dir/checkpoints/step_%09d/ (model, optimizer and grads safetensors, meta.json with
-// the state hash, COMPLETE last) into a temporary sibling, fsyncs every file, renames it into
-// place and fsyncs the parent. The bytes are a pure function of the arguments. If the final
-// directory exists already it must hold exactly these bytes (a deterministic rewrite is a
-// no-op); otherwise this fails naming the directory. Returns the final directory. Fails naming
-// the tensor, before writing anything, when an array's size does not match its shape.
+// Writes run_dir/checkpoints/step_%09d/ (model and optimizer safetensors, with kFull grads
+// safetensors too, meta.json with the gradients' digests and the state hash, COMPLETE last) into
+// a temporary sibling, fsyncs every file, renames it into place and fsyncs the parent. The bytes
+// are a pure function of the arguments. If the final directory exists already it must hold
+// exactly these bytes (a deterministic rewrite is a no-op); otherwise this fails naming the
+// directory. Returns the final directory. Fails naming the tensor, before writing anything, when
+// an array's size does not match its shape, a gradient does not hash to its grad_digest, or
+// kFull is asked of a tensor whose gradient is known by its digest only.
 // WriteCheckpointStreamed (below) does the writing.
 std::filesystem::path WriteCheckpoint(const std::filesystem::path& run_dir, const StepState& state,
-                                      std::span<const TensorState> tensors);
+                                      std::span<const TensorState> tensors,
+                                      Gradients gradients = Gradients::kDigests);
 
 // A checkpoint read back and checked against its COMPLETE listing. Move-only (spans into files).
 struct Checkpoint {
   std::filesystem::path dir;
   StepState state;
   Digest state_hash{};  // as meta.json records it
-  SafetensorsFile model, optimizer, grads;
-  std::vector<TensorState> tensors;  // in model.safetensors file order, spans into the files
+  SafetensorsFile model, optimizer;
+  std::optional<SafetensorsFile> grads;  // a checkpoint with full gradients only
+  // In model.safetensors file order, spans into the files; each grad_digest is meta.json's, and
+  // `grad` holds the elements when the checkpoint has them.
+  std::vector<TensorState> tensors;
 };
 
 // What ReadCheckpoint does with a file whose BLAKE2b differs from the one COMPLETE lists.
@@ -203,8 +221,8 @@ enum class FileDigests {
   kIgnore,   // read it anyway (sizes are still checked): forensics, `lockstep replay --force`
 };
 
-// Refuses a directory without COMPLETE; checks every listed file's size and BLAKE2b; parses
-// meta.json; checks that the three tensor files agree in names and shapes. Does not recompute
+// Refuses a directory without COMPLETE; checks every listed file's size and digest; parses
+// meta.json; checks that the tensor files agree in names and shapes. Does not recompute
 // the state hash (VerifyCheckpointHash does). Errors name the file and the field or digest.
 // Holds every file in memory: for large models, OpenCheckpoint and StreamCheckpoint (below)
 // make the same checks with one piece in memory.
@@ -222,7 +240,7 @@ std::vector<uint64_t> CompleteCheckpointSteps(const std::filesystem::path& run_d
 // ---- checkpoints streamed in pieces: RAM ~ one piece, whatever the model's size -------------
 // A checkpoint whose small files are read and checked but whose tensor data is not loaded:
 // COMPLETE parsed strictly; meta.json checked against COMPLETE (size and digest) and parsed; the
-// three tensor files' sizes checked against COMPLETE and their headers read and validated as
+// tensor files' sizes checked against COMPLETE and their headers read and validated as
 // ReadSafetensors validates them (__metadata__ included) and matched up as ReadCheckpoint
 // matches them. The tensor files' digests need every byte: StreamCheckpoint checks them.
 struct CheckpointIndex {
@@ -230,16 +248,20 @@ struct CheckpointIndex {
   StepState state;
   Digest state_hash{};               // as meta.json records it
   std::vector<TensorShape> tensors;  // model.safetensors order (ascending data offsets)
+  std::vector<Digest> grad_digests;  // meta.json's, per tensor
+  Gradients gradients = Gradients::kDigests;  // kFull: grads.safetensors holds the gradients
 
   // Where array `a` of tensor `i` starts: the file and the byte offset of its first element
-  // from the start of the file. Fails naming the directory when there is no tensor i.
+  // from the start of the file. Fails naming the directory when there is no tensor i, or when
+  // `a` is the gradient of a checkpoint that keeps only its digest.
   struct Location {
     std::filesystem::path file;
     uint64_t offset = 0;
   };
   Location Where(size_t i, StateArray a) const;
 
-  // model.safetensors, optimizer.safetensors, grads.safetensors, as COMPLETE lists them.
+  // model.safetensors, optimizer.safetensors, grads.safetensors as COMPLETE lists them (the
+  // last only with full gradients; otherwise its path is empty).
   struct File {
     std::filesystem::path path;
     uint64_t size = 0;
@@ -266,13 +288,15 @@ using PieceSink = std::function<void(size_t i, StateArray a, int64_t begin,
 using PieceSource =
     std::function<void(size_t i, StateArray a, int64_t begin, std::span<float> piece)>;
 
-// Reads the three tensor files once each, front to back, in pieces: the pieces of an array start
-// at multiples of piece_floats within that array (the last may be shorter; an empty array has
+// Reads the tensor files once each, front to back, in pieces: the pieces of an array start at
+// multiples of piece_floats within that array (the last may be shorter; an empty array has
 // none), so a sink can digest fixed chunks. Every piece goes to `sink` (which may be empty) as it
-// is read; its contents are not trusted until StreamCheckpoint returns, because a file's BLAKE2b
+// is read; its contents are not trusted until StreamCheckpoint returns, because a file's digest
 // is only known at its end: on a mismatch with COMPLETE it fails naming the file and both
-// digests (unless `digests` is kIgnore). Returns the state hash recomputed from the data
-// (components included); it does not compare it with meta.json (VerifyStreamedHash does).
+// digests (unless `digests` is kIgnore), and so it does when a full gradient does not hash to
+// meta.json's grad_digests. A checkpoint without full gradients hands over no gradient pieces.
+// Returns the state hash recomputed from the data and meta.json's gradient digests (components
+// included); it does not compare it with meta.json's state_hash (VerifyStreamedHash does).
 StateHash StreamCheckpoint(const CheckpointIndex& index, int64_t piece_floats,
                            const PieceSink& sink, FileDigests digests = FileDigests::kEnforce);
 // Fails naming the directory and both hashes when `recomputed` (StreamCheckpoint's result)
@@ -289,7 +313,9 @@ struct WrittenCheckpoint {
   StateHash hash;  // computed from the bytes written
 };
 // WriteCheckpoint with every array pulled from `source` piece by piece (pieces start at multiples
-// of piece_floats within each array; an empty array has none), RAM ~ one piece. The same
+// of piece_floats within each array; an empty array has none), RAM ~ one piece. The gradients'
+// digests are `grad_digests` when given (one per tensor: then the gradients are pulled only for
+// kFull, and must hash to them), else made from the gradients pulled from `source`. The same
 // protocol and the same bytes as WriteCheckpoint (temporary directory, fsync, COMPLETE last,
 // rename, no-op on an identical rewrite, refusal of a different existing one). The state hash
 // is computed from the data as it is written, so meta.json comes after the three tensor files.
@@ -298,7 +324,9 @@ struct WrittenCheckpoint {
 WrittenCheckpoint WriteCheckpointStreamed(const std::filesystem::path& run_dir,
                                           const StepState& state,
                                           std::span<const TensorShape> tensors,
-                                          int64_t piece_floats, const PieceSource& source);
+                                          int64_t piece_floats, const PieceSource& source,
+                                          Gradients gradients = Gradients::kDigests,
+                                          std::span<const Digest> grad_digests = {});
 
 // ---- state_hashes.jsonl: one {"step": N, "hash": "<64 hex>"} object per line -----------------
 struct StateHashLine {

@@ -96,12 +96,16 @@ class Trainer {
   // replay's last step when nothing reads the state after it; the trainer then refuses further
   // steps, reads and checkpoints.
   void DiscardNextState() { discard_next_ = true; }
-  // Writes the current state as run_dir/checkpoints/step_N (WriteCheckpointStreamed). In a
-  // distributed run rank 0 writes, asking each range's owner for its pieces, while every other
-  // rank calls it too and answers (it returns an empty path there).
-  std::filesystem::path WriteCheckpoint(const std::filesystem::path& run_dir);
+  // Writes the current state as run_dir/checkpoints/step_N (WriteCheckpointStreamed), keeping
+  // the gradients as their digests (from the state hash: they are not read) or, with
+  // Gradients::kFull, whole -- which needs them held: not after restoring a checkpoint without
+  // them, before the next step. In a distributed run rank 0 writes, asking each range's owner for
+  // its pieces, while every other rank calls it too and answers (it returns an empty path there).
+  std::filesystem::path WriteCheckpoint(const std::filesystem::path& run_dir,
+                                        Gradients gradients = Gradients::kDigests);
   // Copies elements [begin, begin + out.size()) of array `array` of tensor i (a PieceSource).
-  // Distributed: rank 0 only, during WriteCheckpoint, or any rank for what it holds.
+  // Distributed: rank 0 only, during WriteCheckpoint, or any rank for what it holds. Fails for a
+  // gradient the trainer does not hold (restored from a checkpoint that keeps its digest only).
   void ReadPiece(size_t i, StateArray array, int64_t begin, std::span<float> out);
 
   const StepState& state() const { return state_; }
@@ -164,6 +168,9 @@ class Trainer {
   std::vector<uint32_t> tokens_;  // one microbatch: [microbatch, seq_len + 1]
   bool progress_ = false;
   bool discard_next_ = false, discarded_ = false;  // DiscardNextState
+  // The store holds the gradients of state_ (false after restoring a checkpoint that keeps only
+  // their digests, until the next step computes new ones).
+  bool gradients_held_ = true;
   OpObserver* observer_ = nullptr;  // the fault (if any) in front of the caller's observer
   std::unique_ptr<OpObserver> fault_;
   std::optional<std::pair<uint64_t, int64_t>> token_fault_;  // LOCKSTEP_TEST_FAULT_TOKEN
@@ -188,6 +195,9 @@ struct TrainOptions {
   // Signs every chain line and, after every checkpoint, a root over the chain so far, into
   // run_dir/signatures.jsonl (docs/formats/signatures.md).
   std::optional<std::filesystem::path> sign_key;
+  // What each checkpoint keeps of the gradients (docs/formats/checkpoint.md): their digests, or
+  // with kFull the gradients too, for localising a later disagreement to gradient elements.
+  Gradients checkpoint_gradients = Gradients::kDigests;
 };
 
 // `lockstep train`: trains into run_dir (metrics.jsonl, state_hashes.jsonl, checkpoints/).

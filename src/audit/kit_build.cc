@@ -37,7 +37,9 @@ PublishedCheckpoint ReadPublishedCheckpoint(const fs::path& dir, uint64_t expect
          index.state.step, expected_step);
   }
   PublishedCheckpoint c{index.state.step, dir, index.state_hash, index.state.descriptor, {}};
-  for (const CheckpointIndex::File& f : index.files) c.files.push_back(f.path.filename().string());
+  for (const CheckpointIndex::File& f : index.files) {
+    if (!f.path.empty()) c.files.push_back(f.path.filename().string());  // grads: with kFull only
+  }
   c.files.push_back("meta.json");
   c.files.push_back("COMPLETE");
   return c;

@@ -165,6 +165,14 @@ std::vector<std::string> LocaliseMismatch(const StepState& replayed_state,
                                     fmt::join(reference.tensors[*theirs].shape, ", ")));
         continue;
       }
+      if (*array == StateArray::kGrad && reference.gradients != Gradients::kFull) {
+        lines.push_back(fmt::format(
+            "{} differs: digest replayed {}, reference {}; the reference checkpoint keeps only "
+            "the gradients' digests (train with --full-gradients to localise gradient elements)",
+            component, ToHex(ComponentDigest(replayed_hash, component)),
+            ToHex(ComponentDigest(reference_hash, component))));
+        continue;
+      }
       // One array of each side in RAM at a time.
       std::vector<float> a(static_cast<size_t>(ElementsOf(shape))), b(a.size());
       ReadCheckpointPiece(reference, *theirs, *array, 0, b);

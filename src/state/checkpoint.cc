@@ -103,7 +103,10 @@ std::string DumpJson(const Json& value, std::string_view what) {
   }
 }
 
-std::string MetaJson(const StepState& s, const Digest& state_hash) {
+std::string MetaJson(const StepState& s, std::span<const Digest> grad_digests,
+                     const Digest& state_hash) {
+  Json grads = Json::array();
+  for (const Digest& d : grad_digests) grads.push_back(ToHex(d));
   const Json meta = {
       {"format", kMetaFormat},
       {"format_version", kCheckpointFormatVersion},
@@ -122,18 +125,26 @@ std::string MetaJson(const StepState& s, const Digest& state_hash) {
       // A string, not an embedded object: the hash covers these exact bytes, which re-encoding
       // an object could change.
       {"descriptor", s.descriptor},
+      {"grad_digests", std::move(grads)},
       {"state_hash", ToHex(state_hash)},
   };
   return DumpJson(meta, "checkpoint meta.json");
 }
 
-std::pair<StepState, Digest> ParseMeta(std::string_view text, const std::string& what) {
+// meta.json's contents.
+struct Meta {
+  StepState state;
+  Digest state_hash{};
+  std::vector<Digest> grad_digests;  // per parameter, in parameter order
+};
+
+Meta ParseMeta(std::string_view text, const std::string& what) {
   const Json meta = state_internal::ParseJsonStrict(text, what);
   state_internal::RequireKeys(
       meta,
       {"format", "format_version", "step", "optimizer_step", "lr_bits", "grad_norm_bits",
        "clip_factor_bits", "skipped", "tokens_digest", "rng_seed", "rng_counter", "data_cursor",
-       "spike", "prev_hash", "descriptor", "state_hash"},
+       "spike", "prev_hash", "descriptor", "grad_digests", "state_hash"},
       what);
   state_internal::RequireFormat(meta, kMetaFormat, kCheckpointFormatVersion, what);
   using state_internal::U64Field, state_internal::DigestField;
@@ -165,7 +176,20 @@ std::pair<StepState, Digest> ParseMeta(std::string_view text, const std::string&
   }
   s.prev_hash = DigestField(meta, "prev_hash", what);
   s.descriptor = state_internal::StringField(meta, "descriptor", what);
-  return {std::move(s), DigestField(meta, "state_hash", what)};
+  const Json& grads = meta["grad_digests"];
+  if (!grads.is_array()) {
+    Fail("{}: field \"grad_digests\": expected an array, got {}", what,
+         state_internal::Shown(grads));
+  }
+  std::vector<Digest> grad_digests;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const std::string element = fmt::format("{}: field \"grad_digests\"[{}]", what, i);
+    if (!grads[i].is_string()) {
+      Fail("{}: expected a string, got {}", element, state_internal::Shown(grads[i]));
+    }
+    grad_digests.push_back(DigestFromHex(grads[i].get<std::string>(), element));
+  }
+  return {std::move(s), DigestField(meta, "state_hash", what), std::move(grad_digests)};
 }
 
 // A file as COMPLETE lists it (data_start is set once a tensor file's header has been read).
@@ -173,10 +197,17 @@ using ListedFile = CheckpointIndex::File;
 
 struct Listing {
   ListedFile meta;
-  std::array<ListedFile, 3> tensor_files;  // kTensorFiles order
+  std::array<ListedFile, 3> tensor_files;  // kTensorFiles order; grads only with kFull
+  Gradients gradients = Gradients::kDigests;
 };
 
-// COMPLETE, parsed strictly: the format, and exactly the four files with their sizes and digests.
+// Whether tensor file f (kTensorFiles order) is in a checkpoint that keeps `gradients`.
+bool HasTensorFile(size_t f, Gradients gradients) {
+  return f != 2 || gradients == Gradients::kFull;
+}
+
+// COMPLETE, parsed strictly: the format, and exactly the files of the checkpoint (grads only
+// with full gradients) with their sizes and digests.
 Listing ReadListing(const fs::path& dir) {
   const fs::path complete_path = dir / kCompleteFile;
   if (!fs::is_regular_file(complete_path)) {
@@ -187,8 +218,14 @@ Listing ReadListing(const fs::path& dir) {
   state_internal::RequireKeys(complete, {"format", "format_version", "files"}, what);
   state_internal::RequireFormat(complete, kCompleteFormat, kCheckpointFormatVersion, what);
   const Json& files = complete["files"];
-  state_internal::RequireKeys(files, {kModelFile, kOptimizerFile, kGradsFile, kMetaFile},
-                              what + ": files");
+  const Gradients gradients =
+      files.is_object() && files.contains(kGradsFile) ? Gradients::kFull : Gradients::kDigests;
+  if (gradients == Gradients::kFull) {
+    state_internal::RequireKeys(files, {kModelFile, kOptimizerFile, kGradsFile, kMetaFile},
+                                what + ": files");
+  } else {
+    state_internal::RequireKeys(files, {kModelFile, kOptimizerFile, kMetaFile}, what + ": files");
+  }
   // meta.json by its BLAKE2b, a tensor file by its TensorFileDigest.
   const auto listed = [&](const char* name, const char* digest_key) {
     const std::string entry_what = fmt::format("{}: files.{}", what, name);
@@ -200,7 +237,9 @@ Listing ReadListing(const fs::path& dir) {
   };
   return {.meta = listed(kMetaFile, "blake2b"),
           .tensor_files = {listed(kModelFile, "digest"), listed(kOptimizerFile, "digest"),
-                           listed(kGradsFile, "digest")}};
+                           gradients == Gradients::kFull ? listed(kGradsFile, "digest")
+                                                         : ListedFile{}},
+          .gradients = gradients};
 }
 
 void CheckExists(const ListedFile& file) {
@@ -233,16 +272,15 @@ std::vector<uint8_t> ReadListedFile(const ListedFile& file, FileDigests digests)
 }
 
 // meta.json, checked against COMPLETE and parsed; its step must match a canonical directory name.
-std::pair<StepState, Digest> ReadMeta(const fs::path& dir, const Listing& listing,
-                                      FileDigests digests) {
+Meta ReadMeta(const fs::path& dir, const Listing& listing, FileDigests digests) {
   const std::vector<uint8_t> bytes = ReadListedFile(listing.meta, digests);
   const std::string what = listing.meta.path.string();
-  auto meta =
+  Meta meta =
       ParseMeta(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), what);
   if (const auto named_step = StepOfDirName(dir.filename().string());
-      named_step && *named_step != meta.first.step) {
+      named_step && *named_step != meta.state.step) {
     Fail("{}: field \"step\" is {} but the directory is named for step {}", what,
-         meta.first.step, *named_step);
+         meta.state.step, *named_step);
   }
   return meta;
 }
@@ -261,13 +299,22 @@ struct Matching {
   std::vector<std::array<size_t, kStateArrayCount>> position;
 };
 
-// Matches the three files' tensors (each file's in data order): every companion present with
-// the parameter's shape, and no extra tensors.
-Matching MatchTensorFiles(const fs::path& dir, std::array<std::vector<TensorShape>, 3> files) {
+// Matches the tensor files' tensors (each file's in data order): every companion present with
+// the parameter's shape, and no extra tensors; and one gradient digest in meta.json per parameter.
+Matching MatchTensorFiles(const fs::path& dir, std::array<std::vector<TensorShape>, 3> files,
+                          Gradients gradients, size_t grad_digests) {
   const size_t n = files[0].size();
-  if (files[1].size() != 2 * n || files[2].size() != n) {
-    Fail("{}: {} parameters, but {} holds {} tensors (expected {}) and {} holds {} (expected {})",
-         dir.string(), n, kOptimizerFile, files[1].size(), 2 * n, kGradsFile, files[2].size(), n);
+  if (files[1].size() != 2 * n) {
+    Fail("{}: {} parameters, but {} holds {} tensors (expected {})", dir.string(), n,
+         kOptimizerFile, files[1].size(), 2 * n);
+  }
+  if (gradients == Gradients::kFull && files[2].size() != n) {
+    Fail("{}: {} parameters, but {} holds {} tensors (expected {})", dir.string(), n, kGradsFile,
+         files[2].size(), n);
+  }
+  if (grad_digests != n) {
+    Fail("{}: field \"grad_digests\" lists {} digests for {} parameters",
+         (dir / kMetaFile).string(), grad_digests, n);
   }
   std::array<std::map<std::string_view, size_t>, 3> by_name;
   for (size_t f = 0; f < files.size(); ++f) {
@@ -280,6 +327,7 @@ Matching MatchTensorFiles(const fs::path& dir, std::array<std::vector<TensorShap
     std::array<size_t, kStateArrayCount>& position = m.position.emplace_back();
     for (int a = 0; a < kStateArrayCount; ++a) {
       const ArrayPlace& place = kArrayPlaces[a];
+      if (!HasTensorFile(place.file, gradients)) continue;
       const fs::path path = dir / kTensorFiles[place.file].name;
       const std::string name = p.name + place.suffix;
       const auto it = by_name[place.file].find(name);
@@ -384,11 +432,17 @@ fs::path CheckpointDir(const fs::path& run_dir, uint64_t step) {
 
 WrittenCheckpoint WriteCheckpointStreamed(const fs::path& run_dir, const StepState& state,
                                           std::span<const TensorShape> tensors,
-                                          int64_t piece_floats, const PieceSource& source) {
+                                          int64_t piece_floats, const PieceSource& source,
+                                          Gradients gradients,
+                                          std::span<const Digest> grad_digests) {
   const fs::path final_dir = CheckpointDir(run_dir, state.step);
   if (piece_floats < 1) {
     Fail("{}: WriteCheckpointStreamed: piece_floats = {} (must be at least 1)", final_dir.string(),
          piece_floats);
+  }
+  if (!grad_digests.empty() && grad_digests.size() != tensors.size()) {
+    Fail("{}: WriteCheckpointStreamed: {} gradient digests for {} tensors", final_dir.string(),
+         grad_digests.size(), tensors.size());
   }
   // Everything that can be refused is refused before the first byte is written: shapes, names
   // (by the headers), and the descriptor (which meta.json, written last, must encode).
@@ -410,39 +464,59 @@ WrittenCheckpoint WriteCheckpointStreamed(const fs::path& run_dir, const StepSta
         in_file, FileMetadata(kTensorFiles[f].content, state.step),
         (final_dir / kTensorFiles[f].name).string());
   }
-  MetaJson(state, Digest{});
+  MetaJson(state, grad_digests, Digest{});
 
   const fs::path temp_dir = MakeTempDir(run_dir, final_dir, state.step);
   // One piece in memory; COMPLETE lists each file's size and digest, and each piece also feeds
   // its array's digest, from which the state hash in meta.json is made.
   Json listing = Json::object();
   std::vector<float> piece(PieceSize(piece_floats, counts));
+  // Pulls array a of tensor i from the source piece by piece into `out` (when given) and returns
+  // its digest.
+  const auto pull = [&](size_t i, int a, state_internal::File* out) {
+    ArrayHasher array_hash;
+    for (int64_t begin = 0; begin < counts[i]; begin += piece_floats) {
+      const std::span<float> p(piece.data(),
+                               static_cast<size_t>(std::min(piece_floats, counts[i] - begin)));
+      source(i, static_cast<StateArray>(a), begin, p);
+      array_hash.Update(p);
+      if (out != nullptr) out->Write(BytesOf(p));
+    }
+    return array_hash.Final();
+  };
+  constexpr int kGrad = static_cast<int>(StateArray::kGrad);
   for (size_t f = 0; f < kTensorFiles.size(); ++f) {
-    state_internal::File out = state_internal::File::Create(temp_dir / kTensorFiles[f].name);
+    if (!HasTensorFile(f, gradients)) {
+      // The gradients are kept as their digests: given, or made from the source's pieces.
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        digests[i].grad = grad_digests.empty() ? pull(i, kGrad, nullptr) : grad_digests[i];
+      }
+      continue;
+    }
+    const fs::path path = temp_dir / kTensorFiles[f].name;
+    state_internal::File out = state_internal::File::Create(path);
     out.Write(BytesOf(headers[f]));
-    uint64_t size = headers[f].size();
     std::vector<Digest> in_file;  // the file's array digests, in data order
     for (size_t i = 0; i < tensors.size(); ++i) {
       for (int a = 0; a < kStateArrayCount; ++a) {
         if (kArrayPlaces[a].file != f) continue;
-        ArrayHasher array_hash;
-        for (int64_t begin = 0; begin < counts[i]; begin += piece_floats) {
-          const std::span<float> p(piece.data(),
-                                   static_cast<size_t>(std::min(piece_floats, counts[i] - begin)));
-          source(i, static_cast<StateArray>(a), begin, p);
-          array_hash.Update(p);
-          out.Write(BytesOf(p));
-          size += p.size_bytes();
+        in_file.push_back(digests[i].*kDigestArrays[a] = pull(i, a, &out));
+        if (a == kGrad && !grad_digests.empty() && digests[i].grad != grad_digests[i]) {
+          Fail("{}: the gradient of tensor '{}' hashes to {}, but its given digest is {}",
+               final_dir.string(), tensors[i].name, ToHex(digests[i].grad),
+               ToHex(grad_digests[i]));
         }
-        in_file.push_back(digests[i].*kDigestArrays[a] = array_hash.Final());
       }
     }
     out.Sync();
     listing[kTensorFiles[f].name] = {
-        {"digest", ToHex(TensorFileDigestOf(BytesOf(headers[f]), in_file))}, {"size", size}};
+        {"digest", ToHex(TensorFileDigestOf(BytesOf(headers[f]), in_file))},
+        {"size", out.Size()}};
   }
   StateHash hash = StateHashFromDigests(state, digests);
-  const std::string meta = MetaJson(state, hash.hash);
+  std::vector<Digest> written_grads;
+  for (const TensorDigest& d : digests) written_grads.push_back(d.grad);
+  const std::string meta = MetaJson(state, written_grads, hash.hash);
   WriteFileSynced(temp_dir / kMetaFile, meta);
   listing[kMetaFile] = {{"blake2b", ToHex(Blake2b256(BytesOf(meta)))}, {"size", meta.size()}};
   const std::string complete = DumpJson({{"format", kCompleteFormat},
@@ -456,17 +530,35 @@ WrittenCheckpoint WriteCheckpointStreamed(const fs::path& run_dir, const StepSta
 }
 
 fs::path WriteCheckpoint(const fs::path& run_dir, const StepState& state,
-                         std::span<const TensorState> tensors) {
+                         std::span<const TensorState> tensors, Gradients gradients) {
   std::vector<TensorShape> shapes;
-  for (const TensorState& t : tensors) {
+  // The gradients' digests, made here (and checked against the elements) when some gradient
+  // comes with its digest.
+  std::vector<Digest> grad_digests;
+  const bool by_digest = std::ranges::any_of(tensors, [](const TensorState& t) {
     state_internal::CheckTensorState(t);  // sizes match shapes: the source below stays in bounds
+    return t.grad_digest.has_value();
+  });
+  for (const TensorState& t : tensors) {
     shapes.push_back({t.name, t.shape});
+    if (!by_digest) continue;
+    if (state_internal::HasGradElements(t)) {
+      grad_digests.push_back(state_internal::CheckedGradDigest(t, ArrayDigest(t.grad)));
+    } else if (gradients == Gradients::kFull) {
+      Fail("{}: tensor '{}': a checkpoint with full gradients needs the gradient's elements, "
+           "but only its digest is known",
+           CheckpointDir(run_dir, state.step).string(), t.name);
+    } else {
+      grad_digests.push_back(*t.grad_digest);
+    }
   }
   const auto copy = [&](size_t i, StateArray a, int64_t begin, std::span<float> piece) {
     const std::span<const float> from = tensors[i].*kStateArrays[static_cast<int>(a)];
     std::copy_n(from.begin() + begin, piece.size(), piece.begin());
   };
-  return WriteCheckpointStreamed(run_dir, state, shapes, kCheckpointPieceFloats, copy).dir;
+  return WriteCheckpointStreamed(run_dir, state, shapes, kCheckpointPieceFloats, copy, gradients,
+                                 grad_digests)
+      .dir;
 }
 
 Digest TensorFileDigestOf(std::span<const uint8_t> head, std::span<const Digest> arrays) {
@@ -492,8 +584,8 @@ Digest TensorFileDigest(std::span<const uint8_t> file, const fs::path& path) {
 
 Checkpoint ReadCheckpoint(const fs::path& dir, FileDigests digests) {
   const Listing listing = ReadListing(dir);
-  auto [state, state_hash] = ReadMeta(dir, listing, digests);
-  const uint64_t step = state.step;
+  Meta meta = ReadMeta(dir, listing, digests);
+  const uint64_t step = meta.state.step;
   const auto read = [&](size_t f) {
     const ListedFile& listed = listing.tensor_files[f];
     SafetensorsFile file = ParseSafetensors(ReadListedFile(listed, digests), listed.path);
@@ -501,25 +593,31 @@ Checkpoint ReadCheckpoint(const fs::path& dir, FileDigests digests) {
     return file;
   };
   Checkpoint c{.dir = dir,
-               .state = std::move(state),
-               .state_hash = state_hash,
+               .state = std::move(meta.state),
+               .state_hash = meta.state_hash,
                .model = read(0),
                .optimizer = read(1),
-               .grads = read(2),
+               .grads = {},
                .tensors = {}};
-  const std::array<const SafetensorsFile*, 3> files = {&c.model, &c.optimizer, &c.grads};
+  if (listing.gradients == Gradients::kFull) c.grads = read(2);
+  const std::array<const SafetensorsFile*, 3> files = {&c.model, &c.optimizer,
+                                                       c.grads ? &*c.grads : nullptr};
   std::array<std::vector<TensorShape>, 3> shapes;
   for (size_t f = 0; f < files.size(); ++f) {
+    if (files[f] == nullptr) continue;
     for (const NamedTensor& t : files[f]->tensors()) shapes[f].push_back({t.name, t.shape});
   }
-  const Matching m = MatchTensorFiles(dir, std::move(shapes));
+  const Matching m =
+      MatchTensorFiles(dir, std::move(shapes), listing.gradients, meta.grad_digests.size());
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     TensorState& t = c.tensors.emplace_back();
     t.name = m.tensors[i].name;
     t.shape = m.tensors[i].shape;
     for (int a = 0; a < kStateArrayCount; ++a) {
+      if (files[kArrayPlaces[a].file] == nullptr) continue;
       t.*kStateArrays[a] = files[kArrayPlaces[a].file]->tensors()[m.position[i][a]].data;
     }
+    t.grad_digest = meta.grad_digests[i];
   }
   return c;
 }
@@ -531,11 +629,17 @@ StateHash VerifyCheckpointHash(const Checkpoint& checkpoint) {
 
 CheckpointIndex OpenCheckpoint(const fs::path& dir) {
   const Listing listing = ReadListing(dir);
-  CheckpointIndex index{.dir = dir};
-  std::tie(index.state, index.state_hash) = ReadMeta(dir, listing, FileDigests::kEnforce);
+  Meta meta = ReadMeta(dir, listing, FileDigests::kEnforce);
+  CheckpointIndex index{.dir = dir,
+                        .state = std::move(meta.state),
+                        .state_hash = meta.state_hash,
+                        .tensors = {},
+                        .grad_digests = std::move(meta.grad_digests),
+                        .gradients = listing.gradients};
   std::array<std::vector<state_internal::SafetensorsEntry>, 3> entries;
   std::array<std::vector<TensorShape>, 3> shapes;
   for (size_t f = 0; f < kTensorFiles.size(); ++f) {
+    if (!HasTensorFile(f, index.gradients)) continue;
     const ListedFile& listed = listing.tensor_files[f];
     CheckExists(listed);
     const state_internal::File file = state_internal::File::OpenForReading(listed.path);
@@ -548,13 +652,16 @@ CheckpointIndex OpenCheckpoint(const fs::path& dir) {
     for (const auto& e : header.entries) shapes[f].push_back({e.name, e.shape});
     entries[f] = std::move(header.entries);
   }
-  Matching m = MatchTensorFiles(dir, std::move(shapes));
+  Matching m =
+      MatchTensorFiles(dir, std::move(shapes), index.gradients, index.grad_digests.size());
   index.tensors = std::move(m.tensors);
   for (const auto& position : m.position) {
     std::array<uint64_t, kStateArrayCount>& offsets = index.offsets.emplace_back();
     for (int a = 0; a < kStateArrayCount; ++a) {
       const size_t f = kArrayPlaces[a].file;
-      offsets[a] = index.files[f].data_start + entries[f][position[a]].begin;
+      if (HasTensorFile(f, index.gradients)) {
+        offsets[a] = index.files[f].data_start + entries[f][position[a]].begin;
+      }
     }
   }
   return index;
@@ -565,6 +672,11 @@ CheckpointIndex::Location CheckpointIndex::Where(size_t i, StateArray a) const {
   if (i >= offsets.size() || k < 0 || k >= kStateArrayCount) {
     Fail("{}: no array {} of tensor {} (the checkpoint holds {} tensors)", dir.string(), k, i,
          offsets.size());
+  }
+  if (!HasTensorFile(kArrayPlaces[k].file, gradients)) {
+    Fail("{}: holds only the digest of tensor '{}''s gradient, not its elements (a checkpoint "
+         "written without full gradients)",
+         dir.string(), tensors.at(i).name);
   }
   return {.file = files[kArrayPlaces[k].file].path, .offset = offsets[i][k]};
 }
@@ -586,6 +698,7 @@ StateHash StreamCheckpoint(const CheckpointIndex& index, int64_t piece_floats,
   std::array<std::vector<float>, 2> buffers;
   for (std::vector<float>& b : buffers) b.resize(PieceSize(piece_floats, counts));
   for (size_t f = 0; f < kTensorFiles.size(); ++f) {
+    if (!HasTensorFile(f, index.gradients)) continue;
     const ListedFile& listed = index.files[f];
     const state_internal::File in = state_internal::File::OpenForReading(listed.path);
     CheckSize(listed, in.Size());  // it may have changed since OpenCheckpoint
@@ -648,6 +761,20 @@ StateHash StreamCheckpoint(const CheckpointIndex& index, int64_t piece_floats,
       }
     }
     CheckDigest(listed, TensorFileDigestOf(header, in_file), digests);
+  }
+  if (index.grad_digests.size() != tensor_digests.size()) {
+    Fail("{}: the index holds {} gradient digests for {} tensors", index.dir.string(),
+         index.grad_digests.size(), tensor_digests.size());
+  }
+  for (size_t i = 0; i < tensor_digests.size(); ++i) {
+    if (index.gradients == Gradients::kDigests) {
+      tensor_digests[i].grad = index.grad_digests[i];
+    } else if (tensor_digests[i].grad != index.grad_digests[i] &&
+               digests == FileDigests::kEnforce) {
+      Fail("{}: the gradient of tensor '{}' hashes to {}, but meta.json's grad_digests lists {}",
+           index.files[2].path.string(), tensor_digests[i].name, ToHex(tensor_digests[i].grad),
+           ToHex(index.grad_digests[i]));
+    }
   }
   return StateHashFromDigests(index.state, tensor_digests);
 }

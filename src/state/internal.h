@@ -54,8 +54,14 @@ inline constexpr std::array<std::span<const float> TensorState::*, kStateArrayCo
 inline constexpr std::array<Digest TensorDigest::*, kStateArrayCount> kDigestArrays = {
     &TensorDigest::param, &TensorDigest::m, &TensorDigest::v, &TensorDigest::grad};
 
-// Fails naming the tensor when its name is empty or an array's size does not match its shape.
+// Fails naming the tensor when its name is empty or an array's size does not match its shape
+// (a gradient may instead be known by its grad_digest alone).
 void CheckTensorState(const TensorState& tensor);
+// Whether a checked tensor's gradient elements are present (else grad_digest is its digest).
+bool HasGradElements(const TensorState& tensor);
+// `of_elements`, the digest of the tensor's gradient elements; fails naming the tensor when it
+// has a grad_digest that differs.
+Digest CheckedGradDigest(const TensorState& tensor, const Digest& of_elements);
 
 // ---- files read and written in pieces --------------------------------------------------------
 // An open file descriptor, closed on every path out. Every error names the path.

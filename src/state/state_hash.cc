@@ -161,19 +161,38 @@ void state_internal::CheckTensorState(const TensorState& t) {
   const uint64_t count = ElementCount(t.shape, what);
   for (int a = 0; a < kStateArrayCount; ++a) {
     const std::span<const float> values = t.*kStateArrays[a];
-    if (values.size() != count) {
+    const bool by_digest = a == static_cast<int>(StateArray::kGrad) && values.empty() &&
+                           t.grad_digest.has_value();
+    if (values.size() != count && !by_digest) {
       Fail("{}: {} has {} elements but shape [{}] has {}", what, kStateArrayNames[a],
            values.size(), fmt::join(t.shape, ", "), count);
     }
   }
 }
 
+bool state_internal::HasGradElements(const TensorState& t) {
+  return t.grad.size() == ElementCount(t.shape, t.name);
+}
+
+Digest state_internal::CheckedGradDigest(const TensorState& t, const Digest& of_elements) {
+  if (t.grad_digest && *t.grad_digest != of_elements) {
+    Fail("state hash: tensor '{}': the gradient's elements hash to {}, but its recorded digest is "
+         "{}",
+         t.name, ToHex(of_elements), ToHex(*t.grad_digest));
+  }
+  return of_elements;
+}
+
 TensorDigest DigestTensor(const TensorState& tensor) {
   state_internal::CheckTensorState(tensor);
   TensorDigest d{.name = tensor.name, .shape = tensor.shape};
   for (int a = 0; a < kStateArrayCount; ++a) {
+    if (a == static_cast<int>(StateArray::kGrad)) continue;
     d.*kDigestArrays[a] = ArrayDigest(tensor.*kStateArrays[a]);
   }
+  d.grad = state_internal::HasGradElements(tensor)
+               ? state_internal::CheckedGradDigest(tensor, ArrayDigest(tensor.grad))
+               : *tensor.grad_digest;
   return d;
 }
 
@@ -204,19 +223,33 @@ StateHash StateHashFromDigests(const StepState& state, std::span<const TensorDig
 
 StateHash ComputeStateHash(const StepState& state, std::span<const TensorState> tensors) {
   std::vector<TensorDigest> digests(tensors.size());
+  std::vector<char> grad_elements(tensors.size());  // per tensor: its gradient is hashed here
   for (size_t i = 0; i < tensors.size(); ++i) {
     state_internal::CheckTensorState(tensors[i]);
     digests[i].name = tensors[i].name;
     digests[i].shape = tensors[i].shape;
+    grad_elements[i] = state_internal::HasGradElements(tensors[i]);
+    if (!grad_elements[i]) digests[i].grad = *tensors[i].grad_digest;
   }
   Blake2b();  // initialises libsodium here: ParallelFor bodies must not throw
   // One task per array: the digests land in fixed slots, so the thread count cannot matter.
   ParallelFor(static_cast<int64_t>(kStateArrayCount * tensors.size()), [&](int64_t task) {
     const size_t i = static_cast<size_t>(task) / kStateArrayCount;
     const size_t a = static_cast<size_t>(task) % kStateArrayCount;
+    if (a == static_cast<size_t>(StateArray::kGrad) && !grad_elements[i]) return;
     digests[i].*kDigestArrays[a] = ArrayDigest(tensors[i].*kStateArrays[a]);
   });
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (grad_elements[i]) state_internal::CheckedGradDigest(tensors[i], digests[i].grad);
+  }
   return StateHashFromDigests(state, digests);
+}
+
+const Digest& ComponentDigest(const StateHash& hash, std::string_view component) {
+  for (const auto& [name, digest] : hash.components) {
+    if (name == component) return digest;
+  }
+  Fail("state hash: no component '{}'", component);
 }
 
 std::vector<std::string> DifferingComponents(const StateHash& a, const StateHash& b) {

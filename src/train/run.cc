@@ -252,7 +252,7 @@ int Train(const TrainOptions& options, Comm& comm) {
       signer->Line(0, trainer.hash());
     }
     // Step 0 is a checkpoint too: the start of the first interval an auditor can replay.
-    trainer.WriteCheckpoint(options.run_dir);
+    trainer.WriteCheckpoint(options.run_dir, options.checkpoint_gradients);
     if (signer) signer->Root();
   }
 
@@ -271,7 +271,7 @@ int Train(const TrainOptions& options, Comm& comm) {
     }
     const bool last = r.step == target || r.halt;
     if (last || (config.train.ckpt_every > 0 && r.step % config.train.ckpt_every == 0)) {
-      trainer.WriteCheckpoint(options.run_dir);
+      trainer.WriteCheckpoint(options.run_dir, options.checkpoint_gradients);
       if (signer) signer->Root();
     }
     if (options.progress && writer) {

@@ -123,6 +123,10 @@ class SpillStore final : public StateStore {
     std::map<fs::path, int> file_of;
     for (size_t i = 0; i < specs_.size(); ++i) {
       for (int a = 0; a < kStateArrayCount; ++a) {
+        // Gradients kept as digests stay zeros here (the next step overwrites them).
+        if (a == static_cast<int>(StateArray::kGrad) && checkpoint.gradients != Gradients::kFull) {
+          continue;
+        }
         const fs::path& path = checkpoint.Where(i, static_cast<StateArray>(a)).file;
         if (file_of.contains(path)) continue;
         const int fd = OpenRegularFileForReading(path);

@@ -430,6 +430,7 @@ StateHash Trainer::Restore(const CheckpointIndex& checkpoint, FileDigests digest
   if (digests == FileDigests::kEnforce) VerifyStreamedHash(checkpoint, recomputed);
   state_ = checkpoint.state;
   hash_ = recomputed;
+  gradients_held_ = checkpoint.gradients == Gradients::kFull;
   return recomputed;
 }
 
@@ -439,8 +440,14 @@ namespace {
 using PieceRequest = std::array<int64_t, 4>;
 }  // namespace
 
-fs::path Trainer::WriteCheckpoint(const fs::path& run_dir) {
+fs::path Trainer::WriteCheckpoint(const fs::path& run_dir, Gradients gradients) {
   RefuseDiscarded("a checkpoint");
+  if (gradients == Gradients::kFull && !gradients_held_) {
+    Fail("{}: a checkpoint of step {} with full gradients needs them, but this state was restored "
+         "from a checkpoint that keeps only their digests; full gradients exist after a step "
+         "trained here",
+         CheckpointDir(run_dir, state_.step).string(), state_.step);
+  }
   comm_->set_phase(fmt::format("step {}: checkpoint", state_.step));
   if (rank_ != 0) {
     // Answer rank 0's requests for the pieces this rank owns until it is done.
@@ -455,16 +462,24 @@ fs::path Trainer::WriteCheckpoint(const fs::path& run_dir) {
       comm_->Send(Bytes(std::span<const float>(piece)), 0);
     }
   }
-  ProgressLine progress(fmt::format("write checkpoint step {}", state_.step), StateBytes(config_.model),
-                        progress_);
+  const uint64_t arrays_written = gradients == Gradients::kFull ? kStateArrayCount : 3;
+  ProgressLine progress(fmt::format("write checkpoint step {}", state_.step),
+                        StateBytes(config_.model) / kStateArrayCount * arrays_written, progress_);
   // Bounded pieces: the writer's buffer is one piece, whatever the store (in RAM a store's
   // piece is a whole tensor).
+  // The gradients' digests are the state hash's (with kFull the written gradients must hash to
+  // them).
+  std::vector<Digest> grad_digests;
+  for (const TensorShape& t : shapes_) {
+    grad_digests.push_back(ComponentDigest(hash_, fmt::format("grad:{}", t.name)));
+  }
   const WrittenCheckpoint written = WriteCheckpointStreamed(
       run_dir, state_, shapes_, std::min(store_->PieceFloats(), kSpillPieceFloats),
       [&](size_t i, StateArray a, int64_t begin, std::span<float> out) {
         ReadPiece(i, a, begin, out);
         progress.Add(out.size_bytes());
-      });
+      },
+      gradients, grad_digests);
   progress.Finish();
   for (int r = 1; r < ranks_; ++r) {
     const PieceRequest done{-1, 0, 0, 0};
@@ -479,6 +494,11 @@ fs::path Trainer::WriteCheckpoint(const fs::path& run_dir) {
 
 void Trainer::ReadPiece(size_t i, StateArray array, int64_t begin, std::span<float> out) {
   RefuseDiscarded("a read of the state");
+  if (array == StateArray::kGrad && !gradients_held_) {
+    Fail("step {}: the gradient of tensor '{}' is not held: the state was restored from a "
+         "checkpoint that keeps only the gradients' digests",
+         state_.step, specs_.at(i).name);
+  }
   const int64_t end = begin + static_cast<int64_t>(out.size());
   for (int r = 0; r < ranks_; ++r) {
     // Every rank holds the parameters whole; the other arrays in its range.
@@ -726,6 +746,7 @@ StepReport Trainer::Step() {
   state_.tokens_digest = consumed.Final();
   state_.data_cursor = cursor + static_cast<uint64_t>(tc.microbatches * tc.microbatch);
   UpdateAndHash(!report.skipped, adam, report.clip_factor);
+  gradients_held_ = true;
   discarded_ = discard_next_;
   discard_next_ = false;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -44,12 +44,13 @@ TEST_F(KitTest, BuildWritesEveryUnitWithTheRunsHashes) {
     EXPECT_FALSE(u.publisher_peak_rss_bytes.has_value());  // lockstep train does not measure it
   }
 
-  // The dataset, the config and three checkpoints of five files each, besides trajectory.json.
+  // The dataset, the config and three checkpoints of four files each (gradients as digests),
+  // besides trajectory.json.
   const kit::KitManifest manifest = kit::ReadManifest(p.kit);
   std::vector<std::string> paths;
   for (const kit::KitFile& f : manifest.files) paths.push_back(f.path);
   EXPECT_TRUE(std::is_sorted(paths.begin(), paths.end()));
-  EXPECT_EQ(paths.size(), 3u /*data*/ + 1u /*config*/ + 15u + 1u /*trajectory*/);
+  EXPECT_EQ(paths.size(), 3u /*data*/ + 1u /*config*/ + 12u + 1u /*trajectory*/);
   EXPECT_EQ(paths.front(), "checkpoints/step_000000000/COMPLETE");
   EXPECT_EQ(paths.back(), "trajectory.json");
   for (const kit::KitFile& f : manifest.files) {

@@ -174,8 +174,8 @@ TEST_F(Audit, IntervalReplayMatchesTheChainAtOneAndTwoThreads) {
           << "planned " << planned << ", measured " << measured;
     }
     // The hand-off is the publisher's checkpoint, byte for byte; the loss log has every step.
-    for (const char* file : {"model.safetensors", "optimizer.safetensors", "grads.safetensors",
-                             "meta.json", "COMPLETE"}) {
+    for (const char* file : {"model.safetensors", "optimizer.safetensors", "meta.json",
+                             "COMPLETE"}) {
       EXPECT_EQ(ReadFileBytes(Ckpt(handoff, 20) / file), ReadFileBytes(Ckpt(Run(), 20) / file))
           << file;
     }
@@ -332,6 +332,13 @@ TEST_F(Audit, FlippedBitIsRefusedAndWithForceLocalised) {
             std::string::npos)
       << last;
   EXPECT_NE(forced.err.find("localisation: " + last), std::string::npos);
+  // The reference checkpoint keeps the gradients' digests only: a differing gradient is named
+  // with both digests, and what would localise it is said.
+  const std::string grad_line = "grad:layers.1.attn.wv.weight differs: digest replayed ";
+  EXPECT_TRUE(std::ranges::any_of(localisation, [&](const Json& line) {
+    const std::string text = line.get<std::string>();
+    return text.starts_with(grad_line) && text.find("--full-gradients") != std::string::npos;
+  })) << localisation.dump(1);
 }
 
 // Rewrites COMPLETE's entry for `name` to the file's current size and digest.

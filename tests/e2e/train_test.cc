@@ -82,7 +82,30 @@ void ExpectSameCheckpoint(const fs::path& a, const fs::path& b) {
     ++files;
   }
   EXPECT_EQ(files, static_cast<size_t>(std::distance(fs::directory_iterator(b), {})));
-  EXPECT_GE(files, 5u);  // model, optimizer, grads, meta.json, COMPLETE
+  EXPECT_GE(files, 4u);  // model, optimizer, meta.json, COMPLETE (and grads when full)
+}
+
+// Checkpoints with full gradients hold the same state and hash: the chain is the same, the
+// other files are the same bytes, and a run resumed from gradient digests can go on writing full
+// gradients (from its next step).
+TEST_F(E2e, FullGradientsChangeNoHash) {
+  ASSERT_EQ(Train("digests", "--steps 10").exit_code, 0);
+  ASSERT_EQ(Train("full", "--steps 10 --full-gradients").exit_code, 0);
+  EXPECT_EQ(Text("digests/state_hashes.jsonl"), Text("full/state_hashes.jsonl"));
+  for (const char* step : {"step_000000000", "step_000000010"}) {
+    const fs::path d = dir_ / "digests/checkpoints" / step, f = dir_ / "full/checkpoints" / step;
+    EXPECT_FALSE(fs::exists(d / "grads.safetensors"));
+    EXPECT_TRUE(fs::exists(f / "grads.safetensors"));
+    for (const char* file : {"model.safetensors", "optimizer.safetensors", "meta.json"}) {
+      EXPECT_EQ(ReadFileBytes(d / file), ReadFileBytes(f / file)) << step << "/" << file;
+    }
+  }
+  const Result resumed = Train("digests", "--steps 12 --resume --full-gradients");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  ASSERT_EQ(Train("full", "--steps 12 --resume --full-gradients").exit_code, 0);
+  EXPECT_EQ(Text("digests/state_hashes.jsonl"), Text("full/state_hashes.jsonl"));
+  ExpectSameCheckpoint(dir_ / "digests/checkpoints/step_000000012",
+                       dir_ / "full/checkpoints/step_000000012");
 }
 
 TEST_F(E2e, StopAndResumeEqualsStraightRun) {
@@ -159,7 +182,8 @@ TEST_F(E2e, NaNGradientsAreHashedAsTheCanonicalNaN) {
   const fs::path config = dir_ / "diverging.yaml";
   WriteFileSynced(config, yaml);
   const Result r = Lockstep("train --config " + config.string() + " --data " + Data().string() +
-                            " --out " + (dir_ / "run").string() + " --no-progress --steps 1");
+                            " --out " + (dir_ / "run").string() +
+                            " --no-progress --steps 1 --full-gradients");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(Text("run/metrics.jsonl").find("\"skipped\":true"), std::string::npos);
   const std::vector<uint8_t> file =
@@ -294,7 +318,7 @@ TEST_F(E2e, DamagedCheckpointFileIsNamed) {
     ASSERT_EQ(Train(run, "--steps 10").exit_code, 0);
     const fs::path ckpt = dir_ / run / "checkpoints/step_000000010";
     const fs::path file = ckpt / (damage == std::string("truncate") ? "optimizer.safetensors"
-                                                                     : "grads.safetensors");
+                                                                     : "model.safetensors");
     if (damage == std::string("truncate")) {
       fs::resize_file(file, 100);
     } else {

@@ -17,8 +17,8 @@ using test::SampleState;
 
 class CheckpointStreamTest : public test::ScratchDirTest {};
 
-constexpr const char* kFiles[] = {"model.safetensors", "optimizer.safetensors",
-                                  "grads.safetensors", "meta.json", "COMPLETE"};
+constexpr const char* kFiles[] = {"model.safetensors", "optimizer.safetensors", "meta.json",
+                                  "COMPLETE"};
 
 std::span<const float> ArrayOf(const TensorState& t, StateArray a) {
   switch (a) {
@@ -75,7 +75,7 @@ void ExpectPiecesCover(const std::vector<std::tuple<size_t, StateArray, int64_t,
 // same tensors: streaming the data does not change a byte.
 TEST_F(CheckpointStreamTest, TensorFilesAreSafetensorsBytesOfTheTensors) {
   const SampleState s;
-  const fs::path dir = WriteCheckpoint(dir_, s.state, s.Tensors());
+  const fs::path dir = WriteCheckpoint(dir_, s.state, s.Tensors(), Gradients::kFull);
   std::vector<NamedTensor> model, optimizer, grads;
   for (const TensorState& t : s.Tensors()) {
     model.push_back({t.name, t.shape, t.param});
@@ -93,32 +93,63 @@ TEST_F(CheckpointStreamTest, TensorFilesAreSafetensorsBytesOfTheTensors) {
 
 TEST_F(CheckpointStreamTest, StreamedWriteIsByteIdenticalToWriteCheckpoint) {
   const SampleState s;
-  const fs::path reference = WriteCheckpoint(dir_ / "reference", s.state, s.Tensors());
   const StateHash want = ComputeStateHash(s.state, s.Tensors());
   std::vector<TensorShape> shapes;
-  for (const TensorState& t : s.Tensors()) shapes.push_back({t.name, t.shape});
+  std::vector<Digest> grad_digests;
+  for (const TensorState& t : s.Tensors()) {
+    shapes.push_back({t.name, t.shape});
+    grad_digests.push_back(ArrayDigest(t.grad));
+  }
   const int previous_threads = Threads();
-  // Pieces smaller than the tensors (12 and 3 elements), equal to one, and larger than all;
-  // on one and on two threads.
-  for (const int64_t piece_floats : {1, 3, 5, 12, 1000}) {
-    for (const int threads : {1, 2}) {
-      SetThreads(threads);
-      const fs::path run = dir_ / ("run_" + std::to_string(piece_floats) + "_" +
-                                   std::to_string(threads));
-      RecordingSource source{s.Tensors(), {}};
-      const WrittenCheckpoint written =
-          WriteCheckpointStreamed(run, s.state, shapes, piece_floats, source.Get());
-      EXPECT_EQ(written.dir, CheckpointDir(run, s.state.step));
-      for (const char* name : kFiles) {
-        EXPECT_EQ(ReadFileBytes(written.dir / name), ReadFileBytes(reference / name))
-            << name << " with pieces of " << piece_floats;
+  for (const Gradients gradients : {Gradients::kDigests, Gradients::kFull}) {
+    const std::string mode = gradients == Gradients::kFull ? "full" : "digests";
+    const fs::path reference = WriteCheckpoint(dir_ / mode, s.state, s.Tensors(), gradients);
+    std::vector<std::string> files(std::begin(kFiles), std::end(kFiles));
+    if (gradients == Gradients::kFull) files.push_back("grads.safetensors");
+    // Pieces smaller than the tensors (12 and 3 elements), equal to one, and larger than all;
+    // on one and on two threads; the gradients' digests made from the source or given.
+    for (const int64_t piece_floats : {1, 3, 5, 12, 1000}) {
+      for (const int threads : {1, 2}) {
+        for (const bool given : {false, true}) {
+          SetThreads(threads);
+          const fs::path run = dir_ / fmt::format("run_{}_{}_{}_{}", mode, piece_floats, threads,
+                                                  given);
+          RecordingSource source{s.Tensors(), {}};
+          const WrittenCheckpoint written = WriteCheckpointStreamed(
+              run, s.state, shapes, piece_floats, source.Get(), gradients,
+              given ? std::span<const Digest>(grad_digests) : std::span<const Digest>());
+          EXPECT_EQ(written.dir, CheckpointDir(run, s.state.step));
+          for (const std::string& name : files) {
+            EXPECT_EQ(ReadFileBytes(written.dir / name), ReadFileBytes(reference / name))
+                << name << " with pieces of " << piece_floats;
+          }
+          EXPECT_EQ(fs::exists(written.dir / "grads.safetensors"), gradients == Gradients::kFull);
+          EXPECT_EQ(written.hash.hash, want.hash);
+          EXPECT_EQ(written.hash.components, want.components);
+          // Given digests of gradients that are not written: the gradients are not read.
+          std::vector<TensorState> pulled = s.Tensors();
+          if (given && gradients == Gradients::kDigests) {
+            for (TensorState& t : pulled) t.grad = {};
+          }
+          ExpectPiecesCover(source.pieces, pulled, piece_floats);
+        }
       }
-      EXPECT_EQ(written.hash.hash, want.hash);
-      EXPECT_EQ(written.hash.components, want.components);
-      ExpectPiecesCover(source.pieces, s.Tensors(), piece_floats);
     }
   }
   SetThreads(previous_threads);
+  // Given digests that the written gradients do not hash to, or of the wrong count: refused.
+  std::vector<Digest> wrong = grad_digests;
+  wrong[1][0] ^= 1;
+  RecordingSource source{s.Tensors(), {}};
+  ExpectError([&] {
+    WriteCheckpointStreamed(dir_ / "wrong", s.state, shapes, 3, source.Get(), Gradients::kFull,
+                            wrong);
+  }, {"final_norm.gain", ToHex(grad_digests[1]), ToHex(wrong[1])});
+  EXPECT_EQ(LatestCompleteCheckpoint(dir_ / "wrong"), std::nullopt);
+  ExpectError([&] {
+    WriteCheckpointStreamed(dir_ / "short", s.state, shapes, 3, source.Get(), Gradients::kDigests,
+                            std::span(wrong).first(1));
+  }, {"1 gradient digests for 2 tensors"});
 }
 
 TEST_F(CheckpointStreamTest, StreamedWriteRefusesBeforeWritingAndKeepsTheProtocol) {
@@ -165,12 +196,24 @@ TEST_F(CheckpointStreamTest, StreamedWriteRefusesBeforeWritingAndKeepsTheProtoco
   EXPECT_EQ(ReadCheckpoint(dir).state.data_cursor, s.state.data_cursor);
 }
 
-TEST_F(CheckpointStreamTest, StreamCheckpointCoversEveryArrayOnceFrontToBack) {
+class CheckpointStreamModes : public CheckpointStreamTest,
+                              public testing::WithParamInterface<Gradients> {};
+INSTANTIATE_TEST_SUITE_P(Gradients, CheckpointStreamModes,
+                         testing::Values(Gradients::kDigests, Gradients::kFull),
+                         [](const auto& info) {
+                           return info.param == Gradients::kFull ? "Full" : "Digests";
+                         });
+
+// Without full gradients no gradient piece is handed over (c.tensors' gradients are empty).
+TEST_P(CheckpointStreamModes, StreamCheckpointCoversEveryArrayOnceFrontToBack) {
   const SampleState s;
-  const fs::path dir = WriteCheckpoint(dir_, s.state, s.Tensors());
+  const fs::path dir = WriteCheckpoint(dir_, s.state, s.Tensors(), GetParam());
   const Checkpoint c = ReadCheckpoint(dir);
+  EXPECT_EQ(c.grads.has_value(), GetParam() == Gradients::kFull);
   const StateHash want = VerifyCheckpointHash(c);
+  EXPECT_EQ(want.hash, ComputeStateHash(s.state, s.Tensors()).hash);
   const CheckpointIndex index = OpenCheckpoint(dir);
+  EXPECT_EQ(index.gradients, GetParam());
   EXPECT_EQ(index.dir, dir);
   EXPECT_EQ(index.state_hash, c.state_hash);
   EXPECT_EQ(index.state.descriptor, s.state.descriptor);
@@ -259,7 +302,7 @@ TEST_F(CheckpointStreamTest, StreamCheckpointNamesACorruptFile) {
 
 TEST_F(CheckpointStreamTest, OpenCheckpointRefusesWhatReadCheckpointRefuses) {
   const SampleState s;
-  const fs::path dir = WriteCheckpoint(dir_, s.state, s.Tensors());
+  const fs::path dir = WriteCheckpoint(dir_, s.state, s.Tensors(), Gradients::kFull);
   const std::vector<uint8_t> model = ReadFileBytes(dir / "model.safetensors");
   const std::string meta = ReadFileText(dir / "meta.json");
   const std::string complete = ReadFileText(dir / "COMPLETE");
@@ -317,7 +360,7 @@ TEST_F(CheckpointStreamTest, OpenCheckpointRefusesWhatReadCheckpointRefuses) {
 
 TEST_F(CheckpointStreamTest, WherePointsAtEachArraysFirstElement) {
   const SampleState s;
-  const fs::path dir = WriteCheckpoint(dir_, s.state, s.Tensors());
+  const fs::path dir = WriteCheckpoint(dir_, s.state, s.Tensors(), Gradients::kFull);
   const CheckpointIndex index = OpenCheckpoint(dir);
   const std::vector<TensorState> tensors = s.Tensors();
   ASSERT_EQ(index.tensors.size(), tensors.size());
@@ -334,6 +377,14 @@ TEST_F(CheckpointStreamTest, WherePointsAtEachArraysFirstElement) {
   EXPECT_EQ(index.Where(0, StateArray::kM).file, dir / "optimizer.safetensors");
   EXPECT_EQ(index.Where(1, StateArray::kGrad).file, dir / "grads.safetensors");
   ExpectError([&] { index.Where(2, StateArray::kParam); }, {dir.string(), "tensor 2", "holds 2"});
+  // Without full gradients there is no gradient to point at.
+  const fs::path digests = WriteCheckpoint(dir_ / "digests", s.state, s.Tensors());
+  const CheckpointIndex digest_index = OpenCheckpoint(digests);
+  EXPECT_EQ(digest_index.Where(1, StateArray::kV).file, digests / "optimizer.safetensors");
+  ExpectError([&] { digest_index.Where(1, StateArray::kGrad); },
+              {digests.string(), "final_norm.gain", "digest"});
+  EXPECT_EQ(digest_index.grad_digests,
+            (std::vector<Digest>{ArrayDigest(tensors[0].grad), ArrayDigest(tensors[1].grad)}));
 }
 
 }  // namespace

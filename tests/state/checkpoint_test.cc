@@ -50,7 +50,10 @@ TEST_F(CheckpointTest, RoundTripKeepsStateTensorsAndHash) {
   EXPECT_EQ(got.prev_hash, s.state.prev_hash);
   EXPECT_EQ(got.descriptor, s.state.descriptor);
 
+  // By default the gradients are kept as their digests: no grads.safetensors.
   const std::vector<TensorState> want = s.Tensors();
+  EXPECT_FALSE(c.grads.has_value());
+  EXPECT_FALSE(fs::exists(dir / "grads.safetensors"));
   ASSERT_EQ(c.tensors.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_EQ(c.tensors[i].name, want[i].name);
@@ -58,7 +61,8 @@ TEST_F(CheckpointTest, RoundTripKeepsStateTensorsAndHash) {
     ExpectSameBits(c.tensors[i].param, want[i].param, want[i].name + " param");
     ExpectSameBits(c.tensors[i].m, want[i].m, want[i].name + " m");
     ExpectSameBits(c.tensors[i].v, want[i].v, want[i].name + " v");
-    ExpectSameBits(c.tensors[i].grad, want[i].grad, want[i].name + " grad");
+    EXPECT_TRUE(c.tensors[i].grad.empty()) << want[i].name;
+    EXPECT_EQ(c.tensors[i].grad_digest, ArrayDigest(want[i].grad)) << want[i].name;
   }
   const Digest expected = ComputeStateHash(s.state, want).hash;
   EXPECT_EQ(c.state_hash, expected);
@@ -67,14 +71,57 @@ TEST_F(CheckpointTest, RoundTripKeepsStateTensorsAndHash) {
   // The optimizer file uses the exp_avg / exp_avg_sq names.
   EXPECT_EQ(c.optimizer.tensors()[0].name, "embed.weight.exp_avg");
   EXPECT_EQ(c.optimizer.tensors()[1].name, "embed.weight.exp_avg_sq");
+
+  // With full gradients: the same state hash, and the gradients' elements come back too.
+  const fs::path full = WriteCheckpoint(dir_ / "full", s.state, want, Gradients::kFull);
+  const Checkpoint f = ReadCheckpoint(full);
+  ASSERT_TRUE(f.grads.has_value());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ExpectSameBits(f.tensors[i].grad, want[i].grad, want[i].name + " grad");
+    EXPECT_EQ(f.tensors[i].grad_digest, ArrayDigest(want[i].grad)) << want[i].name;
+  }
+  EXPECT_EQ(f.state_hash, expected);
+  EXPECT_EQ(VerifyCheckpointHash(f).hash, expected);
+  // Model and optimizer files are the same bytes either way; meta.json too.
+  for (const char* name : {"model.safetensors", "optimizer.safetensors", "meta.json"}) {
+    EXPECT_EQ(ReadFileBytes(dir / name), ReadFileBytes(full / name)) << name;
+  }
+  // A checkpoint read back (gradients known by their digests) is written again as the same bytes.
+  EXPECT_EQ(WriteCheckpoint(dir_ / "again", c.state, c.tensors), dir_ / "again" / dir.lexically_relative(dir_));
+  EXPECT_EQ(ReadFileBytes(dir_ / "again" / dir.lexically_relative(dir_) / "COMPLETE"),
+            ReadFileBytes(dir / "COMPLETE"));
+  // ... but not with full gradients, which it does not have.
+  ExpectError([&] { WriteCheckpoint(dir_ / "again_full", c.state, c.tensors, Gradients::kFull); },
+              {"embed.weight", "full gradients", "only its digest"});
+}
+
+// 12 bytes per parameter plus headers: parameters and two moments; the gradients are digests.
+TEST_F(CheckpointTest, DigestOnlyCheckpointsHoldTwelveBytesPerParameter) {
+  const SampleState s;
+  uint64_t params = 0;
+  for (const TensorState& t : s.Tensors()) params += t.param.size();
+  const fs::path dir = WriteCheckpoint(dir_, s.state, s.Tensors());
+  uint64_t data = 0;
+  for (const char* name : {"model.safetensors", "optimizer.safetensors"}) {
+    const std::vector<uint8_t> bytes = ReadFileBytes(dir / name);
+    uint64_t header = 0;
+    std::memcpy(&header, bytes.data(), 8);
+    data += bytes.size() - 8 - header;
+  }
+  EXPECT_EQ(data, 12 * params);
+  const fs::path full = WriteCheckpoint(dir_ / "full", s.state, s.Tensors(), Gradients::kFull);
+  const std::vector<uint8_t> grads = ReadFileBytes(full / "grads.safetensors");
+  uint64_t header = 0;
+  std::memcpy(&header, grads.data(), 8);
+  EXPECT_EQ(grads.size() - 8 - header, 4 * params);
 }
 
 TEST_F(CheckpointTest, SameStateGivesIdenticalBytesAndRewritesAreNoOps) {
   const SampleState s;
   const fs::path a = WriteCheckpoint(dir_ / "run_a", s.state, s.Tensors());
   const fs::path b = WriteCheckpoint(dir_ / "run_b", s.state, s.Tensors());
-  for (const char* name : {"model.safetensors", "optimizer.safetensors", "grads.safetensors",
-                           "meta.json", "COMPLETE"}) {
+  for (const char* name : {"model.safetensors", "optimizer.safetensors", "meta.json",
+                           "COMPLETE"}) {
     EXPECT_EQ(ReadFileBytes(a / name), ReadFileBytes(b / name)) << name;
   }
   EXPECT_EQ(WriteCheckpoint(dir_ / "run_a", s.state, s.Tensors()), a);
@@ -89,7 +136,7 @@ TEST_F(CheckpointTest, SameStateGivesIdenticalBytesAndRewritesAreNoOps) {
 
 TEST_F(CheckpointTest, DamagedCheckpointsNameTheFile) {
   const SampleState s;
-  const fs::path dir = WriteCheckpoint(dir_, s.state, s.Tensors());
+  const fs::path dir = WriteCheckpoint(dir_, s.state, s.Tensors(), Gradients::kFull);
   const std::vector<uint8_t> model = ReadFileBytes(dir / "model.safetensors");
 
   WriteFileSynced(dir / "model.safetensors", std::span(model).first(model.size() - 3));
@@ -110,6 +157,30 @@ TEST_F(CheckpointTest, DamagedCheckpointsNameTheFile) {
   ExpectError([&] { ReadCheckpoint(dir); }, {(dir / "grads.safetensors").string(), "missing"});
   fs::rename(dir / "grads.moved", dir / "grads.safetensors");
 
+  // Gradients that do not hash to meta.json's grad_digests (relisted in COMPLETE: only meta.json
+  // can tell), in memory and streamed.
+  const std::vector<uint8_t> grads = ReadFileBytes(dir / "grads.safetensors");
+  std::vector<uint8_t> other = grads;
+  other[other.size() - 1] ^= 0x01;  // the last gradient: final_norm.gain
+  Forge(dir, "grads.safetensors", std::string(other.begin(), other.end()));
+  const Checkpoint c = ReadCheckpoint(dir);
+  ExpectError([&] { VerifyCheckpointHash(c); },
+              {"final_norm.gain", "gradient", ToHex(ArrayDigest(s.Tensors()[1].grad))});
+  ExpectError([&] { StreamCheckpoint(OpenCheckpoint(dir), 3, {}); },
+              {(dir / "grads.safetensors").string(), "final_norm.gain", "grad_digests"});
+  Forge(dir, "grads.safetensors", std::string(grads.begin(), grads.end()));
+
+  // COMPLETE that does not list grads.safetensors: a checkpoint of digests (the file is not read).
+  nlohmann::json complete = nlohmann::json::parse(ReadFileText(dir / "COMPLETE"));
+  const std::string listed = ReadFileText(dir / "COMPLETE");
+  complete["files"].erase("grads.safetensors");
+  WriteFileSynced(dir / "COMPLETE", complete.dump(2) + "\n");
+  EXPECT_FALSE(ReadCheckpoint(dir).grads.has_value());
+  complete["files"]["extra.bin"] = complete["files"]["meta.json"];
+  WriteFileSynced(dir / "COMPLETE", complete.dump(2) + "\n");
+  ExpectError([&] { ReadCheckpoint(dir); }, {(dir / "COMPLETE").string(), "extra.bin"});
+  WriteFileSynced(dir / "COMPLETE", listed);
+
   fs::remove(dir / "COMPLETE");
   ExpectError([&] { ReadCheckpoint(dir); }, {dir.string(), "no COMPLETE"});
 }
@@ -127,6 +198,16 @@ TEST_F(CheckpointTest, ForgedMetaIsCaughtByItsParserOrByTheHash) {
   Forge(dir, "meta.json", Replace(meta, "\"step\": 7", "\"step\": 8"));
   ExpectError([&] { ReadCheckpoint(dir); }, {"\"step\" is 8", "named for step 7"});
 
+  const std::string digests = "\"grad_digests\": [\n    \"";
+  Forge(dir, "meta.json", Replace(meta, digests, digests + "0"));
+  ExpectError([&] { ReadCheckpoint(dir); },
+              {(dir / "meta.json").string(), "\"grad_digests\"[0]"});
+  // One digest short: named with both counts.
+  const size_t first = meta.find(digests) + digests.size() - 1;
+  Forge(dir, "meta.json", meta.substr(0, first) + meta.substr(meta.find('"', first + 66)));
+  ExpectError([&] { ReadCheckpoint(dir); },
+              {(dir / "meta.json").string(), "lists 1 digests for 2 parameters"});
+
   // Well-formed but altered: only the state hash can tell.
   Forge(dir, "meta.json", Replace(meta, "\"data_cursor\": 56", "\"data_cursor\": 57"));
   const Checkpoint c = ReadCheckpoint(dir);
@@ -135,7 +216,7 @@ TEST_F(CheckpointTest, ForgedMetaIsCaughtByItsParserOrByTheHash) {
 
 TEST_F(CheckpointTest, TensorFilesMustAgree) {
   const SampleState s;
-  const fs::path dir = WriteCheckpoint(dir_, s.state, s.Tensors());
+  const fs::path dir = WriteCheckpoint(dir_, s.state, s.Tensors(), Gradients::kFull);
   // grads.safetensors with one tensor renamed (and valid metadata and COMPLETE entry).
   const SafetensorsFile grads = ReadSafetensors(dir / "grads.safetensors");
   std::vector<NamedTensor> renamed = grads.tensors();
@@ -213,6 +294,16 @@ TEST_F(CheckpointTest, PythonRecomputesTheStateHash) {
   std::string output;
   EXPECT_EQ(RunPythonStateHash(dir, &output), 0);
   EXPECT_EQ(output, ToHex(ComputeStateHash(s.state, s.Tensors()).hash) + "\n");
+  // With full gradients, which the script checks against meta.json's digests.
+  const fs::path full = WriteCheckpoint(dir_ / "full", s.state, s.Tensors(), Gradients::kFull);
+  output.clear();
+  EXPECT_EQ(RunPythonStateHash(full, &output), 0);
+  EXPECT_EQ(output, ToHex(ComputeStateHash(s.state, s.Tensors()).hash) + "\n");
+  std::vector<uint8_t> grads = ReadFileBytes(full / "grads.safetensors");
+  grads.back() ^= 0x01;
+  Forge(full, "grads.safetensors", std::string(grads.begin(), grads.end()));
+  output.clear();
+  EXPECT_EQ(RunPythonStateHash(full, &output), 2);
 
   // A forged (self-consistent) meta.json: the script recomputes a different hash, exit 1.
   Forge(dir, "meta.json",
@@ -240,7 +331,7 @@ TEST_F(CheckpointTest, PythonRecomputesArraysOfSeveralChunks) {
     big.grad.push_back(i == kHashChunkFloats + 7 ? -0.0f : 0.0f);  // one -0 in a chunk of zeros
   }
   s.arrays.push_back(std::move(big));
-  const fs::path dir = WriteCheckpoint(dir_, s.state, s.Tensors());
+  const fs::path dir = WriteCheckpoint(dir_, s.state, s.Tensors(), Gradients::kFull);
   std::string output;
   EXPECT_EQ(RunPythonStateHash(dir, &output), 0);
   EXPECT_EQ(output, ToHex(ComputeStateHash(s.state, s.Tensors()).hash) + "\n");

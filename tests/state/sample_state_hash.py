@@ -49,4 +49,5 @@ meta = {
     "prev_hash": "ab" * 32, "tokens_digest": bytes(range(32)).hex(),
     "descriptor": '{"config":"tiny","contract":1,"note":"caf\u00e9"}',
 }
+meta["grad_digests"] = [state_hash.array_digest(data).hex() for _, _, data in grads]
 print(state_hash.state_hash(meta, model, optimizer, grads)[0].hex())

@@ -140,7 +140,7 @@ TEST_F(SpillStoreTest, CheckpointLoadsInPlaceAndIsNeverWritten) {
   StepState state;
   state.step = 3;
   state.descriptor = "{}";
-  const fs::path written = WriteCheckpoint(dir_ / "run", state, tensors);
+  const fs::path written = WriteCheckpoint(dir_ / "run", state, tensors, Gradients::kFull);
   const CheckpointIndex index = OpenCheckpoint(written);
   const std::string complete = ReadFileText(written / "COMPLETE");
 
@@ -157,6 +157,19 @@ TEST_F(SpillStoreTest, CheckpointLoadsInPlaceAndIsNeverWritten) {
   Put(*spill, StateArray::kParam, 0, Random(specs[0].numel(), 99));
   EXPECT_NO_THROW(VerifyCheckpointHash(ReadCheckpoint(written)));
   EXPECT_EQ(ReadFileText(written / "COMPLETE"), complete);
+
+  // A checkpoint that keeps the gradients' digests: the same hash, from those digests; the
+  // gradients are not loaded (the spilled ones read as zeros until a step writes them).
+  const fs::path digests = WriteCheckpoint(dir_ / "digests", state, tensors);
+  const CheckpointIndex digest_index = OpenCheckpoint(digests);
+  auto spill2 = MakeSpillStore(specs, dir_ / "spill2");
+  EXPECT_EQ(spill2->Load(digest_index, FileDigests::kEnforce, [](uint64_t) {}).hash,
+            index.state_hash);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EXPECT_EQ(Get(*spill2, StateArray::kV, i), data[i][2]) << i;
+    EXPECT_EQ(Get(*spill2, StateArray::kGrad, i), std::vector<float>(data[i][3].size(), 0.0f))
+        << i;
+  }
 }
 
 }  // namespace

@@ -53,10 +53,17 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
                   "sign every chain line as it is appended, and after every checkpoint a Merkle "
                   "root over the chain so far, with this Ed25519 key (lockstep keygen) into "
                   "RUN/signatures.jsonl; a signed run must be resumed with the same key");
+  auto full_gradients = std::make_shared<bool>(false);
+  cmd->add_flag("--full-gradients", *full_gradients,
+                "checkpoints keep the post-clip gradients themselves (grads.safetensors, 16 bytes "
+                "per parameter in all) instead of only their digests (12 bytes per parameter): "
+                "needed to localise a later disagreement down to gradient elements. The state "
+                "hash is the same either way");
   cmd->add_flag("--progress,!--no-progress", options->progress,
                 "show (default) or hide the progress line on stderr");
-  cmd->final_callback([options, exit_code, steps_opt, steps, spill_dir, sign_key] {
+  cmd->final_callback([options, exit_code, steps_opt, steps, spill_dir, sign_key, full_gradients] {
     if (!sign_key->empty()) options->sign_key = *sign_key;
+    if (*full_gradients) options->checkpoint_gradients = Gradients::kFull;
     if (steps_opt->count() > 0) options->steps = *steps;
     if (!spill_dir->empty()) options->spill_dir = *spill_dir;
     *exit_code = train::RunTraining(*options);
