@@ -14,6 +14,13 @@
 // steps from the same state, so their final state hashes -- which cover every parameter,
 // moment and gradient -- must be equal: that is the bitwise check across thread counts.
 //
+// MFU: the model FLOPs of a step (the standard count, no recomputation: 6 per matmul parameter
+// per token -- every 2-D weight but the embedding table, which is a lookup -- plus 12·head_dim
+// per visible (query, key) pair per head: QKᵀ and PV forward, four products backward) divided by
+// the step time, as a fraction of lockstep's own GEMM rate measured in the same process at the
+// same thread count on the step's largest linear-layer shape (tokens of a microbatch × the FFN's
+// gate/up rows × d_model). It says how much of the step runs at GEMM speed.
+//
 // --peak-rss mode: one step of the config with microbatch 1 x seq 256 (one microbatch), then
 // the process's peak resident set size (getrusage ru_maxrss). ru_maxrss is a high-water mark
 // of the whole process, so each invocation is exactly one measurement and does nothing else.
@@ -32,6 +39,7 @@
 #include "lockstep/core.h"
 #include "lockstep/data.h"
 #include "lockstep/kernels.h"
+#include "lockstep/model.h"
 #include "lockstep/state.h"
 #include "lockstep/train.h"
 
@@ -85,9 +93,48 @@ double Median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// Model FLOPs of one training step (see the header).
+double StepFlops(const RunConfig& config) {
+  const lockstep::ModelConfig& m = config.model;
+  double matmul_params = 0;
+  for (const lockstep::ParamSpec& spec : lockstep::ParameterSpecs(m)) {
+    if (spec.shape.size() == 2 && spec.name != "tok_embeddings.weight") {
+      matmul_params += static_cast<double>(spec.numel());
+    }
+  }
+  const double sequences = static_cast<double>(config.train.microbatch * config.train.microbatches);
+  double pairs = 0;  // visible (query, key) pairs of one sequence, summed over layers
+  for (int64_t layer = 0; layer < m.n_layers; ++layer) {
+    const int64_t window = lockstep::LayerWindow(m, layer);
+    for (int64_t q = 0; q < m.seq_len; ++q) {
+      pairs += static_cast<double>(window > 0 ? std::min(q + 1, window) : q + 1);
+    }
+  }
+  return 6.0 * matmul_params * sequences * static_cast<double>(m.seq_len) +
+         12.0 * static_cast<double>(m.head_dim * m.n_heads) * pairs * sequences;
+}
+
+// lockstep's GEMM rate (GFLOP/s) on the step's largest linear-layer shape, best of a few runs.
+double GemmGflops(const RunConfig& config, int threads) {
+  lockstep::SetThreads(threads);
+  const int64_t m = config.train.microbatch * config.model.seq_len;
+  const int64_t n = 2 * config.model.ffn_hidden, k = config.model.d_model;
+  std::vector<float> x(static_cast<size_t>(m * k), 0.5f), w(static_cast<size_t>(n * k), 0.25f);
+  std::vector<float> y(static_cast<size_t>(m * n));
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto start = std::chrono::steady_clock::now();
+    lockstep::rk::GemmXWt(x, w, y, m, n, k);
+    best = std::min(best, Seconds(start));
+  }
+  return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / best *
+         1e-9;
+}
+
 struct Measurement {
   int threads = 0;
   int64_t tokens_per_step = 0;
+  double gemm_gflops = 0;  // GemmGflops at this thread count
   double best_seconds = 0, median_seconds = 0;
   double hash_seconds = 0;  // one ComputeStateHash of the final state, alone
   lockstep::StateHash final_hash;
@@ -120,6 +167,7 @@ Measurement Measure(const RunConfig& config, const data::Dataset& dataset, int t
   Measurement m;
   m.threads = threads;
   m.tokens_per_step = trainer.tokens_per_step();
+  m.gemm_gflops = GemmGflops(config, threads);
   m.best_seconds = *std::min_element(seconds.begin(), seconds.end());
   m.median_seconds = Median(seconds);
   const auto start = std::chrono::steady_clock::now();
@@ -166,8 +214,9 @@ int RunThroughput(const RunConfig& config, int steps, bool json) {
                config.train.microbatch, config.model.seq_len, config.train.microbatches,
                config.train.microbatch * config.model.seq_len * config.train.microbatches, isa,
                steps);
-    fmt::print("{:>3} {:>12} {:>12} {:>10} {:>8}\n", "thr", "best s/step", "median s/st",
-               "tokens/s", "hash s");
+    fmt::print("model FLOPs per step: {:.2f} GFLOP\n", StepFlops(config) * 1e-9);
+    fmt::print("{:>3} {:>12} {:>12} {:>10} {:>8} {:>9} {:>6}\n", "thr", "best s/step",
+               "median s/st", "tokens/s", "hash s", "GEMM GF/s", "MFU");
     std::fflush(stdout);
   }
   std::vector<Measurement> results;
@@ -175,9 +224,10 @@ int RunThroughput(const RunConfig& config, int steps, bool json) {
     results.push_back(Measure(config, dataset, threads, steps));
     const Measurement& m = results.back();
     if (!json) {
-      fmt::print("{:>3} {:>12.3f} {:>12.3f} {:>10.0f} {:>8.3f}\n", m.threads, m.best_seconds,
-                 m.median_seconds, static_cast<double>(m.tokens_per_step) / m.best_seconds,
-                 m.hash_seconds);
+      fmt::print("{:>3} {:>12.3f} {:>12.3f} {:>10.0f} {:>8.3f} {:>9.1f} {:>6.3f}\n", m.threads,
+                 m.best_seconds, m.median_seconds,
+                 static_cast<double>(m.tokens_per_step) / m.best_seconds, m.hash_seconds,
+                 m.gemm_gflops, StepFlops(config) / m.best_seconds * 1e-9 / m.gemm_gflops);
       std::fflush(stdout);
     }
   }
@@ -194,9 +244,13 @@ int RunThroughput(const RunConfig& config, int steps, bool json) {
       fmt::print("  {{\"config\": \"{}\", \"threads\": {}, \"tokens_per_step\": {}, "
                  "\"seconds_per_step\": {:.4f}, \"median_seconds_per_step\": {:.4f}, "
                  "\"tokens_per_second\": {:.1f}, \"state_hash_seconds\": {:.4f}, "
+                 "\"model_gflop_per_step\": {:.3f}, \"model_gflops\": {:.2f}, "
+                 "\"gemm_gflops\": {:.2f}, \"mfu_vs_gemm\": {:.4f}, "
                  "\"bitwise_same_across_threads\": {}, \"lockstep_variant\": \"{}\"}}{}\n",
                  config.name, m.threads, m.tokens_per_step, m.best_seconds, m.median_seconds,
-                 static_cast<double>(m.tokens_per_step) / m.best_seconds, m.hash_seconds, same,
+                 static_cast<double>(m.tokens_per_step) / m.best_seconds, m.hash_seconds,
+                 StepFlops(config) * 1e-9, StepFlops(config) / m.best_seconds * 1e-9,
+                 m.gemm_gflops, StepFlops(config) / m.best_seconds * 1e-9 / m.gemm_gflops, same,
                  isa, i + 1 < results.size() ? "," : "");
     }
     fmt::print("]\n");

@@ -422,7 +422,10 @@ StateHash Trainer::Restore(const CheckpointIndex& checkpoint, FileDigests digest
            fmt::join(t.shape, ", "), specs_[i].name, fmt::join(specs_[i].shape, ", "));
     }
   }
-  ProgressLine progress("load " + where, StateBytes(config_.model), progress_);
+  // A checkpoint that keeps the gradients as digests has three of the four arrays to read.
+  const uint64_t arrays = checkpoint.gradients == Gradients::kFull ? kStateArrayCount : 3;
+  ProgressLine progress("load " + where, StateBytes(config_.model) / kStateArrayCount * arrays,
+                        progress_);
   const StateHash recomputed = store_->Load(checkpoint, digests, [&](uint64_t bytes) {
     progress.Add(bytes);
   });
