@@ -41,11 +41,23 @@ print(f"{lockstep[0]['config']}: {lockstep[0]['tokens_per_step']} tokens per ste
       "best of the timed steps (median in parentheses)")
 print(f"{'thr':>3} {'lockstep tok/s':>21} {'pytorch tok/s':>21} {'ratio':>6} "
       f"{'lockstep bits same':>18} {'pytorch bits same':>17}")
+rows = []
 for ls in lockstep:
     pt = by_threads[ls["threads"]]
     def cell(row):
         return f"{row['tokens_per_second']:.0f} ({row['tokens_per_step'] / row['median_seconds_per_step']:.0f})"
-    print(f"{ls['threads']:>3} {cell(ls):>21} {cell(pt):>21} "
-          f"{ls['tokens_per_second'] / pt['tokens_per_second']:>6.2f} "
+    ratio = ls["tokens_per_second"] / pt["tokens_per_second"]
+    print(f"{ls['threads']:>3} {cell(ls):>21} {cell(pt):>21} {ratio:>6.2f} "
           f"{str(ls['bitwise_same_across_threads']):>18} {str(pt['bitwise_same_across_threads']):>17}")
+    rows.append({"config": ls["config"], "threads": ls["threads"],
+                 "lockstep_tokens_per_second": ls["tokens_per_second"],
+                 "pytorch_tokens_per_second": pt["tokens_per_second"],
+                 "ratio": round(ratio, 3), "lockstep_mfu_vs_gemm": ls["mfu_vs_gemm"],
+                 "lockstep_gemm_gflops": ls["gemm_gflops"],
+                 "lockstep_variant": ls["lockstep_variant"],
+                 "pytorch_openblas_kernel": pt["openblas_kernel"],
+                 "torch_version": pt["torch_version"],
+                 "lockstep_bits_same_across_threads": ls["bitwise_same_across_threads"],
+                 "pytorch_bits_same_across_threads": pt["bitwise_same_across_threads"]})
+print(json.dumps(rows, indent=2))
 PY

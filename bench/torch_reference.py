@@ -7,7 +7,14 @@ RoPE, causal with an optional sliding window) and SwiGLU with one fused gate|up 
 RMSNorm and an output head; cross-entropy plus z-loss, global-norm clipping and AdamW with
 weight decay on every matrix but the embedding table, under the same warmup + cosine/WSD
 learning-rate schedule. It is written the way a careful PyTorch 1.13 user would write it (no
-fused kernels exist there: attention is explicit, with a mask), and reads the same YAML config.
+fused attention kernel exists there: attention is explicit, with a mask; q, k and v come from one
+fused projection), and reads the same YAML config.
+
+Each worker runs as PyTorch is best run here: OPENBLAS_NUM_THREADS and OMP_NUM_THREADS equal to
+torch's threads, OMP_WAIT_POLICY=PASSIVE (threads do not spin between ops, as lockstep's
+pool), and OPENBLAS_CORETYPE removed from the environment, so that OpenBLAS picks its best kernel
+for the CPU (this environment sets Haswell, which halves it on AVX-512); the kernel it picked is
+reported (openblas_kernel).
 
 Each thread count runs in its own subprocess, because OpenBLAS (which Debian's torch uses for
 its GEMMs) reads OPENBLAS_NUM_THREADS once, when it is loaded. Every worker initialises the same
@@ -129,9 +136,7 @@ def build(torch, m):
             super().__init__()
             self.window = layer_window(layer)
             self.attn_norm = nn.Parameter(torch.ones(d))
-            self.wq = nn.Parameter(torch.empty(hq * hd, d))
-            self.wk = nn.Parameter(torch.empty(hkv * hd, d))
-            self.wv = nn.Parameter(torch.empty(hkv * hd, d))
+            self.wqkv = nn.Parameter(torch.empty((hq + 2 * hkv) * hd, d))  # q | k | v rows
             self.wo = nn.Parameter(torch.empty(d, hq * hd))
             self.ffn_norm = nn.Parameter(torch.ones(d))
             self.w_gate_up = nn.Parameter(torch.empty(2 * m["ffn_hidden"], d))  # gate | up rows
@@ -140,9 +145,8 @@ def build(torch, m):
         def forward(self, x, cos, sin, masks):
             b, t, _ = x.shape
             h = rms_norm(x, self.attn_norm)
-            q = F.linear(h, self.wq).view(b, t, hq, hd)
-            k = F.linear(h, self.wk).view(b, t, hkv, hd)
-            v = F.linear(h, self.wv).view(b, t, hkv, hd)
+            q, k, v = F.linear(h, self.wqkv).split([hq * hd, hkv * hd, hkv * hd], dim=-1)
+            q, k, v = q.view(b, t, hq, hd), k.view(b, t, hkv, hd), v.view(b, t, hkv, hd)
             if m["qk_norm"]:
                 q, k = rms_norm(q), rms_norm(k)
             q, k = rope(q, cos, sin), rope(k, cos, sin)
@@ -180,8 +184,8 @@ def build(torch, m):
             if self.emb_norm is not None:
                 out.append(("emb_norm.weight", self.emb_norm, False))
             for l, blk in enumerate(self.layers):
-                for name in ("attn_norm", "attn.wq", "attn.wk", "attn.wv", "attn.wo",
-                             "ffn_norm", "ffn.w_gate_up", "ffn.w_down"):
+                for name in ("attn_norm", "attn.wqkv", "attn.wo", "ffn_norm", "ffn.w_gate_up",
+                             "ffn.w_down"):
                     p = getattr(blk, name.rpartition(".")[2])
                     out.append((f"layers.{l}.{name}.weight", p, p.dim() == 2))
             out += [("final_norm.weight", self.final_norm, False),
@@ -277,11 +281,26 @@ def worker(args):
         "tokens_per_step": tokens_per_step, "parameters": sum(p.numel() for p in all_params),
         "seconds": seconds, "first_step_loss": first_loss,
         "init_sha256": init_digest.hexdigest(), "grad_sha256": grad_digest.hexdigest(),
-        "torch_version": torch.__version__}))
+        "torch_version": torch.__version__, "openblas_kernel": openblas_kernel()}))
+
+
+def openblas_kernel():
+    """The OpenBLAS core in use (the library torch loaded: dlopen returns the same one)."""
+    import ctypes
+    for name in ("libopenblas.so.0", "libblas.so.3"):
+        try:
+            lib = ctypes.CDLL(name)
+            lib.openblas_get_corename.restype = ctypes.c_char_p
+            return lib.openblas_get_corename().decode()
+        except (OSError, AttributeError):
+            continue
+    return "unknown"
 
 
 def run_worker(args, threads):
-    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
+               OMP_WAIT_POLICY="PASSIVE")
+    env.pop("OPENBLAS_CORETYPE", None)
     cmd = [sys.executable, __file__, "--worker", "--threads", str(threads), "--config",
            args.config, "--steps", str(args.steps)]
     out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
@@ -321,14 +340,16 @@ def main():
             "seconds_per_step": round(best, 4),
             "median_seconds_per_step": round(statistics.median(r["seconds"]), 4),
             "tokens_per_second": round(r["tokens_per_step"] / best, 1),
-            "bitwise_same_across_threads": same, "torch_version": r["torch_version"]})
+            "bitwise_same_across_threads": same, "torch_version": r["torch_version"],
+            "openblas_kernel": r["openblas_kernel"]})
     if args.json:
         print(json.dumps(rows, indent=2))
         return
     r0 = results[0]
     print(f"{name} in PyTorch {r0['torch_version']}: {r0['parameters'] / 1e6:.2f}M parameters, "
           f"{r0['tokens_per_step']} tokens per step; first-step loss {r0['first_step_loss']:.4f}")
-    print(f"one warm-up step, then best and median of {args.steps} steps")
+    print(f"one warm-up step, then best and median of {args.steps} steps; OpenBLAS kernel "
+          f"{r0['openblas_kernel']}")
     print(f"{'thr':>3} {'best s/step':>12} {'median s/st':>12} {'tokens/s':>10}")
     for row in rows:
         print(f"{row['threads']:>3} {row['seconds_per_step']:>12.3f} "
