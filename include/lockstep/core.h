@@ -155,17 +155,68 @@ class ProgressLine {
 };
 
 // ---- files ----------------------------------------------------------------------------------
+// An open file descriptor, closed on every path out: the one way lockstep holds a file open
+// (the helpers below are made of it). Every error names the path and the OS error.
+class File {
+ public:
+  // A regular file, read-only; a FIFO, device or directory is refused at once ("not a regular
+  // file"), never waited on.
+  static File OpenForReading(const std::filesystem::path& path);
+  // Write-only, created 0644 or truncated.
+  static File Create(const std::filesystem::path& path);
+  // Read-write, created with `permissions`; an existing file is refused (O_EXCL), so nothing of
+  // someone else's is ever replaced, and a secret is never readable by others, even briefly.
+  static File CreateExclusive(const std::filesystem::path& path, unsigned permissions = 0644);
+  // Write-only at the end (O_APPEND), created 0644 if absent: a crash can at worst tear the last
+  // write, never lose earlier ones.
+  static File OpenForAppend(const std::filesystem::path& path);
+  // A directory, read-only: to fsync it (SyncDirectory).
+  static File OpenDirectory(const std::filesystem::path& dir);
+
+  File(File&& other) noexcept;
+  File& operator=(File&& other) noexcept;
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  ~File();
+
+  const std::filesystem::path& path() const { return path_; }
+  // The descriptor, still owned by this File (for mmap and the like).
+  int fd() const { return fd_; }
+  uint64_t Size() const;
+  // Bytes the file occupies on disk (st_blocks · 512).
+  uint64_t AllocatedBytes() const;
+  // Reads exactly out.size() bytes at `offset`; fails on a short file.
+  void ReadAt(uint64_t offset, std::span<uint8_t> out) const;
+  // Reads to the end from the current position.
+  std::vector<uint8_t> ReadAll() const;
+  // Writes all of `bytes` at the current position (the end, with OpenForAppend), or at `offset`.
+  void Write(std::span<const uint8_t> bytes);
+  void Write(std::string_view text);
+  void WriteAt(uint64_t offset, std::span<const uint8_t> bytes);
+  void Sync();
+  // Closes now, failing naming the path when the OS reports an error (a write may only fail
+  // there, e.g. on NFS); the destructor closes silently.
+  void Close();
+
+ private:
+  File(int fd, std::filesystem::path path) : fd_(fd), path_(std::move(path)) {}
+  static File Open(const std::filesystem::path& path, int flags, unsigned permissions,
+                   const char* what);
+  int fd_ = -1;
+  std::filesystem::path path_;
+};
+
 // Whole-file read; fails naming the path and the OS error.
 std::vector<uint8_t> ReadFileBytes(const std::filesystem::path& path);
 std::string ReadFileText(const std::filesystem::path& path);
 // Writes the file and fsyncs it (not its directory). Fails naming the path.
 void WriteFileSynced(const std::filesystem::path& path, std::span<const uint8_t> bytes);
 void WriteFileSynced(const std::filesystem::path& path, std::string_view text);
-// Opens a regular file read-only (close-on-exec) and returns its descriptor; a FIFO, device or
-// directory is refused at once ("not a regular file"), never waited on.
-int OpenRegularFileForReading(const std::filesystem::path& path);
 // Appends `text` (O_APPEND, created 0644 if absent) and fsyncs: for logs read line by line.
 void AppendFileSynced(const std::filesystem::path& path, std::string_view text);
+// The lines of `text` without their '\n', as std::getline gives them: a last line without a
+// newline is a line, an empty text has none.
+std::vector<std::string> Lines(std::string_view text);
 // fsync of a directory, so that renames and creations inside it are durable.
 void SyncDirectory(const std::filesystem::path& dir);
 

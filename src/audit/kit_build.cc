@@ -1,7 +1,6 @@
 // `lockstep kit build`: a run directory and its dataset -> a self-contained, verifiable kit.
 #include <algorithm>
 #include <charconv>
-#include <fstream>
 #include <map>
 
 #include "lockstep/build_info.h"
@@ -48,10 +47,9 @@ PublishedCheckpoint ReadPublishedCheckpoint(const fs::path& dir, uint64_t expect
 // metrics.jsonl: step -> step_seconds.
 std::map<uint64_t, double> ReadStepSeconds(const fs::path& path) {
   std::map<uint64_t, double> seconds;
-  std::ifstream in(path);
-  if (!in) Fail("{}: cannot open for reading", path.string());
-  std::string line;
-  for (int number = 1; std::getline(in, line); ++number) {
+  int number = 0;
+  for (const std::string& line : Lines(ReadFileText(path))) {
+    ++number;
     const std::string what = fmt::format("{}: line {}", path.string(), number);
     const Json j = state_internal::ParseJsonStrict(line, what);
     if (!j.is_object() || !j.contains("step") || !j.contains("step_seconds") ||

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 
 #include "lockstep/kit.h"
 
@@ -86,7 +87,8 @@ std::string FetchText(std::string_view url, long stall_seconds) {
 
 // One file's download into its .part, appending from `offset`.
 struct Transfer {
-  std::FILE* out = nullptr;
+  std::optional<File> out;
+  std::string write_error;  // a failed write (the callback cannot throw through libcurl)
   uint64_t offset = 0;    // bytes already in the .part when the transfer began
   uint64_t written = 0;   // bytes this transfer appended
   uint64_t expected = 0;  // the size kit.json lists
@@ -103,7 +105,12 @@ size_t WriteToPart(char* data, size_t size, size_t count, void* context) {
     t->oversize = true;  // don't let a wrong source fill the disk
     return 0;
   }
-  if (std::fwrite(data, 1, bytes, t->out) != bytes) return 0;
+  try {
+    t->out->Write({reinterpret_cast<const uint8_t*>(data), bytes});
+  } catch (const Error& e) {
+    t->write_error = e.what();
+    return 0;
+  }
   t->written += bytes;
   return bytes;
 }
@@ -137,8 +144,7 @@ bool DownloadPart(const std::string& url, const fs::path& part, uint64_t offset,
   t.expected = file.size;
   t.label = file.path;
   t.show_progress = progress && file.size >= kProgressMinBytes;
-  t.out = std::fopen(part.c_str(), offset > 0 ? "ab" : "wb");
-  if (t.out == nullptr) Fail("{}: cannot open for writing", part.string());
+  t.out.emplace(offset > 0 ? File::OpenForAppend(part) : File::Create(part));
 
   CurlHandle curl(stall_seconds);
   curl_easy_setopt(curl.get(), CURLOPT_WRITEFUNCTION, WriteToPart);
@@ -155,16 +161,21 @@ bool DownloadPart(const std::string& url, const fs::path& part, uint64_t offset,
   try {
     curl.Perform(url);
   } catch (const Error& e) {
-    if (!t.oversize) error = e.what();
+    if (!t.oversize) error = t.write_error.empty() ? e.what() : t.write_error;
   }
-  const bool flushed = std::fflush(t.out) == 0 && ::fsync(fileno(t.out)) == 0;
-  const bool closed = std::fclose(t.out) == 0;
+  std::string sync_error;
+  try {
+    t.out->Sync();
+    t.out->Close();
+  } catch (const Error& e) {
+    sync_error = e.what();
+  }
   if (t.show_progress) {
     DrawProgress(t);
     std::fputc('\n', stderr);
   }
   if (!error.empty()) Fail("{} (partial download kept in {} for a resume)", error, part.string());
-  if (!flushed || !closed) Fail("{}: write failed", part.string());
+  if (!sync_error.empty()) Fail("{}", sync_error);
   return !t.oversize;
 }
 

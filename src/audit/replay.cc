@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -261,11 +260,8 @@ ReplayResult ReplayInterval(const ReplayOptions& o) {
            o.compare_checkpoint->string(), reference->state.step, o.until_step);
     }
   }
-  std::optional<std::ofstream> loss_log;
-  if (o.loss_log) {
-    loss_log.emplace(*o.loss_log, std::ios::trunc);
-    if (!*loss_log) Fail("--loss-log {}: cannot open for writing", o.loss_log->string());
-  }
+  std::optional<File> loss_log;
+  if (o.loss_log) loss_log.emplace(File::Create(*o.loss_log));
 
   const data::Dataset dataset = data::OpenDataset(o.data_dir);
   const ReplayStorage storage = PlanInterval(o, config, dataset);
@@ -318,8 +314,7 @@ ReplayResult ReplayInterval(const ReplayOptions& o) {
                                            {"lr", r.lr},
                                            {"skipped", r.skipped},
                                            {"state_hash", ToHex(trainer.hash())}};
-      *loss_log << line.dump() << '\n' << std::flush;
-      if (!*loss_log) Fail("--loss-log {}: write failed", o.loss_log->string());
+      loss_log->Write(line.dump() + "\n");
     }
     if (r.halt && r.step < o.until_step) {
       Fail("the spike protocol halts the run at step {} ({} skips within {} steps), before "

@@ -84,12 +84,7 @@ DumpTensor Dumped(std::string name, std::string dtype, std::span<const T> values
 class TraceRecorder final : public OpObserver {
  public:
   TraceRecorder(const fs::path& records, std::set<int64_t> dump_ops)
-      : path_(records), dump_ops_(std::move(dump_ops)) {
-    file_ = std::fopen(records.c_str(), "wx");
-    if (file_ == nullptr) Fail("{}: cannot create", records.string());
-  }
-  ~TraceRecorder() override {
-    if (file_ != nullptr) std::fclose(file_);
+      : path_(records), dump_ops_(std::move(dump_ops)), file_(File::CreateExclusive(records)) {
   }
 
   void Context(uint64_t step, int64_t microbatch) override {
@@ -144,20 +139,21 @@ class TraceRecorder final : public OpObserver {
     }
     const std::string line = record_.dump();
     leaves_.push_back(LeafHash(line));
-    if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() ||
-        std::fputc('\n', file_) == EOF) {
-      Fail("{}: write failed", path_.string());
+    pending_ += line;
+    pending_ += '\n';
+    if (pending_.size() >= kWriteBytes) {
+      file_.Write(pending_);
+      pending_.clear();
     }
     ++index_;
   }
 
   // Flushes and fsyncs records.jsonl; returns the leaves.
   const std::vector<Digest>& Finish() {
-    if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0 || std::fclose(file_) != 0) {
-      file_ = nullptr;
-      Fail("{}: write failed", path_.string());
-    }
-    file_ = nullptr;
+    file_.Write(pending_);
+    pending_.clear();
+    file_.Sync();
+    file_.Close();
     return leaves_;
   }
 
@@ -170,7 +166,9 @@ class TraceRecorder final : public OpObserver {
  private:
   fs::path path_;
   std::set<int64_t> dump_ops_;
-  std::FILE* file_ = nullptr;
+  static constexpr size_t kWriteBytes = size_t{1} << 20;  // records are written in ~1 MiB runs
+  File file_;
+  std::string pending_;
   uint64_t step_ = 0;
   int64_t microbatch_ = 0, index_ = 0;
   Json record_;

@@ -1,3 +1,4 @@
+// lockstep::File and the whole-file helpers made of it.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,41 +9,147 @@
 #include "lockstep/core.h"
 
 namespace lockstep {
-namespace {
-// Closes the descriptor on every path out.
-struct Fd {
-  int fd;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-}  // namespace
 
-int OpenRegularFileForReading(const std::filesystem::path& path) {
-  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) Fail("{}: cannot open for reading: {}", path.string(), std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    Fail("{}: not a regular file", path.string());
-  }
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  return fd;
+File File::Open(const std::filesystem::path& path, int flags, unsigned permissions,
+                const char* what) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), flags | O_CLOEXEC, permissions);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) Fail("{}: cannot open {}: {}", path.string(), what, std::strerror(errno));
+  return File(fd, path);
 }
 
-std::vector<uint8_t> ReadFileBytes(const std::filesystem::path& path) {
-  Fd f{OpenRegularFileForReading(path)};
+File File::OpenForReading(const std::filesystem::path& path) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
+  File file = Open(path, O_RDONLY | O_NONBLOCK, 0, "for reading");
+  struct stat st {};
+  if (::fstat(file.fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    Fail("{}: not a regular file", path.string());
+  }
+  ::fcntl(file.fd_, F_SETFL, ::fcntl(file.fd_, F_GETFL) & ~O_NONBLOCK);
+  // Files are mostly read front to back: let the kernel read ahead.
+  ::posix_fadvise(file.fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
+  return file;
+}
+
+File File::Create(const std::filesystem::path& path) {
+  return Open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644, "for writing");
+}
+
+File File::CreateExclusive(const std::filesystem::path& path, unsigned permissions) {
+  return Open(path, O_RDWR | O_CREAT | O_EXCL, permissions, "as a new file");
+}
+
+File File::OpenForAppend(const std::filesystem::path& path) {
+  return Open(path, O_WRONLY | O_APPEND | O_CREAT, 0644, "for appending");
+}
+
+File File::OpenDirectory(const std::filesystem::path& dir) {
+  return Open(dir, O_RDONLY | O_DIRECTORY, 0, "as a directory");
+}
+
+File::File(File&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) {
+  other.fd_ = -1;
+}
+
+File& File::operator=(File&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    path_ = std::move(other.path_);
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+File::~File() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+uint64_t File::Size() const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) Fail("{}: cannot stat: {}", path_.string(), std::strerror(errno));
+  return static_cast<uint64_t>(st.st_size);
+}
+
+uint64_t File::AllocatedBytes() const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) Fail("{}: cannot stat: {}", path_.string(), std::strerror(errno));
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+void File::ReadAt(uint64_t offset, std::span<uint8_t> out) const {
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::pread(fd_, out.data() + done, out.size() - done,
+                              static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      Fail("{}: read failed at byte {}: {}", path_.string(), offset + done, std::strerror(errno));
+    }
+    if (n == 0) {
+      Fail("{}: ends at byte {}, but {} bytes from byte {} were expected (truncated while read?)",
+           path_.string(), offset + done, out.size(), offset);
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+std::vector<uint8_t> File::ReadAll() const {
   std::vector<uint8_t> bytes;
   uint8_t buf[1 << 16];
   for (;;) {
-    const ssize_t n = ::read(f.fd, buf, sizeof buf);
+    const ssize_t n = ::read(fd_, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) Fail("{}: read failed: {}", path.string(), std::strerror(errno));
-    if (n == 0) break;
+    if (n < 0) Fail("{}: read failed: {}", path_.string(), std::strerror(errno));
+    if (n == 0) return bytes;
     bytes.insert(bytes.end(), buf, buf + n);
   }
-  return bytes;
+}
+
+void File::Write(std::span<const uint8_t> bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd_, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) Fail("{}: write failed: {}", path_.string(), std::strerror(errno));
+    done += static_cast<size_t>(n);
+  }
+}
+
+void File::Write(std::string_view text) {
+  Write(std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+}
+
+void File::WriteAt(uint64_t offset, std::span<const uint8_t> bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::pwrite(fd_, bytes.data() + done, bytes.size() - done,
+                               static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      Fail("{}: write failed at byte {}: {}", path_.string(), offset + done,
+           n == 0 ? "nothing written" : std::strerror(errno));
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+void File::Sync() {
+  if (::fsync(fd_) != 0) Fail("{}: fsync failed: {}", path_.string(), std::strerror(errno));
+}
+
+void File::Close() {
+  const int fd = fd_;
+  fd_ = -1;
+  if (fd >= 0 && ::close(fd) != 0) {
+    Fail("{}: close failed: {}", path_.string(), std::strerror(errno));
+  }
+}
+
+std::vector<uint8_t> ReadFileBytes(const std::filesystem::path& path) {
+  return File::OpenForReading(path).ReadAll();
 }
 
 std::string ReadFileText(const std::filesystem::path& path) {
@@ -51,47 +158,35 @@ std::string ReadFileText(const std::filesystem::path& path) {
 }
 
 void WriteFileSynced(const std::filesystem::path& path, std::span<const uint8_t> bytes) {
-  Fd f{::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-  if (f.fd < 0) Fail("{}: cannot open for writing: {}", path.string(), std::strerror(errno));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(f.fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) Fail("{}: write failed: {}", path.string(), std::strerror(errno));
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(f.fd) != 0) Fail("{}: fsync failed: {}", path.string(), std::strerror(errno));
-}
-
-// WriteFileSynced replaces a file; a log needs O_APPEND, so that a crash can at worst leave a
-// torn last line (which its reader reports) and never lose earlier ones.
-void AppendFileSynced(const std::filesystem::path& path, std::string_view text) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) Fail("{}: cannot open for appending: {}", path.string(), std::strerror(errno));
-  size_t done = 0;
-  int error = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      error = errno;
-      break;
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (error == 0 && ::fsync(fd) != 0) error = errno;
-  ::close(fd);
-  if (error != 0) Fail("{}: append failed: {}", path.string(), std::strerror(error));
+  File file = File::Create(path);
+  file.Write(bytes);
+  file.Sync();
+  file.Close();
 }
 
 void WriteFileSynced(const std::filesystem::path& path, std::string_view text) {
   WriteFileSynced(path, std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
 }
 
-void SyncDirectory(const std::filesystem::path& dir) {
-  Fd f{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
-  if (f.fd < 0) Fail("{}: cannot open directory: {}", dir.string(), std::strerror(errno));
-  if (::fsync(f.fd) != 0) Fail("{}: fsync failed: {}", dir.string(), std::strerror(errno));
+// WriteFileSynced replaces a file; a log needs O_APPEND, so that a crash can at worst leave a
+// torn last line (which its reader reports) and never lose earlier ones.
+void AppendFileSynced(const std::filesystem::path& path, std::string_view text) {
+  File file = File::OpenForAppend(path);
+  file.Write(text);
+  file.Sync();
+  file.Close();
 }
+
+std::vector<std::string> Lines(std::string_view text) {
+  std::vector<std::string> lines;
+  while (!text.empty()) {
+    const size_t end = text.find('\n');
+    lines.emplace_back(text.substr(0, end));
+    text.remove_prefix(end == std::string_view::npos ? text.size() : end + 1);
+  }
+  return lines;
+}
+
+void SyncDirectory(const std::filesystem::path& dir) { File::OpenDirectory(dir).Sync(); }
 
 }  // namespace lockstep

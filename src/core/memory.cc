@@ -1,5 +1,4 @@
 // What the process and the machine hold in memory, from the kernel's own accounting.
-#include <fstream>
 #include <string>
 
 #include "lockstep/core.h"
@@ -9,9 +8,7 @@ namespace {
 
 // The value of a "Key:   123 kB" line of a /proc file, in bytes.
 uint64_t ProcKibField(const char* file, std::string_view key) {
-  std::ifstream in(file);
-  if (!in) Fail("{}: cannot open for reading", file);
-  for (std::string line; std::getline(in, line);) {
+  for (const std::string& line : Lines(ReadFileText(file))) {
     if (!line.starts_with(key) || line.size() <= key.size() || line[key.size()] != ':') continue;
     const size_t digits = line.find_first_of("0123456789", key.size());
     if (digits == std::string::npos || !line.ends_with(" kB")) break;
@@ -26,10 +23,15 @@ uint64_t PeakRssBytes() { return ProcKibField("/proc/self/status", "VmHWM"); }
 
 bool ResetPeakRss() {
   // "5" resets VmHWM to the current VmRSS (proc(5), /proc/pid/clear_refs, Linux 4.0+).
-  std::ofstream clear("/proc/self/clear_refs");
-  clear << "5";
-  clear.flush();
-  return static_cast<bool>(clear);
+  // Opened for appending: a /proc file is neither created nor truncated.
+  try {
+    File clear = File::OpenForAppend("/proc/self/clear_refs");
+    clear.Write("5");
+    clear.Close();
+    return true;
+  } catch (const Error&) {
+    return false;  // an older kernel: the caller says the peak covers the whole process
+  }
 }
 
 uint64_t CurrentRssBytes() { return ProcKibField("/proc/self/status", "VmRSS"); }

@@ -473,7 +473,7 @@ WrittenCheckpoint WriteCheckpointStreamed(const fs::path& run_dir, const StepSta
   std::vector<float> piece(PieceSize(piece_floats, counts));
   // Pulls array a of tensor i from the source piece by piece into `out` (when given) and returns
   // its digest.
-  const auto pull = [&](size_t i, int a, state_internal::File* out) {
+  const auto pull = [&](size_t i, int a, File* out) {
     ArrayHasher array_hash;
     for (int64_t begin = 0; begin < counts[i]; begin += piece_floats) {
       const std::span<float> p(piece.data(),
@@ -494,7 +494,7 @@ WrittenCheckpoint WriteCheckpointStreamed(const fs::path& run_dir, const StepSta
       continue;
     }
     const fs::path path = temp_dir / kTensorFiles[f].name;
-    state_internal::File out = state_internal::File::Create(path);
+    File out = File::Create(path);
     out.Write(BytesOf(headers[f]));
     std::vector<Digest> in_file;  // the file's array digests, in data order
     for (size_t i = 0; i < tensors.size(); ++i) {
@@ -642,7 +642,7 @@ CheckpointIndex OpenCheckpoint(const fs::path& dir) {
     if (!HasTensorFile(f, index.gradients)) continue;
     const ListedFile& listed = listing.tensor_files[f];
     CheckExists(listed);
-    const state_internal::File file = state_internal::File::OpenForReading(listed.path);
+    const File file = File::OpenForReading(listed.path);
     CheckSize(listed, file.Size());
     state_internal::SafetensorsHeader header =
         state_internal::ReadSafetensorsHeader(file, listed.size);
@@ -700,7 +700,7 @@ StateHash StreamCheckpoint(const CheckpointIndex& index, int64_t piece_floats,
   for (size_t f = 0; f < kTensorFiles.size(); ++f) {
     if (!HasTensorFile(f, index.gradients)) continue;
     const ListedFile& listed = index.files[f];
-    const state_internal::File in = state_internal::File::OpenForReading(listed.path);
+    const File in = File::OpenForReading(listed.path);
     CheckSize(listed, in.Size());  // it may have changed since OpenCheckpoint
     // The file's arrays in data order, after its header: together, every byte of the file.
     std::vector<std::tuple<uint64_t, size_t, int>> arrays;
@@ -787,7 +787,7 @@ void ReadCheckpointPiece(const CheckpointIndex& index, size_t i, StateArray a, i
     Fail("{}: elements [{}, {}) are outside tensor '{}' ({} elements)", where.file.string(), begin,
          static_cast<uint64_t>(begin) + out.size(), index.tensors[i].name, count);
   }
-  const state_internal::File file = state_internal::File::OpenForReading(where.file);
+  const File file = File::OpenForReading(where.file);
   file.ReadAt(where.offset + static_cast<uint64_t>(begin) * sizeof(float),
               std::span(reinterpret_cast<uint8_t*>(out.data()), out.size_bytes()));
 }

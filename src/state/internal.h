@@ -63,28 +63,6 @@ bool HasGradElements(const TensorState& tensor);
 // has a grad_digest that differs.
 Digest CheckedGradDigest(const TensorState& tensor, const Digest& of_elements);
 
-// ---- files read and written in pieces --------------------------------------------------------
-// An open file descriptor, closed on every path out. Every error names the path.
-class File {
- public:
-  static File OpenForReading(const std::filesystem::path& path);
-  static File Create(const std::filesystem::path& path);  // truncates an existing file
-  File(File&& other) noexcept;
-  File& operator=(File&&) = delete;
-  ~File();
-
-  const std::filesystem::path& path() const { return path_; }
-  uint64_t Size() const;
-  // Reads exactly out.size() bytes at `offset`; fails on a short file.
-  void ReadAt(uint64_t offset, std::span<uint8_t> out) const;
-  void Write(std::span<const uint8_t> bytes);
-  void Sync();
-
- private:
-  File(int fd, std::filesystem::path path) : fd_(fd), path_(std::move(path)) {}
-  int fd_;
-  std::filesystem::path path_;
-};
 
 // ---- safetensors headers (safetensors.cc) ----------------------------------------------------
 struct SafetensorsEntry {

@@ -96,26 +96,18 @@ KitManifest ReadManifest(const fs::path& kit_dir) {
 }
 
 KitFile DescribeFile(const fs::path& file, std::string relative_path) {
-  const int fd = OpenRegularFileForReading(file);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int error = errno;
-    ::close(fd);
-    Fail("{}: cannot stat: {}", file.string(), std::strerror(error));
-  }
-  KitFile result{std::move(relative_path), static_cast<uint64_t>(st.st_size), {}};
-  if (st.st_size == 0) {
-    ::close(fd);
+  const File in = File::OpenForReading(file);
+  KitFile result{std::move(relative_path), in.Size(), {}};
+  if (result.size == 0) {
     result.sha256 = Sha256({});
     return result;
   }
-  void* mapped = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-  const int error = errno;
-  ::close(fd);
-  if (mapped == MAP_FAILED) Fail("{}: cannot map: {}", file.string(), std::strerror(error));
-  ::madvise(mapped, static_cast<size_t>(st.st_size), MADV_SEQUENTIAL);
-  result.sha256 = Sha256({static_cast<const uint8_t*>(mapped), static_cast<size_t>(st.st_size)});
-  ::munmap(mapped, static_cast<size_t>(st.st_size));
+  const auto size = static_cast<size_t>(result.size);
+  void* mapped = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, in.fd(), 0);
+  if (mapped == MAP_FAILED) Fail("{}: cannot map: {}", file.string(), std::strerror(errno));
+  ::madvise(mapped, size, MADV_SEQUENTIAL);
+  result.sha256 = Sha256({static_cast<const uint8_t*>(mapped), size});
+  ::munmap(mapped, size);
   return result;
 }
 

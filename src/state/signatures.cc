@@ -46,13 +46,11 @@ void WriteSigningKey(const fs::path& key_path, const Ed25519Seed& seed) {
       Json{{"format", kKeyFormat}, {"format_version", kKeyVersion}, {"ed25519_seed", ToHex(seed)}}
           .dump(2) +
       "\n";
-  // Created 0600 in one step (O_EXCL): the seed is never readable by others, even briefly.
-  const int fd = ::open(key_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) Fail("{}: cannot create: {}", key_path.string(), std::strerror(errno));
-  const bool ok = ::write(fd, secret.data(), secret.size()) == static_cast<ssize_t>(secret.size()) &&
-                  ::fsync(fd) == 0;
-  ::close(fd);
-  if (!ok) Fail("{}: write failed", key_path.string());
+  // Created 0600 in one step (exclusive): the seed is never readable by others, even briefly.
+  File key = File::CreateExclusive(key_path, 0600);
+  key.Write(secret);
+  key.Sync();
+  key.Close();
   WriteFileSynced(pub_path, PublicKeyJson(PublicKeyOf(seed)));
 }
 

@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstdio>
 #include <thread>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/json.h"
@@ -26,9 +25,10 @@ class MetricsLog {
   // Keeps the lines of steps <= last_step (a resume drops what followed its checkpoint).
   void TruncateAfter(uint64_t last_step) {
     if (!fs::exists(path_)) return;
-    std::ifstream in(path_);
-    std::string line, kept;
-    for (int number = 1; std::getline(in, line); ++number) {
+    std::string kept;
+    int number = 0;
+    for (const std::string& line : Lines(ReadFileText(path_))) {
+      ++number;
       nlohmann::json j;
       try {
         j = ParseJsonStrict(line, fmt::format("{}: line {}", path_.string(), number));
@@ -60,11 +60,9 @@ class MetricsLog {
                               {"tokens_per_second", r.tokens / r.seconds},
                               {"comm_seconds", r.comm_seconds},
                               {"comm_bytes", r.comm_bytes}};
-    std::FILE* f = std::fopen(path_.c_str(), "a");
-    if (f == nullptr) Fail("{}: cannot open for appending", path_.string());
-    const std::string line = j.dump() + "\n";
-    const bool ok = std::fwrite(line.data(), 1, line.size(), f) == line.size();
-    if (std::fclose(f) != 0 || !ok) Fail("{}: write failed", path_.string());
+    File log = File::OpenForAppend(path_);
+    log.Write(j.dump() + "\n");
+    log.Close();
   }
 
  private:
@@ -79,9 +77,9 @@ std::string Duration(double seconds) {
 
 // A summary of metrics.jsonl on stdout: the mean loss over each tenth of the run.
 void PrintLossCurve(const fs::path& metrics_path, double unigram_entropy) {
+  if (!fs::exists(metrics_path)) return;  // --steps 0: no step, no curve
   std::vector<std::pair<uint64_t, double>> losses;
-  std::ifstream in(metrics_path);
-  for (std::string line; std::getline(in, line);) {
+  for (const std::string& line : Lines(ReadFileText(metrics_path))) {
     const nlohmann::json j = ParseJsonStrict(line, metrics_path.string());
     if (!j.is_object() || !j.contains("step") || !j["step"].is_number_unsigned() ||
         !j.contains("loss")) {

@@ -41,15 +41,16 @@ class SpillStore final : public StateStore {
     }
     for (int a = 0; a < kStateArrayCount; ++a) {
       const fs::path path = dir / fmt::format("{}.spill", kArrayNames[a]);
-      // O_EXCL: a spill file of another run (or a crashed one) is never silently reused.
-      const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-      if (fd < 0) {
-        Fail("{}: cannot create spill file: {} (remove it, or give another --spill-dir)",
-             path.string(), std::strerror(errno));
+      // Exclusive: a spill file of another run (or a crashed one) is never silently reused.
+      std::optional<File> file;
+      try {
+        file.emplace(File::CreateExclusive(path, 0600));
+      } catch (const Error& e) {
+        Fail("{} (remove it, or give another --spill-dir)", e.what());
       }
       // Unlinked at once: the space is the open descriptor's, so it is freed however the process
       // ends (a killed replay of a large model must not leave gigabytes behind).
-      files_.push_back({path, fd, true});
+      files_.push_back({std::move(*file), true});
       if (::unlink(path.c_str()) != 0) {
         Fail("{}: cannot unlink the new spill file: {}", path.string(), std::strerror(errno));
       }
@@ -59,7 +60,7 @@ class SpillStore final : public StateStore {
   }
 
   ~SpillStore() override {
-    for (const File& f : files_) ::close(f.fd);
+    files_.clear();  // closes them
     if (created_dir_) {
       std::error_code ignored;
       fs::remove(dir_, ignored);  // only if empty
@@ -96,9 +97,8 @@ class SpillStore final : public StateStore {
 
   uint64_t SpillBytes() const override {
     uint64_t bytes = 0;
-    for (const File& f : files_) {
-      struct stat st {};
-      if (f.owned && ::fstat(f.fd, &st) == 0) bytes += static_cast<uint64_t>(st.st_blocks) * 512;
+    for (const Attached& f : files_) {
+      if (f.owned) bytes += f.file.AllocatedBytes();
     }
     return bytes;
   }
@@ -111,10 +111,7 @@ class SpillStore final : public StateStore {
       }
     }
     // Checkpoint files attached by an earlier Load are no longer referenced.
-    while (files_.size() > kStateArrayCount) {
-      ::close(files_.back().fd);
-      files_.pop_back();
-    }
+    files_.erase(files_.begin() + kStateArrayCount, files_.end());
   }
 
   StateHash Load(const CheckpointIndex& checkpoint, FileDigests digests,
@@ -129,9 +126,8 @@ class SpillStore final : public StateStore {
         }
         const fs::path& path = checkpoint.Where(i, static_cast<StateArray>(a)).file;
         if (file_of.contains(path)) continue;
-        const int fd = OpenRegularFileForReading(path);
         file_of[path] = static_cast<int>(files_.size());
-        files_.push_back({path, fd, false});
+        files_.push_back({File::OpenForReading(path), false});
       }
     }
     // StreamCheckpoint reads pieces of whole chunks and hands over their hash chunks' digests:
@@ -166,9 +162,8 @@ class SpillStore final : public StateStore {
     uint64_t offset = 0;
     Digest digest{};
   };
-  struct File {
-    fs::path path;
-    int fd;
+  struct Attached {
+    File file;
     bool owned;  // this store's (unlinked) spill file, not a checkpoint's
   };
 
@@ -208,47 +203,32 @@ class SpillStore final : public StateStore {
       std::ranges::fill(data, 0.0f);
       return std::nullopt;
     }
-    const File& file = files_[static_cast<size_t>(chunk.file)];
-    auto* bytes = reinterpret_cast<uint8_t*>(data.data());
-    size_t done = 0;
-    while (done < data.size_bytes()) {
-      const ssize_t got = ::pread(file.fd, bytes + done, data.size_bytes() - done,
-                                  static_cast<off_t>(chunk.offset + done));
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) {
-        return fmt::format("{}: reading {} at byte {} failed: {}", file.path.string(),
-                           Describe(piece, c), chunk.offset,
-                           got == 0 ? "end of file" : std::strerror(errno));
-      }
-      done += static_cast<size_t>(got);
+    const Attached& file = files_[static_cast<size_t>(chunk.file)];
+    try {  // in a ParallelFor body: errors are returned, not thrown
+      file.file.ReadAt(chunk.offset,
+                       {reinterpret_cast<uint8_t*>(data.data()), data.size_bytes()});
+    } catch (const Error& e) {
+      return fmt::format("reading {}: {}", Describe(piece, c), e.what());
     }
     const Digest digest = ArrayDigest(data);
     if (digest != chunk.digest) {
       return fmt::format(
           "{}: {} at byte {} reads back with digest {} but was {} with {}: the file was changed "
           "under lockstep",
-          file.path.string(), Describe(piece, c), chunk.offset, ToHex(digest),
+          file.file.path().string(), Describe(piece, c), chunk.offset, ToHex(digest),
           file.owned ? "written" : "loaded", ToHex(chunk.digest));
     }
     return std::nullopt;
   }
 
   std::optional<std::string> WriteChunk(const Piece& piece, int64_t c, std::span<const float> data) {
-    const File& file = files_[static_cast<size_t>(piece.array)];
+    File& file = files_[static_cast<size_t>(piece.array)].file;
     const uint64_t offset =
         static_cast<uint64_t>(slot_chunk_[piece.tensor] + c) * static_cast<uint64_t>(kChunkBytes);
-    const auto* bytes = reinterpret_cast<const uint8_t*>(data.data());
-    size_t done = 0;
-    while (done < data.size_bytes()) {
-      const ssize_t put = ::pwrite(file.fd, bytes + done, data.size_bytes() - done,
-                                   static_cast<off_t>(offset + done));
-      if (put < 0 && errno == EINTR) continue;
-      if (put <= 0) {
-        return fmt::format("{}: writing {} at byte {} failed: {}", file.path.string(),
-                           Describe(piece, c), offset,
-                           put == 0 ? "nothing written" : std::strerror(errno));
-      }
-      done += static_cast<size_t>(put);
+    try {  // in a ParallelFor body: errors are returned, not thrown
+      file.WriteAt(offset, {reinterpret_cast<const uint8_t*>(data.data()), data.size_bytes()});
+    } catch (const Error& e) {
+      return fmt::format("writing {}: {}", Describe(piece, c), e.what());
     }
     ChunkOf(piece, c) = {static_cast<int>(piece.array), offset, ArrayDigest(data)};
     return std::nullopt;
@@ -256,7 +236,7 @@ class SpillStore final : public StateStore {
 
   fs::path dir_;
   bool created_dir_ = false;
-  std::vector<File> files_;           // the four spill files (by StateArray), then attachments
+  std::vector<Attached> files_;       // the four spill files (by StateArray), then attachments
   std::vector<int64_t> slot_chunk_;   // first chunk slot of each tensor in a spill file
   std::vector<std::vector<std::vector<Chunk>>> chunks_;  // [array][tensor][chunk]
   std::map<const float*, std::unique_ptr<float[]>> buffers_;  // acquired pieces

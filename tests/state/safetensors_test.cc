@@ -182,7 +182,7 @@ TEST_F(SafetensorsTest, HeaderOnlyReadValidatesAsParseDoes) {
   const auto path = dir_ / "t.safetensors";
   WriteFileSynced(path, bytes);
   const SafetensorsFile parsed = ParseSafetensors(bytes, path);
-  const auto file = state_internal::File::OpenForReading(path);
+  const auto file = File::OpenForReading(path);
   const state_internal::SafetensorsHeader header =
       state_internal::ReadSafetensorsHeader(file, file.Size());
   EXPECT_EQ(header.metadata, metadata);
@@ -206,11 +206,11 @@ TEST_F(SafetensorsTest, HeaderOnlyReadValidatesAsParseDoes) {
   // The same checks, on the header alone: a file one byte short of its offsets.
   const auto cut = dir_ / "cut.safetensors";
   WriteFileSynced(cut, std::span(bytes).first(bytes.size() - 1));
-  const auto cut_file = state_internal::File::OpenForReading(cut);
+  const auto cut_file = File::OpenForReading(cut);
   ExpectError([&] { state_internal::ReadSafetensorsHeader(cut_file, cut_file.Size()); },
               {cut.string(), "'a.scalar'", "out of range"});
   WriteFileSynced(cut, std::span(bytes).first(5));
-  const auto short_file = state_internal::File::OpenForReading(cut);
+  const auto short_file = File::OpenForReading(cut);
   ExpectError([&] { state_internal::ReadSafetensorsHeader(short_file, short_file.Size()); },
               {cut.string(), "5 bytes", "too short"});
 
@@ -220,7 +220,7 @@ TEST_F(SafetensorsTest, HeaderOnlyReadValidatesAsParseDoes) {
   const uint64_t length = 100'000'008;
   WriteFileSynced(large, std::span(reinterpret_cast<const uint8_t*>(&length), 8));
   std::filesystem::resize_file(large, 8 + length + 8);
-  const auto large_file = state_internal::File::OpenForReading(large);
+  const auto large_file = File::OpenForReading(large);
   ExpectError([&] { state_internal::ReadSafetensorsHeader(large_file, large_file.Size()); },
               {large.string(), "header length 100000008", "limit of 100000000"});
 }

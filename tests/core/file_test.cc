@@ -1,0 +1,99 @@
+// lockstep::File, the one way lockstep holds a file open: what each way of opening allows and
+// refuses, reads and writes at offsets, and the whole-file helpers made of it.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <functional>
+#include <string>
+
+#include "lockstep/core.h"
+
+namespace lockstep {
+namespace {
+namespace fs = std::filesystem;
+
+void ExpectError(const std::function<void()>& f, std::initializer_list<std::string> needles) {
+  try {
+    f();
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    for (const std::string& needle : needles) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  }
+}
+
+class FileTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("lockstep_file_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+TEST_F(FileTest, EachWayOfOpeningDoesWhatItSays) {
+  const fs::path path = dir_ / "a";
+  File created = File::Create(path);
+  created.Write("hello world");
+  created.Sync();
+  created.Close();
+  EXPECT_EQ(ReadFileText(path), "hello world");
+
+  // Exclusive creation refuses an existing file and leaves it alone; permissions as asked.
+  ExpectError([&] { File::CreateExclusive(path, 0600); }, {path.string(), "File exists"});
+  EXPECT_EQ(ReadFileText(path), "hello world");
+  const fs::path secret = dir_ / "secret";
+  File::CreateExclusive(secret, 0600).Close();
+  struct stat st {};
+  ASSERT_EQ(::stat(secret.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+
+  // Append adds at the end; Create truncates.
+  File log = File::OpenForAppend(path);
+  log.Write("!");
+  log.Close();
+  EXPECT_EQ(ReadFileText(path), "hello world!");
+  File::Create(path).Close();
+  EXPECT_EQ(ReadFileText(path), "");
+
+  // Reads and writes at offsets; a read past the end is refused naming the bytes.
+  File rw = File::CreateExclusive(dir_ / "rw");
+  const std::string text = "0123456789";
+  rw.WriteAt(4, {reinterpret_cast<const uint8_t*>(text.data()), text.size()});
+  EXPECT_EQ(rw.Size(), 14u);
+  uint8_t got[3];
+  rw.ReadAt(6, got);
+  EXPECT_EQ(std::string(got, got + 3), "234");
+  ExpectError([&] { rw.ReadAt(12, got); }, {"rw", "ends at byte 14"});
+
+  // Moved-from files are closed once; the directory can be synced.
+  File moved = std::move(rw);
+  EXPECT_EQ(moved.path(), dir_ / "rw");
+  EXPECT_NO_THROW(SyncDirectory(dir_));
+}
+
+TEST_F(FileTest, ReadingRefusesWhatIsNotARegularFileWithoutWaiting) {
+  ExpectError([&] { File::OpenForReading(dir_ / "missing"); },
+              {"missing", "cannot open for reading", "No such file"});
+  ExpectError([&] { File::OpenForReading(dir_); }, {dir_.string(), "not a regular file"});
+  const fs::path fifo = dir_ / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  ExpectError([&] { ReadFileBytes(fifo); }, {"fifo", "not a regular file"});
+  ExpectError([&] { File::OpenForAppend(dir_ / "no" / "such" / "dir"); }, {"cannot open"});
+}
+
+TEST(Lines, SplitsAsGetlineDoes) {
+  EXPECT_EQ(Lines(""), std::vector<std::string>{});
+  EXPECT_EQ(Lines("a"), std::vector<std::string>{"a"});
+  EXPECT_EQ(Lines("a\n"), std::vector<std::string>{"a"});
+  EXPECT_EQ(Lines("a\n\nb"), (std::vector<std::string>{"a", "", "b"}));
+  EXPECT_EQ(Lines("\n"), std::vector<std::string>{""});
+}
+
+}  // namespace
+}  // namespace lockstep
