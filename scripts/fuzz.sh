@@ -3,7 +3,7 @@
 # AddressSanitizer + UndefinedBehaviorSanitizer), SECONDS each (default 60), starting from the
 # seed corpora in tests/fuzz/corpus/<target>/; new inputs go to build-fuzz/corpus/<target>/ and
 # crashes to build-fuzz/crashes/. Prints the CPU seconds spent and what was found.
-#   usage: scripts/fuzz.sh [SECONDS] [TARGET...]   (targets: json config safetensors kit logs manifest)
+#   usage: scripts/fuzz.sh [SECONDS] [TARGET...]   (targets: every tests/fuzz/*_fuzz.cc)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}

@@ -63,7 +63,7 @@ PhiloxKey PhiloxKeyFromSeed(uint64_t seed);
 // ---- format versions (docs/formats/): every run descriptor pins them -----------------------
 inline constexpr int kStateHashFormatVersion = 2;   // docs/formats/state-hash.md
 inline constexpr int kCheckpointFormatVersion = 3;  // docs/formats/checkpoint.md
-inline constexpr int kShardsFormatVersion = 1;      // docs/formats/shards.md
+inline constexpr int kShardsFormatVersion = 2;      // docs/formats/shards.md
 
 // ---- hashing: BLAKE2b-256 (libsodium's crypto_generichash, 32-byte output, no key) -----------
 using Digest = std::array<uint8_t, 32>;

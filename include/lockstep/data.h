@@ -34,6 +34,26 @@ std::vector<uint32_t> TokenizeBytes(std::span<const uint8_t> bytes);
 // \xNN, kEodToken as "<eod>".
 std::string DescribeTokens(std::span<const uint32_t> tokens);
 
+// ---- vocabularies ----------------------------------------------------------------------------
+// What a dataset's token ids mean (docs/formats/shards.md, "tokenizer"): the built-in byte
+// tokenizer, or the tokenizer in a file (a SentencePiece model, a tokenizer.json, ...) pinned by
+// its BLAKE2b-256, so the manifest's digest -- and with it the run descriptor -- binds it.
+struct Vocabulary {
+  uint32_t size = kByteVocab;
+  uint32_t eod = kEodToken;  // ends every document in the stream; never inside a .bin
+  // Empty for the byte tokenizer; else the tokenizer file's name (informational) and digest.
+  std::string tokenizer_file;
+  Digest tokenizer_blake2b{};
+
+  bool bytes() const { return tokenizer_file.empty(); }
+  bool operator==(const Vocabulary&) const = default;
+};
+// Token ids are below 2^31 (a model's embedding rows are indexed by them).
+inline constexpr uint32_t kMaxVocab = uint32_t{1} << 31;
+// The vocabulary of a tokenizer file: its name and BLAKE2b-256, with `size` ids of which `eod`
+// ends documents. Fails naming the file, or the value out of range.
+Vocabulary FileVocabulary(const std::filesystem::path& tokenizer, uint64_t size, uint64_t eod);
+
 // ln(x) for finite x > 0 from IEEE +, -, *, / in a fixed order, so the entropies stored in
 // manifests have the same bits on every machine (libm's log is not correctly rounded).
 double DeterministicLog(double x);
@@ -58,11 +78,13 @@ inline constexpr uint64_t kDefaultShardTokens = uint64_t{64} << 20;  // 64 Mi to
 // a directory with a manifest is complete.
 class ShardWriter {
  public:
-  explicit ShardWriter(std::filesystem::path dir, uint64_t max_shard_tokens = kDefaultShardTokens);
+  explicit ShardWriter(std::filesystem::path dir, uint64_t max_shard_tokens = kDefaultShardTokens,
+                       Vocabulary vocabulary = {});
   ShardWriter(const ShardWriter&) = delete;
   ShardWriter& operator=(const ShardWriter&) = delete;
 
-  // `tokens` must be byte tokens (0..255). Empty documents are allowed.
+  // Every token must be below the vocabulary's size and not its end-of-document id (with the
+  // byte tokenizer: 0..255). Empty documents are allowed.
   void AddDocument(std::span<const uint32_t> tokens);
   uint64_t tokens_written() const { return total_tokens_; }
   // `source` (any JSON object) is stored as the manifest's informational "source" field.
@@ -76,7 +98,8 @@ class ShardWriter {
   std::vector<uint32_t> tokens_;   // current shard
   std::vector<uint64_t> offsets_;  // current shard's .idx, starting with 0
   std::vector<ShardInfo> shards_;
-  std::vector<uint64_t> counts_ = std::vector<uint64_t>(kByteVocab);  // of one packed epoch
+  Vocabulary vocabulary_;
+  std::vector<uint64_t> counts_;  // per token id, of one packed epoch
   uint64_t total_tokens_ = 0, total_documents_ = 0;
   bool finished_ = false;
 };
@@ -87,6 +110,7 @@ class Dataset {
  public:
   const std::filesystem::path& dir() const { return dir_; }
   const std::vector<ShardInfo>& shards() const { return shards_; }
+  const Vocabulary& vocabulary() const { return vocabulary_; }
   uint64_t total_tokens() const { return tokens_.size(); }
   uint64_t num_documents() const { return doc_starts_.size() - 1; }
   // Document d, counting over all shards in manifest order.
@@ -102,6 +126,7 @@ class Dataset {
   friend Dataset OpenDataset(const std::filesystem::path& dir);
   std::filesystem::path dir_;
   std::vector<ShardInfo> shards_;
+  Vocabulary vocabulary_;
   std::vector<uint32_t> tokens_;      // all shards concatenated
   std::vector<uint64_t> doc_starts_;  // global, num_documents + 1 entries
   double unigram_entropy_nats_ = 0;
@@ -132,9 +157,19 @@ void WriteSynthCorpus(const std::filesystem::path& out, uint64_t seed, uint64_t 
 void TokenizeFiles(std::span<const std::filesystem::path> inputs, const std::filesystem::path& out,
                    uint64_t max_shard_tokens = kDefaultShardTokens);
 
+// A Megatron-style indexed dataset (PREFIX.idx and PREFIX.bin, the "MMIDIDX" format of
+// Megatron-LM's indexed_dataset.py) as lockstep shards in `out`: each of its documents (the
+// sequences document_indices groups) one document, its tokens checked against `vocabulary`, a
+// last token equal to vocabulary.eod dropped (the stream adds it back). Every size and offset of
+// the index is checked, and every token, before `out` is created: a malformed dataset is refused
+// naming the file, the field (or document and token) and the value, and leaves nothing.
+void ImportMegatron(const std::filesystem::path& prefix, const std::filesystem::path& out,
+                    const Vocabulary& vocabulary, uint64_t max_shard_tokens = kDefaultShardTokens,
+                    const Progress& progress = {});
+
 // ---- the canonical stream (docs/formats/stream.md) ---------------------------------------------
 // Epoch e is every document exactly once, in the order of a Fisher-Yates shuffle driven by
-// Philox keyed from `seed`, each followed by kEodToken; epochs follow one another without end.
+// Philox keyed from `seed`, each followed by the vocabulary's end-of-document id; epochs follow one another without end.
 // Window i is the seq_len + 1 tokens at positions [i * seq_len, i * seq_len + seq_len + 1):
 // inputs are its first seq_len tokens, targets its last seq_len, and consecutive windows share
 // one token. The dataset must outlive the stream. Window() is safe to call from many threads.
@@ -145,7 +180,7 @@ class TokenStream {
 
   uint32_t seq_len() const { return seq_len_; }
   uint64_t seed() const { return seed_; }
-  // Tokens in one packed epoch: total tokens + one kEodToken per document.
+  // Tokens in one packed epoch: total tokens + one end-of-document token per document.
   uint64_t epoch_tokens() const { return epoch_tokens_; }
   // Writes window i into out (out.size() must be seq_len + 1). O(log documents) per epoch
   // touched, plus one O(documents) shuffle per epoch not among the two most recently used.

@@ -19,7 +19,6 @@ using nlohmann::ordered_json;
 constexpr std::string_view kManifestName = "manifest.json";
 constexpr std::string_view kFormat = "lockstep-shards";
 constexpr uint64_t kFormatVersion = kShardsFormatVersion;
-constexpr std::string_view kTokenizer = "bytes+eod";
 // Shuffle draws index documents with 32-bit counters (docs/formats/stream.md).
 constexpr uint64_t kMaxDocuments = uint64_t{1} << 32;
 
@@ -140,12 +139,89 @@ std::vector<uint8_t> ReadVerified(const std::filesystem::path& path, uint64_t el
   return bytes;
 }
 
+// "tokenizer", "vocab_size" and "eod_token".
+Vocabulary ParseVocabulary(const ManifestFields& m, const json& j) {
+  const json& t = m.Get(j, "", "tokenizer");
+  if (!t.is_object()) m.Bad("tokenizer", t, "an object");
+  const std::string kind = m.String(t, "tokenizer.", "kind");
+  Vocabulary v;
+  if (kind == "bytes") {
+    m.RejectUnknown(t, "tokenizer.", {"kind"});
+    m.Expect(j, "vocab_size", kByteVocab);
+    m.Expect(j, "eod_token", kEodToken);
+    return v;
+  }
+  if (kind != "file") m.Bad("tokenizer.kind", t["kind"], "\"bytes\" or \"file\"");
+  m.RejectUnknown(t, "tokenizer.", {"kind", "name", "blake2b"});
+  v.tokenizer_file = m.String(t, "tokenizer.", "name");
+  if (v.tokenizer_file.empty() || v.tokenizer_file.find_first_of("/\\") != std::string::npos) {
+    m.Bad("tokenizer.name", t["name"], "a file name without directories");
+  }
+  v.tokenizer_blake2b = m.DigestField(t, "tokenizer.", "blake2b");
+  const uint64_t size = m.Unsigned(j, "", "vocab_size");
+  if (size < 2 || size > kMaxVocab) {
+    m.Bad("vocab_size", j["vocab_size"], fmt::format("2 .. {}", kMaxVocab));
+  }
+  const uint64_t eod = m.Unsigned(j, "", "eod_token");
+  if (eod >= size) m.Bad("eod_token", j["eod_token"], fmt::format("below vocab_size {}", size));
+  v.size = static_cast<uint32_t>(size);
+  v.eod = static_cast<uint32_t>(eod);
+  return v;
+}
+
 }  // namespace
 
 // ---- writing ------------------------------------------------------------------------------------
-ShardWriter::ShardWriter(std::filesystem::path dir, uint64_t max_shard_tokens)
-    : dir_(std::move(dir)), max_shard_tokens_(max_shard_tokens) {
+namespace {
+
+// The manifest's "tokenizer" object (docs/formats/shards.md).
+ordered_json TokenizerJson(const Vocabulary& v) {
+  if (v.bytes()) return {{"kind", "bytes"}};
+  return {{"kind", "file"}, {"name", v.tokenizer_file}, {"blake2b", ToHex(v.tokenizer_blake2b)}};
+}
+
+// Fails naming `what` unless the vocabulary is the byte tokenizer's or a file's within range.
+void CheckVocabulary(const Vocabulary& v, std::string_view what) {
+  if (v.bytes()) {
+    if (v.size != kByteVocab || v.eod != kEodToken) {
+      Fail("{}: the byte tokenizer has {} ids and end of document {}, not {} and {}", what,
+           kByteVocab, kEodToken, v.size, v.eod);
+    }
+    return;
+  }
+  if (v.size < 2 || v.size > kMaxVocab) {
+    Fail("{}: vocabulary size {} is outside 2 .. {}", what, v.size, kMaxVocab);
+  }
+  if (v.eod >= v.size) {
+    Fail("{}: end-of-document id {} is not below the vocabulary size {}", what, v.eod, v.size);
+  }
+  if (v.tokenizer_file.find_first_of("/\\") != std::string::npos) {
+    Fail("{}: tokenizer name '{}' must be a file name without directories", what,
+         v.tokenizer_file);
+  }
+}
+
+}  // namespace
+
+Vocabulary FileVocabulary(const std::filesystem::path& tokenizer, uint64_t size, uint64_t eod) {
+  if (size < 2 || size > kMaxVocab) {
+    Fail("vocabulary size {} is outside 2 .. {}", size, kMaxVocab);
+  }
+  if (eod >= size) Fail("end-of-document id {} is not below the vocabulary size {}", eod, size);
+  Vocabulary v{static_cast<uint32_t>(size), static_cast<uint32_t>(eod),
+               tokenizer.filename().string(), Blake2b256(ReadFileBytes(tokenizer))};
+  if (v.tokenizer_file.empty()) Fail("{}: not a tokenizer file name", tokenizer.string());
+  return v;
+}
+
+ShardWriter::ShardWriter(std::filesystem::path dir, uint64_t max_shard_tokens,
+                         Vocabulary vocabulary)
+    : dir_(std::move(dir)),
+      max_shard_tokens_(max_shard_tokens),
+      vocabulary_(std::move(vocabulary)),
+      counts_(vocabulary_.size) {
   if (max_shard_tokens_ == 0) Fail("{}: max_shard_tokens must be positive", dir_.string());
+  CheckVocabulary(vocabulary_, dir_.string());
   std::error_code ec;
   if (std::filesystem::exists(dir_, ec)) {
     if (!std::filesystem::is_directory(dir_, ec) || !std::filesystem::is_empty(dir_, ec)) {
@@ -168,16 +244,17 @@ void ShardWriter::AddDocument(std::span<const uint32_t> tokens) {
     Fail("{}: more than {} documents", dir_.string(), kMaxDocuments - 1);
   }
   for (size_t j = 0; j < tokens.size(); ++j) {
-    if (tokens[j] > 0xFF) {
-      Fail("{}: document {} token {} is {}; shards hold byte tokens 0..255 only", dir_.string(),
-           total_documents_, j, tokens[j]);
+    if (tokens[j] >= vocabulary_.size || tokens[j] == vocabulary_.eod) {
+      Fail("{}: document {} token {} is {}; documents hold ids below {} other than the "
+           "end-of-document id {}",
+           dir_.string(), total_documents_, j, tokens[j], vocabulary_.size, vocabulary_.eod);
     }
   }
   if (tokens_.size() + tokens.size() > max_shard_tokens_) FlushShard();
   tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
   offsets_.push_back(tokens_.size());
   for (uint32_t t : tokens) ++counts_[t];
-  ++counts_[kEodToken];  // the stream follows every document with kEodToken
+  ++counts_[vocabulary_.eod];  // the stream follows every document with it
   total_tokens_ += tokens.size();
   ++total_documents_;
 }
@@ -207,9 +284,9 @@ void ShardWriter::Finish(const ordered_json& source) {
   ordered_json manifest;
   manifest["format"] = kFormat;
   manifest["format_version"] = kFormatVersion;
-  manifest["tokenizer"] = kTokenizer;
-  manifest["vocab_size"] = kByteVocab;
-  manifest["eod_token"] = kEodToken;
+  manifest["tokenizer"] = TokenizerJson(vocabulary_);
+  manifest["vocab_size"] = vocabulary_.size;
+  manifest["eod_token"] = vocabulary_.eod;
   manifest["total_tokens"] = total_tokens_;
   manifest["total_documents"] = total_documents_;
   manifest["unigram_entropy_nats"] = EntropyNats(counts_);
@@ -249,9 +326,7 @@ Dataset OpenDataset(const std::filesystem::path& dir) {
   m.RejectUnknown(j, "",
                   {"format", "format_version", "tokenizer", "vocab_size", "eod_token",
                    "total_tokens", "total_documents", "unigram_entropy_nats", "source", "shards"});
-  m.Expect(j, "tokenizer", kTokenizer);
-  m.Expect(j, "vocab_size", kByteVocab);
-  m.Expect(j, "eod_token", kEodToken);
+  const Vocabulary vocabulary = ParseVocabulary(m, j);
   const uint64_t total_tokens = m.Unsigned(j, "", "total_tokens");
   const uint64_t total_documents = m.Unsigned(j, "", "total_documents");
   if (total_documents == 0 || total_documents >= kMaxDocuments) {
@@ -259,8 +334,8 @@ Dataset OpenDataset(const std::filesystem::path& dir) {
   }
   const json& entropy = m.Get(j, "", "unigram_entropy_nats");
   if (!entropy.is_number() || !(entropy.get<double>() >= 0) ||
-      !(entropy.get<double>() <= DeterministicLog(kByteVocab) + 1e-9)) {
-    m.Bad("unigram_entropy_nats", entropy, "a number in [0, ln 257]");
+      !(entropy.get<double>() <= DeterministicLog(vocabulary.size) + 1e-9)) {
+    m.Bad("unigram_entropy_nats", entropy, fmt::format("a number in [0, ln {}]", vocabulary.size));
   }
   if (j.contains("source") && !j["source"].is_object()) m.Bad("source", j["source"], "an object");
   const json& shard_list = m.Get(j, "", "shards");
@@ -270,6 +345,7 @@ Dataset OpenDataset(const std::filesystem::path& dir) {
 
   Dataset dataset;
   dataset.dir_ = dir;
+  dataset.vocabulary_ = vocabulary;
   dataset.manifest_digest_ = Blake2b256(manifest_bytes);
   dataset.unigram_entropy_nats_ = entropy.get<double>();
   if (j.contains("source")) dataset.source_ = j["source"].dump();
@@ -318,9 +394,10 @@ Dataset OpenDataset(const std::filesystem::path& dir) {
            offsets.back(), s.tokens, bin_path.string());
     }
     for (size_t t = 0; t < tokens.size(); ++t) {
-      if (tokens[t] > 0xFF) {
-        Fail("{}: token {} is {}; .bin files hold byte tokens 0..255 only", bin_path.string(), t,
-             tokens[t]);
+      if (tokens[t] >= vocabulary.size || tokens[t] == vocabulary.eod) {
+        Fail("{}: token {} is {}; .bin files hold ids below vocab_size {} other than eod_token "
+             "{}",
+             bin_path.string(), t, tokens[t], vocabulary.size, vocabulary.eod);
       }
     }
     const uint64_t base = dataset.tokens_.size();

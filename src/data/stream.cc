@@ -1,5 +1,6 @@
 // The canonical token stream of docs/formats/stream.md: per-epoch Fisher-Yates shuffle of the
-// documents driven by Philox, packing with kEodToken, fixed windows over the endless packing.
+// documents driven by Philox, packing with the end-of-document token, fixed windows over the
+// endless packing.
 #include <algorithm>
 
 #include "lockstep/data.h"
@@ -58,7 +59,7 @@ std::shared_ptr<const TokenStream::Epoch> TokenStream::GetEpoch(uint64_t epoch) 
   e->starts.resize(n + 1);
   e->starts[0] = 0;
   for (uint64_t k = 0; k < n; ++k) {
-    e->starts[k + 1] = e->starts[k] + dataset_.Document(e->order[k]).size() + 1;  // + kEodToken
+    e->starts[k + 1] = e->starts[k] + dataset_.Document(e->order[k]).size() + 1;  // + eod
   }
   cache_.insert(cache_.begin(), std::move(e));
   if (cache_.size() > kCachedEpochs) cache_.pop_back();
@@ -85,7 +86,7 @@ void TokenStream::Window(uint64_t i, std::span<uint32_t> out) const {
     const uint64_t offset = position % epoch_tokens_;
     size_t k = std::upper_bound(epoch->starts.begin(), epoch->starts.end(), offset) -
                epoch->starts.begin() - 1;
-    uint64_t within = offset - epoch->starts[k];  // into document k's tokens + its kEodToken
+    uint64_t within = offset - epoch->starts[k];  // into document k's tokens + its eod
     for (; k < epoch->order.size() && filled < out.size(); ++k, within = 0) {
       const std::span<const uint32_t> doc = dataset_.Document(epoch->order[k]);
       if (within < doc.size()) {
@@ -93,7 +94,7 @@ void TokenStream::Window(uint64_t i, std::span<uint32_t> out) const {
         std::copy_n(doc.begin() + within, n, out.begin() + filled);
         filled += n;
       }
-      if (filled < out.size()) out[filled++] = kEodToken;
+      if (filled < out.size()) out[filled++] = dataset_.vocabulary().eod;
     }
   }
 }

@@ -161,10 +161,6 @@ int Train(const TrainOptions& options, Comm& comm) {
   const bool writer = comm.rank() == 0;
   const RunConfig config = LoadRunConfig(options.config);
   const data::Dataset dataset = data::OpenDataset(options.data_dir);
-  if (config.model.vocab < static_cast<int64_t>(data::kByteVocab)) {
-    Fail("{}: model.vocab = {} is smaller than the dataset's vocabulary ({})", options.config,
-         config.model.vocab, data::kByteVocab);
-  }
   const uint64_t target = static_cast<uint64_t>(options.steps.value_or(config.train.steps));
   if (options.steps && *options.steps < 0) Fail("--steps = {} (must be >= 0)", *options.steps);
 

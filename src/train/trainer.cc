@@ -149,6 +149,12 @@ Trainer::Trainer(const RunConfig& config, const data::Dataset& dataset, std::str
              config.model.seq_len),
       specs_(ParameterSpecs(config.model)),
       tokens_(static_cast<size_t>(config.train.microbatch * (config.model.seq_len + 1))) {
+  // Every token id indexes a row of the embedding and of the output head.
+  if (config.model.vocab < static_cast<int64_t>(dataset.vocabulary().size)) {
+    Fail("config '{}': model.vocab = {} is smaller than the dataset's vocabulary ({} ids, {})",
+         config.name, config.model.vocab, dataset.vocabulary().size,
+         (dataset.dir() / "manifest.json").string());
+  }
   const int64_t groups = config.train.grad_groups;
   if (groups % ranks_ != 0) {
     Fail("{} processes cannot train config '{}': its train.grad_groups = {} microbatch groups "

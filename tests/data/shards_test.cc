@@ -98,9 +98,35 @@ TEST_F(ManifestTest, WrongType) {
 }
 
 TEST_F(ManifestTest, WrongConstants) {
-  ExpectRejected([](ordered_json& j) { j["format_version"] = 2; }, {"'format_version'", "2"});
+  ExpectRejected([](ordered_json& j) { j["format_version"] = 1; }, {"'format_version'", "1"});
+  // The byte tokenizer's ids are fixed.
   ExpectRejected([](ordered_json& j) { j["vocab_size"] = 50257; }, {"'vocab_size'", "50257"});
+  ExpectRejected([](ordered_json& j) { j["eod_token"] = 0; }, {"'eod_token'", "0"});
   ExpectRejected([](ordered_json& j) { j["tokenizer"] = "gpt2"; }, {"'tokenizer'", "gpt2"});
+  ExpectRejected([](ordered_json& j) { j["tokenizer"]["kind"] = "gpt2"; },
+                 {"'tokenizer.kind'", "gpt2"});
+  ExpectRejected([](ordered_json& j) { j["tokenizer"]["name"] = "x"; },
+                 {"unknown field 'tokenizer.name'"});
+  // A tokenizer file: named without directories, pinned by a digest, ids in range.
+  const auto file = [](ordered_json& j) {
+    j["tokenizer"] = {{"kind", "file"}, {"name", "tok.model"}, {"blake2b", std::string(64, 'a')}};
+  };
+  ExpectRejected([&](ordered_json& j) { file(j); j["tokenizer"]["name"] = "../tok.model"; },
+                 {"'tokenizer.name'", "without directories"});
+  ExpectRejected([&](ordered_json& j) { file(j); j["tokenizer"].erase("blake2b"); },
+                 {"missing field 'tokenizer.blake2b'"});
+  ExpectRejected([&](ordered_json& j) { file(j); j["vocab_size"] = 1; }, {"'vocab_size'", "1"});
+  ExpectRejected([&](ordered_json& j) { file(j); j["eod_token"] = 257; },
+                 {"'eod_token'", "257", "below vocab_size 257"});
+  // Ids of the shards outside the manifest's vocabulary: the .bin is named.
+  ordered_json narrow = ordered_json::parse(original_);
+  file(narrow);
+  narrow["vocab_size"] = 100;  // "first document" starts with 'f' = 102
+  narrow["eod_token"] = 99;
+  WriteManifest(dir(), narrow);
+  ExpectErrorMentioning([&] { OpenDataset(dir()); },
+                        {"shard_00000.bin", "token 0 is 102", "below vocab_size 100",
+                         "eod_token 99"});
   ExpectRejected([](ordered_json& j) { j["unigram_entropy_nats"] = 9.5; },
                  {"'unigram_entropy_nats'", "9.5"});
   ExpectRejected([](ordered_json& j) { j["checksum"] = 1; }, {"unknown field 'checksum'"});

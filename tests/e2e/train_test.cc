@@ -330,6 +330,54 @@ TEST_F(E2e, DamagedCheckpointFileIsNamed) {
   }
 }
 
+// A Megatron-style dataset written by the independent writer imports through the CLI and trains;
+// a vocabulary larger than the model's is refused naming both.
+TEST_F(E2e, ImportedMegatronDatasetTrains) {
+  if (std::system("python3 --version > /dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "python3 is not installed: no independent writer";
+  }
+  std::vector<std::vector<std::vector<uint32_t>>> documents;
+  uint32_t state = 7;
+  for (int d = 0; d < 40; ++d) {
+    std::vector<uint32_t> tokens;
+    for (int t = 0; t < 50 + d * 7; ++t) {
+      state = state * 1664525u + 1013904223u;
+      tokens.push_back((state >> 8) % 400);
+    }
+    tokens.push_back(400);  // the end-of-document id, as Megatron's --append-eod writes it
+    documents.push_back({tokens});
+  }
+  const fs::path spec = dir_ / "spec.json";
+  WriteFileSynced(spec, nlohmann::json{{"dtype", "uint16"}, {"documents", documents}}.dump());
+  ASSERT_EQ(std::system(fmt::format("python3 {}/tests/data/megatron_writer.py {} {}",
+                                    LOCKSTEP_SOURCE_DIR, (dir_ / "corpus").string(),
+                                    spec.string())
+                            .c_str()),
+            0);
+  WriteFileSynced(dir_ / "tokenizer.json", "{}");
+  const auto import = [&](const std::string& out, int vocab) {
+    return Lockstep(fmt::format("data import --megatron {} --tokenizer {} --vocab {} --eod 400 "
+                                "--out {}",
+                                (dir_ / "corpus").string(), (dir_ / "tokenizer.json").string(),
+                                vocab, (dir_ / out).string()));
+  };
+  const Result imported = import("shards", 401);
+  ASSERT_EQ(imported.exit_code, 0) << imported.output;
+  EXPECT_NE(imported.output.find("tokenizer: tokenizer.json"), std::string::npos) << imported.output;
+  EXPECT_NE(imported.output.find("documents: 40"), std::string::npos) << imported.output;
+  const Result trained = Lockstep("train --config tiny --data " + (dir_ / "shards").string() +
+                                  " --out " + (dir_ / "run").string() + " --no-progress --steps 2");
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  EXPECT_EQ(Lines(Text("run/state_hashes.jsonl")).size(), 3u);  // steps 0, 1, 2
+
+  ASSERT_EQ(import("wide", 1000).exit_code, 0);  // tiny's model.vocab is 512
+  const Result refused = Lockstep("train --config tiny --data " + (dir_ / "wide").string() +
+                                  " --out " + (dir_ / "run_wide").string() + " --steps 1");
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("model.vocab = 512"), std::string::npos) << refused.output;
+  EXPECT_NE(refused.output.find("1000 ids"), std::string::npos) << refused.output;
+}
+
 TEST_F(E2e, BadConfigNamesFieldAndValue) {
   const fs::path config = dir_ / "bad.yaml";
   std::string yaml = ReadFileText(fs::path(LOCKSTEP_SOURCE_DIR) / "configs/tiny.yaml");

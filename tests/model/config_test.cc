@@ -106,7 +106,7 @@ TEST(Config, DescriptorIsCanonicalJson) {
   EXPECT_EQ(text.find(' '), std::string::npos) << text;  // compact
   EXPECT_EQ(text.rfind("{\"contract_version\":", 0), 0u) << text;  // keys sorted
   const nlohmann::json j = nlohmann::json::parse(text);
-  EXPECT_EQ(j["format_versions"], (nlohmann::json{{"state_hash", 2}, {"checkpoint", 3}, {"shards", 1}}));
+  EXPECT_EQ(j["format_versions"], (nlohmann::json{{"state_hash", 2}, {"checkpoint", 3}, {"shards", 2}}));
   EXPECT_EQ(j["model"]["init_std"].dump(), "0.02");
   EXPECT_EQ(j["train"]["vocab_chunk"], 256);
   EXPECT_EQ(j["name"], "tiny");

@@ -1,8 +1,9 @@
-// `lockstep data synth|tokenize|inspect`: build token shards and verify them
+// `lockstep data synth|tokenize|import|inspect`: build token shards and verify them
 // (docs/formats/shards.md).
 #include "lockstep/data.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,6 +30,12 @@ struct TokenizeOptions {
   uint64_t shard_tokens = data::kDefaultShardTokens;
 };
 
+struct ImportOptions {
+  std::string megatron, tokenizer, out;
+  uint64_t vocab = 0, eod = 0;
+  uint64_t shard_tokens = data::kDefaultShardTokens;
+};
+
 struct InspectOptions {
   std::string dir;
   uint64_t show_tokens = 200;
@@ -37,8 +44,13 @@ struct InspectOptions {
 void PrintSummary(const data::Dataset& dataset) {
   fmt::print("dataset: {}\n", dataset.dir().string());
   fmt::print("manifest blake2b: {}\n", ToHex(dataset.manifest_digest()));
-  fmt::print("tokenizer: bytes+eod (vocab {}, end of document {})\n", data::kByteVocab,
-             data::kEodToken);
+  const data::Vocabulary& v = dataset.vocabulary();
+  if (v.bytes()) {
+    fmt::print("tokenizer: bytes (vocab {}, end of document {})\n", v.size, v.eod);
+  } else {
+    fmt::print("tokenizer: {} (blake2b {}; vocab {}, end of document {})\n", v.tokenizer_file,
+               ToHex(v.tokenizer_blake2b), v.size, v.eod);
+  }
   fmt::print("source: {}\n", dataset.source());
   fmt::print("tokens: {}  documents: {}  shards: {}\n", dataset.total_tokens(),
              dataset.num_documents(), dataset.shards().size());
@@ -66,6 +78,23 @@ int RunTokenize(const TokenizeOptions& o) {
   return 0;
 }
 
+int RunImport(const ImportOptions& o) {
+  const data::Vocabulary vocabulary = data::FileVocabulary(o.tokenizer, o.vocab, o.eod);
+  const bool terminal = ::isatty(STDERR_FILENO) == 1;
+  uint64_t last_percent = 101;
+  const auto show = [&](uint64_t done, uint64_t total) {
+    const uint64_t percent = 100 * done / total;
+    if (percent == last_percent || (!terminal && percent % 10 != 0)) return;
+    last_percent = percent;
+    fmt::print(stderr, "{}data import: {} ({}%){}", terminal ? "\r" : "",
+               done * 2 <= total ? "checking the tokens" : "writing shards", percent,
+               terminal && done < total ? "" : "\n");
+  };
+  data::ImportMegatron(o.megatron, o.out, vocabulary, o.shard_tokens, show);
+  PrintSummary(data::OpenDataset(o.out));
+  return 0;
+}
+
 int RunInspect(const InspectOptions& o) {
   const data::Dataset dataset = data::OpenDataset(o.dir);  // fails on any mismatch
   PrintSummary(dataset);
@@ -84,8 +113,13 @@ int RunInspect(const InspectOptions& o) {
              lengths.back());
   const std::span<const uint32_t> first = dataset.Document(0);
   const size_t shown = std::min<uint64_t>(first.size(), o.show_tokens);
-  fmt::print("document 0, first {} of {} tokens: \"{}\"\n", shown, first.size(),
-             data::DescribeTokens(first.first(shown)));
+  if (dataset.vocabulary().bytes()) {
+    fmt::print("document 0, first {} of {} tokens: \"{}\"\n", shown, first.size(),
+               data::DescribeTokens(first.first(shown)));
+  } else {  // ids of a tokenizer lockstep does not decode
+    fmt::print("document 0, first {} of {} token ids: {}\n", shown, first.size(),
+               fmt::join(first.first(shown), " "));
+  }
   fmt::print("verified: manifest fields, file sizes, BLAKE2b digests and document offsets\n");
   return 0;
 }
@@ -131,6 +165,34 @@ void AddDataCommands(CLI::App& app, int* exit_code) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   t->final_callback([tokenize, exit_code] { *exit_code = RunTokenize(*tokenize); });
+
+  auto import = std::make_shared<ImportOptions>();
+  CLI::App* m = cmd->add_subcommand(
+      "import",
+      "import a Megatron-style indexed dataset (PREFIX.bin + PREFIX.idx, the MMIDIDX format) "
+      "into lockstep shards: each of its documents one document, a trailing end-of-document "
+      "token dropped (the stream adds it back); every size, offset and token is checked first "
+      "and a malformed dataset is refused naming the field, leaving nothing behind");
+  m->add_option("--megatron", import->megatron,
+                "the dataset's path prefix (without .bin / .idx)")
+      ->required();
+  m->add_option("--tokenizer", import->tokenizer,
+                "the tokenizer file the ids come from (tokenizer.json, a SentencePiece model, "
+                "...): its name and BLAKE2b go into the manifest, so runs bind it")
+      ->required()
+      ->check(CLI::ExistingFile);
+  m->add_option("--vocab", import->vocab, "the tokenizer's vocabulary size (ids 0 .. N-1)")
+      ->required();
+  m->add_option("--eod", import->eod,
+                "the tokenizer's end-of-document id (it ends every document in the stream and "
+                "may not appear inside one)")
+      ->required();
+  m->add_option("--out", import->out, "output directory (must not exist or be empty)")
+      ->required();
+  m->add_option("--shard-tokens", import->shard_tokens, "at most this many tokens per shard")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  m->final_callback([import, exit_code] { *exit_code = RunImport(*import); });
 
   auto inspect = std::make_shared<InspectOptions>();
   CLI::App* i = cmd->add_subcommand(

@@ -1,0 +1,227 @@
+// `lockstep data import --megatron`: a Megatron-style indexed dataset (PREFIX.bin / PREFIX.idx,
+// the "MMIDIDX" format) read into lockstep shards. Every size and offset of the index is checked
+// in exact integer arithmetic before anything is written, and every token before the output
+// exists, so a malformed dataset leaves nothing behind. Layout: docs/formats/shards.md, "Importing
+// a Megatron indexed dataset".
+#include <array>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lockstep/data.h"
+
+namespace lockstep::data {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr std::array<uint8_t, 9> kMagic = {'M', 'M', 'I', 'D', 'I', 'D', 'X', 0, 0};
+constexpr uint64_t kHeaderBytes = 9 + 8 + 1 + 8 + 8;  // magic, version, dtype, two counts
+
+struct TokenType {
+  const char* name;
+  uint64_t bytes;
+  bool is_signed;
+};
+
+// The dtype codes of the format's integer types; 6 and 7 are floating point (their order differs
+// between Megatron versions), which no token id is.
+std::optional<TokenType> TokenTypeOf(uint8_t code) {
+  switch (code) {
+    case 1: return TokenType{"uint8", 1, false};
+    case 2: return TokenType{"int8", 1, true};
+    case 3: return TokenType{"int16", 2, true};
+    case 4: return TokenType{"int32", 4, true};
+    case 5: return TokenType{"int64", 8, true};
+    case 8: return TokenType{"uint16", 2, false};
+    default: return std::nullopt;
+  }
+}
+
+uint64_t U64At(std::span<const uint8_t> bytes, uint64_t at) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = v << 8 | bytes[at + static_cast<uint64_t>(i)];
+  return v;
+}
+
+// a * b + c, or nullopt on overflow of 64 bits.
+std::optional<uint64_t> MulAdd(uint64_t a, uint64_t b, uint64_t c) {
+  uint64_t product = 0, sum = 0;
+  if (__builtin_mul_overflow(a, b, &product) || __builtin_add_overflow(product, c, &sum)) {
+    return std::nullopt;
+  }
+  return sum;
+}
+
+// A validated index: per sequence its token count and first token; per document its first and
+// one-past-last sequence.
+struct Index {
+  TokenType type{};
+  std::vector<uint64_t> lengths;      // tokens per sequence
+  std::vector<uint64_t> first_token;  // sequence starts, in tokens (from the byte pointers)
+  std::vector<uint64_t> documents;    // document_indices: documents + 1 sequence indices
+  uint64_t total_tokens = 0;
+};
+
+Index ReadIndex(const fs::path& idx_path, const fs::path& bin_path) {
+  const std::vector<uint8_t> bytes = ReadFileBytes(idx_path);
+  const std::string what = idx_path.string();
+  if (bytes.size() < kHeaderBytes) {
+    Fail("{}: {} bytes, shorter than the {}-byte header of an MMIDIDX index", what, bytes.size(),
+         kHeaderBytes);
+  }
+  if (!std::equal(kMagic.begin(), kMagic.end(), bytes.begin())) {
+    Fail("{}: field magic: not \"MMIDIDX\\x00\\x00\" (not a Megatron indexed dataset index)", what);
+  }
+  const uint64_t version = U64At(bytes, 9);
+  if (version != 1) Fail("{}: field version: {}, only version 1 is known", what, version);
+  const uint8_t code = bytes[17];
+  const std::optional<TokenType> type = TokenTypeOf(code);
+  if (!type) {
+    Fail("{}: field dtype: code {} is not an integer type (1 uint8, 2 int8, 3 int16, 4 int32, "
+         "5 int64, 8 uint16)",
+         what, code);
+  }
+  const uint64_t sequences = U64At(bytes, 18), document_entries = U64At(bytes, 26);
+  // sequence_lengths (int32), sequence_pointers (int64), document_indices (int64): exactly.
+  const std::optional<uint64_t> with_sequences = MulAdd(sequences, 12, kHeaderBytes);
+  const std::optional<uint64_t> expected =
+      with_sequences ? MulAdd(document_entries, 8, *with_sequences) : std::nullopt;
+  if (!expected || *expected != bytes.size()) {
+    Fail("{}: fields sequence_count {} and document_count {} need {} bytes, the file has {}{}",
+         what, sequences, document_entries,
+         expected ? std::to_string(*expected) : std::string("more than 2^64"), bytes.size(),
+         expected && *expected < bytes.size() ? " (trailing bytes: a multimodal index?)" : "");
+  }
+  Index index;
+  index.type = *type;
+  const uint64_t lengths_at = kHeaderBytes, pointers_at = lengths_at + 4 * sequences,
+                 documents_at = pointers_at + 8 * sequences;
+  uint64_t next_pointer = 0, tokens = 0;
+  for (uint64_t s = 0; s < sequences; ++s) {
+    const uint64_t at = lengths_at + 4 * s;
+    const auto length = static_cast<int32_t>(bytes[at] | bytes[at + 1] << 8 | bytes[at + 2] << 16 |
+                                             static_cast<uint32_t>(bytes[at + 3]) << 24);
+    if (length < 0) Fail("{}: field sequence_lengths[{}]: {} is negative", what, s, length);
+    const uint64_t pointer = U64At(bytes, pointers_at + 8 * s);
+    if (pointer != next_pointer) {
+      Fail("{}: field sequence_pointers[{}]: byte {}, but the sequences before it end at byte {} "
+           "(sequences must follow each other in the .bin)",
+           what, s, pointer, next_pointer);
+    }
+    index.lengths.push_back(static_cast<uint64_t>(length));
+    index.first_token.push_back(tokens);
+    tokens += static_cast<uint64_t>(length);  // < 2^31 · 2^64/12 sequences: cannot wrap
+    const std::optional<uint64_t> end = MulAdd(tokens, type->bytes, 0);
+    if (!end) Fail("{}: field sequence_lengths: the tokens overflow 64 bits", what);
+    next_pointer = *end;
+  }
+  index.total_tokens = tokens;
+  for (uint64_t d = 0; d < document_entries; ++d) {
+    const uint64_t sequence = U64At(bytes, documents_at + 8 * d);
+    const uint64_t previous = d == 0 ? 0 : index.documents.back();
+    if (d == 0 && sequence != 0) {
+      Fail("{}: field document_indices[0]: {}, expected 0", what, sequence);
+    }
+    if (sequence < previous || sequence > sequences) {
+      Fail("{}: field document_indices[{}]: {} is not within {} .. {} (document starts must not "
+           "decrease and are sequence indices)",
+           what, d, sequence, previous, sequences);
+    }
+    index.documents.push_back(sequence);
+  }
+  if (index.documents.size() < 2 || index.documents.back() != sequences) {
+    Fail("{}: field document_indices: must list at least one document and end at the sequence "
+         "count {} (it ends at {})",
+         what, sequences, index.documents.empty() ? 0 : index.documents.back());
+  }
+  const File bin = File::OpenForReading(bin_path);
+  if (bin.Size() != next_pointer) {
+    Fail("{}: {} bytes, but {} describes {} tokens of {} ({} bytes)", bin_path.string(),
+         bin.Size(), what, tokens, type->name, next_pointer);
+  }
+  return index;
+}
+
+// The tokens of document d as ids, checked against the vocabulary; a last token equal to the
+// end-of-document id is dropped (the stream puts it back). Fails naming the .bin, the document,
+// the position and the value.
+std::vector<uint32_t> DocumentTokens(const Index& index, const File& bin, uint64_t d,
+                                     const Vocabulary& vocabulary) {
+  const uint64_t first = index.documents[d], last = index.documents[d + 1];
+  const uint64_t begin = first < last ? index.first_token[first] : 0;
+  const uint64_t end = first < last ? index.first_token[last - 1] + index.lengths[last - 1] : 0;
+  std::vector<uint8_t> raw((end - begin) * index.type.bytes);
+  bin.ReadAt(begin * index.type.bytes, raw);
+  std::vector<uint32_t> tokens(end - begin);
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    uint64_t value = 0;
+    for (uint64_t b = index.type.bytes; b-- > 0;) value = value << 8 | raw[t * index.type.bytes + b];
+    const bool negative =
+        index.type.is_signed && (value >> (8 * index.type.bytes - 1) & 1) != 0;
+    if (negative || value >= vocabulary.size) {
+      const int64_t shown =
+          negative ? static_cast<int64_t>(value | ~uint64_t{0} << (8 * index.type.bytes - 1))
+                   : static_cast<int64_t>(value);
+      Fail("{}: document {} token {} (token {} of the file) is {}, outside the vocabulary of {} "
+           "ids",
+           bin.path().string(), d, t, begin + t, shown, vocabulary.size);
+    }
+    tokens[t] = static_cast<uint32_t>(value);
+  }
+  if (!tokens.empty() && tokens.back() == vocabulary.eod) tokens.pop_back();
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    if (tokens[t] == vocabulary.eod) {
+      Fail("{}: document {} token {} (token {} of the file) is the end-of-document id {} inside "
+           "the document (only its last token may be)",
+           bin.path().string(), d, t, begin + t, vocabulary.eod);
+    }
+  }
+  return tokens;
+}
+
+// BLAKE2b-256 of a whole file, read in pieces (a .bin may be large).
+Digest FileDigest(const File& file) {
+  Blake2b hash;
+  std::vector<uint8_t> piece(size_t{4} << 20);
+  for (uint64_t at = 0, size = file.Size(); at < size; at += piece.size()) {
+    const std::span<uint8_t> part = std::span(piece).first(std::min<uint64_t>(piece.size(), size - at));
+    file.ReadAt(at, part);
+    hash.Update(part);
+  }
+  return hash.Final();
+}
+
+}  // namespace
+
+void ImportMegatron(const fs::path& prefix, const fs::path& out, const Vocabulary& vocabulary,
+                    uint64_t max_shard_tokens, const Progress& progress) {
+  const fs::path idx_path = prefix.string() + ".idx", bin_path = prefix.string() + ".bin";
+  const Index index = ReadIndex(idx_path, bin_path);
+  const File bin = File::OpenForReading(bin_path);
+  const uint64_t documents = index.documents.size() - 1;
+  // Every token is checked before the output exists: a bad dataset leaves nothing behind.
+  for (uint64_t d = 0; d < documents; ++d) {
+    const uint64_t tokens = DocumentTokens(index, bin, d, vocabulary).size();
+    if (tokens > max_shard_tokens) {
+      Fail("{}: document {} has {} tokens, more than the {} a shard may hold (--shard-tokens)",
+           bin_path.string(), d, tokens, max_shard_tokens);
+    }
+    if (progress) progress(d + 1, 2 * documents);
+  }
+  ShardWriter writer(out, max_shard_tokens, vocabulary);
+  for (uint64_t d = 0; d < documents; ++d) {
+    writer.AddDocument(DocumentTokens(index, bin, d, vocabulary));
+    if (progress) progress(documents + d + 1, 2 * documents);
+  }
+  writer.Finish({{"imported_from", "megatron indexed dataset"},
+                 {"prefix", prefix.filename().string()},
+                 {"dtype", index.type.name},
+                 {"sequences", index.lengths.size()},
+                 {"documents", documents},
+                 {"tokens", index.total_tokens},
+                 {"idx_blake2b", ToHex(Blake2b256(ReadFileBytes(idx_path)))},
+                 {"bin_blake2b", ToHex(FileDigest(bin))}});
+}
+
+}  // namespace lockstep::data
