@@ -2,7 +2,8 @@
 # The main job on the built-in default, the whole story: install dependencies, build, prove the
 # kernels' determinism on this machine, synthesize the demo corpus, train `smoke` with
 # checkpoints and the chained state hash, build the audit kit, verify it, and audit (replay)
-# every unit of it, printing the MATCH table. Rerunnable: it starts over in out/demo/.
+# every unit of it, printing the MATCH table, and write the report page of it all. Rerunnable: it
+# starts over in out/demo/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -23,4 +24,7 @@ $ls kit verify out/demo/kit
 echo
 $ls audit out/demo/kit --all --threads "$threads" --json-out out/demo/audit.json
 echo
-echo "run: out/demo/run  kit: out/demo/kit  audit report: out/demo/audit.json"
+$ls report out/demo/run --audit out/demo/audit.json --out out/demo/report.html
+echo
+echo "run: out/demo/run  kit: out/demo/kit  audit: out/demo/audit.json"
+echo "report (open it in a browser): $(pwd)/out/demo/report.html"

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs lockstep's build and test dependencies from Debian 12 packages (needs root).
-# (openssh-client: Open MPI's mpirun refuses to start, even on one machine, without an rsh agent.)
+# (openssh-client: Open MPI's mpirun refuses to start, even on one machine, without an rsh agent;
+# chromium: the report test renders `lockstep report`'s page headless, and scripts/demo.sh its
+# screenshot.)
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git python3 clang
   libhwy-dev libsleef-dev libsodium-dev libfmt-dev libcli11-dev nlohmann-json3-dev libyaml-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libmpfr-dev libgmp-dev libopenblas-dev
-  libcurl4-openssl-dev libopenmpi-dev openmpi-bin openssh-client
+  libcurl4-openssl-dev libopenmpi-dev openmpi-bin openssh-client chromium
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -133,4 +133,18 @@ struct HandoffVerdict {
 HandoffVerdict VerifyHandoff(const std::filesystem::path& checkpoint, const Digest& expect_hash,
                              const Digest& expect_prev_hash);
 
+// ---- lockstep report ------------------------------------------------------------------------
+struct ReportOptions {
+  std::filesystem::path source;  // a run directory (state_hashes.jsonl) or a kit (kit.json)
+  std::optional<std::filesystem::path> audit;  // `lockstep audit --json-out` of it
+  std::filesystem::path out;                   // the HTML page
+};
+// Writes one self-contained HTML page (no script, no external resource): the chain's head and
+// checkpoints; for a run, loss (and z-loss), gradient norm with the clip threshold and the
+// skipped and clipped steps marked, learning rate and tokens/s against the step, checkpoints
+// marked on each plot; the audit table (unit, steps, expected and replayed hash, verdict, wall
+// time against the publisher's, peak RSS against plan); the configuration; for a kit, what it
+// holds. Written to a temporary file and renamed. Errors name the file and field.
+void WriteReport(const ReportOptions& options);
+
 }  // namespace lockstep::audit

@@ -35,6 +35,23 @@ struct StepReport {
   uint64_t comm_bytes = 0;
 };
 
+// One line of a run's metrics.jsonl (docs/training.md, "The run directory"), the one typed reader
+// of that file. A non-finite loss, z-loss or norm is written as null and read as NaN.
+struct MetricsLine {
+  uint64_t step = 0;
+  double loss = 0, zloss = 0, grad_norm = 0, clip_factor = 1, lr = 0;
+  bool skipped = false;
+  uint64_t tokens = 0;  // cumulative
+  Digest tokens_blake2b{};
+  double step_seconds = 0, tokens_per_second = 0, comm_seconds = 0;
+  uint64_t comm_bytes = 0;
+};
+// Every line, strictly: exactly the documented fields with their types, steps increasing. A last
+// line without its newline (a crash mid-append) is an error, or with TornLine::kDrop dropped.
+// Errors name the file, the line and the field.
+std::vector<MetricsLine> ReadMetrics(const std::filesystem::path& path,
+                                     TornLine torn = TornLine::kRefuse);
+
 class StateStore;
 class Comm;
 

@@ -47,17 +47,7 @@ PublishedCheckpoint ReadPublishedCheckpoint(const fs::path& dir, uint64_t expect
 // metrics.jsonl: step -> step_seconds.
 std::map<uint64_t, double> ReadStepSeconds(const fs::path& path) {
   std::map<uint64_t, double> seconds;
-  int number = 0;
-  for (const std::string& line : Lines(ReadFileText(path))) {
-    ++number;
-    const std::string what = fmt::format("{}: line {}", path.string(), number);
-    const Json j = state_internal::ParseJsonStrict(line, what);
-    if (!j.is_object() || !j.contains("step") || !j.contains("step_seconds") ||
-        !j["step_seconds"].is_number()) {
-      Fail("{}: needs \"step\" and a numeric \"step_seconds\"", what);
-    }
-    seconds[state_internal::U64Field(j, "step", what)] = j["step_seconds"].get<double>();
-  }
+  for (const train::MetricsLine& m : train::ReadMetrics(path)) seconds[m.step] = m.step_seconds;
   return seconds;
 }
 

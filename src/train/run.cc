@@ -6,6 +6,8 @@
 #include <cmath>
 #include <chrono>
 #include <cstdio>
+#include <limits>
+#include <set>
 #include <thread>
 #include <nlohmann/json.hpp>
 
@@ -69,6 +71,22 @@ class MetricsLog {
   fs::path path_;
 };
 
+// A number field that may be null (a non-finite value, which JSON cannot hold): NaN then.
+double NumberOrNull(const nlohmann::json& j, const char* key, const std::string& what) {
+  const nlohmann::json& v = j.at(key);
+  if (v.is_null()) return std::numeric_limits<double>::quiet_NaN();
+  if (!v.is_number()) Fail("{}: field \"{}\" is {}, expected a number or null", what, key, v.dump());
+  return v.get<double>();
+}
+
+uint64_t UnsignedField(const nlohmann::json& j, const char* key, const std::string& what) {
+  const nlohmann::json& v = j.at(key);
+  if (!v.is_number_unsigned()) {
+    Fail("{}: field \"{}\" is {}, expected an unsigned integer", what, key, v.dump());
+  }
+  return v.get<uint64_t>();
+}
+
 std::string Duration(double seconds) {
   const int s = static_cast<int>(std::lround(seconds));
   return s >= 3600 ? fmt::format("{}h{:02}m", s / 3600, s / 60 % 60)
@@ -79,15 +97,9 @@ std::string Duration(double seconds) {
 void PrintLossCurve(const fs::path& metrics_path, double unigram_entropy) {
   if (!fs::exists(metrics_path)) return;  // --steps 0: no step, no curve
   std::vector<std::pair<uint64_t, double>> losses;
-  for (const std::string& line : Lines(ReadFileText(metrics_path))) {
-    const nlohmann::json j = ParseJsonStrict(line, metrics_path.string());
-    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_unsigned() ||
-        !j.contains("loss")) {
-      Fail("{}: a line without an unsigned \"step\" and a \"loss\"", metrics_path.string());
-    }
+  for (const MetricsLine& m : ReadMetrics(metrics_path)) {
     // A diverged step's loss is written as null: it has no place on the curve.
-    if (!j["loss"].is_number()) continue;
-    losses.emplace_back(j["step"].get<uint64_t>(), j["loss"].get<double>());
+    if (std::isfinite(m.loss)) losses.emplace_back(m.step, m.loss);
   }
   if (losses.empty()) return;
   fmt::print("loss curve ({} steps; unigram entropy of the corpus: {:.4f} nats/token)\n",
@@ -103,6 +115,55 @@ void PrintLossCurve(const fs::path& metrics_path, double unigram_entropy) {
 }
 
 }  // namespace
+
+std::vector<MetricsLine> ReadMetrics(const fs::path& path, TornLine torn) {
+  const std::string text = ReadFileText(path);
+  std::vector<std::string> lines = Lines(text);
+  if (!text.empty() && text.back() != '\n') {
+    if (torn == TornLine::kRefuse) {
+      Fail("{}: line {} has no newline: an append cut short by a crash", path.string(),
+           lines.size());
+    }
+    lines.pop_back();
+  }
+  std::vector<MetricsLine> metrics;
+  for (size_t n = 0; n < lines.size(); ++n) {
+    const std::string what = fmt::format("{}: line {}", path.string(), n + 1);
+    const nlohmann::json j = ParseJsonStrict(lines[n], what);
+    static const std::set<std::string> kFields = {
+        "step", "loss", "zloss", "grad_norm", "clip_factor", "lr", "skipped", "tokens",
+        "tokens_blake2b", "step_seconds", "tokens_per_second", "comm_seconds", "comm_bytes"};
+    if (!j.is_object()) Fail("{}: not a JSON object", what);
+    for (const auto& [key, value] : j.items()) {
+      if (!kFields.contains(key)) Fail("{}: unknown field \"{}\"", what, key);
+    }
+    for (const std::string& key : kFields) {
+      if (!j.contains(key)) Fail("{}: missing field \"{}\"", what, key);
+    }
+    MetricsLine m;
+    m.step = UnsignedField(j, "step", what);
+    if (!metrics.empty() && m.step <= metrics.back().step) {
+      Fail("{}: step {} does not follow step {}", what, m.step, metrics.back().step);
+    }
+    m.loss = NumberOrNull(j, "loss", what);
+    m.zloss = NumberOrNull(j, "zloss", what);
+    m.grad_norm = NumberOrNull(j, "grad_norm", what);
+    m.clip_factor = NumberOrNull(j, "clip_factor", what);
+    m.lr = NumberOrNull(j, "lr", what);
+    if (!j["skipped"].is_boolean()) Fail("{}: field \"skipped\" is not true or false", what);
+    m.skipped = j["skipped"].get<bool>();
+    m.tokens = UnsignedField(j, "tokens", what);
+    if (!j["tokens_blake2b"].is_string()) Fail("{}: field \"tokens_blake2b\" is not a string", what);
+    m.tokens_blake2b = DigestFromHex(j["tokens_blake2b"].get<std::string>(),
+                                     what + ": field \"tokens_blake2b\"");
+    m.step_seconds = NumberOrNull(j, "step_seconds", what);
+    m.tokens_per_second = NumberOrNull(j, "tokens_per_second", what);
+    m.comm_seconds = NumberOrNull(j, "comm_seconds", what);
+    m.comm_bytes = UnsignedField(j, "comm_bytes", what);
+    metrics.push_back(m);
+  }
+  return metrics;
+}
 
 namespace {
 

@@ -9,12 +9,12 @@
 namespace lockstep::cli {
 
 void AddSelftestCommand(CLI::App& app, int* exit_code);  // selftest.cc
-void AddDataCommands(CLI::App& app, int* exit_code);     // data.cc: data synth|tokenize|inspect
+void AddDataCommands(CLI::App& app, int* exit_code);     // data.cc: data synth|tokenize|import|inspect
 void AddModelCommands(CLI::App& app, int* exit_code);    // model.cc: model describe
 void AddTrainCommand(CLI::App& app, int* exit_code);     // train.cc
 void AddForwardCommand(CLI::App& app, int* exit_code);   // forward.cc
 void AddReplayCommands(CLI::App& app, int* exit_code);   // replay.cc: replay, verify-handoff
-void AddKitCommands(CLI::App& app, int* exit_code);      // kit.cc: kit build|inspect|verify|fetch, audit
+void AddKitCommands(CLI::App& app, int* exit_code);      // kit.cc: kit build|inspect|verify|fetch, audit, report
 void AddDisputeCommands(CLI::App& app, int* exit_code);  // dispute.cc: trace, dispute, referee, keygen
 
 }  // namespace lockstep::cli

@@ -1,4 +1,4 @@
-// `lockstep kit build|inspect|verify|fetch` and `lockstep audit` (docs/kits.md).
+// `lockstep kit build|inspect|verify|fetch`, `lockstep audit` (docs/kits.md) and `lockstep report`.
 #include "lockstep/kit.h"
 
 #include <fmt/format.h>
@@ -232,6 +232,29 @@ void AddKitCommands(CLI::App& app, int* exit_code) {
                       "replay even when the kit does not verify or the memory plan exceeds the "
                       "machine (the verdict still counts every problem)");
   audit_cmd->final_callback([audit, exit_code] { *exit_code = RunAudit(*audit); });
+
+  auto report = std::make_shared<audit::ReportOptions>();
+  auto report_audit = std::make_shared<std::string>();
+  CLI::App* report_cmd = app.add_subcommand(
+      "report",
+      "write one self-contained HTML page (works offline, no scripts) about a run directory or a "
+      "kit: loss, z-loss, gradient norm with clipping and skipped steps marked, learning rate and "
+      "tokens/s against the step with the checkpoints marked, the chain's head, and with --audit "
+      "the audit table (verdicts, wall time, peak RSS against plan)");
+  report_cmd->add_option("SOURCE", report->source,
+                         "a run directory (lockstep train --out) or a kit (lockstep kit build)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  report_cmd->add_option("--audit", *report_audit,
+                         "the JSON report of `lockstep audit KIT --json-out PATH`")
+      ->check(CLI::ExistingFile);
+  report_cmd->add_option("--out", report->out, "the HTML file to write")->required();
+  report_cmd->final_callback([report, report_audit, exit_code] {
+    if (!report_audit->empty()) report->audit = *report_audit;
+    audit::WriteReport(*report);
+    fmt::print("wrote {}\n", report->out.string());
+    *exit_code = 0;
+  });
 }
 
 }  // namespace lockstep::cli

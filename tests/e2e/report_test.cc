@@ -1,0 +1,144 @@
+// lockstep report: the page of a trained, kitted and audited run, rendered by headless Chromium
+// with no network at all, holds the plots with one point per step, the checkpoints and clipped
+// steps marked, the chain's head and the audit table with the right numbers; it refers to
+// nothing outside itself.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <regex>
+#include <string>
+
+#include "common/run_lockstep.h"
+#include "lockstep/train.h"
+
+namespace lockstep {
+namespace {
+namespace fs = std::filesystem;
+using test::Lockstep;
+using test::Result;
+
+bool Have(const std::string& command) {
+  return std::system((command + " > /dev/null 2>&1").c_str()) == 0;
+}
+
+size_t Count(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// The DOM Chromium builds from the page, with the process cut off from every network (a fresh
+// network namespace where unshare may make one, as root in CI).
+std::string RenderedDom(const fs::path& page, const fs::path& scratch) {
+  const std::string isolate = Have("unshare -n true") ? "unshare -n " : "";
+  const fs::path dom = scratch / "dom.html";
+  const std::string command = fmt::format(
+      "timeout 120 {}chromium --headless --no-sandbox --disable-gpu --user-data-dir={} "
+      "--dump-dom file://{} > {} 2>/dev/null",
+      isolate, (scratch / "chromium-profile").string(), fs::absolute(page).string(),
+      dom.string());
+  EXPECT_EQ(std::system(command.c_str()), 0) << command;
+  return ReadFileText(dom);
+}
+
+class Report : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("lockstep_report_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+TEST_F(Report, ThePageOfAnAuditedRunShowsItsNumbersOffline) {
+  const std::string d = dir_.string();
+  ASSERT_EQ(Lockstep("data synth --out " + d + "/data --seed 3 --tokens 200000").exit_code, 0);
+  const Result trained = Lockstep("train --config tiny --data " + d + "/data --out " + d +
+                                  "/run --steps 20 --no-progress");
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  ASSERT_EQ(Lockstep("kit build --run " + d + "/run --data " + d + "/data --out " + d + "/kit")
+                .exit_code,
+            0);
+  const Result audited = Lockstep("audit " + d + "/kit --all --json-out " + d + "/audit.json");
+  ASSERT_EQ(audited.exit_code, 0) << audited.output;
+  const Result reported =
+      Lockstep("report " + d + "/run --audit " + d + "/audit.json --out " + d + "/report.html");
+  ASSERT_EQ(reported.exit_code, 0) << reported.output;
+
+  // Self-contained: no script, stylesheet, image or font from anywhere (the one URL is SVG's
+  // namespace name, which is never fetched).
+  const std::string page = ReadFileText(dir_ / "report.html");
+  for (const char* forbidden : {"<script", "<link", "<img", "<iframe", "src=", "url(", "@import"}) {
+    EXPECT_EQ(page.find(forbidden), std::string::npos) << forbidden;
+  }
+  std::string without_namespace = page;
+  for (size_t at; (at = without_namespace.find("http://www.w3.org/2000/svg")) != std::string::npos;) {
+    without_namespace.erase(at, 26);
+  }
+  EXPECT_EQ(without_namespace.find("http"), std::string::npos);
+
+  if (!Have("chromium --version")) {
+    GTEST_SKIP() << "chromium is not installed (scripts/install-deps.sh installs it): the page "
+                    "was checked as text only";
+  }
+  const std::string dom = RenderedDom(dir_ / "report.html", dir_);
+  ASSERT_NE(dom.find("</html>"), std::string::npos) << dom.substr(0, 500);
+
+  // The four plots, each series with one point per step.
+  const std::vector<train::MetricsLine> metrics = train::ReadMetrics(dir_ / "run/metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 20u);
+  for (const char* plot : {"plot-loss", "plot-grad-norm", "plot-lr", "plot-tokens-per-second"}) {
+    EXPECT_NE(dom.find(fmt::format("id=\"{}\"", plot)), std::string::npos) << plot;
+  }
+  for (const char* series : {"loss", "grad norm", "lr", "tokens/s"}) {
+    EXPECT_NE(dom.find(fmt::format("data-series=\"{}\" data-points=\"20\"", series)),
+              std::string::npos)
+        << series;
+  }
+  // Checkpoints 0, 10 and 20 on each of the four plots; every clipped step marked.
+  for (const int step : {0, 10, 20}) {
+    EXPECT_EQ(Count(dom, fmt::format("class=\"checkpoint\" data-step=\"{}\"", step)), 4u) << step;
+  }
+  const size_t clipped = static_cast<size_t>(std::ranges::count_if(
+      metrics, [](const train::MetricsLine& m) { return !m.skipped && m.clip_factor < 1; }));
+  EXPECT_GT(clipped, 0u);
+  EXPECT_EQ(Count(dom, "class=\"mark clipped\""), clipped);
+  EXPECT_NE(dom.find(fmt::format("<th>loss</th><td class=\"num\">{:.4f}</td>", metrics.back().loss)),
+            std::string::npos);
+
+  // The chain's head and the audit table: every unit MATCH with the chain's hashes.
+  const std::vector<StateHashLine> chain = ReadStateHashLines(dir_ / "run/state_hashes.jsonl");
+  EXPECT_NE(dom.find(fmt::format("id=\"chain-head\">{}<", ToHex(chain.back().hash))),
+            std::string::npos);
+  for (const auto& [unit, step] :
+       std::vector<std::pair<std::string, size_t>>{{"init", 0}, {"interval_0_10", 10},
+                                                   {"interval_10_20", 20}}) {
+    const std::regex row(fmt::format("data-unit=\"{}\">.*?title=\"{}\".*?class=\"MATCH\">MATCH<",
+                                     unit, ToHex(chain[step].hash)));
+    EXPECT_TRUE(std::regex_search(dom, row)) << unit;
+  }
+  EXPECT_NE(dom.find("3 of 3 units MATCH"), std::string::npos);
+
+  // The kit's page: its units and chain, no metrics.
+  ASSERT_EQ(Lockstep("report " + d + "/kit --out " + d + "/kit.html").exit_code, 0);
+  const std::string kit_page = ReadFileText(dir_ / "kit.html");
+  EXPECT_NE(kit_page.find("id=\"no-metrics\""), std::string::npos);
+  EXPECT_NE(kit_page.find(ToHex(Sha256(ReadFileBytes(dir_ / "kit/kit.json")))), std::string::npos);
+
+  // Bad input is refused naming the file.
+  WriteFileSynced(dir_ / "bad.json", "{\"unit\": 1}");
+  const Result bad =
+      Lockstep("report " + d + "/run --audit " + d + "/bad.json --out " + d + "/bad.html");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.output.find("bad.json"), std::string::npos) << bad.output;
+  EXPECT_FALSE(fs::exists(dir_ / "bad.html"));
+}
+
+}  // namespace
+}  // namespace lockstep
