@@ -152,10 +152,33 @@ void WriteSynthCorpus(const std::filesystem::path& out, uint64_t seed, uint64_t 
                       const Progress& progress = {},
                       uint64_t max_shard_tokens = kDefaultShardTokens);
 
-// Each input file becomes one document (its exact bytes, so decoding gives the file back).
-// Files must be valid UTF-8; an empty file is an empty document.
+// ---- subword tokenizers (docs/tokenizers.md) ------------------------------------------------
+// A tokenizer lockstep applies to text: its vocabulary (the manifest's tokenizer, size and
+// end-of-document id) and its encoder.
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual const Vocabulary& vocabulary() const = 0;
+  // The ids of `text` (valid UTF-8); `what` names the text in errors.
+  virtual std::vector<uint32_t> Encode(std::string_view text, std::string_view what) const = 0;
+};
+// A SentencePiece model file, or a directory holding tokenizer.model (as TrainTokenizer writes
+// it); its end-of-sentence piece </s> ends documents. Fails naming the file.
+std::unique_ptr<Tokenizer> OpenTokenizer(const std::filesystem::path& file_or_dir);
+// Trains a SentencePiece model ("unigram" or "bpe") of `vocab` pieces on the lines of the inputs
+// (valid UTF-8, in order), deterministically: the same inputs give the same bytes. Byte fallback
+// is on, so any text encodes without <unk>. Writes out_dir/tokenizer.model (out_dir must not exist
+// or be empty) and returns its path.
+std::filesystem::path TrainTokenizer(std::span<const std::filesystem::path> inputs, uint64_t vocab,
+                                     std::string_view model_type,
+                                     const std::filesystem::path& out_dir);
+
+// Each input file becomes one document: its exact bytes as byte tokens (decoding gives the file
+// back), or with a tokenizer its ids. Files must be valid UTF-8; an empty file is an empty
+// document.
 void TokenizeFiles(std::span<const std::filesystem::path> inputs, const std::filesystem::path& out,
-                   uint64_t max_shard_tokens = kDefaultShardTokens);
+                   uint64_t max_shard_tokens = kDefaultShardTokens,
+                   const Tokenizer* tokenizer = nullptr);
 
 // A Megatron-style indexed dataset (PREFIX.idx and PREFIX.bin, the "MMIDIDX" format of
 // Megatron-LM's indexed_dataset.py) as lockstep shards in `out`: each of its documents (the

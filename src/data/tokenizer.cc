@@ -112,17 +112,23 @@ double EntropyNats(std::span<const uint64_t> counts) {
 }
 
 void TokenizeFiles(std::span<const std::filesystem::path> inputs, const std::filesystem::path& out,
-                   uint64_t max_shard_tokens) {
+                   uint64_t max_shard_tokens, const Tokenizer* tokenizer) {
   if (inputs.empty()) Fail("data tokenize: no input files");
-  // Every input is checked before the output directory is created: a bad file leaves nothing.
-  for (const std::filesystem::path& input : inputs)
-    ValidateUtf8(ReadFileBytes(input), input.string());
-  ShardWriter writer(out, max_shard_tokens);
+  const auto encode = [&](const std::vector<uint8_t>& bytes, const std::filesystem::path& input) {
+    ValidateUtf8(bytes, input.string());
+    if (tokenizer == nullptr) return TokenizeBytes(bytes);
+    return tokenizer->Encode(
+        std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+        input.string());
+  };
+  // Every input is checked (and encoded) before the output directory is created: a bad file
+  // leaves nothing.
+  for (const std::filesystem::path& input : inputs) encode(ReadFileBytes(input), input);
+  ShardWriter writer(out, max_shard_tokens, tokenizer ? tokenizer->vocabulary() : Vocabulary{});
   nlohmann::ordered_json files = nlohmann::ordered_json::array();
   for (const std::filesystem::path& input : inputs) {
-    const std::vector<uint8_t> bytes = ReadFileBytes(input);
-    ValidateUtf8(bytes, input.string());  // again: the file may have changed since
-    writer.AddDocument(TokenizeBytes(bytes));
+    const std::vector<uint8_t> bytes = ReadFileBytes(input);  // again: it may have changed since
+    writer.AddDocument(encode(bytes, input));
     files.push_back({{"file", input.filename().string()}, {"bytes", bytes.size()}});
   }
   writer.Finish({{"tokenized_files", std::move(files)}});

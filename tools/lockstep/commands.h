@@ -10,6 +10,7 @@ namespace lockstep::cli {
 
 void AddSelftestCommand(CLI::App& app, int* exit_code);  // selftest.cc
 void AddDataCommands(CLI::App& app, int* exit_code);     // data.cc: data synth|tokenize|import|inspect
+void AddTokenizerCommands(CLI::App& app, int* exit_code);  // data.cc: tokenizer train
 void AddModelCommands(CLI::App& app, int* exit_code);    // model.cc: model describe
 void AddTrainCommand(CLI::App& app, int* exit_code);     // train.cc
 void AddForwardCommand(CLI::App& app, int* exit_code);   // forward.cc

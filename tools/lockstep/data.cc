@@ -26,7 +26,7 @@ struct SynthOptions {
 
 struct TokenizeOptions {
   std::vector<std::string> inputs;
-  std::string out;
+  std::string out, tokenizer;
   uint64_t shard_tokens = data::kDefaultShardTokens;
 };
 
@@ -73,7 +73,9 @@ int RunSynth(const SynthOptions& o) {
 
 int RunTokenize(const TokenizeOptions& o) {
   const std::vector<std::filesystem::path> inputs(o.inputs.begin(), o.inputs.end());
-  data::TokenizeFiles(inputs, o.out, o.shard_tokens);
+  const std::unique_ptr<data::Tokenizer> tokenizer =
+      o.tokenizer.empty() ? nullptr : data::OpenTokenizer(o.tokenizer);
+  data::TokenizeFiles(inputs, o.out, o.shard_tokens, tokenizer.get());
   PrintSummary(data::OpenDataset(o.out));
   return 0;
 }
@@ -153,8 +155,9 @@ void AddDataCommands(CLI::App& app, int* exit_code) {
   auto tokenize = std::make_shared<TokenizeOptions>();
   CLI::App* t = cmd->add_subcommand(
       "tokenize",
-      "tokenize UTF-8 text files at the byte level: each file is one document (its exact bytes); "
-      "invalid UTF-8 is an error naming the file and byte offset");
+      "tokenize UTF-8 text files, each file one document: at the byte level (its exact bytes), "
+      "or with --tokenizer into subword ids; invalid UTF-8 is an error naming the file and byte "
+      "offset");
   t->add_option("--input", tokenize->inputs, "text files, one document each, in this order")
       ->required()
       ->expected(1, -1)
@@ -164,6 +167,11 @@ void AddDataCommands(CLI::App& app, int* exit_code) {
   t->add_option("--shard-tokens", tokenize->shard_tokens, "at most this many tokens per shard")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  t->add_option("--tokenizer", tokenize->tokenizer,
+                "a SentencePiece model, or a directory holding tokenizer.model (lockstep "
+                "tokenizer train); its </s> ends documents, and its name and BLAKE2b go into the "
+                "manifest")
+      ->check(CLI::ExistingPath);
   t->final_callback([tokenize, exit_code] { *exit_code = RunTokenize(*tokenize); });
 
   auto import = std::make_shared<ImportOptions>();
@@ -204,6 +212,38 @@ void AddDataCommands(CLI::App& app, int* exit_code) {
   i->add_option("--show", inspect->show_tokens, "tokens of document 0 to print")
       ->capture_default_str();
   i->final_callback([inspect, exit_code] { *exit_code = RunInspect(*inspect); });
+}
+
+void AddTokenizerCommands(CLI::App& app, int* exit_code) {
+  CLI::App* cmd = app.add_subcommand("tokenizer", "train subword tokenizers (docs/tokenizers.md)");
+  cmd->require_subcommand(1);
+  struct TrainOptions {
+    std::vector<std::string> inputs;
+    uint64_t vocab = 0;
+    std::string model = "unigram", out;
+  };
+  auto train = std::make_shared<TrainOptions>();
+  CLI::App* t = cmd->add_subcommand(
+      "train",
+      "train a SentencePiece model on the lines of UTF-8 text files, deterministically (the same "
+      "inputs give the same bytes), into OUT/tokenizer.model for `data tokenize --tokenizer`");
+  t->add_option("--input", train->inputs, "text files (each line a sentence)")
+      ->required()
+      ->expected(1, -1)
+      ->check(CLI::ExistingFile);
+  t->add_option("--vocab", train->vocab, "pieces in the vocabulary")->required();
+  t->add_option("--model", train->model, "unigram or bpe")->capture_default_str();
+  t->add_option("--out", train->out, "output directory (must not exist or be empty)")->required();
+  t->final_callback([train, exit_code] {
+    const std::vector<std::filesystem::path> inputs(train->inputs.begin(), train->inputs.end());
+    const std::filesystem::path model =
+        data::TrainTokenizer(inputs, train->vocab, train->model, train->out);
+    const std::unique_ptr<data::Tokenizer> tokenizer = data::OpenTokenizer(model);
+    const data::Vocabulary& v = tokenizer->vocabulary();
+    fmt::print("wrote {} ({} pieces, end of document {}, blake2b {})\n", model.string(), v.size,
+               v.eod, ToHex(v.tokenizer_blake2b));
+    *exit_code = 0;
+  });
 }
 
 }  // namespace lockstep::cli

@@ -38,6 +38,7 @@ int Run(int argc, char** argv) {
   int exit_code = 0;
   AddSelftestCommand(app, &exit_code);
   AddDataCommands(app, &exit_code);
+  AddTokenizerCommands(app, &exit_code);
   AddModelCommands(app, &exit_code);
   AddTrainCommand(app, &exit_code);
   AddForwardCommand(app, &exit_code);

@@ -1,0 +1,118 @@
+// Subword tokenizers: SentencePiece models, trained and applied with Debian's libsentencepiece
+// (a well-kept implementation: nothing here re-implements it). docs/tokenizers.md.
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "lockstep/data.h"
+
+namespace lockstep::data {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr std::string_view kModelName = "tokenizer.model";
+
+// The lines of the inputs, each file's in order, as SentencePiece's training sentences.
+class LineIterator final : public sentencepiece::SentenceIterator {
+ public:
+  explicit LineIterator(std::vector<std::string> lines) : lines_(std::move(lines)) {}
+  bool done() const override { return next_ >= lines_.size(); }
+  void Next() override { ++next_; }
+  const std::string& value() const override { return lines_[next_]; }
+  sentencepiece::util::Status status() const override { return {}; }
+
+ private:
+  std::vector<std::string> lines_;
+  size_t next_ = 0;
+};
+
+class SentencePieceTokenizer final : public Tokenizer {
+ public:
+  explicit SentencePieceTokenizer(const fs::path& model) {
+    const std::vector<uint8_t> bytes = ReadFileBytes(model);
+    const sentencepiece::util::Status status = processor_.LoadFromSerializedProto(
+        std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+    if (!status.ok()) Fail("{}: not a SentencePiece model: {}", model.string(), status.ToString());
+    if (processor_.eos_id() < 0) {
+      Fail("{}: the model has no end-of-sentence piece (</s>), which ends documents",
+           model.string());
+    }
+    vocabulary_ = {static_cast<uint32_t>(processor_.GetPieceSize()),
+                   static_cast<uint32_t>(processor_.eos_id()), model.filename().string(),
+                   Blake2b256(bytes)};
+  }
+
+  const Vocabulary& vocabulary() const override { return vocabulary_; }
+
+  std::vector<uint32_t> Encode(std::string_view text, std::string_view what) const override {
+    std::vector<int> ids;
+    const sentencepiece::util::Status status = processor_.Encode(text, &ids);
+    if (!status.ok()) Fail("{}: SentencePiece cannot encode it: {}", what, status.ToString());
+    return {ids.begin(), ids.end()};  // ids are below GetPieceSize(): never negative
+  }
+
+ private:
+  sentencepiece::SentencePieceProcessor processor_;
+  Vocabulary vocabulary_;
+};
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> OpenTokenizer(const fs::path& path) {
+  const fs::path model = fs::is_directory(path) ? path / kModelName : path;
+  if (!fs::exists(model)) {
+    Fail("{}: no such tokenizer (a SentencePiece model, or a directory holding {})",
+         model.string(), kModelName);
+  }
+  return std::make_unique<SentencePieceTokenizer>(model);
+}
+
+fs::path TrainTokenizer(std::span<const fs::path> inputs, uint64_t vocab, std::string_view model_type,
+                        const fs::path& out_dir) {
+  if (inputs.empty()) Fail("tokenizer train: no input files");
+  if (model_type != "unigram" && model_type != "bpe") {
+    Fail("tokenizer train: --model '{}' (unigram or bpe)", model_type);
+  }
+  if (vocab < 8 || vocab > kMaxVocab) Fail("tokenizer train: --vocab {} is outside 8 .. {}", vocab, kMaxVocab);
+  std::vector<std::string> lines;
+  for (const fs::path& input : inputs) {
+    const std::vector<uint8_t> bytes = ReadFileBytes(input);
+    ValidateUtf8(bytes, input.string());
+    for (std::string& line : Lines(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()))) {
+      if (!line.empty()) lines.push_back(std::move(line));
+    }
+  }
+  if (lines.empty()) Fail("tokenizer train: the inputs hold no text");
+  if (fs::exists(out_dir) && (!fs::is_directory(out_dir) || !fs::is_empty(out_dir))) {
+    Fail("{}: exists and is not an empty directory", out_dir.string());
+  }
+  // Deterministic training: one thread, every sentence (no sampling or shuffling), a fixed seed.
+  // The same inputs give the same model bytes.
+  sentencepiece::SetRandomGeneratorSeed(0);
+  const std::unordered_map<std::string, std::string> options = {
+      {"model_type", std::string(model_type)},
+      {"vocab_size", std::to_string(vocab)},
+      {"num_threads", "1"},
+      {"input_sentence_size", "0"},
+      {"shuffle_input_sentence", "false"},
+      {"character_coverage", "1.0"},
+      {"byte_fallback", "true"},  // every byte encodes: no id is lost to <unk>
+      {"max_sentence_length", "1000000"},
+      {"minloglevel", "2"},
+  };
+  LineIterator sentences(std::move(lines));
+  std::string model;
+  const sentencepiece::util::Status status =
+      sentencepiece::SentencePieceTrainer::Train(options, &sentences, &model);
+  if (!status.ok()) Fail("tokenizer train: SentencePiece failed: {}", status.ToString());
+  fs::create_directories(out_dir);
+  const fs::path path = out_dir / kModelName;
+  WriteFileSynced(path, std::span(reinterpret_cast<const uint8_t*>(model.data()), model.size()));
+  SyncDirectory(out_dir);
+  return path;
+}
+
+}  // namespace lockstep::data
