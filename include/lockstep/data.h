@@ -161,13 +161,15 @@ class Tokenizer {
   virtual const Vocabulary& vocabulary() const = 0;
   // The ids of `text` (valid UTF-8); `what` names the text in errors.
   virtual std::vector<uint32_t> Encode(std::string_view text, std::string_view what) const = 0;
+  virtual std::string Decode(std::span<const uint32_t> ids) const = 0;
 };
 // A SentencePiece model file, or a directory holding tokenizer.model (as TrainTokenizer writes
 // it); its end-of-sentence piece </s> ends documents. Fails naming the file.
 std::unique_ptr<Tokenizer> OpenTokenizer(const std::filesystem::path& file_or_dir);
 // Trains a SentencePiece model ("unigram" or "bpe") of `vocab` pieces on the lines of the inputs
-// (valid UTF-8, in order), deterministically: the same inputs give the same bytes. Byte fallback
-// is on, so any text encodes without <unk>. Writes out_dir/tokenizer.model (out_dir must not exist
+// (valid UTF-8, in order), deterministically: the same inputs give the same bytes. The text is
+// not normalized and bytes fall back to byte pieces, so any text encodes without <unk> and
+// decodes back to itself. Writes out_dir/tokenizer.model (out_dir must not exist
 // or be empty) and returns its path.
 std::filesystem::path TrainTokenizer(std::span<const std::filesystem::path> inputs, uint64_t vocab,
                                      std::string_view model_type,

@@ -27,13 +27,6 @@ std::span<const uint8_t> AsBytes(const std::vector<T>& values) {
   return {reinterpret_cast<const uint8_t*>(values.data()), values.size() * sizeof(T)};
 }
 
-template <typename T>
-std::vector<T> FromLittleEndian(const std::vector<uint8_t>& bytes) {
-  std::vector<T> values(bytes.size() / sizeof(T));
-  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(T));
-  return values;
-}
-
 // ---- manifest validation: every error names the manifest, the field and the value -------------
 class ManifestFields {
  public:
@@ -121,22 +114,38 @@ ShardInfo ParseShardEntry(const ManifestFields& m, const json& entry, size_t k) 
   return s;
 }
 
-// Reads one shard file and checks its size and digest against the manifest.
-std::vector<uint8_t> ReadVerified(const std::filesystem::path& path, uint64_t elements,
-                                  size_t element_size, std::string_view what,
-                                  const Digest& expected, const ManifestFields& m,
-                                  std::string_view field) {
-  std::vector<uint8_t> bytes = ReadFileBytes(path);
-  if (bytes.size() % element_size != 0 || bytes.size() / element_size != elements) {
+// A shard file, open, its size checked against the manifest's count of its elements.
+File OpenSized(const std::filesystem::path& path, uint64_t elements, size_t element_size,
+               std::string_view what, const ManifestFields& m) {
+  File file = File::OpenForReading(path);
+  const uint64_t size = file.Size();
+  if (size % element_size != 0 || size / element_size != elements) {
     Fail("{}: {} bytes, but {} lists {} {} ({} bytes each): the file is truncated or corrupt",
-         path.string(), bytes.size(), m.file(), elements, what, element_size);
+         path.string(), size, m.file(), elements, what, element_size);
   }
-  const Digest actual = Blake2b256(bytes);
+  return file;
+}
+
+// Reads a sized shard file straight into `out` (no copy: shards are little-endian, as is every
+// machine lockstep builds for) and checks its digest against the manifest.
+void ReadVerified(const File& file, std::span<uint8_t> out, const Digest& expected,
+                  const ManifestFields& m, std::string_view field) {
+  const std::filesystem::path& path = file.path();
+  file.ReadAt(0, out);
+  if (file.Size() != out.size()) {
+    Fail("{}: changed size while read ({} bytes now, {} read)", path.string(), file.Size(),
+         out.size());
+  }
+  const Digest actual = Blake2b256(out);
   if (actual != expected) {
     Fail("{}: BLAKE2b-256 mismatch: {} field '{}' expects {}, the file has {}", path.string(),
          m.file(), field, ToHex(expected), ToHex(actual));
   }
-  return bytes;
+}
+
+template <typename T>
+std::span<uint8_t> BytesOf(std::span<T> values) {
+  return {reinterpret_cast<uint8_t*>(values.data()), values.size_bytes()};
 }
 
 // "tokenizer", "vocab_size" and "eod_token".
@@ -368,18 +377,29 @@ Dataset OpenDataset(const std::filesystem::path& dir) {
           fmt::format("{} (the sum of shards[].documents)", sum_documents));
   }
 
+  // Every file's size is checked before anything of the manifest's size is allocated; then each
+  // shard is read into its place in the dataset, so the tokens are held once.
+  std::vector<std::pair<File, File>> files;
+  for (size_t k = 0; k < dataset.shards_.size(); ++k) {
+    const ShardInfo& s = dataset.shards_[k];
+    files.emplace_back(OpenSized(dir / s.bin, s.tokens, sizeof(uint32_t), "tokens", m),
+                       OpenSized(dir / s.idx, s.documents + 1, sizeof(uint64_t),
+                                 "document offsets + 1", m));
+  }
   dataset.tokens_.reserve(total_tokens);
   dataset.doc_starts_.reserve(total_documents + 1);
   dataset.doc_starts_.push_back(0);
   for (size_t k = 0; k < dataset.shards_.size(); ++k) {
     const ShardInfo& s = dataset.shards_[k];
     const std::filesystem::path bin_path = dir / s.bin, idx_path = dir / s.idx;
-    const std::vector<uint32_t> tokens = FromLittleEndian<uint32_t>(
-        ReadVerified(bin_path, s.tokens, sizeof(uint32_t), "tokens", s.bin_blake2b, m,
-                     fmt::format("shards[{}].bin_blake2b", k)));
-    const std::vector<uint64_t> offsets = FromLittleEndian<uint64_t>(
-        ReadVerified(idx_path, s.documents + 1, sizeof(uint64_t), "document offsets + 1",
-                     s.idx_blake2b, m, fmt::format("shards[{}].idx_blake2b", k)));
+    const uint64_t base = dataset.tokens_.size();
+    dataset.tokens_.resize(base + s.tokens);
+    const std::span<uint32_t> tokens = std::span(dataset.tokens_).subspan(base);
+    ReadVerified(files[k].first, BytesOf(tokens), s.bin_blake2b, m,
+                 fmt::format("shards[{}].bin_blake2b", k));
+    std::vector<uint64_t> offsets(s.documents + 1);
+    ReadVerified(files[k].second, BytesOf(std::span(offsets)), s.idx_blake2b, m,
+                 fmt::format("shards[{}].idx_blake2b", k));
     if (offsets.front() != 0) {
       Fail("{}: offset 0 is {}, expected 0", idx_path.string(), offsets.front());
     }
@@ -400,8 +420,6 @@ Dataset OpenDataset(const std::filesystem::path& dir) {
              bin_path.string(), t, tokens[t], vocabulary.size, vocabulary.eod);
       }
     }
-    const uint64_t base = dataset.tokens_.size();
-    dataset.tokens_.insert(dataset.tokens_.end(), tokens.begin(), tokens.end());
     for (size_t d = 1; d < offsets.size(); ++d) dataset.doc_starts_.push_back(base + offsets[d]);
   }
   return dataset;

@@ -54,6 +54,14 @@ class SentencePieceTokenizer final : public Tokenizer {
     return {ids.begin(), ids.end()};  // ids are below GetPieceSize(): never negative
   }
 
+  std::string Decode(std::span<const uint32_t> ids) const override {
+    std::string text;
+    const sentencepiece::util::Status status =
+        processor_.Decode(std::vector<int>(ids.begin(), ids.end()), &text);
+    if (!status.ok()) Fail("SentencePiece cannot decode the ids: {}", status.ToString());
+    return text;
+  }
+
  private:
   sentencepiece::SentencePieceProcessor processor_;
   Vocabulary vocabulary_;
@@ -90,7 +98,9 @@ fs::path TrainTokenizer(std::span<const fs::path> inputs, uint64_t vocab, std::s
     Fail("{}: exists and is not an empty directory", out_dir.string());
   }
   // Deterministic training: one thread, every sentence (no sampling or shuffling), a fixed seed.
-  // The same inputs give the same model bytes.
+  // The same inputs give the same model bytes. The text is taken as it is (no normalization, no
+  // whitespace removed, no dummy prefix) and bytes fall back to byte pieces, so decoding a
+  // document's ids gives its text back exactly.
   sentencepiece::SetRandomGeneratorSeed(0);
   const std::unordered_map<std::string, std::string> options = {
       {"model_type", std::string(model_type)},
@@ -100,6 +110,10 @@ fs::path TrainTokenizer(std::span<const fs::path> inputs, uint64_t vocab, std::s
       {"shuffle_input_sentence", "false"},
       {"character_coverage", "1.0"},
       {"byte_fallback", "true"},  // every byte encodes: no id is lost to <unk>
+      {"normalization_rule_name", "identity"},
+      {"remove_extra_whitespaces", "false"},
+      {"add_dummy_prefix", "false"},
+      {"allow_whitespace_only_pieces", "true"},
       {"max_sentence_length", "1000000"},
       {"minloglevel", "2"},
   };

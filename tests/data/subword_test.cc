@@ -1,0 +1,98 @@
+// Subword tokenizers (SentencePiece): training is deterministic, a tokenized dataset holds each
+// file's ids and binds the model by its digest, and decoding gives every file back exactly --
+// non-ASCII text, whitespace runs, tabs and empty documents included.
+#include <nlohmann/json.hpp>
+
+#include "data/data_test_util.h"
+
+namespace lockstep::data {
+namespace {
+namespace fs = std::filesystem;
+using testing::ExpectErrorMentioning;
+using testing::TempDir;
+
+// A varied corpus: several scripts, whitespace runs, tabs, blank lines, digits and punctuation.
+std::vector<fs::path> WriteCorpus(const TempDir& tmp) {
+  const std::vector<std::string> words = {
+      "lockstep", "bitwise", "audit", "replay", "chain", "hash", "über", "naïve", "日本語の文",
+      "Ελληνικά", "русский", "emoji🙂", "x=42;", "(a+b)*c", "don't", "3.14159", "",
+  };
+  std::vector<fs::path> files;
+  uint32_t state = 11;
+  const auto next = [&](uint32_t n) {
+    state = state * 1664525u + 1013904223u;
+    return (state >> 8) % n;
+  };
+  for (int f = 0; f < 4; ++f) {
+    std::string text;
+    for (int line = 0; line < 150; ++line) {
+      const uint32_t n = 1 + next(12);
+      for (uint32_t w = 0; w < n; ++w) {
+        text += words[next(static_cast<uint32_t>(words.size()))];
+        text += std::string(1 + next(3), next(7) == 0 ? '\t' : ' ');  // runs of blanks
+      }
+      text += next(9) == 0 ? "\n\n" : "\n";
+    }
+    files.push_back(tmp / fmt::format("text{}.txt", f));
+    WriteFileSynced(files.back(), text);
+  }
+  files.push_back(tmp / "empty.txt");
+  WriteFileSynced(files.back(), "");
+  return files;
+}
+
+TEST(Subword, TrainingIsDeterministicAndDatasetsDecodeToTheirFiles) {
+  TempDir tmp;
+  const std::vector<fs::path> files = WriteCorpus(tmp);
+  for (const char* model : {"unigram", "bpe"}) {
+    SCOPED_TRACE(model);
+    const fs::path a = TrainTokenizer(files, 340, model, tmp / (std::string(model) + "_a"));
+    const fs::path b = TrainTokenizer(files, 340, model, tmp / (std::string(model) + "_b"));
+    EXPECT_EQ(ReadFileBytes(a), ReadFileBytes(b)) << "training twice gave different models";
+
+    const std::unique_ptr<Tokenizer> tokenizer = OpenTokenizer(a.parent_path());
+    const Vocabulary& v = tokenizer->vocabulary();
+    EXPECT_EQ(v.size, 340u);
+    EXPECT_EQ(v.tokenizer_file, "tokenizer.model");
+    EXPECT_EQ(v.tokenizer_blake2b, Blake2b256(ReadFileBytes(a)));
+    EXPECT_EQ(OpenTokenizer(a)->vocabulary(), v);
+
+    const fs::path out = tmp / (std::string(model) + "_shards");
+    TokenizeFiles(files, out, kDefaultShardTokens, tokenizer.get());
+    const Dataset ds = OpenDataset(out);
+    EXPECT_EQ(ds.vocabulary(), v);
+    ASSERT_EQ(ds.num_documents(), files.size());
+    for (size_t d = 0; d < files.size(); ++d) {
+      const std::string text = ReadFileText(files[d]);
+      const std::span<const uint32_t> ids = ds.Document(d);
+      EXPECT_TRUE(std::ranges::equal(ids, tokenizer->Encode(text, files[d].string()))) << d;
+      EXPECT_EQ(tokenizer->Decode(ids), text) << files[d];
+      EXPECT_EQ(std::ranges::count(ids, v.eod), 0);
+    }
+    EXPECT_LT(ds.total_tokens(), ReadFileText(files[0]).size() * files.size() / 2)
+        << "subwords should be much fewer than bytes";
+    const nlohmann::json manifest = nlohmann::json::parse(ReadFileText(out / "manifest.json"));
+    EXPECT_EQ(manifest["tokenizer"]["blake2b"], ToHex(v.tokenizer_blake2b));
+  }
+}
+
+TEST(Subword, BadInputsAreRefusedClearly) {
+  TempDir tmp;
+  const std::vector<fs::path> files = WriteCorpus(tmp);
+  ExpectErrorMentioning([&] { TrainTokenizer(files, 400, "wordpiece", tmp / "x"); },
+                        {"'wordpiece'", "unigram or bpe"});
+  ExpectErrorMentioning([&] { TrainTokenizer(files, 1 << 20, "unigram", tmp / "y"); },
+                        {"SentencePiece failed", "Vocabulary size too high"});
+  EXPECT_FALSE(fs::exists(tmp / "y"));
+  WriteFileSynced(tmp / "bad.txt", std::string("ok \xff\xfe bad"));
+  ExpectErrorMentioning(
+      [&] { TrainTokenizer(std::vector<fs::path>{tmp / "bad.txt"}, 400, "unigram", tmp / "z"); },
+      {"bad.txt", "byte"});
+  WriteFileSynced(tmp / "not_a_model", "this is not a protobuf");
+  ExpectErrorMentioning([&] { OpenTokenizer(tmp / "not_a_model"); },
+                        {"not_a_model", "not a SentencePiece model"});
+  ExpectErrorMentioning([&] { OpenTokenizer(tmp.path()); }, {"tokenizer.model"});
+}
+
+}  // namespace
+}  // namespace lockstep::data
