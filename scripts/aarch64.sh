@@ -13,7 +13,7 @@ if ! dpkg --print-foreign-architectures | grep -qx arm64; then
 fi
 install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null; }
 install g++-aarch64-linux-gnu qemu-user libc6-dev:arm64 libhwy-dev:arm64 libsleef-dev:arm64 \
-  libsodium-dev:arm64 libsentencepiece-dev:arm64 libfmt-dev:arm64 libyaml-cpp-dev:arm64 libcurl4-openssl-dev:arm64 \
+  libsodium-dev:arm64 libsentencepiece-dev:arm64 libpcre2-dev:arm64 libfmt-dev:arm64 libyaml-cpp-dev:arm64 libcurl4-openssl-dev:arm64 \
   nlohmann-json3-dev libcli11-dev
 # libyaml-cpp-dev is not co-installable across architectures: the arm64 one replaced the native
 # one, which is put back however this script ends (the native build needs it).

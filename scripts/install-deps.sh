@@ -8,7 +8,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git python3 clang
   libhwy-dev libsleef-dev libsodium-dev libfmt-dev libcli11-dev nlohmann-json3-dev libyaml-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libmpfr-dev libgmp-dev libopenblas-dev
-  libcurl4-openssl-dev libopenmpi-dev openmpi-bin openssh-client libsentencepiece-dev chromium
+  libcurl4-openssl-dev libopenmpi-dev openmpi-bin openssh-client libsentencepiece-dev libpcre2-dev chromium
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -163,8 +163,9 @@ class Tokenizer {
   virtual std::vector<uint32_t> Encode(std::string_view text, std::string_view what) const = 0;
   virtual std::string Decode(std::span<const uint32_t> ids) const = 0;
 };
-// A SentencePiece model file, or a directory holding tokenizer.model (as TrainTokenizer writes
-// it); its end-of-sentence piece </s> ends documents. Fails naming the file.
+// A SentencePiece model file (its end-of-sentence piece </s> ends documents), a Hugging Face
+// tokenizer.json of byte-level BPE (docs/tokenizers.md), or a directory holding tokenizer.model
+// or tokenizer.json. Fails naming the file and the field.
 std::unique_ptr<Tokenizer> OpenTokenizer(const std::filesystem::path& file_or_dir);
 // Trains a SentencePiece model ("unigram" or "bpe") of `vocab` pieces on the lines of the inputs
 // (valid UTF-8, in order), deterministically: the same inputs give the same bytes. The text is

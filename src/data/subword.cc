@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/data.h"
+#include "data/tokenizers.h"
 
 namespace lockstep::data {
 namespace {
@@ -70,12 +70,17 @@ class SentencePieceTokenizer final : public Tokenizer {
 }  // namespace
 
 std::unique_ptr<Tokenizer> OpenTokenizer(const fs::path& path) {
-  const fs::path model = fs::is_directory(path) ? path / kModelName : path;
-  if (!fs::exists(model)) {
-    Fail("{}: no such tokenizer (a SentencePiece model, or a directory holding {})",
-         model.string(), kModelName);
+  fs::path file = path;
+  if (fs::is_directory(path)) {
+    file = fs::exists(path / kModelName) ? path / kModelName : path / "tokenizer.json";
   }
-  return std::make_unique<SentencePieceTokenizer>(model);
+  if (!fs::exists(file)) {
+    Fail("{}: no such tokenizer (a SentencePiece model, a tokenizer.json, or a directory holding "
+         "{} or tokenizer.json)",
+         file.string(), kModelName);
+  }
+  if (file.extension() == ".json") return OpenHfTokenizer(file);
+  return std::make_unique<SentencePieceTokenizer>(file);
 }
 
 fs::path TrainTokenizer(std::span<const fs::path> inputs, uint64_t vocab, std::string_view model_type,

@@ -117,9 +117,18 @@ void TokenizeFiles(std::span<const std::filesystem::path> inputs, const std::fil
   const auto encode = [&](const std::vector<uint8_t>& bytes, const std::filesystem::path& input) {
     ValidateUtf8(bytes, input.string());
     if (tokenizer == nullptr) return TokenizeBytes(bytes);
-    return tokenizer->Encode(
+    const std::vector<uint32_t> ids = tokenizer->Encode(
         std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
         input.string());
+    const Vocabulary& v = tokenizer->vocabulary();
+    for (size_t t = 0; t < ids.size(); ++t) {
+      if (ids[t] == v.eod || ids[t] >= v.size) {
+        Fail("{}: token {} is {}, the tokenizer's end-of-document id (its text is in the file), "
+             "which no document may hold",
+             input.string(), t, ids[t]);
+      }
+    }
+    return ids;
   };
   // Every input is checked (and encoded) before the output directory is created: a bad file
   // leaves nothing.

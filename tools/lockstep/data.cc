@@ -168,9 +168,10 @@ void AddDataCommands(CLI::App& app, int* exit_code) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   t->add_option("--tokenizer", tokenize->tokenizer,
-                "a SentencePiece model, or a directory holding tokenizer.model (lockstep "
-                "tokenizer train); its </s> ends documents, and its name and BLAKE2b go into the "
-                "manifest")
+                "a SentencePiece model (lockstep tokenizer train), a Hugging Face tokenizer.json "
+                "of byte-level BPE, or a directory holding tokenizer.model or tokenizer.json; its "
+                "end-of-document token ends documents, and its name and BLAKE2b go into the "
+                "manifest (docs/tokenizers.md)")
       ->check(CLI::ExistingPath);
   t->final_callback([tokenize, exit_code] { *exit_code = RunTokenize(*tokenize); });
 

@@ -1,0 +1,399 @@
+// Hugging Face tokenizer.json files of byte-level BPE (the GPT-2 and Llama-3 families): the
+// pre-tokenizer's regular expression (PCRE2, Debian's libpcre2, in Unicode mode), the byte-to-
+// character table, and BPE merges by rank. No C/C++ library reads tokenizer.json (the reference
+// implementation is the Rust `tokenizers` crate), so this is written here, for the subset of the
+// format that byte-level BPE models use; anything else is refused naming the field. Checked
+// against the independent @huggingface/tokenizers (JavaScript) in tests/data/hf_bpe_test.cc.
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <queue>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/json.h"
+#include "data/tokenizers.h"
+
+namespace lockstep::data {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// GPT-2's pre-tokenizer pattern (the ByteLevel pre-tokenizer's with use_regex).
+constexpr std::string_view kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+// End-of-document candidates among the added special tokens, in this order.
+constexpr std::array<std::string_view, 4> kEodNames = {"<|endoftext|>", "<|end_of_text|>",
+                                                       "</s>", "<eos>"};
+
+// GPT-2's bytes_to_unicode: printable bytes stand for themselves, the others for code points
+// 256 upwards in byte order; each as its UTF-8 text.
+std::array<std::string, 256> ByteChars() {
+  std::array<std::string, 256> chars;
+  const auto utf8 = [](uint32_t c) {
+    std::string s;
+    if (c < 0x80) {
+      s += static_cast<char>(c);
+    } else if (c < 0x800) {
+      s += static_cast<char>(0xC0 | c >> 6);
+      s += static_cast<char>(0x80 | (c & 0x3F));
+    } else {
+      s += static_cast<char>(0xE0 | c >> 12);
+      s += static_cast<char>(0x80 | (c >> 6 & 0x3F));
+      s += static_cast<char>(0x80 | (c & 0x3F));
+    }
+    return s;
+  };
+  uint32_t next = 256;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    chars[b] = utf8(printable ? b : next++);
+  }
+  return chars;
+}
+
+// A compiled pattern; matches are found left to right, each after the previous one.
+class Regex {
+ public:
+  Regex(std::string_view pattern, const std::string& what) {
+    int error = 0;
+    PCRE2_SIZE offset = 0;
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                          PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
+    if (code_ == nullptr) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(error, message, sizeof message);
+      Fail("{}: the pattern does not compile at offset {}: {}", what, offset,
+           reinterpret_cast<const char*>(message));
+    }
+    data_ = pcre2_match_data_create_from_pattern(code_, nullptr);
+  }
+  ~Regex() {
+    pcre2_match_data_free(data_);
+    pcre2_code_free(code_);
+  }
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+
+  // The pieces of `text` (the reference's Isolated split): each match, and the text between
+  // matches. An empty match is no piece.
+  std::vector<std::string_view> Split(std::string_view text) const {
+    std::vector<std::string_view> pieces;
+    size_t at = 0, last = 0;  // where the search resumes; where the last piece ended
+    while (at <= text.size()) {
+      const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), at,
+                                 0, data_, nullptr);
+      if (rc == PCRE2_ERROR_NOMATCH) break;
+      if (rc < 0) Fail("the pre-tokenizer's pattern failed on the text (PCRE2 error {})", rc);
+      const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data_);
+      const size_t begin = ovector[0], end = ovector[1];
+      if (end == begin) {  // step over one UTF-8 character
+        at = begin + 1;
+        while (at < text.size() && (static_cast<uint8_t>(text[at]) & 0xC0) == 0x80) ++at;
+        continue;
+      }
+      if (begin > last) pieces.push_back(text.substr(last, begin - last));
+      pieces.push_back(text.substr(begin, end - begin));
+      last = at = end;
+    }
+    if (last < text.size()) pieces.push_back(text.substr(last));
+    return pieces;
+  }
+
+ private:
+  pcre2_code* code_ = nullptr;
+  pcre2_match_data* data_ = nullptr;
+};
+
+class HfBpeTokenizer final : public Tokenizer {
+ public:
+  explicit HfBpeTokenizer(const fs::path& path) : path_(path.string()), byte_chars_(ByteChars()) {
+    const std::vector<uint8_t> bytes = ReadFileBytes(path);
+    const json j = ParseJsonStrict(
+        std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), path_);
+    if (!j.is_object()) Fail("{}: not a JSON object", path_);
+    ReadModel(j);
+    ReadPreTokenizer(j);
+    if (j.contains("normalizer") && !j["normalizer"].is_null()) {
+      Fail("{}: field \"normalizer\": {} is not supported (byte-level BPE uses none)", path_,
+           j["normalizer"].value("type", std::string("?")));
+    }
+    ReadAddedTokens(j);
+    uint32_t size = 0;
+    for (const auto& [piece, id] : vocab_) size = std::max(size, id + 1);
+    for (const auto& [content, id] : added_) size = std::max(size, id + 1);
+    std::optional<uint32_t> eod;
+    for (const std::string_view name : kEodNames) {
+      if (const auto it = special_.find(std::string(name)); it != special_.end()) {
+        eod = it->second;
+        break;
+      }
+    }
+    if (!eod) {
+      Fail("{}: field \"added_tokens\": no special end-of-document token (one of {})", path_,
+           fmt::join(kEodNames, ", "));
+    }
+    vocabulary_ = {size, *eod, path.filename().string(), Blake2b256(bytes)};
+  }
+
+  const Vocabulary& vocabulary() const override { return vocabulary_; }
+
+  std::vector<uint32_t> Encode(std::string_view text, std::string_view) const override {
+    std::vector<uint32_t> ids;
+    // Added tokens are matched first, longest first at each position, as the reference does.
+    size_t at = 0, plain = 0;
+    while (at <= text.size()) {
+      std::optional<std::pair<size_t, uint32_t>> found;  // length, id
+      if (at < text.size()) {
+        for (const auto& [content, id] : added_by_length_) {
+          if (text.substr(at, content.size()) == content) {
+            found = {content.size(), id};
+            break;
+          }
+        }
+      }
+      if (found || at == text.size()) {
+        EncodePlain(text.substr(plain, at - plain), ids);
+        if (!found) break;
+        ids.push_back(found->second);
+        at += found->first;
+        plain = at;
+      } else {
+        ++at;
+      }
+    }
+    return ids;
+  }
+
+  std::string Decode(std::span<const uint32_t> ids) const override {
+    std::string chars;
+    for (const uint32_t id : ids) {
+      const auto it = id_to_piece_.find(id);
+      if (it == id_to_piece_.end()) Fail("{}: no token with id {}", path_, id);
+      chars += it->second;
+    }
+    // Pieces of added tokens are their text; the others map characters back to bytes.
+    std::string text;
+    for (size_t at = 0; at < chars.size();) {
+      size_t n = 1;
+      while (at + n < chars.size() && (static_cast<uint8_t>(chars[at + n]) & 0xC0) == 0x80) ++n;
+      const auto byte = char_to_byte_.find(chars.substr(at, n));
+      text += byte == char_to_byte_.end() ? chars.substr(at, n) : std::string(1, static_cast<char>(byte->second));
+      at += n;
+    }
+    return text;
+  }
+
+ private:
+  void ReadModel(const json& j) {
+    if (!j.contains("model") || !j["model"].is_object()) Fail("{}: no object \"model\"", path_);
+    const json& m = j["model"];
+    if (m.value("type", std::string()) != "BPE") {
+      Fail("{}: field \"model.type\": {} (only BPE is supported)", path_,
+           m.contains("type") ? m["type"].dump() : "missing");
+    }
+    for (const char* key : {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix"}) {
+      if (m.contains(key) && !m[key].is_null() && m[key] != json("")) {
+        Fail("{}: field \"model.{}\": {} is not supported (byte-level BPE leaves it empty)",
+             path_, key, m[key].dump());
+      }
+    }
+    if (m.value("byte_fallback", false)) Fail("{}: field \"model.byte_fallback\": true is not supported", path_);
+    ignore_merges_ = m.value("ignore_merges", false);
+    if (!m.contains("vocab") || !m["vocab"].is_object()) Fail("{}: no object \"model.vocab\"", path_);
+    for (const auto& [piece, id] : m["vocab"].items()) {
+      if (!id.is_number_unsigned() || id.get<uint64_t>() >= kMaxVocab) {
+        Fail("{}: field \"model.vocab\": \"{}\" has id {}", path_, piece, id.dump());
+      }
+      vocab_[piece] = static_cast<uint32_t>(id.get<uint64_t>());
+      id_to_piece_[static_cast<uint32_t>(id.get<uint64_t>())] = piece;
+    }
+    if (!m.contains("merges") || !m["merges"].is_array()) Fail("{}: no array \"model.merges\"", path_);
+    const json& merges = m["merges"];
+    for (size_t r = 0; r < merges.size(); ++r) {
+      std::string left, right;
+      if (merges[r].is_string()) {
+        const std::string text = merges[r].get<std::string>();
+        const size_t space = text.find(' ');
+        if (space == std::string::npos || text.find(' ', space + 1) != std::string::npos) {
+          Fail("{}: field \"model.merges\"[{}]: \"{}\" is not two pieces", path_, r, text);
+        }
+        left = text.substr(0, space), right = text.substr(space + 1);
+      } else if (merges[r].is_array() && merges[r].size() == 2 && merges[r][0].is_string() &&
+                 merges[r][1].is_string()) {
+        left = merges[r][0].get<std::string>(), right = merges[r][1].get<std::string>();
+      } else {
+        Fail("{}: field \"model.merges\"[{}]: {} is not two pieces", path_, r, merges[r].dump());
+      }
+      const auto a = vocab_.find(left), b = vocab_.find(right), ab = vocab_.find(left + right);
+      if (a == vocab_.end() || b == vocab_.end() || ab == vocab_.end()) {
+        Fail("{}: field \"model.merges\"[{}]: \"{} {}\" names a piece not in the vocabulary",
+             path_, r, left, right);
+      }
+      merges_.emplace(PairKey(a->second, b->second), std::pair<uint32_t, uint32_t>(r, ab->second));
+    }
+    for (int b = 0; b < 256; ++b) {
+      if (!vocab_.contains(byte_chars_[static_cast<size_t>(b)])) {
+        Fail("{}: field \"model.vocab\": byte {} has no piece (not a byte-level BPE)", path_, b);
+      }
+      char_to_byte_[byte_chars_[static_cast<size_t>(b)]] = static_cast<uint8_t>(b);
+    }
+  }
+
+  void ReadPreTokenizer(const json& j) {
+    const json& p = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json();
+    const auto byte_level = [&](const json& b, bool allow_regex) {
+      if (b.value("add_prefix_space", false)) {
+        Fail("{}: field \"pre_tokenizer\": add_prefix_space true is not supported", path_);
+      }
+      const bool use_regex = b.value("use_regex", true);
+      if (use_regex && !allow_regex) {
+        Fail("{}: field \"pre_tokenizer\": a Split followed by ByteLevel with use_regex", path_);
+      }
+      if (use_regex) pattern_ = std::make_unique<Regex>(kGpt2Pattern, path_ + ": GPT-2 pattern");
+    };
+    if (p.is_object() && p.value("type", std::string()) == "ByteLevel") {
+      byte_level(p, true);
+      return;
+    }
+    if (p.is_object() && p.value("type", std::string()) == "Sequence" &&
+        p.contains("pretokenizers") && p["pretokenizers"].is_array() &&
+        p["pretokenizers"].size() == 2) {
+      const json& split = p["pretokenizers"][0];
+      const json& bytes = p["pretokenizers"][1];
+      if (split.value("type", std::string()) == "Split" &&
+          split.value("behavior", std::string()) == "Isolated" && !split.value("invert", false) &&
+          split.contains("pattern") && split["pattern"].is_object() &&
+          split["pattern"].contains("Regex") && split["pattern"]["Regex"].is_string() &&
+          bytes.value("type", std::string()) == "ByteLevel") {
+        pattern_ = std::make_unique<Regex>(split["pattern"]["Regex"].get<std::string>(),
+                                           path_ + ": field \"pre_tokenizer\" Split pattern");
+        byte_level(bytes, false);
+        return;
+      }
+    }
+    Fail("{}: field \"pre_tokenizer\": {} is not supported (ByteLevel, or a Sequence of an "
+         "Isolated Split by regex and ByteLevel)",
+         path_, p.dump().substr(0, 120));
+  }
+
+  void ReadAddedTokens(const json& j) {
+    if (!j.contains("added_tokens")) return;
+    if (!j["added_tokens"].is_array()) Fail("{}: field \"added_tokens\" is not an array", path_);
+    for (const json& t : j["added_tokens"]) {
+      if (!t.is_object() || !t.contains("id") || !t["id"].is_number_unsigned() ||
+          !t.contains("content") || !t["content"].is_string() ||
+          t["id"].get<uint64_t>() >= kMaxVocab) {
+        Fail("{}: field \"added_tokens\": {} needs an id and a content", path_, t.dump());
+      }
+      for (const char* key : {"lstrip", "rstrip", "single_word"}) {
+        if (t.value(key, false)) {
+          Fail("{}: field \"added_tokens\": {}: {} true is not supported", path_, t["content"].dump(), key);
+        }
+      }
+      const std::string content = t["content"].get<std::string>();
+      if (content.empty()) Fail("{}: field \"added_tokens\": an empty content", path_);
+      const auto id = static_cast<uint32_t>(t["id"].get<uint64_t>());
+      added_[content] = id;
+      id_to_piece_[id] = content;
+      if (t.value("special", false)) special_[content] = id;
+    }
+    for (const auto& [content, id] : added_) added_by_length_.emplace_back(content, id);
+    std::ranges::stable_sort(added_by_length_, [](const auto& a, const auto& b) {
+      return a.first.size() > b.first.size();
+    });
+  }
+
+  static uint64_t PairKey(uint32_t a, uint32_t b) { return uint64_t{a} << 32 | b; }
+
+  // Text without added tokens: pre-tokenized, each piece's bytes as characters, then merged.
+  void EncodePlain(std::string_view text, std::vector<uint32_t>& ids) const {
+    if (text.empty()) return;
+    const std::vector<std::string_view> pieces =
+        pattern_ ? pattern_->Split(text) : std::vector<std::string_view>{text};
+    for (const std::string_view piece : pieces) {
+      std::vector<uint32_t> symbols;
+      std::string word;
+      for (const char c : piece) {
+        const std::string& ch = byte_chars_[static_cast<uint8_t>(c)];
+        word += ch;
+        symbols.push_back(vocab_.at(ch));
+      }
+      if (ignore_merges_) {
+        if (const auto it = vocab_.find(word); it != vocab_.end()) {
+          ids.push_back(it->second);
+          continue;
+        }
+      }
+      Merge(symbols);
+      ids.insert(ids.end(), symbols.begin(), symbols.end());
+    }
+  }
+
+  // Applies merges as the reference's Word::merge_all does: always the pair of lowest rank, the
+  // leftmost of equal ones, one at a time (a min-heap of (rank, position), stale entries skipped).
+  void Merge(std::vector<uint32_t>& symbols) const {
+    const size_t n = symbols.size();
+    std::vector<int64_t> prev(n), next(n);
+    std::vector<char> alive(n, 1);
+    for (size_t i = 0; i < n; ++i) {
+      prev[i] = static_cast<int64_t>(i) - 1;
+      next[i] = i + 1 < n ? static_cast<int64_t>(i + 1) : -1;
+    }
+    using Entry = std::tuple<uint32_t, size_t, uint32_t, uint32_t>;  // rank, left pos, left, right
+    std::priority_queue<Entry, std::vector<Entry>, std::greater<>> heap;
+    const auto push = [&](size_t left) {
+      if (next[left] < 0) return;
+      const uint32_t a = symbols[left], b = symbols[static_cast<size_t>(next[left])];
+      if (const auto it = merges_.find(PairKey(a, b)); it != merges_.end()) {
+        heap.emplace(it->second.first, left, a, b);
+      }
+    };
+    for (size_t i = 0; i + 1 < n; ++i) push(i);
+    while (!heap.empty()) {
+      const auto [rank, left, a, b] = heap.top();
+      heap.pop();
+      if (!alive[left] || next[left] < 0) continue;
+      const auto right = static_cast<size_t>(next[left]);
+      if (symbols[left] != a || symbols[right] != b) continue;  // stale
+      symbols[left] = merges_.at(PairKey(a, b)).second;
+      alive[right] = 0;
+      next[left] = next[right];
+      if (next[right] >= 0) prev[static_cast<size_t>(next[right])] = static_cast<int64_t>(left);
+      if (prev[left] >= 0) push(static_cast<size_t>(prev[left]));
+      push(left);
+    }
+    std::vector<uint32_t> merged;
+    for (size_t i = 0; i < n; ++i) {
+      if (alive[i]) merged.push_back(symbols[i]);
+    }
+    symbols = std::move(merged);
+  }
+
+  std::string path_;
+  std::array<std::string, 256> byte_chars_;
+  std::unordered_map<std::string, uint8_t> char_to_byte_;
+  std::unordered_map<std::string, uint32_t> vocab_;
+  std::unordered_map<uint32_t, std::string> id_to_piece_;
+  std::unordered_map<uint64_t, std::pair<uint32_t, uint32_t>> merges_;  // pair -> rank, merged id
+  std::map<std::string, uint32_t> added_, special_;
+  std::vector<std::pair<std::string, uint32_t>> added_by_length_;
+  std::unique_ptr<Regex> pattern_;
+  bool ignore_merges_ = false;
+  Vocabulary vocabulary_;
+};
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> OpenHfTokenizer(const fs::path& path) {
+  return std::make_unique<HfBpeTokenizer>(path);
+}
+
+}  // namespace lockstep::data

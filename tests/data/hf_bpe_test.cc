@@ -1,0 +1,166 @@
+// tokenizer.json byte-level BPE (GPT-2 and Llama-3 layouts): lockstep's ids are those of the
+// independent JavaScript implementation, @huggingface/tokenizers (run by node), on a varied
+// corpus -- several scripts, whitespace runs, tabs, CRLF, Unicode spaces, emoji, an added token
+// inside the text, empty documents -- and decoding gives every file back.
+#include <cstdlib>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "data/data_test_util.h"
+
+namespace lockstep::data {
+namespace {
+namespace fs = std::filesystem;
+using testing::ExpectErrorMentioning;
+using testing::TempDir;
+
+constexpr const char* kModuleVersion = "0.2.0";
+
+bool Shell(const std::string& command) { return std::system(command.c_str()) == 0; }
+
+// The @huggingface/tokenizers package: $LOCKSTEP_TOKENIZERS_JS, or installed once from npm into
+// a cache under the temp directory. Empty when neither is possible (no node, no network).
+std::string TokenizersJs() {
+  if (const char* dir = std::getenv("LOCKSTEP_TOKENIZERS_JS")) return dir;
+  if (!Shell("node --version > /dev/null 2>&1")) return {};
+  const fs::path prefix = fs::temp_directory_path() / fmt::format("lockstep-npm-{}", kModuleVersion);
+  const fs::path module = prefix / "node_modules/@huggingface/tokenizers";
+  if (!fs::exists(module / "dist/tokenizers.mjs")) {
+    Shell(fmt::format("timeout 180 npm install --silent --no-audit --no-fund --prefix {} "
+                    "@huggingface/tokenizers@{} > /dev/null 2>&1",
+                    prefix.string(), kModuleVersion));
+  }
+  return fs::exists(module / "dist/tokenizers.mjs") ? module.string() : std::string();
+}
+
+std::vector<fs::path> WriteCorpus(const TempDir& tmp, bool with_added_token) {
+  const std::vector<std::string> words = {
+      "lockstep", "bitwise", "audit", "Replay", "CHAIN", "hash", "über", "naïve", "日本語の文",
+      "Ελληνικά", "русский", "emoji🙂🎉", "x=42;", "(a+b)*c", "don't", "I'll", "3.14159",
+      "1234567", "e\u0301", "\u00a0nbsp", "wide\u3000space", "tab\there", "--", "...", "",
+  };
+  uint32_t state = 5;
+  const auto next = [&](uint32_t n) {
+    state = state * 1664525u + 1013904223u;
+    return (state >> 8) % n;
+  };
+  std::vector<fs::path> files;
+  for (int f = 0; f < 4; ++f) {
+    std::string text;
+    for (int line = 0; line < 80; ++line) {
+      const uint32_t n = 1 + next(10);
+      for (uint32_t w = 0; w < n; ++w) {
+        text += words[next(static_cast<uint32_t>(words.size()))];
+        text += std::string(1 + next(4) / 3, next(6) == 0 ? '\t' : ' ');
+      }
+      if (with_added_token && next(20) == 0) text += "<|endoftext|>";
+      text += next(7) == 0 ? "\r\n" : (next(5) == 0 ? "\n\n   " : "\n");
+    }
+    files.push_back(tmp / fmt::format("doc{}.txt", f));
+    WriteFileSynced(files.back(), text);
+  }
+  files.push_back(tmp / "empty.txt");
+  WriteFileSynced(files.back(), "");
+  return files;
+}
+
+std::string Join(const std::vector<fs::path>& files) {
+  std::string s;
+  for (const fs::path& f : files) s += " " + f.string();
+  return s;
+}
+
+TEST(HfBpe, IdsAreThoseOfTheIndependentImplementation) {
+  if (!Shell("python3 --version > /dev/null 2>&1")) GTEST_SKIP() << "python3 is not installed";
+  const std::string module = TokenizersJs();
+  if (module.empty()) {
+    GTEST_SKIP() << "node or @huggingface/tokenizers@" << kModuleVersion
+                 << " is not available (npm unreachable?): the ids are not compared";
+  }
+  TempDir tmp;
+  const std::vector<fs::path> files = WriteCorpus(tmp, /*with_added_token=*/true);
+  for (const char* style : {"gpt2", "llama3"}) {
+    SCOPED_TRACE(style);
+    const fs::path json = tmp / (std::string(style) + ".json");
+    ASSERT_TRUE(Shell(fmt::format("python3 {}/tests/data/make_bpe_tokenizer.py {} 300 {}{}",
+                                LOCKSTEP_SOURCE_DIR, style, json.string(), Join(files))));
+    const fs::path ids_path = tmp / (std::string(style) + ".ids.json");
+    ASSERT_TRUE(Shell(fmt::format("node {}/tests/data/hf_encode.mjs {} {}{} > {}",
+                                LOCKSTEP_SOURCE_DIR, module, json.string(), Join(files),
+                                ids_path.string())));
+    const nlohmann::json expected = nlohmann::json::parse(ReadFileText(ids_path));
+    ASSERT_EQ(expected.size(), files.size());
+
+    const std::unique_ptr<Tokenizer> tokenizer = OpenTokenizer(json);
+    const Vocabulary& v = tokenizer->vocabulary();
+    EXPECT_EQ(v.tokenizer_file, json.filename().string());
+    EXPECT_EQ(v.eod, v.size - 1);  // <|endoftext|>, added after the vocabulary
+    size_t total = 0;
+    for (size_t f = 0; f < files.size(); ++f) {
+      const std::string text = ReadFileText(files[f]);
+      const std::vector<uint32_t> ids = tokenizer->Encode(text, files[f].string());
+      EXPECT_EQ(nlohmann::json(ids), expected[f]) << files[f];
+      EXPECT_EQ(tokenizer->Decode(ids), text) << files[f];
+      total += ids.size();
+    }
+    EXPECT_GT(total, 1000u);
+  }
+}
+
+TEST(HfBpe, DatasetsBindTheTokenizerAndUnsupportedFilesAreRefused) {
+  if (!Shell("python3 --version > /dev/null 2>&1")) GTEST_SKIP() << "python3 is not installed";
+  TempDir tmp;
+  const std::vector<fs::path> files = WriteCorpus(tmp, /*with_added_token=*/false);
+  const fs::path json = tmp / "tokenizer.json";
+  ASSERT_TRUE(Shell(fmt::format("python3 {}/tests/data/make_bpe_tokenizer.py gpt2 200 {}{}",
+                              LOCKSTEP_SOURCE_DIR, json.string(), Join(files))));
+  const std::unique_ptr<Tokenizer> tokenizer = OpenTokenizer(tmp.path());  // the directory
+  TokenizeFiles(files, tmp / "shards", kDefaultShardTokens, tokenizer.get());
+  const Dataset ds = OpenDataset(tmp / "shards");
+  EXPECT_EQ(ds.vocabulary(), tokenizer->vocabulary());
+  EXPECT_EQ(ds.vocabulary().tokenizer_blake2b, Blake2b256(ReadFileBytes(json)));
+  for (size_t d = 0; d < files.size(); ++d) {
+    EXPECT_EQ(tokenizer->Decode(ds.Document(d)), ReadFileText(files[d])) << d;
+  }
+
+  // The end-of-document token inside a text cannot be part of a document.
+  WriteFileSynced(tmp / "eot.txt", "one<|endoftext|>two");
+  ExpectErrorMentioning(
+      [&] { TokenizeFiles(std::vector<fs::path>{tmp / "eot.txt"}, tmp / "eot", kDefaultShardTokens, tokenizer.get()); },
+      {"end-of-document id"});
+  EXPECT_FALSE(fs::exists(tmp / "eot"));
+
+  // What this reader does not implement is refused naming the field.
+  nlohmann::json j = nlohmann::json::parse(ReadFileText(json));
+  const auto refused = [&](const std::function<void(nlohmann::json&)>& edit,
+                           const std::vector<std::string>& parts) {
+    nlohmann::json copy = j;
+    edit(copy);
+    WriteFileSynced(tmp / "edited.json", copy.dump());
+    ExpectErrorMentioning([&] { OpenTokenizer(tmp / "edited.json"); }, parts);
+  };
+  refused([](nlohmann::json& t) { t["model"]["type"] = "WordPiece"; }, {"model.type", "WordPiece"});
+  refused([](nlohmann::json& t) { t["normalizer"] = {{"type", "NFKC"}}; }, {"normalizer", "NFKC"});
+  refused([](nlohmann::json& t) { t["pre_tokenizer"] = {{"type", "Whitespace"}}; },
+          {"pre_tokenizer", "Whitespace"});
+  refused([](nlohmann::json& t) { t["model"]["merges"][0] = "nosuchpiece x"; },
+          {"model.merges\"[0]", "not in the vocabulary"});
+  refused([](nlohmann::json& t) { t["added_tokens"] = nlohmann::json::array(); },
+          {"added_tokens", "end-of-document"});
+  refused([](nlohmann::json& t) { t["model"]["vocab"].erase("!"); },
+          {"model.vocab", "byte 33"});
+  refused(
+      [](nlohmann::json& t) {
+        t["pre_tokenizer"] = {{"type", "Sequence"},
+                              {"pretokenizers",
+                               {{{"type", "Split"},
+                                 {"pattern", {{"Regex", "(unclosed"}}},
+                                 {"behavior", "Isolated"},
+                                 {"invert", false}},
+                                {{"type", "ByteLevel"}, {"use_regex", false}}}}};
+      },
+      {"Split pattern", "does not compile"});
+}
+
+}  // namespace
+}  // namespace lockstep::data
