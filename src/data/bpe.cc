@@ -74,8 +74,14 @@ class Regex {
            reinterpret_cast<const char*>(message));
     }
     data_ = pcre2_match_data_create_from_pattern(code_, nullptr);
+    // A bound on the work of one match, so that a hostile pattern (catastrophic backtracking)
+    // is an error, not a hang.
+    context_ = pcre2_match_context_create(nullptr);
+    pcre2_set_match_limit(context_, 10'000'000);
+    pcre2_set_depth_limit(context_, 100'000);
   }
   ~Regex() {
+    pcre2_match_context_free(context_);
     pcre2_match_data_free(data_);
     pcre2_code_free(code_);
   }
@@ -89,9 +95,14 @@ class Regex {
     size_t at = 0, last = 0;  // where the search resumes; where the last piece ended
     while (at <= text.size()) {
       const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), at,
-                                 0, data_, nullptr);
+                                 0, data_, context_);
       if (rc == PCRE2_ERROR_NOMATCH) break;
-      if (rc < 0) Fail("the pre-tokenizer's pattern failed on the text (PCRE2 error {})", rc);
+      if (rc < 0) {
+        PCRE2_UCHAR message[256];
+        pcre2_get_error_message(rc, message, sizeof message);
+        Fail("the pre-tokenizer's pattern failed at byte {} of the text: {}", at,
+             reinterpret_cast<const char*>(message));
+      }
       const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data_);
       const size_t begin = ovector[0], end = ovector[1];
       if (end == begin) {  // step over one UTF-8 character
@@ -110,6 +121,7 @@ class Regex {
  private:
   pcre2_code* code_ = nullptr;
   pcre2_match_data* data_ = nullptr;
+  pcre2_match_context* context_ = nullptr;
 };
 
 class HfBpeTokenizer final : public Tokenizer {
@@ -145,7 +157,15 @@ class HfBpeTokenizer final : public Tokenizer {
 
   const Vocabulary& vocabulary() const override { return vocabulary_; }
 
-  std::vector<uint32_t> Encode(std::string_view text, std::string_view) const override {
+  std::vector<uint32_t> Encode(std::string_view text, std::string_view what) const override {
+    try {
+      return EncodeText(text);
+    } catch (const Error& e) {
+      Fail("{}: {} (tokenizer {})", what, e.what(), path_);
+    }
+  }
+
+  std::vector<uint32_t> EncodeText(std::string_view text) const {
     std::vector<uint32_t> ids;
     // Added tokens are matched first, longest first at each position, as the reference does.
     size_t at = 0, plain = 0;
