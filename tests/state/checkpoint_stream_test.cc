@@ -256,6 +256,7 @@ TEST_P(CheckpointStreamModes, StreamCheckpointCoversEveryArrayOnceFrontToBack) {
         const std::span<const float> want_values = ArrayOf(c.tensors[i], StateArray(a));
         const std::vector<float>& values = got[{i, StateArray(a)}];
         ASSERT_EQ(values.size(), want_values.size());
+        if (values.empty()) continue;  // a gradient kept as its digest (memcmp needs pointers)
         EXPECT_EQ(0, std::memcmp(values.data(), want_values.data(), want_values.size_bytes()))
             << c.tensors[i].name << " array " << a;
       }
