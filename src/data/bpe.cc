@@ -171,7 +171,7 @@ class HfBpeTokenizer final : public Tokenizer {
     size_t at = 0, plain = 0;
     while (at <= text.size()) {
       std::optional<std::pair<size_t, uint32_t>> found;  // length, id
-      if (at < text.size()) {
+      if (at < text.size() && added_first_byte_[static_cast<uint8_t>(text[at])]) {
         for (const auto& [content, id] : added_by_length_) {
           if (text.substr(at, content.size()) == content) {
             found = {content.size(), id};
@@ -325,7 +325,10 @@ class HfBpeTokenizer final : public Tokenizer {
       id_to_piece_[id] = content;
       if (t.value("special", false)) special_[content] = id;
     }
-    for (const auto& [content, id] : added_) added_by_length_.emplace_back(content, id);
+    for (const auto& [content, id] : added_) {
+      added_by_length_.emplace_back(content, id);
+      added_first_byte_[static_cast<uint8_t>(content[0])] = true;
+    }
     std::ranges::stable_sort(added_by_length_, [](const auto& a, const auto& b) {
       return a.first.size() > b.first.size();
     });
@@ -405,6 +408,7 @@ class HfBpeTokenizer final : public Tokenizer {
   std::unordered_map<uint64_t, std::pair<uint32_t, uint32_t>> merges_;  // pair -> rank, merged id
   std::map<std::string, uint32_t> added_, special_;
   std::vector<std::pair<std::string, uint32_t>> added_by_length_;
+  std::array<bool, 256> added_first_byte_{};  // the bytes an added token can start with
   std::unique_ptr<Regex> pattern_;
   bool ignore_merges_ = false;
   Vocabulary vocabulary_;
