@@ -201,8 +201,11 @@ Source ReadSource(const fs::path& dir) {
     Fail("{}: neither a run directory (state_hashes.jsonl) nor a kit (kit.json)", dir.string());
   }
   s.kind = "run";
-  s.chain = ReadStateHashLines(dir / "state_hashes.jsonl");
-  if (fs::exists(dir / "metrics.jsonl")) s.metrics = train::ReadMetrics(dir / "metrics.jsonl");
+  // A run killed mid-append may end in a torn line: the page shows the steps before it.
+  s.chain = ReadStateHashLines(dir / "state_hashes.jsonl", TornLine::kDrop);
+  if (fs::exists(dir / "metrics.jsonl")) {
+    s.metrics = train::ReadMetrics(dir / "metrics.jsonl", TornLine::kDrop);
+  }
   for (const uint64_t step : CompleteCheckpointSteps(dir)) {
     const CheckpointIndex index = OpenCheckpoint(CheckpointDir(dir, step));
     s.checkpoints.push_back({step, index.state_hash});

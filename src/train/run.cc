@@ -124,6 +124,8 @@ std::vector<MetricsLine> ReadMetrics(const fs::path& path, TornLine torn) {
       Fail("{}: line {} has no newline: an append cut short by a crash", path.string(),
            lines.size());
     }
+    std::fprintf(stderr, "%s: dropping a torn last line (%zu bytes without a newline)\n",
+                 path.c_str(), lines.back().size());
     lines.pop_back();
   }
   std::vector<MetricsLine> metrics;
