@@ -1,12 +1,7 @@
 #include "state/internal.h"
 
-#include <fcntl.h>
 #include <fmt/ranges.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
 #include <set>
 #include <vector>
 

@@ -1,8 +1,5 @@
 // kit.json: the list of every file in a kit with its size and sha256, and kit verification.
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>

@@ -1,12 +1,5 @@
 // Signed commitments (docs/formats/signatures.md): signing key files and signatures.jsonl, its
 // strict reader, signature and root checks, and equivocation between two signed histories.
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-
 #include "lockstep/state.h"
 #include "state/internal.h"
 

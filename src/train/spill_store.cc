@@ -5,8 +5,6 @@
 // (all zeros: the moments and gradients at init cost no disk), in the checkpoint file it was
 // loaded from (read in place: loading a checkpoint copies nothing), or in its slot of this store's
 // file for its array (after it was first written).
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
