@@ -15,9 +15,12 @@ install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-r
 install g++-aarch64-linux-gnu qemu-user libc6-dev:arm64 libhwy-dev:arm64 libsleef-dev:arm64 \
   libsodium-dev:arm64 libsentencepiece-dev:arm64 libpcre2-dev:arm64 libfmt-dev:arm64 libyaml-cpp-dev:arm64 libcurl4-openssl-dev:arm64 \
   nlohmann-json3-dev libcli11-dev
-# libyaml-cpp-dev is not co-installable across architectures: the arm64 one replaced the native
-# one, which is put back however this script ends (the native build needs it).
-trap 'install libyaml-cpp-dev:$(dpkg --print-architecture)' EXIT
+# libyaml-cpp-dev and libsentencepiece-dev are not co-installable across architectures: the arm64
+# ones replaced the native ones, which are put back however this script ends (the native build
+# needs them). Run nothing else that builds or runs lockstep while this script runs.
+native=$(dpkg --print-architecture)
+restore() { install "libyaml-cpp-dev:$native" "libsentencepiece-dev:$native"; }
+trap restore EXIT
 cmake -S . -B build-aarch64 -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DLOCKSTEP_WITH_MPI=OFF \
   -DLOCKSTEP_BUILD_TESTS=OFF -DLOCKSTEP_BUILD_BENCH=OFF >/dev/null
@@ -25,7 +28,7 @@ cmake --build build-aarch64 -j"$(nproc)" --target lockstep
 run() { qemu-aarch64 -L /usr/aarch64-linux-gnu build-aarch64/lockstep "$@"; }
 run --version
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"; install libyaml-cpp-dev:$(dpkg --print-architecture)' EXIT
+trap 'rm -rf "$tmp"; restore' EXIT
 # One thread: with two, the run made no progress under qemu-user in 16 minutes (not understood
 # yet: the worker pool's spin-wait under emulation, or a memory-ordering bug; see the issue).
 run data synth --out "$tmp/data" --seed 7 --tokens 200000 >/dev/null 2>&1

@@ -290,12 +290,17 @@ void WriteReport(const ReportOptions& o) {
   const Source s = ReadSource(o.source);
   const std::vector<AuditRow> audit = o.audit ? ReadAudit(*o.audit) : std::vector<AuditRow>{};
   json descriptor = json::object();
-  if (!s.descriptor.empty()) descriptor = ParseJsonStrict(s.descriptor, "the run descriptor");
+  if (!s.descriptor.empty()) {
+    descriptor = ParseJsonStrict(s.descriptor, o.source.string() + ": the run descriptor");
+    if (!descriptor.is_object()) Fail("{}: the run descriptor is not a JSON object", o.source.string());
+  }
   const auto field = [&](const char* section, const char* key) -> json {
     return descriptor.contains(section) && descriptor[section].contains(key) ? descriptor[section][key]
                                                                              : json();
   };
-  const std::string name = descriptor.contains("name") ? descriptor["name"].get<std::string>() : "";
+  const std::string name = descriptor.contains("name") && descriptor["name"].is_string()
+                               ? descriptor["name"].get<std::string>()
+                               : std::string();
 
   std::string html = fmt::format(
       "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -421,7 +426,9 @@ void WriteReport(const ReportOptions& o) {
     }
   }
   html += fmt::format("<tr><th>data manifest</th><td class=\"hash\">{}</td></tr></table>\n",
-                      Escape(descriptor.value("data_manifest_blake2b", json("")).get<std::string>()));
+                      Escape(descriptor.contains("data_manifest_blake2b")
+                                 ? descriptor["data_manifest_blake2b"].dump()
+                                 : std::string()));
   if (s.manifest) {
     uint64_t bytes = 0;
     for (const kit::KitFile& f : s.manifest->files) bytes += f.size;

@@ -33,6 +33,23 @@ constexpr std::string_view kGpt2Pattern =
 constexpr std::array<std::string_view, 4> kEodNames = {"<|endoftext|>", "<|end_of_text|>",
                                                        "</s>", "<eos>"};
 
+// A field of a tokenizer.json object: its string, or "" when absent or not a string (then it
+// matches no supported value and the caller refuses it by name).
+std::string StringOf(const json& object, const char* key) {
+  return object.is_object() && object.contains(key) && object[key].is_string()
+             ? object[key].get<std::string>()
+             : std::string();
+}
+
+// A boolean field: `otherwise` when absent or null; anything but true or false is refused.
+bool FlagOf(const json& object, const char* key, bool otherwise, const std::string& what) {
+  if (!object.is_object() || !object.contains(key) || object[key].is_null()) return otherwise;
+  if (!object[key].is_boolean()) {
+    Fail("{}: field \"{}\": {} is not true or false", what, key, object[key].dump().substr(0, 80));
+  }
+  return object[key].get<bool>();
+}
+
 // GPT-2's bytes_to_unicode: printable bytes stand for themselves, the others for code points
 // 256 upwards in byte order; each as its UTF-8 text.
 std::array<std::string, 256> ByteChars() {
@@ -135,7 +152,7 @@ class HfBpeTokenizer final : public Tokenizer {
     ReadPreTokenizer(j);
     if (j.contains("normalizer") && !j["normalizer"].is_null()) {
       Fail("{}: field \"normalizer\": {} is not supported (byte-level BPE uses none)", path_,
-           j["normalizer"].value("type", std::string("?")));
+           j["normalizer"].dump().substr(0, 120));
     }
     ReadAddedTokens(j);
     uint32_t size = 0;
@@ -215,7 +232,7 @@ class HfBpeTokenizer final : public Tokenizer {
   void ReadModel(const json& j) {
     if (!j.contains("model") || !j["model"].is_object()) Fail("{}: no object \"model\"", path_);
     const json& m = j["model"];
-    if (m.value("type", std::string()) != "BPE") {
+    if (StringOf(m, "type") != "BPE") {
       Fail("{}: field \"model.type\": {} (only BPE is supported)", path_,
            m.contains("type") ? m["type"].dump() : "missing");
     }
@@ -225,8 +242,10 @@ class HfBpeTokenizer final : public Tokenizer {
              path_, key, m[key].dump());
       }
     }
-    if (m.value("byte_fallback", false)) Fail("{}: field \"model.byte_fallback\": true is not supported", path_);
-    ignore_merges_ = m.value("ignore_merges", false);
+    if (FlagOf(m, "byte_fallback", false, path_ + ": model")) {
+      Fail("{}: field \"model.byte_fallback\": true is not supported", path_);
+    }
+    ignore_merges_ = FlagOf(m, "ignore_merges", false, path_ + ": model");
     if (!m.contains("vocab") || !m["vocab"].is_object()) Fail("{}: no object \"model.vocab\"", path_);
     for (const auto& [piece, id] : m["vocab"].items()) {
       if (!id.is_number_unsigned() || id.get<uint64_t>() >= kMaxVocab) {
@@ -270,29 +289,29 @@ class HfBpeTokenizer final : public Tokenizer {
   void ReadPreTokenizer(const json& j) {
     const json& p = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json();
     const auto byte_level = [&](const json& b, bool allow_regex) {
-      if (b.value("add_prefix_space", false)) {
+      if (FlagOf(b, "add_prefix_space", false, path_ + ": pre_tokenizer")) {
         Fail("{}: field \"pre_tokenizer\": add_prefix_space true is not supported", path_);
       }
-      const bool use_regex = b.value("use_regex", true);
+      const bool use_regex = FlagOf(b, "use_regex", true, path_ + ": pre_tokenizer");
       if (use_regex && !allow_regex) {
         Fail("{}: field \"pre_tokenizer\": a Split followed by ByteLevel with use_regex", path_);
       }
       if (use_regex) pattern_ = std::make_unique<Regex>(kGpt2Pattern, path_ + ": GPT-2 pattern");
     };
-    if (p.is_object() && p.value("type", std::string()) == "ByteLevel") {
+    if (StringOf(p, "type") == "ByteLevel") {
       byte_level(p, true);
       return;
     }
-    if (p.is_object() && p.value("type", std::string()) == "Sequence" &&
+    if (StringOf(p, "type") == "Sequence" &&
         p.contains("pretokenizers") && p["pretokenizers"].is_array() &&
         p["pretokenizers"].size() == 2) {
       const json& split = p["pretokenizers"][0];
       const json& bytes = p["pretokenizers"][1];
-      if (split.value("type", std::string()) == "Split" &&
-          split.value("behavior", std::string()) == "Isolated" && !split.value("invert", false) &&
+      if (StringOf(split, "type") == "Split" && StringOf(split, "behavior") == "Isolated" &&
+          !FlagOf(split, "invert", false, path_ + ": pre_tokenizer") &&
           split.contains("pattern") && split["pattern"].is_object() &&
           split["pattern"].contains("Regex") && split["pattern"]["Regex"].is_string() &&
-          bytes.value("type", std::string()) == "ByteLevel") {
+          StringOf(bytes, "type") == "ByteLevel") {
         pattern_ = std::make_unique<Regex>(split["pattern"]["Regex"].get<std::string>(),
                                            path_ + ": field \"pre_tokenizer\" Split pattern");
         byte_level(bytes, false);
@@ -314,7 +333,7 @@ class HfBpeTokenizer final : public Tokenizer {
         Fail("{}: field \"added_tokens\": {} needs an id and a content", path_, t.dump());
       }
       for (const char* key : {"lstrip", "rstrip", "single_word"}) {
-        if (t.value(key, false)) {
+        if (FlagOf(t, key, false, path_ + ": added_tokens")) {
           Fail("{}: field \"added_tokens\": {}: {} true is not supported", path_, t["content"].dump(), key);
         }
       }
@@ -323,7 +342,7 @@ class HfBpeTokenizer final : public Tokenizer {
       const auto id = static_cast<uint32_t>(t["id"].get<uint64_t>());
       added_[content] = id;
       id_to_piece_[id] = content;
-      if (t.value("special", false)) special_[content] = id;
+      if (FlagOf(t, "special", false, path_ + ": added_tokens")) special_[content] = id;
     }
     for (const auto& [content, id] : added_) {
       added_by_length_.emplace_back(content, id);
