@@ -182,6 +182,7 @@ class HfBpeTokenizer final : public Tokenizer {
     }
   }
 
+ private:
   std::vector<uint32_t> EncodeText(std::string_view text) const {
     std::vector<uint32_t> ids;
     // Added tokens are matched first, longest first at each position, as the reference does.
@@ -209,6 +210,7 @@ class HfBpeTokenizer final : public Tokenizer {
     return ids;
   }
 
+ public:
   std::string Decode(std::span<const uint32_t> ids) const override {
     std::string chars;
     for (const uint32_t id : ids) {
