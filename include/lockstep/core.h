@@ -217,6 +217,11 @@ void AppendFileSynced(const std::filesystem::path& path, std::string_view text);
 // The lines of `text` without their '\n', as std::getline gives them: a last line without a
 // newline is a line, an empty text has none.
 std::vector<std::string> Lines(std::string_view text);
+// The lines of a log that lockstep appends to a line at a time (state_hashes.jsonl,
+// metrics.jsonl), without their '\n'. A last line without its newline -- an append cut short by
+// a crash or a full disk -- is refused naming the file and line, or with drop_torn dropped with
+// a note on stderr.
+std::vector<std::string> LogLines(const std::filesystem::path& path, bool drop_torn);
 // fsync of a directory, so that renames and creations inside it are durable.
 void SyncDirectory(const std::filesystem::path& dir);
 

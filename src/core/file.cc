@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "lockstep/core.h"
@@ -183,6 +184,21 @@ std::vector<std::string> Lines(std::string_view text) {
     const size_t end = text.find('\n');
     lines.emplace_back(text.substr(0, end));
     text.remove_prefix(end == std::string_view::npos ? text.size() : end + 1);
+  }
+  return lines;
+}
+
+std::vector<std::string> LogLines(const std::filesystem::path& path, bool drop_torn) {
+  const std::string text = ReadFileText(path);
+  std::vector<std::string> lines = Lines(text);
+  if (!text.empty() && text.back() != '\n') {
+    if (!drop_torn) {
+      Fail("{}: line {}: no final newline (an append cut short by a crash or a full disk)",
+           path.string(), lines.size());
+    }
+    std::fprintf(stderr, "%s: dropping a torn last line (%zu bytes without a newline)\n",
+                 path.c_str(), lines.back().size());
+    lines.pop_back();
   }
   return lines;
 }

@@ -1,5 +1,4 @@
 // state_hashes.jsonl: the run's chain, one {"step": N, "hash": "<64 hex>"} object per line.
-#include <cstdio>
 
 #include "lockstep/state.h"
 #include "state/internal.h"
@@ -29,21 +28,11 @@ void WriteStateHashLines(const std::filesystem::path& path, std::span<const Stat
 }
 
 std::vector<StateHashLine> ReadStateHashLines(const std::filesystem::path& path, TornLine torn) {
-  std::string text = ReadFileText(path);
-  if (torn == TornLine::kDrop && !text.empty() && text.back() != '\n') {
-    const size_t keep = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
-    std::fprintf(stderr, "%s: dropping a torn last line (%zu bytes without a newline)\n",
-                 path.c_str(), text.size() - keep);
-    text.resize(keep);
-  }
+  const std::vector<std::string> text = LogLines(path, torn == TornLine::kDrop);
   std::vector<StateHashLine> lines;
-  size_t begin = 0;
-  for (size_t number = 1; begin < text.size(); ++number) {
-    const std::string what = fmt::format("{}: line {}", path.string(), number);
-    const size_t end = text.find('\n', begin);
-    if (end == std::string::npos) Fail("{}: no final newline (a torn append?)", what);
-    const state_internal::Json value =
-        state_internal::ParseJsonStrict(std::string_view(text).substr(begin, end - begin), what);
+  for (size_t n = 0; n < text.size(); ++n) {
+    const std::string what = fmt::format("{}: line {}", path.string(), n + 1);
+    const state_internal::Json value = state_internal::ParseJsonStrict(text[n], what);
     state_internal::RequireKeys(value, {"step", "hash"}, what);
     const StateHashLine line{.step = state_internal::U64Field(value, "step", what),
                              .hash = state_internal::DigestField(value, "hash", what)};
@@ -52,7 +41,6 @@ std::vector<StateHashLine> ReadStateHashLines(const std::filesystem::path& path,
            lines.back().step);
     }
     lines.push_back(line);
-    begin = end + 1;
   }
   return lines;
 }

@@ -117,17 +117,7 @@ void PrintLossCurve(const fs::path& metrics_path, double unigram_entropy) {
 }  // namespace
 
 std::vector<MetricsLine> ReadMetrics(const fs::path& path, TornLine torn) {
-  const std::string text = ReadFileText(path);
-  std::vector<std::string> lines = Lines(text);
-  if (!text.empty() && text.back() != '\n') {
-    if (torn == TornLine::kRefuse) {
-      Fail("{}: line {} has no newline: an append cut short by a crash", path.string(),
-           lines.size());
-    }
-    std::fprintf(stderr, "%s: dropping a torn last line (%zu bytes without a newline)\n",
-                 path.c_str(), lines.back().size());
-    lines.pop_back();
-  }
+  const std::vector<std::string> lines = LogLines(path, torn == TornLine::kDrop);
   std::vector<MetricsLine> metrics;
   for (size_t n = 0; n < lines.size(); ++n) {
     const std::string what = fmt::format("{}: line {}", path.string(), n + 1);

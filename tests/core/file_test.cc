@@ -87,6 +87,17 @@ TEST_F(FileTest, ReadingRefusesWhatIsNotARegularFileWithoutWaiting) {
   ExpectError([&] { File::OpenForAppend(dir_ / "no" / "such" / "dir"); }, {"cannot open"});
 }
 
+TEST_F(FileTest, LogLinesRefuseOrDropATornLastLine) {
+  const fs::path log = dir_ / "log.jsonl";
+  WriteFileSynced(log, "{\"a\": 1}\n{\"a\": 2}\n");
+  EXPECT_EQ(LogLines(log, false), (std::vector<std::string>{"{\"a\": 1}", "{\"a\": 2}"}));
+  WriteFileSynced(log, "{\"a\": 1}\n{\"a\"");
+  ExpectError([&] { LogLines(log, false); }, {log.string(), "line 2", "no final newline"});
+  EXPECT_EQ(LogLines(log, true), std::vector<std::string>{"{\"a\": 1}"});
+  WriteFileSynced(log, "");
+  EXPECT_TRUE(LogLines(log, false).empty());
+}
+
 TEST(Lines, SplitsAsGetlineDoes) {
   EXPECT_EQ(Lines(""), std::vector<std::string>{});
   EXPECT_EQ(Lines("a"), std::vector<std::string>{"a"});
