@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json_fwd.hpp>
 #include <span>
 #include <string>
@@ -47,6 +48,10 @@ struct Vocabulary {
 
   bool bytes() const { return tokenizer_file.empty(); }
   bool operator==(const Vocabulary&) const = default;
+  // Fails naming `where` (and the document's number, when given) and the token unless every id
+  // of a document is below `size` and not `eod` (which the stream puts between documents).
+  void CheckDocument(std::span<const uint32_t> ids, std::string_view where,
+                     std::optional<uint64_t> document = std::nullopt) const;
 };
 // Token ids are below 2^31 (a model's embedding rows are indexed by them).
 inline constexpr uint32_t kMaxVocab = uint32_t{1} << 31;

@@ -212,6 +212,18 @@ void CheckVocabulary(const Vocabulary& v, std::string_view what) {
 
 }  // namespace
 
+void Vocabulary::CheckDocument(std::span<const uint32_t> ids, std::string_view where,
+                               std::optional<uint64_t> document) const {
+  for (size_t t = 0; t < ids.size(); ++t) {
+    if (ids[t] >= size || ids[t] == eod) {
+      Fail("{}: {}token {} is {}; documents hold ids below {} other than the end-of-document id "
+           "{}",
+           where, document ? fmt::format("document {} ", *document) : std::string(), t, ids[t],
+           size, eod);
+    }
+  }
+}
+
 Vocabulary FileVocabulary(const std::filesystem::path& tokenizer, uint64_t size, uint64_t eod) {
   if (size < 2 || size > kMaxVocab) {
     Fail("vocabulary size {} is outside 2 .. {}", size, kMaxVocab);
@@ -252,13 +264,7 @@ void ShardWriter::AddDocument(std::span<const uint32_t> tokens) {
   if (total_documents_ + 1 >= kMaxDocuments) {
     Fail("{}: more than {} documents", dir_.string(), kMaxDocuments - 1);
   }
-  for (size_t j = 0; j < tokens.size(); ++j) {
-    if (tokens[j] >= vocabulary_.size || tokens[j] == vocabulary_.eod) {
-      Fail("{}: document {} token {} is {}; documents hold ids below {} other than the "
-           "end-of-document id {}",
-           dir_.string(), total_documents_, j, tokens[j], vocabulary_.size, vocabulary_.eod);
-    }
-  }
+  vocabulary_.CheckDocument(tokens, dir_.string(), total_documents_);
   if (tokens_.size() + tokens.size() > max_shard_tokens_) FlushShard();
   tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
   offsets_.push_back(tokens_.size());

@@ -120,14 +120,9 @@ void TokenizeFiles(std::span<const std::filesystem::path> inputs, const std::fil
     const std::vector<uint32_t> ids = tokenizer->Encode(
         std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
         input.string());
-    const Vocabulary& v = tokenizer->vocabulary();
-    for (size_t t = 0; t < ids.size(); ++t) {
-      if (ids[t] == v.eod || ids[t] >= v.size) {
-        Fail("{}: token {} is {}, the tokenizer's end-of-document id (its text is in the file), "
-             "which no document may hold",
-             input.string(), t, ids[t]);
-      }
-    }
+    // Here, before the output exists (the shard writer checks again): the text of the
+    // end-of-document token in a file encodes to the id no document may hold.
+    tokenizer->vocabulary().CheckDocument(ids, input.string());
     return ids;
   };
   // Every input is checked (and encoded) before the output directory is created: a bad file
