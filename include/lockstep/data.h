@@ -194,6 +194,7 @@ void TokenizeFiles(std::span<const std::filesystem::path> inputs, const std::fil
 // last token equal to vocabulary.eod dropped (the stream adds it back). Every size and offset of
 // the index is checked, and every token, before `out` is created: a malformed dataset is refused
 // naming the file, the field (or document and token) and the value, and leaves nothing.
+// `progress` counts bytes of the .bin, which is read twice (checked, then written).
 void ImportMegatron(const std::filesystem::path& prefix, const std::filesystem::path& out,
                     const Vocabulary& vocabulary, uint64_t max_shard_tokens = kDefaultShardTokens,
                     const Progress& progress = {});

@@ -145,14 +145,18 @@ Index ReadIndex(const fs::path& idx_path, const fs::path& bin_path) {
 
 // The tokens of document d as ids, checked against the vocabulary; a last token equal to the
 // end-of-document id is dropped (the stream puts it back). Fails naming the .bin, the document,
-// the position and the value.
+// the position and the value. The document's bytes are added to `bin_hash` when given, and
+// their count to `bytes_read`.
 std::vector<uint32_t> DocumentTokens(const Index& index, const File& bin, uint64_t d,
-                                     const Vocabulary& vocabulary) {
+                                     const Vocabulary& vocabulary, Blake2b* bin_hash,
+                                     uint64_t& bytes_read) {
   const uint64_t first = index.documents[d], last = index.documents[d + 1];
   const uint64_t begin = first < last ? index.first_token[first] : 0;
   const uint64_t end = first < last ? index.first_token[last - 1] + index.lengths[last - 1] : 0;
   std::vector<uint8_t> raw((end - begin) * index.type.bytes);
   bin.ReadAt(begin * index.type.bytes, raw);
+  if (bin_hash != nullptr) bin_hash->Update(raw);
+  bytes_read += raw.size();
   std::vector<uint32_t> tokens(end - begin);
   for (size_t t = 0; t < tokens.size(); ++t) {
     uint64_t value = 0;
@@ -180,17 +184,6 @@ std::vector<uint32_t> DocumentTokens(const Index& index, const File& bin, uint64
   return tokens;
 }
 
-// BLAKE2b-256 of a whole file, read in pieces (a .bin may be large).
-Digest FileDigest(const File& file) {
-  Blake2b hash;
-  std::vector<uint8_t> piece(size_t{4} << 20);
-  for (uint64_t at = 0, size = file.Size(); at < size; at += piece.size()) {
-    const std::span<uint8_t> part = std::span(piece).first(std::min<uint64_t>(piece.size(), size - at));
-    file.ReadAt(at, part);
-    hash.Update(part);
-  }
-  return hash.Final();
-}
 
 }  // namespace
 
@@ -200,19 +193,25 @@ void ImportMegatron(const fs::path& prefix, const fs::path& out, const Vocabular
   const Index index = ReadIndex(idx_path, bin_path);
   const File bin = File::OpenForReading(bin_path);
   const uint64_t documents = index.documents.size() - 1;
-  // Every token is checked before the output exists: a bad dataset leaves nothing behind.
+  // Progress in bytes of the .bin, which is read twice.
+  const uint64_t total = 2 * index.total_tokens * index.type.bytes;
+  uint64_t read = 0;
+  // Every token is checked before the output exists, so a bad dataset leaves nothing behind. The
+  // documents cover the .bin in order, so this pass also gives its digest for the manifest.
+  Blake2b bin_hash;
   for (uint64_t d = 0; d < documents; ++d) {
-    const uint64_t tokens = DocumentTokens(index, bin, d, vocabulary).size();
+    const uint64_t tokens = DocumentTokens(index, bin, d, vocabulary, &bin_hash, read).size();
     if (tokens > max_shard_tokens) {
       Fail("{}: document {} has {} tokens, more than the {} a shard may hold (--shard-tokens)",
            bin_path.string(), d, tokens, max_shard_tokens);
     }
-    if (progress) progress(d + 1, 2 * documents);
+    if (progress) progress(read, total);
   }
+  const Digest bin_digest = bin_hash.Final();
   ShardWriter writer(out, max_shard_tokens, vocabulary);
   for (uint64_t d = 0; d < documents; ++d) {
-    writer.AddDocument(DocumentTokens(index, bin, d, vocabulary));
-    if (progress) progress(documents + d + 1, 2 * documents);
+    writer.AddDocument(DocumentTokens(index, bin, d, vocabulary, nullptr, read));
+    if (progress) progress(read, total);
   }
   writer.Finish({{"imported_from", "megatron indexed dataset"},
                  {"prefix", prefix.filename().string()},
@@ -221,7 +220,7 @@ void ImportMegatron(const fs::path& prefix, const fs::path& out, const Vocabular
                  {"documents", documents},
                  {"tokens", index.total_tokens},
                  {"idx_blake2b", ToHex(Blake2b256(ReadFileBytes(idx_path)))},
-                 {"bin_blake2b", ToHex(FileDigest(bin))}});
+                 {"bin_blake2b", ToHex(bin_digest)}});
 }
 
 }  // namespace lockstep::data

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -82,17 +83,16 @@ int RunTokenize(const TokenizeOptions& o) {
 
 int RunImport(const ImportOptions& o) {
   const data::Vocabulary vocabulary = data::FileVocabulary(o.tokenizer, o.vocab, o.eod);
-  const bool terminal = ::isatty(STDERR_FILENO) == 1;
-  uint64_t last_percent = 101;
+  // The .bin is read twice (checked, then written): the progress line counts both reads.
+  std::optional<ProgressLine> progress;
+  uint64_t shown = 0;
   const auto show = [&](uint64_t done, uint64_t total) {
-    const uint64_t percent = 100 * done / total;
-    if (percent == last_percent || (!terminal && percent % 10 != 0)) return;
-    last_percent = percent;
-    fmt::print(stderr, "{}data import: {} ({}%){}", terminal ? "\r" : "",
-               done * 2 <= total ? "checking the tokens" : "writing shards", percent,
-               terminal && done < total ? "" : "\n");
+    if (!progress) progress.emplace("data import (check, then write)", total, true);
+    progress->Add(done - shown);
+    shown = done;
   };
   data::ImportMegatron(o.megatron, o.out, vocabulary, o.shard_tokens, show);
+  if (progress) progress->Finish();
   PrintSummary(data::OpenDataset(o.out));
   return 0;
 }
