@@ -131,6 +131,8 @@ uint64_t PeakRssBytes();       // VmHWM of /proc/self/status: the peak since sta
 bool ResetPeakRss();
 uint64_t CurrentRssBytes();    // VmRSS of /proc/self/status
 uint64_t MemAvailableBytes();  // MemAvailable of /proc/meminfo
+// A size as lockstep shows it to people: "12.3 MiB".
+std::string MiB(uint64_t bytes);
 
 // ---- progress -------------------------------------------------------------------------------
 // A progress line on stderr for long work ("label: 37% (2.4 / 6.4 GiB, 12 s)"): on a terminal

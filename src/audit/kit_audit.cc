@@ -106,8 +106,7 @@ std::string AuditTable(const std::vector<UnitOutcome>& outcomes) {
     const std::string expected = ToHex(o.unit.expected_hash).substr(0, 16);
     const std::string got = o.result ? ToHex(o.result->state_hash).substr(0, 16) : "-";
     const std::string wall = o.result ? fmt::format("{:.2f}", o.result->wall_seconds) : "-";
-    const std::string rss =
-        o.result ? fmt::format("{:.1f} MiB", o.result->peak_rss_bytes / 1048576.0) : "-";
+    const std::string rss = o.result ? MiB(o.result->peak_rss_bytes) : "-";
     table += fmt::format(kRow, o.unit.name, UnitKindName(o.unit.kind), Steps(o.unit), expected,
                          got, Verdict(o), wall, rss);
   }

@@ -44,8 +44,6 @@ std::string Escape(std::string_view text) {
   return out;
 }
 
-std::string Mib(uint64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
-
 // ---- plots ------------------------------------------------------------------------------------
 struct Series {
   std::string name, color;
@@ -408,7 +406,7 @@ void WriteReport(const ReportOptions& o) {
           Escape(r.replayed.empty() ? r.error : r.replayed.substr(0, 16)), Escape(r.verdict),
           Escape(r.verdict), r.wall ? fmt::format("{:.2f}", *r.wall) : "",
           r.publisher_wall ? fmt::format("{:.2f}", *r.publisher_wall) : "",
-          r.peak_rss ? Mib(*r.peak_rss) : "", r.planned_rss ? Mib(*r.planned_rss) : "");
+          r.peak_rss ? MiB(*r.peak_rss) : "", r.planned_rss ? MiB(*r.planned_rss) : "");
     }
     const size_t matched = static_cast<size_t>(
         std::ranges::count_if(audit, [](const AuditRow& r) { return r.verdict == "MATCH"; }));
@@ -436,7 +434,7 @@ void WriteReport(const ReportOptions& o) {
         "<h2>Kit</h2>\n<table id=\"kit\"><tr><th>kit.json sha256</th><td class=\"hash\">{}</td></tr>"
         "<tr><th>files</th><td class=\"num\">{} ({})</td></tr><tr><th>units</th><td class=\"num\">{}"
         "</td></tr><tr><th>built by</th><td>lockstep {} ({})</td></tr></table>\n",
-        ToHex(s.kit_json_sha256), s.manifest->files.size(), Mib(bytes), s.trajectory->units.size(),
+        ToHex(s.kit_json_sha256), s.manifest->files.size(), MiB(bytes), s.trajectory->units.size(),
         Escape(s.manifest->lockstep_version), Escape(s.manifest->git_commit));
   }
   html += "</body></html>\n";

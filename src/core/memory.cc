@@ -36,6 +36,10 @@ bool ResetPeakRss() {
 
 uint64_t CurrentRssBytes() { return ProcKibField("/proc/self/status", "VmRSS"); }
 
+std::string MiB(uint64_t bytes) {
+  return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+}
+
 uint64_t MemAvailableBytes() { return ProcKibField("/proc/meminfo", "MemAvailable"); }
 
 }  // namespace lockstep

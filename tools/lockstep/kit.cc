@@ -15,8 +15,6 @@ namespace lockstep::cli {
 namespace {
 namespace fs = std::filesystem;
 
-std::string MiB(uint64_t bytes) { return fmt::format("{:.1f} MiB", bytes / 1048576.0); }
-
 uint64_t TotalBytes(const kit::KitManifest& manifest) {
   uint64_t total = 0;
   for (const kit::KitFile& f : manifest.files) total += f.size;
