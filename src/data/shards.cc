@@ -22,9 +22,11 @@ constexpr uint64_t kFormatVersion = kShardsFormatVersion;
 // Shuffle draws index documents with 32-bit counters (docs/formats/stream.md).
 constexpr uint64_t kMaxDocuments = uint64_t{1} << 32;
 
+// The bytes of little-endian values (const or writable, as the values are).
 template <typename T>
-std::span<const uint8_t> AsBytes(const std::vector<T>& values) {
-  return {reinterpret_cast<const uint8_t*>(values.data()), values.size() * sizeof(T)};
+auto AsBytes(std::span<T> values) {
+  using Byte = std::conditional_t<std::is_const_v<T>, const uint8_t, uint8_t>;
+  return std::span<Byte>(reinterpret_cast<Byte*>(values.data()), values.size_bytes());
 }
 
 // ---- manifest validation: every error names the manifest, the field and the value -------------
@@ -143,10 +145,6 @@ void ReadVerified(const File& file, std::span<uint8_t> out, const Digest& expect
   }
 }
 
-template <typename T>
-std::span<uint8_t> BytesOf(std::span<T> values) {
-  return {reinterpret_cast<uint8_t*>(values.data()), values.size_bytes()};
-}
 
 // "tokenizer", "vocab_size" and "eod_token".
 Vocabulary ParseVocabulary(const ManifestFields& m, const json& j) {
@@ -282,10 +280,12 @@ void ShardWriter::FlushShard() {
   s.idx = stem + ".idx";
   s.tokens = tokens_.size();
   s.documents = offsets_.size() - 1;
-  s.bin_blake2b = Blake2b256(AsBytes(tokens_));
-  s.idx_blake2b = Blake2b256(AsBytes(offsets_));
-  WriteFileSynced(dir_ / s.bin, AsBytes(tokens_));
-  WriteFileSynced(dir_ / s.idx, AsBytes(offsets_));
+  const auto bin = AsBytes(std::span<const uint32_t>(tokens_));
+  const auto idx = AsBytes(std::span<const uint64_t>(offsets_));
+  s.bin_blake2b = Blake2b256(bin);
+  s.idx_blake2b = Blake2b256(idx);
+  WriteFileSynced(dir_ / s.bin, bin);
+  WriteFileSynced(dir_ / s.idx, idx);
   shards_.push_back(std::move(s));
   tokens_.clear();
   offsets_.assign(1, 0);
@@ -401,10 +401,10 @@ Dataset OpenDataset(const std::filesystem::path& dir) {
     const uint64_t base = dataset.tokens_.size();
     dataset.tokens_.resize(base + s.tokens);
     const std::span<uint32_t> tokens = std::span(dataset.tokens_).subspan(base);
-    ReadVerified(files[k].first, BytesOf(tokens), s.bin_blake2b, m,
+    ReadVerified(files[k].first, AsBytes(tokens), s.bin_blake2b, m,
                  fmt::format("shards[{}].bin_blake2b", k));
     std::vector<uint64_t> offsets(s.documents + 1);
-    ReadVerified(files[k].second, BytesOf(std::span(offsets)), s.idx_blake2b, m,
+    ReadVerified(files[k].second, AsBytes(std::span(offsets)), s.idx_blake2b, m,
                  fmt::format("shards[{}].idx_blake2b", k));
     if (offsets.front() != 0) {
       Fail("{}: offset 0 is {}, expected 0", idx_path.string(), offsets.front());
