@@ -535,10 +535,11 @@ fs::path WriteCheckpoint(const fs::path& run_dir, const StepState& state,
   // The gradients' digests, made here (and checked against the elements) when some gradient
   // comes with its digest.
   std::vector<Digest> grad_digests;
-  const bool by_digest = std::ranges::any_of(tensors, [](const TensorState& t) {
+  for (const TensorState& t : tensors) {
     state_internal::CheckTensorState(t);  // sizes match shapes: the source below stays in bounds
-    return t.grad_digest.has_value();
-  });
+  }
+  const bool by_digest = std::ranges::any_of(
+      tensors, [](const TensorState& t) { return t.grad_digest.has_value(); });
   for (const TensorState& t : tensors) {
     shapes.push_back({t.name, t.shape});
     if (!by_digest) continue;

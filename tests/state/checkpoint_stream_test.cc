@@ -174,6 +174,12 @@ TEST_F(CheckpointStreamTest, StreamedWriteRefusesBeforeWritingAndKeepsTheProtoco
   short_grad[0].grad = short_grad[0].grad.first(11);
   ExpectError([&] { WriteCheckpoint(dir_, s.state, short_grad); },
               {"'embed.weight'", "grad has 11 elements", "[4, 3] has 12"});
+  // Every tensor is checked, also after one that comes with its gradient's digest.
+  std::vector<TensorState> short_param = s.Tensors();
+  short_param[0].grad_digest = ArrayDigest(short_param[0].grad);
+  short_param[1].param = short_param[1].param.first(2);
+  ExpectError([&] { WriteCheckpoint(dir_, s.state, short_param); },
+              {"'final_norm.gain'", "param has 2 elements"});
   EXPECT_TRUE(source.pieces.empty());
   EXPECT_FALSE(fs::exists(dir_ / "checkpoints"));
 
