@@ -186,6 +186,10 @@ Digest TensorFileDigest(std::span<const uint8_t> file, const std::filesystem::pa
 // per parameter), or the gradients themselves as well (grads.safetensors), which localising a
 // disagreement down to gradient elements needs.
 enum class Gradients { kDigests, kFull };
+// The arrays per tensor a checkpoint holds: param, m, v, and the gradient only with kFull.
+inline int CheckpointArrays(Gradients gradients) {
+  return gradients == Gradients::kFull ? kStateArrayCount : kStateArrayCount - 1;
+}
 
 // `run_dir/checkpoints/step_%09d` for `step`.
 std::filesystem::path CheckpointDir(const std::filesystem::path& run_dir, uint64_t step);

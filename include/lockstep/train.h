@@ -156,6 +156,8 @@ class Trainer {
   void FoldRound(int64_t round);
   // Fails naming `what` once a step's state was discarded.
   void RefuseDiscarded(std::string_view what) const;
+  // The tensor data bytes of a checkpoint of this model keeping `gradients`.
+  uint64_t CheckpointBytes(Gradients gradients) const;
   // Per tensor, per array: the digests of its hash chunks, in order.
   using ChunkTable = std::vector<std::array<std::vector<Digest>, kStateArrayCount>>;
   // Sends each owner's updated parameter range to every rank and checks each copy received

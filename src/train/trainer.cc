@@ -428,10 +428,7 @@ StateHash Trainer::Restore(const CheckpointIndex& checkpoint, FileDigests digest
            fmt::join(t.shape, ", "), specs_[i].name, fmt::join(specs_[i].shape, ", "));
     }
   }
-  // A checkpoint that keeps the gradients as digests has three of the four arrays to read.
-  const uint64_t arrays = checkpoint.gradients == Gradients::kFull ? kStateArrayCount : 3;
-  ProgressLine progress("load " + where, StateBytes(config_.model) / kStateArrayCount * arrays,
-                        progress_);
+  ProgressLine progress("load " + where, CheckpointBytes(checkpoint.gradients), progress_);
   const StateHash recomputed = store_->Load(checkpoint, digests, [&](uint64_t bytes) {
     progress.Add(bytes);
   });
@@ -471,9 +468,8 @@ fs::path Trainer::WriteCheckpoint(const fs::path& run_dir, Gradients gradients) 
       comm_->Send(Bytes(std::span<const float>(piece)), 0);
     }
   }
-  const uint64_t arrays_written = gradients == Gradients::kFull ? kStateArrayCount : 3;
   ProgressLine progress(fmt::format("write checkpoint step {}", state_.step),
-                        StateBytes(config_.model) / kStateArrayCount * arrays_written, progress_);
+                        CheckpointBytes(gradients), progress_);
   // Bounded pieces: the writer's buffer is one piece, whatever the store (in RAM a store's
   // piece is a whole tensor).
   // The gradients' digests are the state hash's (with kFull the written gradients must hash to
@@ -628,6 +624,11 @@ void Trainer::FoldRound(int64_t round) {
       }
     }
   }
+}
+
+uint64_t Trainer::CheckpointBytes(Gradients gradients) const {
+  return StateBytes(config_.model) / kStateArrayCount *
+         static_cast<uint64_t>(CheckpointArrays(gradients));
 }
 
 void Trainer::RefuseDiscarded(std::string_view what) const {
