@@ -125,16 +125,17 @@ void TokenizeFiles(std::span<const std::filesystem::path> inputs, const std::fil
     tokenizer->vocabulary().CheckDocument(ids, input.string());
     return ids;
   };
-  // Every input is checked (and encoded) before the output directory is created: a bad file
-  // leaves nothing.
-  for (const std::filesystem::path& input : inputs) encode(ReadFileBytes(input), input);
-  ShardWriter writer(out, max_shard_tokens, tokenizer ? tokenizer->vocabulary() : Vocabulary{});
+  // Every input is read, checked and encoded once, before the output directory is created: a
+  // bad file leaves nothing. (The documents are held until written, as a Dataset holds them.)
+  std::vector<std::vector<uint32_t>> documents;
   nlohmann::ordered_json files = nlohmann::ordered_json::array();
   for (const std::filesystem::path& input : inputs) {
-    const std::vector<uint8_t> bytes = ReadFileBytes(input);  // again: it may have changed since
-    writer.AddDocument(encode(bytes, input));
+    const std::vector<uint8_t> bytes = ReadFileBytes(input);
+    documents.push_back(encode(bytes, input));
     files.push_back({{"file", input.filename().string()}, {"bytes", bytes.size()}});
   }
+  ShardWriter writer(out, max_shard_tokens, tokenizer ? tokenizer->vocabulary() : Vocabulary{});
+  for (const std::vector<uint32_t>& document : documents) writer.AddDocument(document);
   writer.Finish({{"tokenized_files", std::move(files)}});
 }
 
