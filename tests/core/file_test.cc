@@ -2,12 +2,12 @@
 // refuses, reads and writes at offsets, and the whole-file helpers made of it.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <functional>
 #include <string>
 
+#include "common/scratch_dir.h"
 #include "lockstep/core.h"
 
 namespace lockstep {
@@ -25,16 +25,7 @@ void ExpectError(const std::function<void()>& f, std::initializer_list<std::stri
   }
 }
 
-class FileTest : public testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("lockstep_file_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
-};
+class FileTest : public test::ScratchDirTest {};
 
 TEST_F(FileTest, EachWayOfOpeningDoesWhatItSays) {
   const fs::path path = dir_ / "a";

@@ -3,7 +3,6 @@
 // steps marked, the chain's head and the audit table with the right numbers; it refers to
 // nothing outside itself.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -13,6 +12,7 @@
 #include <string>
 
 #include "common/run_lockstep.h"
+#include "common/scratch_dir.h"
 #include "lockstep/train.h"
 
 namespace lockstep {
@@ -45,16 +45,7 @@ std::string RenderedDom(const fs::path& page, const fs::path& scratch) {
   return ReadFileText(dom);
 }
 
-class Report : public testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("lockstep_report_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
-};
+class Report : public test::ScratchDirTest {};
 
 TEST_F(Report, ThePageOfAnAuditedRunShowsItsNumbersOffline) {
   const std::string d = dir_.string();

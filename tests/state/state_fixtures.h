@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/scratch_dir.h"
 #include "lockstep/state.h"
 
 namespace lockstep::test {
@@ -65,20 +66,6 @@ inline std::string Replace(std::string text, const std::string& from, const std:
   return text;
 }
 
-// A fresh directory per test, removed afterwards.
-class ScratchDirTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = std::filesystem::path(::testing::TempDir()) /
-           (std::string("lockstep_state_") + info->test_suite_name() + "_" + info->name());
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
-  std::filesystem::path dir_;
-};
 
 // Two parameters with moments and gradients whose values cover the awkward cases: negative
 // zero, a subnormal, large and small magnitudes.

@@ -2,13 +2,13 @@
 // hash as the trainer that wrote it, the same next step, and no gradient read or written from
 // the state it does not hold -- in RAM and spilled.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "common/scratch_dir.h"
 #include "lockstep/data.h"
 #include "lockstep/model.h"
 #include "lockstep/train.h"
@@ -26,10 +26,10 @@ void ExpectError(const std::function<void()>& f, const std::string& needle) {
   }
 }
 
-TEST(GradientDigests, RestoredStateStepsAlikeAndRefusesTheGradientsItLacks) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("lockstep_grad_digests_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+class GradientDigests : public test::ScratchDirTest {};
+
+TEST_F(GradientDigests, RestoredStateStepsAlikeAndRefusesTheGradientsItLacks) {
+  const fs::path& dir = dir_;
   data::WriteSynthCorpus(dir / "data", 7, 50000);
   const data::Dataset dataset = data::OpenDataset(dir / "data");
   const RunConfig config = LoadRunConfig("tiny");
@@ -65,7 +65,6 @@ TEST(GradientDigests, RestoredStateStepsAlikeAndRefusesTheGradientsItLacks) {
     // After a step the gradients are held again.
     EXPECT_NO_THROW(restored.ReadPiece(0, StateArray::kGrad, 0, piece));
   }
-  fs::remove_all(dir);
 }
 
 }  // namespace
