@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -113,6 +114,7 @@ int main(int argc, char** argv) {
   int reps = 3;
   std::vector<Shape> shapes = {{4096, 2048, 2048}, {4096, 5632, 2048}, {4096, 2048, 5632},
                                {1024, 1024, 1024}};
+  std::vector<Shape> chosen;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--json") {
@@ -122,14 +124,26 @@ int main(int argc, char** argv) {
       reps = 1;
     } else if (arg == "--reps" && i + 1 < argc) {
       reps = std::max(1, std::atoi(argv[++i]));
+    } else if (arg == "--shape" && i + 1 < argc) {
+      Shape s{};
+      char end = 0;
+      if (std::sscanf(argv[++i], "%ldx%ldx%ld%c", &s.m, &s.n, &s.k, &end) != 3 || s.m < 1 ||
+          s.n < 1 || s.k < 1) {
+        fmt::print(stderr, "bench_gemm: --shape {}: expected MxNxK with positive sizes\n", argv[i]);
+        return 2;
+      }
+      chosen.push_back(s);
     } else {
       fmt::print(stderr,
-                 "usage: bench_gemm [--json] [--reps N] [--quick]\n"
+                 "usage: bench_gemm [--json] [--reps N] [--quick] [--shape MxNxK]...\n"
                  "  Times lockstep GEMM and OpenBLAS sgemm (best of N runs, default 3) for the\n"
-                 "  forms xwt (Y=X·Wᵀ), dyw (dX=dY·W), dytx (dW=dYᵀ·X) at 1 and 2 threads.\n");
+                 "  forms xwt (Y=X·Wᵀ), dyw (dX=dY·W), dytx (dW=dYᵀ·X) at 1 and 2 threads, for\n"
+                 "  a linear layer of M rows, N outputs and K inputs (--shape, repeatable;\n"
+                 "  default: four large shapes).\n");
       return 2;
     }
   }
+  if (!chosen.empty()) shapes = chosen;
   lockstep::RequireIeeeFloatingPoint();
   const std::string isa = lockstep::rk::ActiveIsa().name;
   const std::string corename = openblas_get_corename();

@@ -1,6 +1,6 @@
 // Hashing speed (issue: "Hashing at >= 0.9 x cores x single-core BLAKE2b speed"). Prints one
 // JSON object: libsodium's BLAKE2b-256 over one stream on one core; lockstep's array digest
-// (docs/formats/state-hash.md: 1 MiB chunks, Blake2b256Strided) on 1 thread and on every
+// (docs/formats/state-hash.md: 1 MiB chunks, Blake2b256Many) on 1 thread and on every
 // core; and the ratio of the all-core rate to cores x the single-core rates. Same data, same
 // process, best of several rounds.
 //

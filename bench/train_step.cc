@@ -21,6 +21,10 @@
 // same thread count on the step's largest linear-layer shape (tokens of a microbatch × the FFN's
 // gate/up rows × d_model). It says how much of the step runs at GEMM speed.
 //
+// --profile mode: after a warm-up step, N steps at --threads with an OpObserver that times every
+// kernel call of the step; prints seconds per step by op (GEMMs by form and shape, with their
+// GFLOP/s), the share of the step, and the time outside any observed op.
+//
 // --peak-rss mode: one step of the config with microbatch 1 x seq 256 (one microbatch), then
 // the process's peak resident set size (getrusage ru_maxrss). ru_maxrss is a high-water mark
 // of the whole process, so each invocation is exactly one measurement and does nothing else.
@@ -33,7 +37,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "lockstep/core.h"
@@ -261,6 +267,77 @@ int RunThroughput(const RunConfig& config, int steps, bool json) {
   return same ? 0 : 1;
 }
 
+// Times each observed op; GEMMs are keyed by form and shape, other ops by name.
+class OpTimer : public lockstep::OpObserver {
+ public:
+  struct Total {
+    int64_t calls = 0;
+    double seconds = 0, flops = 0;
+  };
+  void Context(uint64_t, int64_t) override {}
+  void Begin(std::string_view op, int64_t, std::span<const lockstep::OpArg> args,
+             std::span<const lockstep::OpTensor>) override {
+    key_ = std::string(op);
+    flops_ = 0;
+    if (op.starts_with("gemm_")) {
+      double m = 0, n = 0, k = 0;
+      for (const lockstep::OpArg& a : args) {
+        if (a.name == "m") m = a.value;
+        if (a.name == "n") n = a.value;
+        if (a.name == "k") k = a.value;
+      }
+      key_ += fmt::format(" {}x{}x{}", m, n, k);
+      flops_ = 2 * m * n * k;
+    }
+    start_ = std::chrono::steady_clock::now();
+  }
+  void End(std::span<const lockstep::OpOutput>) override {
+    Total& t = totals_[key_];
+    t.calls += 1;
+    t.seconds += Seconds(start_);
+    t.flops += flops_;
+  }
+  const std::map<std::string, Total>& totals() const { return totals_; }
+
+ private:
+  std::string key_;
+  double flops_ = 0;
+  std::chrono::steady_clock::time_point start_;
+  std::map<std::string, Total> totals_;
+};
+
+int RunProfile(const RunConfig& config, int threads, int steps) {
+  const TempDir tmp;
+  const data::Dataset dataset = SynthDataset(tmp);
+  lockstep::SetThreads(threads);
+  train::Trainer trainer(config, dataset, train::RunDescriptor(config, dataset));
+  trainer.Initialize();
+  RequireUpdate(trainer.Step(), config);
+  OpTimer timer;
+  trainer.set_observer(&timer);
+  const auto start = std::chrono::steady_clock::now();
+  for (int s = 0; s < steps; ++s) RequireUpdate(trainer.Step(), config);
+  const double step_seconds = Seconds(start) / steps;
+  std::vector<std::pair<std::string, OpTimer::Total>> rows(timer.totals().begin(),
+                                                           timer.totals().end());
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+  fmt::print("{}: {} thread(s), variant {}, {:.3f} s per step (mean of {}, with the observer)\n",
+             config.name, threads, lockstep::rk::ActiveIsa().name, step_seconds, steps);
+  fmt::print("{:<34} {:>7} {:>10} {:>7} {:>8}\n", "op (gemm: m x n x k)", "calls", "s/step",
+             "share", "GFLOP/s");
+  double observed = 0;
+  for (const auto& [key, t] : rows) {
+    observed += t.seconds / steps;
+    fmt::print("{:<34} {:>7} {:>10.4f} {:>6.1f}% {:>8}\n", key, t.calls / steps, t.seconds / steps,
+               100 * t.seconds / steps / step_seconds,
+               t.flops > 0 ? fmt::format("{:.1f}", t.flops / t.seconds * 1e-9) : "");
+  }
+  fmt::print("{:<34} {:>7} {:>10.4f} {:>6.1f}%\n", "(outside observed ops)", "",
+             step_seconds - observed, 100 * (step_seconds - observed) / step_seconds);
+  return 0;
+}
+
 int RunPeakRss(RunConfig config, int threads, bool json) {
   // Memory is dominated by the parameters, gradients and both moments, which do not depend on
   // the batch; one microbatch of one short sequence shows that floor and keeps the step quick.
@@ -302,10 +379,13 @@ int RunPeakRss(RunConfig config, int threads, bool json) {
 int Usage() {
   fmt::print(stderr,
              "usage: bench_train_step [--config NAME|PATH] [--steps N] [--json]\n"
+             "       bench_train_step --profile [--config NAME|PATH] [--threads N] [--steps N]\n"
              "       bench_train_step --peak-rss [--config NAME|PATH] [--threads N] [--json]\n"
              "  Times whole training steps (train::Trainer::Step) of a config (default\n"
              "  bench-8x512) at 1 and 2 threads: one warm-up step, then best and median of N\n"
              "  (default 3), and checks that the final state hashes are bitwise identical.\n"
+             "  --profile times every kernel call of N steps at --threads (default 1) and prints\n"
+             "  seconds per step by op (GEMMs by shape, with GFLOP/s) and the share of the step.\n"
              "  --peak-rss runs one step with microbatch 1 x seq 256 and reports the peak RSS;\n"
              "  it measures the whole process, so run one invocation per measurement.\n");
   return 2;
@@ -316,13 +396,15 @@ int Usage() {
 int main(int argc, char** argv) {
   std::string config_name = "bench-8x512";
   int steps = 3, threads = 1;
-  bool json = false, peak_rss = false;
+  bool json = false, peak_rss = false, profile = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--json") {
       json = true;
     } else if (arg == "--peak-rss") {
       peak_rss = true;
+    } else if (arg == "--profile") {
+      profile = true;
     } else if (arg == "--config" && i + 1 < argc) {
       config_name = argv[++i];
     } else if (arg == "--steps" && i + 1 < argc) {
@@ -338,6 +420,7 @@ int main(int argc, char** argv) {
   try {
     lockstep::RequireIeeeFloatingPoint();
     const RunConfig config = lockstep::LoadRunConfig(config_name);
+    if (profile) return RunProfile(config, threads, steps);
     return peak_rss ? RunPeakRss(config, threads, json) : RunThroughput(config, steps, json);
   } catch (const lockstep::Error& e) {
     fmt::print(stderr, "bench_train_step: {}\n", e.what());

@@ -82,15 +82,15 @@ class Blake2b {
   bool finalized_ = false;
 };
 Digest Blake2b256(std::span<const uint8_t> bytes);
-// Blake2b256 of `count` messages of `bytes` bytes each, message i at base + i * stride, into
-// out[0 .. count). Many at once where the lane-parallel form is faster (Blake2bImplementation).
-void Blake2b256Strided(const uint8_t* base, size_t stride, size_t bytes, size_t count,
-                       Digest* out);
-// The lane-parallel form itself, whatever Blake2bImplementation chose (tests and benchmarks):
-// `bytes` a positive multiple of 128, `stride` of 8.
-void Blake2b256Lanes(const uint8_t* base, size_t stride, size_t bytes, size_t count,
-                     Digest* out);
-// How Blake2b256Strided hashes on this machine, chosen by measurement at first use after known
+// Blake2b256 of equal-length messages (`bytes` bytes each, anywhere in memory) into
+// out[0 .. messages.size()). Many at once where the lane-parallel form is faster
+// (Blake2bImplementation) and serves them: lengths a positive multiple of 128 bytes, messages a
+// multiple of 8 bytes apart; otherwise one at a time with libsodium.
+void Blake2b256Many(std::span<const uint8_t* const> messages, size_t bytes, Digest* out);
+// The lane-parallel form itself, whatever Blake2bImplementation chose (tests and benchmarks);
+// fails on messages it does not serve.
+void Blake2b256Lanes(std::span<const uint8_t* const> messages, size_t bytes, Digest* out);
+// How Blake2b256Many hashes on this machine, chosen by measurement at first use after known
 // answers against libsodium (for --version and benchmarks).
 const std::string& Blake2bImplementation();
 // SHA-256 (libsodium's crypto_hash_sha256), for kit manifests that tools like sha256sum check.

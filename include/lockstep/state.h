@@ -120,6 +120,9 @@ inline constexpr int64_t kHashChunkFloats = int64_t{1} << 18;  // 1 MiB
 // The digests of the chunks of `piece`, which starts at a chunk boundary of its array and holds
 // whole chunks except perhaps the array's last (in parallel on Threads() threads).
 std::vector<Digest> ChunkDigests(std::span<const float> piece);
+// ChunkDigests of several pieces at once (the four arrays of a tensor): chunks of equal length
+// are hashed side by side across the pieces, so arrays of a chunk or two still fill the lanes.
+std::vector<std::vector<Digest>> ChunkDigestsOfPieces(std::span<const std::span<const float>> pieces);
 Digest ArrayDigestFromChunks(uint64_t elements, std::span<const Digest> chunks);
 // Chunks in an array of `elements`.
 inline int64_t ChunkCount(int64_t elements) {

@@ -10,6 +10,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -46,19 +47,23 @@ static HWY_INLINE void G(V& a, V& b, V& c, V& d, V x, V y) {
   b = hn::RotateRight<63>(hn::Xor(b, c));
 }
 
-// `count` (1 .. Lanes(d)) messages at base + lane * stride, each `bytes` long (a positive
-// multiple of 128), hashed side by side; digest of message l to out + 32 * l. Message words are
-// gathered across the lanes (the messages are far apart), little-endian as RFC 7693 reads them;
-// lanes past `count` hash the last message again, and their digests are dropped.
-void HashLanes(const uint8_t* base, size_t stride, size_t bytes, size_t count, uint8_t* out) {
+// `count` (1 .. Lanes(d)) messages, each `bytes` long (a positive multiple of 128), hashed side
+// by side; digest of message l to out + 32 * l. The messages may lie anywhere whose distance from
+// the first is a multiple of 8 bytes. Message words are gathered across the lanes, little-endian
+// as RFC 7693 reads them; lanes past `count` hash the last message again, and their digests are
+// dropped.
+void HashLanes(const uint8_t* const* messages, size_t count, size_t bytes, uint8_t* out) {
   const hn::ScalableTag<uint64_t> d;
   const hn::RebindToSigned<decltype(d)> di;
   using V = hn::Vec<decltype(d)>;
   const size_t lanes = hn::Lanes(d);
-  // Lane l's word w of a block is at (block start) + l * stride + 8 * w: in 8-byte units.
-  const auto lane_offsets =
-      hn::Mul(hn::Min(hn::Iota(di, 0), hn::Set(di, static_cast<int64_t>(count) - 1)),
-              hn::Set(di, static_cast<int64_t>(stride / 8)));
+  // Lane l's word w of a block is at (the first message's block) + offset[l] + w, in 8-byte units.
+  HWY_ALIGN int64_t offsets[hn::MaxLanes(di)];
+  for (size_t l = 0; l < lanes; ++l) {
+    offsets[l] = (messages[std::min(l, count - 1)] - messages[0]) / 8;
+  }
+  const auto lane_offsets = hn::Load(di, offsets);
+  const uint8_t* const base = messages[0];
   V h[8];
   for (int i = 0; i < 8; ++i) h[i] = hn::Set(d, kIv[i]);
   h[0] = hn::Xor(h[0], hn::Set(d, uint64_t{0x01010020}));  // digest 32, no key, fanout 1, depth 1
@@ -141,9 +146,11 @@ Choice Choose() {
   constexpr size_t kLong = size_t{64} << 10;
   std::vector<uint8_t> data(lanes * kLong);
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+  std::vector<const uint8_t*> messages;
+  for (size_t l = 0; l < lanes; ++l) messages.push_back(data.data() + l * kLong);
   std::vector<uint8_t> got(32 * lanes), want(32 * lanes);
   for (const size_t bytes : {size_t{128}, kLong}) {
-    HWY_DYNAMIC_DISPATCH(HashLanes)(data.data(), kLong, bytes, lanes, got.data());
+    HWY_DYNAMIC_DISPATCH(HashLanes)(messages.data(), lanes, bytes, got.data());
     for (size_t l = 0; l < lanes; ++l) Sodium(data.data() + l * kLong, bytes, want.data() + 32 * l);
     if (got != want) {
       return {false, fmt::format("libsodium (the {}-lane {} form failed its known answers)", lanes,
@@ -161,7 +168,7 @@ Choice Choose() {
     return best;
   };
   const double vector = seconds(
-      [&] { HWY_DYNAMIC_DISPATCH(HashLanes)(data.data(), kLong, kLong, lanes, got.data()); });
+      [&] { HWY_DYNAMIC_DISPATCH(HashLanes)(messages.data(), lanes, kLong, got.data()); });
   const double sodium = seconds([&] {
     for (size_t l = 0; l < lanes; ++l) Sodium(data.data() + l * kLong, kLong, want.data() + 32 * l);
   });
@@ -182,30 +189,34 @@ const Choice& Chosen() {
 
 const std::string& Blake2bImplementation() { return Chosen().name; }
 
-void Blake2b256Lanes(const uint8_t* base, size_t stride, size_t bytes, size_t count,
-                     Digest* out) {
-  if (bytes == 0 || bytes % 128 != 0 || stride % 8 != 0) {
-    Fail("Blake2b256Lanes: {} bytes apart by {} (needs a positive multiple of 128, 8)", bytes,
-         stride);
+bool LaneFormServes(std::span<const uint8_t* const> messages, size_t bytes) {
+  return bytes > 0 && bytes % 128 == 0 &&
+         std::ranges::all_of(messages, [&](const uint8_t* m) { return (m - messages[0]) % 8 == 0; });
+}
+
+void Blake2b256Lanes(std::span<const uint8_t* const> messages, size_t bytes, Digest* out) {
+  if (!LaneFormServes(messages, bytes)) {
+    Fail("Blake2b256Lanes: {} messages of {} bytes (needs a positive multiple of 128 bytes, and "
+         "messages a multiple of 8 bytes apart)",
+         messages.size(), bytes);
   }
   const size_t lanes = HWY_DYNAMIC_DISPATCH(LaneCount)();
-  for (size_t i = 0; i < count; i += lanes) {
-    HWY_DYNAMIC_DISPATCH(HashLanes)(base + i * stride, stride, bytes, std::min(lanes, count - i),
-                                    out[i].data());
+  for (size_t i = 0; i < messages.size(); i += lanes) {
+    HWY_DYNAMIC_DISPATCH(HashLanes)(messages.data() + i, std::min(lanes, messages.size() - i),
+                                    bytes, out[i].data());
   }
 }
 
-void Blake2b256Strided(const uint8_t* base, size_t stride, size_t bytes, size_t count,
-                       Digest* out) {
+void Blake2b256Many(std::span<const uint8_t* const> messages, size_t bytes, Digest* out) {
   size_t i = 0;
-  if (Chosen().lanes && bytes > 0 && bytes % 128 == 0 && stride % 8 == 0) {
+  if (Chosen().lanes && !messages.empty() && LaneFormServes(messages, bytes)) {
     // A group that fills at least half the lanes beats libsodium one message at a time.
-    const size_t lanes = HWY_DYNAMIC_DISPATCH(LaneCount)();
+    const size_t lanes = HWY_DYNAMIC_DISPATCH(LaneCount)(), count = messages.size();
     const size_t many = count >= lanes / 2 ? count : count - count % lanes;
-    Blake2b256Lanes(base, stride, bytes, many, out);
+    Blake2b256Lanes(messages.first(many), bytes, out);
     i = many;
   }
-  for (; i < count; ++i) Sodium(base + i * stride, bytes, out[i].data());
+  for (; i < messages.size(); ++i) Sodium(messages[i], bytes, out[i].data());
 }
 
 }  // namespace lockstep

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cross_entropy_impl.h"
+#include "kernels/impl.h"
 #include "kernels/internal.h"
 
 namespace lockstep::rk {
@@ -42,10 +43,11 @@ void CheckShape(const char* op, const CrossEntropyShape& s, std::span<const floa
 template <class Visit>
 void ForEachLogitChunk(const CrossEntropyShape& s, std::span<const float> h,
                        std::span<const float> w, Visit visit) {
-  std::vector<float> scratch(static_cast<size_t>(s.rows * std::min(s.vocab_chunk, s.vocab)));
+  float* const scratch =
+      ScratchFloats(Scratch::kLogits, static_cast<size_t>(s.rows * std::min(s.vocab_chunk, s.vocab)));
   for (int64_t v0 = 0; v0 < s.vocab; v0 += s.vocab_chunk) {
     const int64_t cols = std::min(s.vocab_chunk, s.vocab - v0);
-    const std::span<float> z(scratch.data(), static_cast<size_t>(s.rows * cols));
+    const std::span<float> z(scratch, static_cast<size_t>(s.rows * cols));
     GemmXWt(h, w.subspan(v0 * s.d, cols * s.d), z, s.rows, cols, s.d);
     visit(v0, cols, z);
   }

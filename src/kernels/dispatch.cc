@@ -1,12 +1,15 @@
 // Chooses between the scalar reference and the Highway targets compiled into this binary.
+#include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
 #include <hwy/targets.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <mutex>
 
+#include "kernels/impl.h"
 #include "kernels/internal.h"
 
 namespace lockstep::rk {
@@ -97,5 +100,21 @@ Isa IsaByName(const std::string& name) {
 namespace detail {
 bool UsingReference() { return ActiveTarget() == 0; }
 }  // namespace detail
+
+float* ScratchFloats(Scratch kind, size_t floats) {
+  struct Buffer {
+    hwy::AlignedFreeUniquePtr<float[]> data;
+    size_t floats = 0;
+  };
+  thread_local std::array<Buffer, static_cast<size_t>(Scratch::kCount)> buffers;
+  Buffer& b = buffers[static_cast<size_t>(kind)];
+  if (floats > b.floats) {
+    b.data.reset();  // the old buffer goes before the new one is mapped
+    b.data = hwy::AllocateAligned<float>(floats);
+    if (!b.data) Fail("kernels: cannot allocate {} bytes of scratch memory", floats * sizeof(float));
+    b.floats = floats;
+  }
+  return b.data.get();
+}
 
 }  // namespace lockstep::rk

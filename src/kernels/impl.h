@@ -3,11 +3,19 @@
 // Both have the same signatures and must give bit-identical results.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "lockstep/kernels.h"
 
 namespace lockstep::rk {
+
+// Scratch memory of an op that runs many times per step, kept per thread from one call to the
+// next and grown to the largest size asked: a buffer allocated per call would be mapped, faulted
+// in page by page and unmapped every time. 64-byte aligned; the contents are undefined. Each
+// kind is one buffer per thread, so an op must not hold a kind across a call that uses it.
+enum class Scratch { kGemmA, kGemmB, kLogits, kCount };
+float* ScratchFloats(Scratch kind, size_t floats);
 
 // C[m,n] (ldc = n) from A(i, r) = a[i*a_rs + r*a_cs], B(r, j) = b[r*b_rs + j*b_cs]; the reduced
 // index r runs over 0..k-1. Covers all three linear-layer forms through the strides.

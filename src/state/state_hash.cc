@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <map>
 #include <bit>
 #include <set>
 
@@ -65,41 +66,64 @@ bool AllZeroBits(std::span<const float> values) {
 
 }  // namespace
 
-std::vector<Digest> ChunkDigests(std::span<const float> piece) {
-  const auto n = static_cast<int64_t>(piece.size());
-  const int64_t whole = n / kHashChunkFloats;  // full chunks; a shorter last one is hashed alone
-  std::vector<Digest> digests(static_cast<size_t>(ChunkCount(n)));
+std::vector<std::vector<Digest>> ChunkDigestsOfPieces(std::span<const std::span<const float>> pieces) {
+  // Every chunk of every piece is a message; messages of one length (the full chunks, and each
+  // length of last chunk) are hashed side by side in tasks of up to kGroup, across pieces, so
+  // small arrays fill the lanes too. A full chunk of zeros gets its known digest.
+  constexpr size_t kGroup = 8;
+  struct Message {
+    const uint8_t* bytes;
+    Digest* out;
+  };
+  std::vector<std::vector<Digest>> digests(pieces.size());
+  std::map<size_t, std::vector<Message>> by_length;  // bytes -> messages
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    const std::span<const float> piece = pieces[p];
+    const auto n = static_cast<int64_t>(piece.size());
+    digests[p].resize(static_cast<size_t>(ChunkCount(n)));
+    for (int64_t c = 0; c < ChunkCount(n); ++c) {
+      const int64_t floats = std::min(kHashChunkFloats, n - c * kHashChunkFloats);
+      by_length[static_cast<size_t>(floats) * sizeof(float)].push_back(
+          {reinterpret_cast<const uint8_t*>(piece.data() + c * kHashChunkFloats),
+           &digests[p][static_cast<size_t>(c)]});
+    }
+  }
+  struct Task {
+    size_t bytes;
+    std::span<const Message> messages;
+  };
+  std::vector<Task> tasks;
+  for (const auto& [bytes, messages] : by_length) {
+    for (size_t i = 0; i < messages.size(); i += kGroup) {
+      tasks.push_back({bytes, std::span(messages).subspan(i, std::min(kGroup, messages.size() - i))});
+    }
+  }
   ZeroChunkDigest();  // made here: ParallelFor bodies must not throw
   Blake2bImplementation();
-  // Tasks of up to kGroup full chunks, hashed side by side (Blake2b256Strided), a chunk of
-  // zeros by its known digest.
-  constexpr int64_t kGroup = 8;
-  const auto* bytes = reinterpret_cast<const uint8_t*>(piece.data());
   constexpr size_t kChunkBytes = sizeof(float) * kHashChunkFloats;
-  ParallelFor((whole + kGroup - 1) / kGroup, [&](int64_t task) {
-    const int64_t first = task * kGroup, last = std::min(whole, first + kGroup);
-    int64_t c = first;
-    while (c < last) {
-      if (AllZeroBits(piece.subspan(static_cast<size_t>(c * kHashChunkFloats),
-                                    static_cast<size_t>(kHashChunkFloats)))) {
-        digests[static_cast<size_t>(c++)] = ZeroChunkDigest();
-        continue;
+  ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t t) {
+    const Task& task = tasks[static_cast<size_t>(t)];
+    std::array<const uint8_t*, kGroup> hashed;
+    std::array<Digest*, kGroup> outs;
+    size_t count = 0;
+    for (const Message& m : task.messages) {
+      const auto* floats = reinterpret_cast<const float*>(m.bytes);
+      if (task.bytes == kChunkBytes && AllZeroBits({floats, static_cast<size_t>(kHashChunkFloats)})) {
+        *m.out = ZeroChunkDigest();
+      } else {
+        hashed[count] = m.bytes;
+        outs[count++] = m.out;
       }
-      int64_t end = c + 1;  // a run of chunks that are not all zeros
-      while (end < last && !AllZeroBits(piece.subspan(static_cast<size_t>(end * kHashChunkFloats),
-                                                      static_cast<size_t>(kHashChunkFloats)))) {
-        ++end;
-      }
-      Blake2b256Strided(bytes + static_cast<size_t>(c) * kChunkBytes, kChunkBytes, kChunkBytes,
-                        static_cast<size_t>(end - c), &digests[static_cast<size_t>(c)]);
-      c = end;
     }
+    std::array<Digest, kGroup> got;
+    Blake2b256Many(std::span(hashed).first(count), task.bytes, got.data());
+    for (size_t i = 0; i < count; ++i) *outs[i] = got[i];
   });
-  if (whole < ChunkCount(n)) {
-    digests.back() =
-        Blake2b().Update(piece.subspan(static_cast<size_t>(whole * kHashChunkFloats))).Final();
-  }
   return digests;
+}
+
+std::vector<Digest> ChunkDigests(std::span<const float> piece) {
+  return std::move(ChunkDigestsOfPieces({&piece, 1})[0]);
 }
 
 Digest ArrayDigestFromChunks(uint64_t elements, std::span<const Digest> chunks) {

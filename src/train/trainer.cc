@@ -287,11 +287,9 @@ void Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_template, f
                    {{"param", param}, {"m", m}, {"v", v}},
                    [&] { rk::AdamWUpdate(adam, param, grad, m, v); });
       }
-      // The four arrays' chunks are independent (ChunkDigests runs inline in a task).
-      std::array<std::vector<Digest>, kStateArrayCount> piece_chunks;
-      ParallelFor(kStateArrayCount, [&](int64_t a) {
-        piece_chunks[static_cast<size_t>(a)] = ChunkDigests(p[static_cast<size_t>(a)].data);
-      });
+      std::array<std::span<const float>, kStateArrayCount> arrays;
+      for (int a = 0; a < kStateArrayCount; ++a) arrays[a] = p[a].data;
+      const std::vector<std::vector<Digest>> piece_chunks = ChunkDigestsOfPieces(arrays);
       for (int a = 0; a < kStateArrayCount; ++a) {
         chunks[a].insert(chunks[a].end(), piece_chunks[a].begin(), piece_chunks[a].end());
       }

@@ -72,6 +72,38 @@ TEST(StateHash, ArrayDigestOfChunksHoweverFedAndOnAnyThreadCount) {
   EXPECT_EQ(ArrayDigestFromChunks(static_cast<uint64_t>(n), chunks), expected);
 }
 
+// Pieces hashed together (chunks of equal length side by side across pieces) give each chunk's
+// BLAKE2b-256 as one stream computes it, for every shape of piece: empty, shorter than a chunk,
+// whole chunks, a partial last chunk, a chunk of zeros (its known digest), and a piece starting
+// 4 bytes into a buffer (its chunks are not 8 bytes apart from the others'), at any thread count.
+TEST(StateHash, ChunkDigestsOfPiecesAreEachChunksDigest) {
+  const int64_t c = kHashChunkFloats;
+  std::vector<float> values(static_cast<size_t>(6 * c + 3));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 1009) * 0.25f - 7.0f;
+  std::fill(values.begin() + 2 * c, values.begin() + 3 * c, 0.0f);  // chunk 2: all zeros
+  const std::span<const float> all(values);
+  const std::vector<std::span<const float>> pieces = {
+      all.first(0),          all.first(1000),         all.first(size_t(c)),
+      all.first(size_t(3 * c)), all.subspan(1, size_t(c + 1000)), all.first(size_t(2 * c + 1000)),
+      all.subspan(1, 1000),  all.first(size_t(c - 1))};
+  for (const int threads : {1, 2, 3, 7}) {
+    SetThreads(threads);
+    const std::vector<std::vector<Digest>> got = ChunkDigestsOfPieces(pieces);
+    ASSERT_EQ(got.size(), pieces.size());
+    for (size_t p = 0; p < pieces.size(); ++p) {
+      const auto n = static_cast<int64_t>(pieces[p].size());
+      ASSERT_EQ(got[p].size(), static_cast<size_t>(ChunkCount(n))) << "piece " << p;
+      for (int64_t k = 0; k < ChunkCount(n); ++k) {
+        const auto chunk = pieces[p].subspan(size_t(k * c), size_t(std::min(c, n - k * c)));
+        EXPECT_EQ(got[p][size_t(k)], Blake2b().Update(chunk).Final())
+            << "piece " << p << ", chunk " << k << ", " << threads << " threads";
+      }
+      EXPECT_EQ(got[p], ChunkDigests(pieces[p])) << "piece " << p;
+    }
+  }
+  SetThreads(1);
+}
+
 TEST(StateHash, SameAtAnyThreadCountAndWhenStreamed) {
   const SampleState s;
   SetThreads(1);

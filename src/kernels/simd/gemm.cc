@@ -10,7 +10,6 @@
 #define HWY_TARGET_INCLUDE "kernels/simd/gemm.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
-#include <hwy/aligned_allocator.h>
 #include <hwy/cache_control.h>
 
 #include <algorithm>
@@ -127,10 +126,8 @@ void Gemm(const GemmArgs& g) {
   }
   const int64_t panel_cols = std::min(kNc, (g.n + nr_max - 1) / nr_max * nr_max);
   const int64_t a_panels = (g.m + kMr - 1) / kMr;
-  auto b_packed = hwy::AllocateAligned<float>(static_cast<size_t>(kKc * panel_cols));
-  auto a_packed = hwy::AllocateAligned<float>(static_cast<size_t>(kKc * kMr * a_panels));
-  float* const bp_all = b_packed.get();
-  float* const ap_all = a_packed.get();
+  float* const bp_all = ScratchFloats(Scratch::kGemmB, static_cast<size_t>(kKc * panel_cols));
+  float* const ap_all = ScratchFloats(Scratch::kGemmA, static_cast<size_t>(kKc * kMr * a_panels));
   for (int64_t jc = 0; jc < g.n; jc += kNc) {
     const int64_t nc = std::min(kNc, g.n - jc);
     const int64_t slivers = (nc + nr_max - 1) / nr_max;
