@@ -134,9 +134,13 @@ void EmbeddingBackward(std::span<const float> dout, std::span<const uint32_t> id
                        std::span<float> dtable, int64_t vocab, int64_t d);
 
 // ---- fused output head + cross-entropy + z-loss -----------------------------------------------
-// logits[r, v] = h[r,:] · w[v,:] are produced vocab_chunk columns at a time and never stored
-// whole. Per row: lse = log(sum_v exp(logits)), loss = lse - logits[target], zloss = z * lse².
-// Results do not depend on vocab_chunk (which must be a positive multiple of kGemmKChunk).
+// logits[r, v] = h[r,:] · w[v,:] are produced vocab_chunk columns at a time. Per row:
+// lse = log(sum_v exp(logits)), loss = lse - logits[target], zloss = z * lse². Results do not
+// depend on vocab_chunk (which must be a positive multiple of kGemmKChunk). The logits are not
+// stored whole unless the caller passes `logits` (rows*vocab floats): the forward then leaves
+// them there (chunk v0 as rows x cols floats from rows*v0), and the backward, given the same
+// buffer, uses them instead of computing them again (the same GEMM, so the same bits) and
+// overwrites it.
 struct CrossEntropyShape {
   int64_t rows = 0, d = 0, vocab = 0;
   int64_t vocab_chunk = 4096;
@@ -145,13 +149,14 @@ struct CrossEntropyShape {
 // loss[rows], zloss[rows], lse[rows].
 void CrossEntropyForward(const CrossEntropyShape& s, std::span<const float> h,
                          std::span<const float> w, std::span<const uint32_t> targets,
-                         std::span<float> loss, std::span<float> zloss, std::span<float> lse);
+                         std::span<float> loss, std::span<float> zloss, std::span<float> lse,
+                         std::span<float> logits = {});
 // Gradient of grad_scale * sum_r (loss[r] + zloss[r]) given lse from the forward:
 // dh[rows, d] overwritten; dw[vocab, d] accumulated (+=) row by row of the vocab.
 void CrossEntropyBackward(const CrossEntropyShape& s, std::span<const float> h,
                           std::span<const float> w, std::span<const uint32_t> targets,
                           std::span<const float> lse, float grad_scale, std::span<float> dh,
-                          std::span<float> dw);
+                          std::span<float> dw, std::span<float> logits = {});
 
 // ---- AdamW ----------------------------------------------------------------------------------
 struct AdamWParams {

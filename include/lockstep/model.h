@@ -241,6 +241,10 @@ struct LossSums {
   float zloss = 0;  // Σ over rows of z_loss · lse²
 };
 
+// Logits kept from the forward for the backward when rows x vocab is at most this many floats
+// (64 MiB); larger heads compute them again in the backward. Either way the bits are the same.
+inline constexpr int64_t kKeptLogitsFloats = int64_t{1} << 24;
+
 // The activations of one (batch, seq) shape, planned once in a single arena, and the kernels'
 // orchestration. tokens is [batch, seq + 1] row-major: row b's inputs are its first seq ids,
 // its targets the last seq. seq may be shorter than config.seq_len (never longer).
@@ -308,13 +312,14 @@ class Model {
   std::vector<ParamSpec> specs_;
   rk::RopeTable rope_;
   std::vector<LayerActivations> layers_;
-  Span emb_, emb_rstd_, x_final_, final_rstd_, xf_, loss_, zloss_, lse_;
+  Span emb_, emb_rstd_, x_final_, final_rstd_, xf_, loss_, zloss_, lse_, logits_;
   // Backward scratch.
   Span dx_, dh_, dq_, dk_, dv_, dattn_, dgu_, dact_, dgain_;
   int64_t arena_floats_ = 0;
   std::vector<float> arena_;
   std::vector<uint32_t> inputs_, targets_;
   bool have_forward_ = false;
+  bool logits_kept_ = false;  // logits_ holds the last Forward's logits (a Backward consumes them)
 };
 
 }  // namespace lockstep

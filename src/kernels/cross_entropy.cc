@@ -7,7 +7,9 @@
 // chunking, and the backward GEMMs accumulate over the vocab in kGemmKChunk pieces that the
 // chunk boundaries (multiples of kGemmKChunk) never split.
 #include <algorithm>
+#include <initializer_list>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "kernels/cross_entropy_impl.h"
@@ -39,25 +41,40 @@ void CheckShape(const char* op, const CrossEntropyShape& s, std::span<const floa
 }
 
 // Calls visit(v0, cols, z) for v0 = 0, vocab_chunk, 2*vocab_chunk, ... with z[rows, cols] the
-// logits h · w[v0 : v0+cols]ᵀ (rows of w are contiguous, so the chunk is a plain slice).
+// logits h · w[v0 : v0+cols]ᵀ (rows of w are contiguous, so the chunk is a plain slice). With
+// `kept` empty they are computed into per-thread scratch; otherwise chunk v0 is kept at
+// kept[rows*v0 ...], computed there when `compute`, else already there from the forward.
 template <class Visit>
 void ForEachLogitChunk(const CrossEntropyShape& s, std::span<const float> h,
-                       std::span<const float> w, Visit visit) {
+                       std::span<const float> w, std::span<float> kept, bool compute,
+                       Visit visit) {
   float* const scratch =
-      ScratchFloats(Scratch::kLogits, static_cast<size_t>(s.rows * std::min(s.vocab_chunk, s.vocab)));
+      kept.empty() ? ScratchFloats(Scratch::kLogits,
+                                   static_cast<size_t>(s.rows * std::min(s.vocab_chunk, s.vocab)))
+                   : nullptr;
   for (int64_t v0 = 0; v0 < s.vocab; v0 += s.vocab_chunk) {
     const int64_t cols = std::min(s.vocab_chunk, s.vocab - v0);
-    const std::span<float> z(scratch, static_cast<size_t>(s.rows * cols));
-    GemmXWt(h, w.subspan(v0 * s.d, cols * s.d), z, s.rows, cols, s.d);
+    const std::span<float> z(kept.empty() ? scratch : kept.data() + s.rows * v0,
+                             static_cast<size_t>(s.rows * cols));
+    if (compute || kept.empty()) GemmXWt(h, w.subspan(v0 * s.d, cols * s.d), z, s.rows, cols, s.d);
     visit(v0, cols, z);
   }
+}
+
+// A non-empty `logits` must hold rows*vocab floats apart from every other argument.
+void CheckLogits(const char* op, const CrossEntropyShape& s, std::span<const float> logits,
+                 std::initializer_list<std::pair<const char*, std::span<const float>>> others) {
+  if (logits.empty()) return;
+  detail::CheckSize(op, "logits", logits, s.rows * s.vocab, "rows*vocab");
+  for (const auto& [name, other] : others) detail::CheckDisjoint(op, "logits", logits, name, other);
 }
 
 }  // namespace
 
 void CrossEntropyForward(const CrossEntropyShape& s, std::span<const float> h,
                          std::span<const float> w, std::span<const uint32_t> targets,
-                         std::span<float> loss, std::span<float> zloss, std::span<float> lse) {
+                         std::span<float> loss, std::span<float> zloss, std::span<float> lse,
+                         std::span<float> logits) {
   constexpr const char* kOp = "CrossEntropyForward";
   CheckShape(kOp, s, h, w, targets);
   detail::CheckSize(kOp, "loss", loss, s.rows, "rows");
@@ -71,6 +88,7 @@ void CrossEntropyForward(const CrossEntropyShape& s, std::span<const float> h,
   detail::CheckDisjoint(kOp, "loss", loss, "zloss", zloss);
   detail::CheckDisjoint(kOp, "loss", loss, "lse", lse);
   detail::CheckDisjoint(kOp, "zloss", zloss, "lse", lse);
+  CheckLogits(kOp, s, logits, {{"h", h}, {"w", w}, {"loss", loss}, {"zloss", zloss}, {"lse", lse}});
 
   // Per row, kReductionLanes running (max, sum) states; an empty lane is (-inf, 0).
   const size_t states = static_cast<size_t>(s.rows * kReductionLanes);
@@ -78,7 +96,8 @@ void CrossEntropyForward(const CrossEntropyShape& s, std::span<const float> h,
   std::vector<float> lane_sum(states, 0.0f);
   std::vector<float> target_logit(static_cast<size_t>(s.rows));
   const auto accumulate = detail::UsingReference() ? &ref::LseAccumulate : &simd::LseAccumulate;
-  ForEachLogitChunk(s, h, w, [&](int64_t v0, int64_t cols, std::span<float> z) {
+  ForEachLogitChunk(s, h, w, logits, /*compute=*/true, [&](int64_t v0, int64_t cols,
+                                                           std::span<float> z) {
     ParallelFor(s.rows, [&](int64_t r) {
       const float* zr = z.data() + r * cols;
       accumulate(zr, cols, &lane_max[r * kReductionLanes], &lane_sum[r * kReductionLanes]);
@@ -103,7 +122,7 @@ void CrossEntropyForward(const CrossEntropyShape& s, std::span<const float> h,
 void CrossEntropyBackward(const CrossEntropyShape& s, std::span<const float> h,
                           std::span<const float> w, std::span<const uint32_t> targets,
                           std::span<const float> lse, float grad_scale, std::span<float> dh,
-                          std::span<float> dw) {
+                          std::span<float> dw, std::span<float> logits) {
   constexpr const char* kOp = "CrossEntropyBackward";
   CheckShape(kOp, s, h, w, targets);
   detail::CheckSize(kOp, "lse", lse, s.rows, "rows");
@@ -117,12 +136,14 @@ void CrossEntropyBackward(const CrossEntropyShape& s, std::span<const float> h,
     detail::CheckDisjoint(kOp, name, out, "lse", lse);
   }
   detail::CheckDisjoint(kOp, "dh", dh, "dw", dw);
+  CheckLogits(kOp, s, logits, {{"h", h}, {"w", w}, {"lse", lse}, {"dh", dh}, {"dw", dw}});
 
   // d(loss + zloss)/dz[v] = (1 + 2*z_loss*lse) * softmax[v] - [v == target]; 2*z_loss is exact.
   std::vector<float> coef(static_cast<size_t>(s.rows));
   for (int64_t r = 0; r < s.rows; ++r) coef[r] = std::fma(2.0f * s.z_loss, lse[r], 1.0f);
   const auto logit_grad = detail::UsingReference() ? &ref::LogitGrad : &simd::LogitGrad;
-  ForEachLogitChunk(s, h, w, [&](int64_t v0, int64_t cols, std::span<float> z) {
+  ForEachLogitChunk(s, h, w, logits, /*compute=*/false, [&](int64_t v0, int64_t cols,
+                                                            std::span<float> z) {
     ParallelFor(s.rows, [&](int64_t r) {
       float* zr = z.data() + r * cols;
       const int64_t t = int64_t{targets[r]} - v0;

@@ -100,6 +100,7 @@ Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int6
   loss_ = take(n);
   zloss_ = take(n);
   lse_ = take(n);
+  logits_ = take(n * config.vocab <= kKeptLogitsFloats ? n * config.vocab : 0);
   dx_ = take(n * d);
   dh_ = take(n * d);
   dq_ = take(n * q_dim);
@@ -271,7 +272,7 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
                {{"h", A(xf_)}, {"w", head}, {"targets", {}, targets_}},
                {{"loss", A(loss_)}, {"zloss", A(zloss_)}, {"lse", A(lse_)}}, [&] {
                  rk::CrossEntropyForward(shape, A(xf_), head, targets_, A(loss_), A(zloss_),
-                                         A(lse_));
+                                         A(lse_), A(logits_));
                });
   }
   access.CloseParam(P.output);
@@ -283,6 +284,7 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
                {{"sum", {sum, 1}}}, [&] { rk::RowSum(rows, {sum, 1}, 1, n); });
   }
   have_forward_ = true;
+  logits_kept_ = logits_.size > 0;
   return sums;
 }
 
@@ -370,9 +372,10 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
                 {"dw", dw}},
                {{"dh", A(dh_)}, {"dw", dw}}, [&] {
                  rk::CrossEntropyBackward(shape, A(xf_), head, targets_, A(lse_), grad_scale,
-                                          A(dh_), dw);
+                                          A(dh_), dw, logits_kept_ ? A(logits_) : std::span<float>());
                });
   }
+  logits_kept_ = false;  // the backward overwrote them
   access.CloseGrad(P.output);
   access.CloseParam(P.output);
   rmsnorm_bwd(-1, A(dh_), A(x_final_), Param(access, P.final_norm), A(final_rstd_), A(dx_),

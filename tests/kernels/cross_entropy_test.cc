@@ -99,6 +99,52 @@ TEST(CrossEntropy, IndependentOfVocabChunk) {
   rk::SetIsa(rk::IsaByName("best"));
 }
 
+// Logits kept by the forward for the backward: the forward leaves each chunk's GemmXWt there
+// (chunk v0 as rows x cols from rows*v0), and the backward that uses them gives the bits of the
+// backward that computes them again, for any vocab chunk and on every variant.
+TEST(CrossEntropy, KeptLogitsGiveTheBitsOfRecomputedOnes) {
+  for (int64_t vocab : {1, 300, 1000}) {
+    const Problem p = MakeProblem(7, 33, vocab, 1e-2f, vocab + 3);
+    const std::vector<float> dw0 = RandomFloats(vocab * p.s.d, 11);
+    for (const rk::Isa& isa : rk::UsableIsas()) {
+      rk::SetIsa(isa);
+      for (int64_t chunk : {256, 512}) {
+        rk::CrossEntropyShape s = p.s;
+        s.vocab_chunk = chunk;
+        const std::vector<float> want = ForwardBackward(p, chunk, 0.5f, dw0);
+        std::vector<float> out(3 * s.rows), dh(s.rows * s.d), dw = dw0;
+        std::vector<float> logits(s.rows * vocab);
+        const std::span<float> lse = std::span(out).subspan(2 * s.rows, s.rows);
+        rk::CrossEntropyForward(s, p.h, p.w, p.targets, std::span(out).first(s.rows),
+                                std::span(out).subspan(s.rows, s.rows), lse, logits);
+        for (int64_t v0 = 0; v0 < vocab; v0 += chunk) {
+          const int64_t cols = std::min(chunk, vocab - v0);
+          std::vector<float> z(s.rows * cols);
+          rk::GemmXWt(p.h, std::span(p.w).subspan(v0 * s.d, cols * s.d), z, s.rows, cols, s.d);
+          ASSERT_EQ(std::memcmp(z.data(), logits.data() + s.rows * v0, z.size() * sizeof(float)), 0)
+              << isa.name << " vocab=" << vocab << " chunk=" << chunk << ": logits at " << v0;
+        }
+        rk::CrossEntropyBackward(s, p.h, p.w, p.targets, lse, 0.5f, dh, dw, logits);
+        out.insert(out.end(), dh.begin(), dh.end());
+        out.insert(out.end(), dw.begin(), dw.end());
+        ASSERT_EQ(out.size(), want.size());
+        EXPECT_EQ(std::memcmp(out.data(), want.data(), out.size() * sizeof(float)), 0)
+            << isa.name << " vocab=" << vocab << " chunk=" << chunk;
+      }
+    }
+  }
+  rk::SetIsa(rk::IsaByName("best"));
+  // A logits buffer of the wrong size, or overlapping another argument, is refused by name.
+  const Problem p = MakeProblem(3, 4, 20, 0.0f, 61);
+  std::vector<float> loss(3), zloss(3), lse(3), logits(60), dh(12), dw(80);
+  ExpectError([&] { rk::CrossEntropyForward(p.s, p.h, p.w, p.targets, loss, zloss, lse,
+                                            std::span(logits).first(59)); },
+              {"CrossEntropyForward", "logits has 59", "rows*vocab = 60"});
+  ExpectError([&] { rk::CrossEntropyBackward(p.s, p.h, p.w, p.targets, lse, 1.0f, dh, dw,
+                                             std::span(dw).first(60)); },
+              {"CrossEntropyBackward", "logits", "overlaps", "dw"});
+}
+
 TEST(CrossEntropy, ForwardMatchesFp64) {
   // Row 0 has logits in the hundreds: exp of the raw logits would overflow fp32.
   Problem p = MakeProblem(4, 64, 1000, 1e-2f, 21);
