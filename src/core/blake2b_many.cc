@@ -58,9 +58,12 @@ void HashLanes(const uint8_t* const* messages, size_t count, size_t bytes, uint8
   using V = hn::Vec<decltype(d)>;
   const size_t lanes = hn::Lanes(d);
   // Lane l's word w of a block is at (the first message's block) + offset[l] + w, in 8-byte units.
+  // (Addresses as integers: the messages are separate objects, which pointer subtraction is not
+  // defined between.)
   HWY_ALIGN int64_t offsets[hn::MaxLanes(di)];
+  const auto address = [](const uint8_t* p) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(p)); };
   for (size_t l = 0; l < lanes; ++l) {
-    offsets[l] = (messages[std::min(l, count - 1)] - messages[0]) / 8;
+    offsets[l] = (address(messages[std::min(l, count - 1)]) - address(messages[0])) / 8;
   }
   const auto lane_offsets = hn::Load(di, offsets);
   const uint8_t* const base = messages[0];
@@ -190,8 +193,10 @@ const Choice& Chosen() {
 const std::string& Blake2bImplementation() { return Chosen().name; }
 
 bool LaneFormServes(std::span<const uint8_t* const> messages, size_t bytes) {
-  return bytes > 0 && bytes % 128 == 0 &&
-         std::ranges::all_of(messages, [&](const uint8_t* m) { return (m - messages[0]) % 8 == 0; });
+  const auto address = [](const uint8_t* p) { return reinterpret_cast<uintptr_t>(p); };
+  return bytes > 0 && bytes % 128 == 0 && std::ranges::all_of(messages, [&](const uint8_t* m) {
+           return (address(m) - address(messages[0])) % 8 == 0;  // unsigned: wraps, stays exact mod 8
+         });
 }
 
 void Blake2b256Lanes(std::span<const uint8_t* const> messages, size_t bytes, Digest* out) {
