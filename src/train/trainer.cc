@@ -261,11 +261,40 @@ void Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_template, f
                         progress_ && store_->SpillBytes() > 0);
   comm_->set_phase(fmt::format("step {}: update and hash", state_.step));
   // The chunk digests of what this rank holds: per tensor, per array, its chunks in order.
-  std::vector<Digest> mine;
+  // Pieces are hashed in batches, across tensors, of at most one full piece's length per array
+  // (all of the state, in RAM): a model's many tensors of a chunk or two then fill the hash's
+  // lanes (ChunkDigestsOfPieces), and a batch holds no more than one full piece would.
+  std::vector<std::array<std::vector<Digest>, kStateArrayCount>> held_chunks(specs_.size());
+  std::vector<std::array<Piece, kStateArrayCount>> batch;
+  int64_t batch_floats = 0;
+  const auto hash_batch = [&] {
+    std::vector<std::span<const float>> arrays;
+    for (const auto& p : batch) {
+      for (const Piece& piece : p) arrays.push_back(piece.data);
+    }
+    const std::vector<std::vector<Digest>> digests = ChunkDigestsOfPieces(arrays);
+    for (size_t b = 0; b < batch.size(); ++b) {
+      for (int a = 0; a < kStateArrayCount; ++a) {
+        const std::vector<Digest>& d = digests[b * kStateArrayCount + static_cast<size_t>(a)];
+        std::vector<Digest>& to = held_chunks[batch[b][a].tensor][a];
+        to.insert(to.end(), d.begin(), d.end());
+      }
+      // An unscaled gradient is unchanged: only what the update wrote is stored back (and
+      // nothing when the new state is discarded).
+      for (const Piece& piece : batch[b]) {
+        store_->Release(piece, update && !discard_next_ &&
+                                   (piece.array != StateArray::kGrad || clip_factor != 1.0f));
+      }
+      progress.Add(batch[b][0].data.size() * sizeof(float) * kStateArrayCount);
+    }
+    batch.clear();
+    batch_floats = 0;
+  };
   for (size_t i = 0; i < specs_.size(); ++i) {
-    std::array<std::vector<Digest>, kStateArrayCount> chunks;
     ForEachPiece(*store_, Held(i, rank_), [&](int64_t begin, int64_t count) {
-      std::array<Piece, kStateArrayCount> p;
+      if (!batch.empty() && count > store_->PieceFloats() - batch_floats) hash_batch();
+      std::array<Piece, kStateArrayCount>& p = batch.emplace_back();
+      batch_floats += count;
       for (int a = 0; a < kStateArrayCount; ++a) {
         p[a] = store_->Acquire(static_cast<StateArray>(a), i, begin, count, /*load=*/true);
       }
@@ -287,21 +316,12 @@ void Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_template, f
                    {{"param", param}, {"m", m}, {"v", v}},
                    [&] { rk::AdamWUpdate(adam, param, grad, m, v); });
       }
-      std::array<std::span<const float>, kStateArrayCount> arrays;
-      for (int a = 0; a < kStateArrayCount; ++a) arrays[a] = p[a].data;
-      const std::vector<std::vector<Digest>> piece_chunks = ChunkDigestsOfPieces(arrays);
-      for (int a = 0; a < kStateArrayCount; ++a) {
-        chunks[a].insert(chunks[a].end(), piece_chunks[a].begin(), piece_chunks[a].end());
-      }
-      // An unscaled gradient is unchanged: only what the update wrote is stored back (and
-      // nothing when the new state is discarded).
-      for (const Piece& piece : p) {
-        store_->Release(piece, update && !discard_next_ &&
-                                   (piece.array != StateArray::kGrad || clip_factor != 1.0f));
-      }
-      progress.Add(static_cast<uint64_t>(count) * sizeof(float) * kStateArrayCount);
     });
-    for (const std::vector<Digest>& c : chunks) mine.insert(mine.end(), c.begin(), c.end());
+  }
+  if (!batch.empty()) hash_batch();
+  std::vector<Digest> mine;
+  for (const auto& tensor : held_chunks) {
+    for (const std::vector<Digest>& c : tensor) mine.insert(mine.end(), c.begin(), c.end());
   }
   // Every rank's chunk digests, in rank order: each tensor's chunks are those of ranks 0, 1, ...
   size_t total = 0;
