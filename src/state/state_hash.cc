@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <array>
-#include <map>
 #include <bit>
+#include <map>
 #include <set>
 
 #include "lockstep/state.h"
