@@ -244,6 +244,8 @@ struct LossSums {
 // Logits kept from the forward for the backward when rows x vocab is at most this many floats
 // (64 MiB); larger heads compute them again in the backward. Either way the bits are the same.
 inline constexpr int64_t kKeptLogitsFloats = int64_t{1} << 24;
+// Whether a Model of `rows` rows keeps its logits (and so holds rows x vocab floats for them).
+inline bool KeepsLogits(int64_t rows, int64_t vocab) { return rows * vocab <= kKeptLogitsFloats; }
 
 // The activations of one (batch, seq) shape, planned once in a single arena, and the kernels'
 // orchestration. tokens is [batch, seq + 1] row-major: row b's inputs are its first seq ids,

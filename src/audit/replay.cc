@@ -43,9 +43,10 @@ uint64_t StepScratchBytes(const RunConfig& config, const data::Dataset& dataset)
   constexpr uint64_t kCachedEpochs = 2, kLanes = 16;
   const uint64_t rows = static_cast<uint64_t>(config.train.microbatch * config.model.seq_len);
   // The head's logit chunk, unless the model keeps all the logits in its arena.
-  const bool logits_kept = static_cast<int64_t>(rows) * config.model.vocab <= kKeptLogitsFloats;
   const uint64_t chunk =
-      logits_kept ? 0 : static_cast<uint64_t>(std::min(config.train.vocab_chunk, config.model.vocab));
+      KeepsLogits(static_cast<int64_t>(rows), config.model.vocab)
+          ? 0
+          : static_cast<uint64_t>(std::min(config.train.vocab_chunk, config.model.vocab));
   return kCachedEpochs * dataset.num_documents() * (sizeof(uint32_t) + sizeof(uint64_t)) +
          static_cast<uint64_t>(config.train.microbatch * (config.model.seq_len + 1)) *
              sizeof(uint32_t) +

@@ -188,16 +188,18 @@ const Choice& Chosen() {
   return choice;
 }
 
-}  // namespace
-
-const std::string& Blake2bImplementation() { return Chosen().name; }
-
+// Whether the lane form can hash these messages: a positive multiple of 128 bytes each, all a
+// multiple of 8 bytes apart.
 bool LaneFormServes(std::span<const uint8_t* const> messages, size_t bytes) {
   const auto address = [](const uint8_t* p) { return reinterpret_cast<uintptr_t>(p); };
   return bytes > 0 && bytes % 128 == 0 && std::ranges::all_of(messages, [&](const uint8_t* m) {
            return (address(m) - address(messages[0])) % 8 == 0;  // unsigned: wraps, stays exact mod 8
          });
 }
+
+}  // namespace
+
+const std::string& Blake2bImplementation() { return Chosen().name; }
 
 void Blake2b256Lanes(std::span<const uint8_t* const> messages, size_t bytes, Digest* out) {
   if (!LaneFormServes(messages, bytes)) {

@@ -100,7 +100,7 @@ Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int6
   loss_ = take(n);
   zloss_ = take(n);
   lse_ = take(n);
-  logits_ = take(n * config.vocab <= kKeptLogitsFloats ? n * config.vocab : 0);
+  logits_ = take(KeepsLogits(n, config.vocab) ? n * config.vocab : 0);
   dx_ = take(n * d);
   dh_ = take(n * d);
   dq_ = take(n * q_dim);
