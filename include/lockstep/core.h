@@ -44,6 +44,20 @@ void ParallelFor(int64_t count, Body&& body) {
       const_cast<void*>(static_cast<const void*>(&body)));
 }
 
+// Runs body(t) once for each t in [0, Threads()): t = 0 on the calling thread, and each t > 0
+// on the same worker thread in every call, so what thread t's task leaves in its core's caches
+// (a block of a GEMM's output, its packed panels) is there for thread t's task of the next call.
+// Use it where that locality is worth more than balancing the load: a thread slowed by other
+// work is not helped. Inside a parallel loop the tasks run in order on the calling thread.
+// body must not throw.
+void ParallelForEachThread(void (*body)(int64_t, void*), void* context);
+
+template <typename Body>
+void ParallelForEachThread(Body&& body) {
+  ParallelForEachThread([](int64_t t, void* ctx) { (*static_cast<Body*>(ctx))(t); },
+                        const_cast<void*>(static_cast<const void*>(&body)));
+}
+
 // ---- floating-point environment -------------------------------------------------------------
 // Fails (Error) when the current thread flushes subnormals (x86 MXCSR FTZ/DAZ, Arm FPCR.FZ)
 // or does not round to nearest-even: the numerics contract needs IEEE behaviour.

@@ -28,15 +28,17 @@ class Pool {
     return pool;
   }
 
-  // Runs body(i, context) for i in [0, count) on the caller and `helpers` workers.
-  void Run(int helpers, int64_t count, void (*body)(int64_t, void*), void* context) {
+  // Runs body(i, context) for i in [0, count) on the caller and `helpers` workers. Pinned:
+  // count == helpers + 1, the caller runs task 0 and worker w (in creation order) task w + 1.
+  void Run(int helpers, int64_t count, void (*body)(int64_t, void*), void* context, bool pinned) {
     std::lock_guard<std::mutex> run_lock(run_mutex_);  // one parallel loop at a time
     Grow(helpers);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       body_ = body;
       context_ = context;
-      count_ = count;
+      count_ = pinned ? 1 : count;  // the caller's share of a pinned loop is task 0
+      pinned_ = pinned;
       next_.store(0);
       wanted_ = helpers;
       joined_ = 0;
@@ -45,10 +47,14 @@ class Pool {
     }
     wake_.notify_all();
     Work();
-    // Wait for every worker that joined this loop to finish its tasks.
+    // Wait for every worker that joined this loop (every wanted one, when pinned) to finish.
     std::unique_lock<std::mutex> lock(mutex_);
-    wanted_ = 0;  // late wakers must not join a loop that is ending
-    done_.wait(lock, [&] { return finished_ == joined_; });
+    if (pinned) {
+      done_.wait(lock, [&] { return finished_ == wanted_; });
+    } else {
+      wanted_ = 0;  // late wakers must not join a loop that is ending
+      done_.wait(lock, [&] { return finished_ == joined_; });
+    }
   }
 
  private:
@@ -64,7 +70,8 @@ class Pool {
 
   void Grow(int helpers) {
     while (static_cast<int>(workers_.size()) < helpers) {
-      workers_.emplace_back([this] { WorkerLoop(); });
+      const int index = static_cast<int>(workers_.size());
+      workers_.emplace_back([this, index] { WorkerLoop(index); });
     }
   }
 
@@ -75,7 +82,7 @@ class Pool {
     t_in_parallel_loop = false;
   }
 
-  void WorkerLoop() {
+  void WorkerLoop(int index) {
     uint64_t seen = 0;
     for (;;) {
       // Spin briefly for the next loop (back-to-back kernels), then sleep.
@@ -86,12 +93,19 @@ class Pool {
       wake_.wait(lock, [&] { return stop_ || generation_seen() != seen; });
       if (stop_) return;
       seen = generation_seen();
-      if (joined_ >= wanted_) continue;  // this loop has enough workers
+      if (pinned_ ? index >= wanted_ : joined_ >= wanted_) continue;  // not wanted in this loop
       ++joined_;
       lock.unlock();
-      Work();
+      if (pinned_) {
+        t_in_parallel_loop = true;
+        body_(index + 1, context_);
+        t_in_parallel_loop = false;
+      } else {
+        Work();
+      }
       lock.lock();
-      if (++finished_ == joined_) done_.notify_one();
+      ++finished_;
+      if (finished_ == (pinned_ ? wanted_ : joined_)) done_.notify_one();
     }
   }
 
@@ -106,6 +120,7 @@ class Pool {
   std::atomic<int64_t> next_{0};
   std::atomic<uint64_t> generation_{0};  // written under mutex_, read without it while spinning
   int wanted_ = 0, joined_ = 0, finished_ = 0;
+  bool pinned_ = false;
   bool stop_ = false;
 };
 
@@ -125,7 +140,16 @@ void ParallelFor(int64_t count, void (*body)(int64_t, void*), void* context) {
     return;
   }
   const int helpers = static_cast<int>(std::min<int64_t>(threads, count)) - 1;
-  Pool::Get().Run(helpers, count, body, context);
+  Pool::Get().Run(helpers, count, body, context, /*pinned=*/false);
+}
+
+void ParallelForEachThread(void (*body)(int64_t, void*), void* context) {
+  const int threads = Threads();
+  if (threads == 1 || t_in_parallel_loop) {
+    for (int64_t t = 0; t < threads; ++t) body(t, context);
+    return;
+  }
+  Pool::Get().Run(threads - 1, threads, body, context, /*pinned=*/true);
 }
 
 }  // namespace lockstep

@@ -1,7 +1,10 @@
-// Core: thread settings, ParallelFor coverage, the floating-point environment check.
+// Core: thread settings, ParallelFor and ParallelForEachThread coverage, the floating-point environment check.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <map>
+#include <mutex>
+#include <thread>
 #include <vector>
 #if defined(__x86_64__)
 #include <xmmintrin.h>
@@ -26,6 +29,46 @@ TEST(ParallelFor, RunsEveryTaskExactlyOnce) {
     std::vector<std::atomic<int>> hits(1000);
     ParallelFor(static_cast<int64_t>(hits.size()), [&](int64_t i) { hits[i]++; });
     for (auto& h : hits) EXPECT_EQ(h.load(), 1) << threads << " threads";
+  }
+  SetThreads(1);
+}
+
+TEST(ParallelForEachThread, RunsEachThreadIndexOnceOnTheSameThreadEveryCall) {
+  for (int threads : {1, 2, 3, 4, 7}) {
+    SetThreads(threads);
+    std::map<int64_t, std::thread::id> first;  // thread index -> the thread that ran it
+    for (int call = 0; call < 50; ++call) {
+      std::mutex mutex;
+      std::map<int64_t, std::thread::id> ran;
+      std::atomic<int> calls{0};
+      ParallelForEachThread([&](int64_t t) {
+        ++calls;
+        std::lock_guard<std::mutex> lock(mutex);
+        ran[t] = std::this_thread::get_id();
+      });
+      ASSERT_EQ(calls.load(), threads);
+      ASSERT_EQ(ran.size(), static_cast<size_t>(threads)) << threads << " threads";
+      EXPECT_EQ(ran.begin()->first, 0);
+      EXPECT_EQ(ran.rbegin()->first, threads - 1);
+      EXPECT_EQ(ran[0], std::this_thread::get_id()) << "index 0 runs on the caller";
+      if (call == 0) first = ran;
+      EXPECT_EQ(ran, first) << "call " << call << ", " << threads << " threads";
+    }
+    // Mixed with dynamic loops, which reuse the same workers in any order.
+    std::vector<std::atomic<int>> hits(100);
+    ParallelFor(static_cast<int64_t>(hits.size()), [&](int64_t i) { hits[i]++; });
+    ParallelForEachThread([&](int64_t t) { EXPECT_EQ(std::this_thread::get_id(), first[t]); });
+    // Nested inside a parallel loop, every index runs in order on the calling thread.
+    ParallelFor(3, [&](int64_t) {
+      const std::thread::id outer = std::this_thread::get_id();
+      std::vector<int64_t> order;
+      ParallelForEachThread([&](int64_t t) {
+        EXPECT_EQ(std::this_thread::get_id(), outer);
+        order.push_back(t);
+      });
+      ASSERT_EQ(order.size(), static_cast<size_t>(threads));
+      for (int t = 0; t < threads; ++t) EXPECT_EQ(order[t], t);
+    });
   }
   SetThreads(1);
 }

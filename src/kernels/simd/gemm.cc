@@ -23,23 +23,75 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 constexpr int64_t kMr = 6;                // microkernel rows
 constexpr int64_t kKc = kGemmKChunk;      // the contract's chunk is the K block
-constexpr int64_t kMcPanels = 16;         // most row panels of A per task (L2-resident)
+constexpr int64_t kMcPanels = 16;         // row panels of A per packed block (L2-resident)
 constexpr int64_t kNc = 8192;             // columns of B packed per panel (L3-resident)
-constexpr int64_t kColumnGroup = 512;     // columns of the panel handled per task
 
-// Packs rows [i0, i0+mr) x reduced [r0, r0+kc) of A into ap[p*kMr + i], zero-padding rows.
-void PackA(const GemmArgs& g, int64_t i0, int64_t mr, int64_t r0, int64_t kc, float* ap) {
-  if (mr < kMr) std::fill(ap, ap + kc * kMr, 0.0f);
-  if (g.a_cs == 1) {  // rows contiguous: walk the mr rows side by side, writing sequentially
-    const float* src[kMr];
-    for (int64_t i = 0; i < mr; ++i) src[i] = g.a + (i0 + i) * g.a_rs + r0;
-    for (int64_t p = 0; p < kc; ++p) {
-      for (int64_t i = 0; i < mr; ++i) ap[p * kMr + i] = src[i][p];
+// Transposes the 4x4 block whose rows are r0..r3: on return r_p holds column p.
+HWY_INLINE void Transpose4x4(hn::Full128<float> d4, hn::Vec128<float>& r0, hn::Vec128<float>& r1,
+                             hn::Vec128<float>& r2, hn::Vec128<float>& r3) {
+  const auto t0 = hn::InterleaveLower(d4, r0, r1);  // r0[0] r1[0] r0[1] r1[1]
+  const auto t1 = hn::InterleaveLower(d4, r2, r3);  // r2[0] r3[0] r2[1] r3[1]
+  const auto t2 = hn::InterleaveUpper(d4, r0, r1);  // r0[2] r1[2] r0[3] r1[3]
+  const auto t3 = hn::InterleaveUpper(d4, r2, r3);  // r2[2] r3[2] r2[3] r3[3]
+  r0 = hn::ConcatLowerLower(d4, t1, t0);
+  r1 = hn::ConcatUpperUpper(d4, t1, t0);
+  r2 = hn::ConcatLowerLower(d4, t3, t2);
+  r3 = hn::ConcatUpperUpper(d4, t3, t2);
+}
+
+// Packs rows [i0, i0+mc) x reduced [r0, r0+kc) of A as panels of kMr rows: row i0 + q*kMr + i
+// at ap[q*kMr*kc + p*kMr + i], the last panel zero-padded. Packing only moves bytes: how it is
+// done never changes a result.
+void PackA(const GemmArgs& g, int64_t i0, int64_t mc, int64_t r0, int64_t kc, float* ap) {
+  const hn::Full128<float> d4;
+  const hn::Full64<float> d2;
+  const int64_t full = mc / kMr;  // whole panels
+  if (mc % kMr != 0) std::fill(ap + full * kMr * kc, ap + (full + 1) * kMr * kc, 0.0f);
+  if (g.a_cs == 1) {
+    // Rows contiguous: each panel walks its rows side by side, four reduced steps at a time
+    // (rows 0-3 by a 4x4 transpose, rows 4-5 zipped), writing sequentially.
+    static_assert(kMr == 6, "the vector path packs six rows");
+    for (int64_t q = 0; q * kMr < mc; ++q) {
+      const int64_t mr = std::min(kMr, mc - q * kMr);
+      float* const panel = ap + q * kMr * kc;
+      const float* src[kMr];
+      for (int64_t i = 0; i < mr; ++i) src[i] = g.a + (i0 + q * kMr + i) * g.a_rs + r0;
+      int64_t p = 0;
+      for (; mr == kMr && p + 4 <= kc; p += 4) {
+        auto v0 = hn::LoadU(d4, src[0] + p), v1 = hn::LoadU(d4, src[1] + p);
+        auto v2 = hn::LoadU(d4, src[2] + p), v3 = hn::LoadU(d4, src[3] + p);
+        const auto v4 = hn::LoadU(d4, src[4] + p), v5 = hn::LoadU(d4, src[5] + p);
+        Transpose4x4(d4, v0, v1, v2, v3);
+        const auto lo = hn::InterleaveLower(d4, v4, v5);  // r4[0] r5[0] r4[1] r5[1]
+        const auto hi = hn::InterleaveUpper(d4, v4, v5);  // r4[2] r5[2] r4[3] r5[3]
+        float* out = panel + p * kMr;
+        hn::StoreU(v0, d4, out);
+        hn::StoreU(hn::LowerHalf(d2, lo), d2, out + 4);
+        hn::StoreU(v1, d4, out + 6);
+        hn::StoreU(hn::UpperHalf(d2, lo), d2, out + 10);
+        hn::StoreU(v2, d4, out + 12);
+        hn::StoreU(hn::LowerHalf(d2, hi), d2, out + 16);
+        hn::StoreU(v3, d4, out + 18);
+        hn::StoreU(hn::UpperHalf(d2, hi), d2, out + 22);
+      }
+      for (; p < kc; ++p) {
+        for (int64_t i = 0; i < mr; ++i) panel[p * kMr + i] = src[i][p];
+      }
     }
-  } else {
-    for (int64_t p = 0; p < kc; ++p) {
-      const float* src = g.a + (r0 + p) * g.a_cs + i0 * g.a_rs;
-      for (int64_t i = 0; i < mr; ++i) ap[p * kMr + i] = src[i * g.a_rs];
+    return;
+  }
+  // Columns contiguous (A is a transposed activation): walk the reduced steps, each one's mc
+  // values contiguous when a_rs == 1, and deal them out to the panels.
+  for (int64_t p = 0; p < kc; ++p) {
+    const float* src = g.a + (r0 + p) * g.a_cs + i0 * g.a_rs;
+    int64_t q = 0;
+    for (; g.a_rs == 1 && q < full; ++q) {
+      float* out = ap + q * kMr * kc + p * kMr;
+      hn::StoreU(hn::LoadU(d4, src + q * kMr), d4, out);
+      hn::StoreU(hn::LoadU(d2, src + q * kMr + 4), d2, out + 4);
+    }
+    for (int64_t i = q * kMr; i < mc; ++i) {
+      ap[i / kMr * kMr * kc + p * kMr + i % kMr] = src[i * g.a_rs];
     }
   }
 }
@@ -53,11 +105,34 @@ void PackB(const GemmArgs& g, int64_t r0, int64_t kc, int64_t j0, int64_t nr, in
       const float* src = g.b + (r0 + p) * g.b_rs + j0;
       std::copy(src, src + nr, bp + p * nr_max);
     }
-  } else {
-    for (int64_t j = 0; j < nr; ++j) {
-      const float* src = g.b + (j0 + j) * g.b_cs + r0 * g.b_rs;
-      for (int64_t p = 0; p < kc; ++p) bp[p * nr_max + j] = src[p * g.b_rs];
+    return;
+  }
+  // Columns of B contiguous (B is a transposed weight): 4x4 blocks, transposed in registers.
+  const auto column = [&](int64_t j) { return g.b + (j0 + j) * g.b_cs + r0 * g.b_rs; };
+  int64_t j = 0;
+  if (g.b_rs == 1) {
+    const hn::Full128<float> d4;
+    const int64_t kc4 = kc / 4 * 4;
+    for (; j + 4 <= nr; j += 4) {
+      const float *s0 = column(j), *s1 = column(j + 1), *s2 = column(j + 2), *s3 = column(j + 3);
+      for (int64_t p = 0; p < kc4; p += 4) {
+        auto v0 = hn::LoadU(d4, s0 + p), v1 = hn::LoadU(d4, s1 + p);
+        auto v2 = hn::LoadU(d4, s2 + p), v3 = hn::LoadU(d4, s3 + p);
+        Transpose4x4(d4, v0, v1, v2, v3);
+        float* out = bp + p * nr_max + j;
+        hn::StoreU(v0, d4, out);
+        hn::StoreU(v1, d4, out + nr_max);
+        hn::StoreU(v2, d4, out + 2 * nr_max);
+        hn::StoreU(v3, d4, out + 3 * nr_max);
+      }
+      for (int64_t p = kc4; p < kc; ++p) {
+        for (int64_t jj = j; jj < j + 4; ++jj) bp[p * nr_max + jj] = column(jj)[p];
+      }
     }
+  }
+  for (; j < nr; ++j) {
+    const float* src = column(j);
+    for (int64_t p = 0; p < kc; ++p) bp[p * nr_max + j] = src[p * g.b_rs];
   }
 }
 
@@ -124,69 +199,76 @@ void Gemm(const GemmArgs& g) {
     if (!g.accumulate) std::fill(g.c, g.c + g.m * g.n, 0.0f);
     return;
   }
+  // The loop nest runs steps (column panel jc, chunk pc) in order, jc outer, pc inner. Thread t
+  // owns the same rows of C in every step, so its block of C and the A rows it packs stay in its
+  // core's caches; sharing them across cores through dynamically claimed tasks cost up to 8 % at
+  // two threads. The B panel of a step is shared: each thread packs a share of it into one of
+  // two buffers during the previous step, and the return of each step's ParallelForEachThread
+  // is the barrier that completes chunk pc everywhere before chunk pc+1 is added.
+  const int64_t threads = Threads();
   const int64_t panel_cols = std::min(kNc, (g.n + nr_max - 1) / nr_max * nr_max);
   const int64_t a_panels = (g.m + kMr - 1) / kMr;
-  float* const bp_all = ScratchFloats(Scratch::kGemmB, static_cast<size_t>(kKc * panel_cols));
-  float* const ap_all = ScratchFloats(Scratch::kGemmA, static_cast<size_t>(kKc * kMr * a_panels));
-  for (int64_t jc = 0; jc < g.n; jc += kNc) {
+  const int64_t b_floats = kKc * panel_cols;
+  float* const bp_buf = ScratchFloats(Scratch::kGemmB, static_cast<size_t>(2 * b_floats));
+  const int64_t chunks = (g.k + kKc - 1) / kKc;
+  const int64_t steps = (g.n + kNc - 1) / kNc * chunks;
+  struct Step {
+    int64_t jc, nc, pc, kc, slivers;
+    float* bp;
+  };
+  const auto step_at = [&](int64_t s) {
+    const int64_t jc = s / chunks * kNc, pc = s % chunks * kKc;
     const int64_t nc = std::min(kNc, g.n - jc);
-    const int64_t slivers = (nc + nr_max - 1) / nr_max;
-    const int64_t groups = (nc + kColumnGroup - 1) / kColumnGroup;
-    // kMcPanels row panels per task, fewer when that would leave under four tasks per thread:
-    // with 128 rows, two tasks of 96 and 32 rows kept one of two threads idle a third of the time.
-    // (How the tiles are split among tasks never changes a result.)
-    const int64_t block_panels = std::clamp(
-        (a_panels * groups + 4 * int64_t{Threads()} - 1) / (4 * int64_t{Threads()}), int64_t{1},
-        kMcPanels);
-    const int64_t mc_max = block_panels * kMr;
-    const int64_t row_blocks = (g.m + mc_max - 1) / mc_max;
-    for (int64_t pc = 0; pc < g.k; pc += kKc) {
-      const int64_t kc = std::min(kKc, g.k - pc);
-      const bool add = g.accumulate || pc > 0;
-      // Pack the B panel and all of A for this chunk, shared by every task. A is repacked per
-      // column panel only when n > kNc.
-      ParallelFor(slivers + a_panels, [&](int64_t s) {
-        if (s < slivers) {
-          const int64_t j0 = s * nr_max;
-          PackB(g, pc, kc, jc + j0, std::min(nr_max, nc - j0), nr_max, bp_all + j0 * kc);
-        } else {
-          const int64_t i0 = (s - slivers) * kMr;
-          PackA(g, i0, std::min(kMr, g.m - i0), pc, kc, ap_all + i0 * kc);
-        }
-      });
-      // The panels are packed. Each task owns a block of C tiles; ParallelFor returning is the
-      // barrier that completes chunk pc everywhere before chunk pc+1 is added.
-      ParallelFor(row_blocks * groups, [&](int64_t task) {
-        HWY_ALIGN float tile[kMr * 2 * hn::MaxLanes(hn::ScalableTag<float>())];
-        const int64_t ic = (task / groups) * mc_max;
-        const int64_t mc = std::min(mc_max, g.m - ic);
-        const int64_t g0 = (task % groups) * kColumnGroup;
-        const int64_t g1 = std::min(nc, g0 + kColumnGroup);
-        for (int64_t jr = g0; jr < g1; jr += nr_max) {
-          const int64_t nr = std::min(nr_max, g1 - jr);
-          const float* bp = bp_all + jr * kc;
+    return Step{jc, nc, pc, std::min(kKc, g.k - pc), (nc + nr_max - 1) / nr_max,
+                bp_buf + s % 2 * b_floats};
+  };
+  const auto pack_b_share = [&](const Step& st, int64_t t) {
+    for (int64_t sl = st.slivers * t / threads; sl < st.slivers * (t + 1) / threads; ++sl) {
+      const int64_t j0 = sl * nr_max;
+      PackB(g, st.pc, st.kc, st.jc + j0, std::min(nr_max, st.nc - j0), nr_max,
+            st.bp + j0 * st.kc);
+    }
+  };
+  const Step first = step_at(0);
+  ParallelForEachThread([&](int64_t t) { pack_b_share(first, t); });
+  for (int64_t s = 0; s < steps; ++s) {
+    const Step st = step_at(s);
+    const bool add = g.accumulate || st.pc > 0;
+    ParallelForEachThread([&](int64_t t) {
+      HWY_ALIGN float tile[kMr * 2 * hn::MaxLanes(hn::ScalableTag<float>())];
+      // This thread's row panels, in blocks of kMcPanels: a block of A is packed into the
+      // thread's own scratch (L2-resident) and multiplied by every sliver of the B panel.
+      float* const ap_block =
+          ScratchFloats(Scratch::kGemmA, static_cast<size_t>(kKc * kMr * kMcPanels));
+      const int64_t p_end = a_panels * (t + 1) / threads;
+      for (int64_t pb = a_panels * t / threads; pb < p_end; pb += kMcPanels) {
+        const int64_t ic = pb * kMr;
+        const int64_t mc = std::min(std::min(p_end, pb + kMcPanels) * kMr, g.m) - ic;
+        PackA(g, ic, mc, st.pc, st.kc, ap_block);
+        for (int64_t jr = 0; jr < st.nc; jr += nr_max) {
+          const int64_t nr = std::min(nr_max, st.nc - jr);
+          const float* bp = st.bp + jr * st.kc;
           for (int64_t ir = 0; ir < mc; ir += kMr) {
             const int64_t mr = std::min(kMr, mc - ir);
-            const float* ap = ap_all + (ic + ir) * kc;
-            float* c = g.c + (ic + ir) * g.n + jc + jr;
+            const float* ap = ap_block + ir * st.kc;
+            float* c = g.c + (ic + ir) * g.n + st.jc + jr;
             if (mr == kMr && nr == nr_max) {
-              Microkernel(d, ap, bp, kc, c, g.n, add);
+              Microkernel(d, ap, bp, st.kc, c, g.n, add);
               continue;
             }
             // Edge tile: run the full microkernel on a local tile, copy the valid part.
             for (int64_t i = 0; i < mr; ++i) {
-              for (int64_t j = 0; j < nr; ++j) {
-                tile[i * nr_max + j] = add ? c[i * g.n + j] : 0.0f;
-              }
+              for (int64_t j = 0; j < nr; ++j) tile[i * nr_max + j] = add ? c[i * g.n + j] : 0.0f;
             }
-            Microkernel(d, ap, bp, kc, tile, nr_max, add);
+            Microkernel(d, ap, bp, st.kc, tile, nr_max, add);
             for (int64_t i = 0; i < mr; ++i) {
               std::copy(tile + i * nr_max, tile + i * nr_max + nr, c + i * g.n);
             }
           }
         }
-      });
-    }
+      }
+      if (s + 1 < steps) pack_b_share(step_at(s + 1), t);
+    });
   }
 }
 
