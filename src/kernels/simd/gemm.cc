@@ -5,7 +5,7 @@
 // +0 in increasing order, the chunk sums added in order. The KC blocking of the Goto loop nest
 // *is* that chunking, and a microkernel lane owns exactly one output element, so every
 // vector width, tile size and thread split gives the reference's bits. Threads split output
-// tiles only; the chunk loop (pc) is sequential with a barrier between chunks.
+// rows only; the chunk loop (pc) is sequential with a barrier between chunks.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/simd/gemm.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
