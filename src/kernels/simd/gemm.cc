@@ -201,8 +201,8 @@ void Gemm(const GemmArgs& g) {
   }
   // The loop nest runs steps (column panel jc, chunk pc) in order, jc outer, pc inner. Thread t
   // owns the same rows of C in every step, so its block of C and the A rows it packs stay in its
-  // core's caches; sharing them across cores through dynamically claimed tasks cost up to 8 % at
-  // two threads. The B panel of a step is shared: each thread packs a share of it into one of
+  // core's caches; sharing them across cores through dynamically claimed tasks cost 2-12 % at
+  // two threads on bench-8x512's layer shapes. The B panel of a step is shared: each thread packs a share of it into one of
   // two buffers during the previous step, and the return of each step's ParallelForEachThread
   // is the barrier that completes chunk pc everywhere before chunk pc+1 is added.
   const int64_t threads = Threads();
