@@ -37,7 +37,7 @@ class Pool {
       std::lock_guard<std::mutex> lock(mutex_);
       body_ = body;
       context_ = context;
-      count_ = pinned ? 1 : count;  // the caller's share of a pinned loop is task 0
+      count_ = count;
       pinned_ = pinned;
       next_.store(0);
       wanted_ = helpers;
@@ -46,7 +46,7 @@ class Pool {
       generation_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
-    Work();
+    Work(pinned ? 0 : -1);
     // Wait for every worker that joined this loop (every wanted one, when pinned) to finish.
     std::unique_lock<std::mutex> lock(mutex_);
     if (pinned) {
@@ -75,10 +75,15 @@ class Pool {
     }
   }
 
-  // Claims tasks until none are left.
-  void Work() {
+  // Runs `task` alone (this thread's task of a pinned loop), or, for task < 0, claims tasks
+  // until none are left.
+  void Work(int64_t task) {
     t_in_parallel_loop = true;
-    for (int64_t i = next_.fetch_add(1); i < count_; i = next_.fetch_add(1)) body_(i, context_);
+    if (task >= 0) {
+      body_(task, context_);
+    } else {
+      for (int64_t i = next_.fetch_add(1); i < count_; i = next_.fetch_add(1)) body_(i, context_);
+    }
     t_in_parallel_loop = false;
   }
 
@@ -95,14 +100,9 @@ class Pool {
       seen = generation_seen();
       if (pinned_ ? index >= wanted_ : joined_ >= wanted_) continue;  // not wanted in this loop
       ++joined_;
+      const int64_t task = pinned_ ? index + 1 : -1;
       lock.unlock();
-      if (pinned_) {
-        t_in_parallel_loop = true;
-        body_(index + 1, context_);
-        t_in_parallel_loop = false;
-      } else {
-        Work();
-      }
+      Work(task);
       lock.lock();
       ++finished_;
       if (finished_ == (pinned_ ? wanted_ : joined_)) done_.notify_one();
