@@ -15,6 +15,7 @@
 
 #include "lockstep/model.h"
 #include "lockstep/state.h"
+#include "lockstep/train.h"
 
 namespace lockstep::audit {
 
@@ -75,6 +76,9 @@ struct ReplayResult {
   uint64_t peak_rss_bytes = 0, planned_peak_rss_bytes = 0;
   uint64_t spill_bytes = 0;  // what the spill files held on disk at the end (0 in RAM)
   std::vector<std::string> localisation;  // with a compare checkpoint that differs
+  // An interval unit's parts, in order: "load checkpoint", then each step's (StepReport::phases,
+  // their names prefixed "step N: "); empty for init.
+  std::vector<train::PhaseReport> phases;
 };
 
 // Runs one unit. Notes (the memory plan, warnings, the localisation) go to stderr as they

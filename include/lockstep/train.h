@@ -22,6 +22,17 @@ namespace lockstep::train {
 // The learning rate of step `step` (1-based) under config.train (docs/training.md).
 float LearningRate(const TrainConfig& config, int64_t step);
 
+// Where a part of a step (or of a replay) went: its wall time, and the state store's disk
+// traffic during it (zero with the state in RAM): the bytes read back and verified against their
+// chunk digests, and the seconds spent waiting for them; the bytes digested and written, and the
+// seconds spent on them; and every byte the part hashed (those two plus any state it digested).
+struct PhaseReport {
+  std::string name;
+  double seconds = 0;
+  uint64_t read_bytes = 0, written_bytes = 0, hashed_bytes = 0;
+  double read_seconds = 0, write_seconds = 0;
+};
+
 // What one step did, for metrics and the progress line.
 struct StepReport {
   uint64_t step = 0;
@@ -33,6 +44,9 @@ struct StepReport {
   // Distributed runs: this rank's seconds in blocking exchanges and bytes sent during the step.
   double comm_seconds = 0;
   uint64_t comm_bytes = 0;
+  // "forward and backward" (the microbatch groups and their gradient sums), "global norm",
+  // "update and hash", in that order.
+  std::vector<PhaseReport> phases;
 };
 
 // One line of a run's metrics.jsonl (docs/training.md, "The run directory"), the one typed reader
@@ -146,7 +160,8 @@ class Trainer {
   // clip and AdamW update piece by piece first); shares the chunk digests and the updated
   // parameters with the other ranks, checking each received chunk against its owner's digest;
   // then hashes the state.
-  void UpdateAndHash(bool update, const rk::AdamWParams& adam_template, float clip_factor);
+  // Returns the bytes it digested.
+  uint64_t UpdateAndHash(bool update, const rk::AdamWParams& adam_template, float clip_factor);
   // Microbatch group g (its microbatches' windows from `cursor`) forward and backward into
   // `access`; returns each microbatch's (loss, zloss) sums and appends its tokens to `tokens`.
   std::vector<float> RunGroup(int64_t g, uint64_t cursor, TensorAccess& access,

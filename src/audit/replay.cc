@@ -293,10 +293,20 @@ ReplayResult ReplayInterval(const ReplayOptions& o) {
                      "the state the files hold, which is NOT the published one",
                      o.checkpoint.string(), ToHex(loaded.hash), ToHex(start.state_hash)));
   }
-  Note(fmt::format("checkpoint step {} loaded and verified in {:.1f} s", start.state.step,
-                   std::chrono::duration<double>(Clock::now() - load_start).count()));
-
   ReplayResult result;
+  {
+    train::PhaseReport& load = result.phases.emplace_back();
+    load.name = "load checkpoint";
+    load.seconds = load.read_seconds =
+        std::chrono::duration<double>(Clock::now() - load_start).count();
+    for (const CheckpointIndex::File& file : start.files) {
+      if (!file.path.empty()) load.read_bytes += file.size;
+    }
+    load.hashed_bytes = load.read_bytes;
+    Note(fmt::format("checkpoint step {} loaded and verified in {:.1f} s ({:.2f} GB/s)",
+                     start.state.step, load.seconds,
+                     static_cast<double>(load.read_bytes) / load.seconds * 1e-9));
+  }
   result.mode = "interval";
   result.expected = target;
   result.planned_peak_rss_bytes = storage.plan.total();
@@ -307,6 +317,17 @@ ReplayResult ReplayInterval(const ReplayOptions& o) {
     if (trainer.state().step + 1 == o.until_step && !state_needed) trainer.DiscardNextState();
     const train::StepReport r = trainer.Step();
     result.losses.push_back(r.loss);
+    for (train::PhaseReport phase : r.phases) {
+      phase.name = fmt::format("step {}: {}", r.step, phase.name);
+      if (phase.read_bytes + phase.written_bytes > 0) {
+        Note(fmt::format("{}: {:.2f} s; read {:.2f} GB waiting {:.2f} s, wrote {:.2f} GB in "
+                         "{:.2f} s, hashed {:.2f} GB",
+                         phase.name, phase.seconds, static_cast<double>(phase.read_bytes) * 1e-9,
+                         phase.read_seconds, static_cast<double>(phase.written_bytes) * 1e-9,
+                         phase.write_seconds, static_cast<double>(phase.hashed_bytes) * 1e-9));
+      }
+      result.phases.push_back(std::move(phase));
+    }
     Note(fmt::format("step {}/{}  loss {:.6f}  grad_norm {:.6f}  {:.2f} s{}", r.step, o.until_step,
                      r.loss, r.grad_norm, r.seconds, r.skipped ? "  SKIPPED (spike)" : ""));
     if (loss_log) {
@@ -422,7 +443,17 @@ std::string ResultJson(const ReplayResult& r) {
       {"planned_peak_rss_bytes", r.planned_peak_rss_bytes},
       {"spill_disk_bytes", r.spill_bytes},
       {"localisation", r.localisation},
+      {"phases", nlohmann::ordered_json::array()},
   };
+  for (const train::PhaseReport& p : r.phases) {
+    j["phases"].push_back({{"name", p.name},
+                           {"seconds", p.seconds},
+                           {"read_bytes", p.read_bytes},
+                           {"read_seconds", p.read_seconds},
+                           {"written_bytes", p.written_bytes},
+                           {"write_seconds", p.write_seconds},
+                           {"hashed_bytes", p.hashed_bytes}});
+  }
   return j.dump(2) + "\n";
 }
 

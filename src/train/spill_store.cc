@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -25,6 +26,11 @@ static_assert(kSpillChunkFloats % rk::kNormBlock == 0, "chunks are whole norm bl
 
 constexpr const char* kArrayNames[kStateArrayCount] = {"param", "m", "v", "grad"};
 constexpr int64_t kChunkBytes = kSpillChunkFloats * int64_t{sizeof(float)};
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
 
 class SpillStore final : public StateStore {
  public:
@@ -77,7 +83,16 @@ class SpillStore final : public StateStore {
     auto buffer = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(count));
     const Piece piece{array, tensor, begin, {buffer.get(), static_cast<size_t>(count)}};
     if (load) {
+      const auto start = Clock::now();
       ForChunks(piece, [&](int64_t c, std::span<float> data) { return ReadChunk(piece, c, data); });
+      traffic_.read_seconds += Seconds(start);
+      const int64_t first = begin / kSpillChunkFloats;
+      for (int64_t c = first; c < first + Chunks(count); ++c) {
+        if (ChunkOf(piece, c).file >= 0) {  // a chunk of zeros is not read
+          traffic_.read_bytes += static_cast<uint64_t>(
+              std::min(kSpillChunkFloats, begin + count - c * kSpillChunkFloats) * int64_t{sizeof(float)});
+        }
+      }
     }
     buffers_.emplace(buffer.get(), std::move(buffer));
     return piece;
@@ -87,8 +102,11 @@ class SpillStore final : public StateStore {
     const auto it = buffers_.find(piece.data.data());
     if (it == buffers_.end()) Fail("SpillStore: a piece released twice or never acquired");
     if (store) {
+      const auto start = Clock::now();
       ForChunks(piece,
                 [&](int64_t c, std::span<float> data) { return WriteChunk(piece, c, data); });
+      traffic_.write_seconds += Seconds(start);
+      traffic_.written_bytes += piece.data.size_bytes();
     }
     buffers_.erase(it);
   }
@@ -100,6 +118,8 @@ class SpillStore final : public StateStore {
     }
     return bytes;
   }
+
+  Traffic traffic() const override { return traffic_; }
 
   void Zero() override {
     chunks_.assign(kStateArrayCount, {});
@@ -238,6 +258,7 @@ class SpillStore final : public StateStore {
   std::vector<int64_t> slot_chunk_;   // first chunk slot of each tensor in a spill file
   std::vector<std::vector<std::vector<Chunk>>> chunks_;  // [array][tensor][chunk]
   std::map<const float*, std::unique_ptr<float[]>> buffers_;  // acquired pieces
+  Traffic traffic_;
 };
 
 }  // namespace

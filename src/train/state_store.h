@@ -50,6 +50,12 @@ class StateStore : public TensorAccess {
                          const std::function<void(uint64_t bytes)>& loaded) = 0;
   // Bytes the store's files occupy on disk now (0 for RAM).
   virtual uint64_t SpillBytes() const = 0;
+  // The disk traffic of Acquire and Release so far (all zero for RAM); PhaseReport's fields.
+  struct Traffic {
+    uint64_t read_bytes = 0, written_bytes = 0;
+    double read_seconds = 0, write_seconds = 0;
+  };
+  virtual Traffic traffic() const { return {}; }
 
   // TensorAccess, in whole tensors.
   std::span<const float> OpenParam(size_t i) override;

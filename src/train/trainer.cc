@@ -246,6 +246,41 @@ uint64_t StateBytes(const ModelConfig& model) {
 namespace {
 
 std::span<const std::byte> Bytes(std::span<const float> f) { return std::as_bytes(f); }
+
+// Appends a step's phases to a report: each Start ends the phase before it, with its wall time
+// and the store's traffic meanwhile.
+class PhaseClock {
+ public:
+  PhaseClock(const StateStore& store, std::vector<PhaseReport>& phases)
+      : store_(store), phases_(phases) {}
+  void Start(std::string name) {
+    End();
+    phases_.push_back({.name = std::move(name)});
+    start_ = std::chrono::steady_clock::now();
+    traffic_ = store_.traffic();
+    open_ = true;
+  }
+  // `hashed_bytes`: what the phase digested beside the store's reads and writes.
+  void End(uint64_t hashed_bytes = 0) {
+    if (!open_) return;
+    open_ = false;
+    const StateStore::Traffic now = store_.traffic();
+    PhaseReport& p = phases_.back();
+    p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    p.read_bytes = now.read_bytes - traffic_.read_bytes;
+    p.written_bytes = now.written_bytes - traffic_.written_bytes;
+    p.read_seconds = now.read_seconds - traffic_.read_seconds;
+    p.write_seconds = now.write_seconds - traffic_.write_seconds;
+    p.hashed_bytes = p.read_bytes + p.written_bytes + hashed_bytes;
+  }
+
+ private:
+  const StateStore& store_;
+  std::vector<PhaseReport>& phases_;
+  std::chrono::steady_clock::time_point start_;
+  StateStore::Traffic traffic_;
+  bool open_ = false;
+};
 std::span<std::byte> Bytes(std::span<float> f) { return std::as_writable_bytes(f); }
 
 }  // namespace
@@ -255,7 +290,8 @@ uint64_t GroupBufferBytes(const RunConfig& config, int processes) {
   return needed ? StateBytes(config.model) / kStateArrayCount : 0;
 }
 
-void Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_template, float clip_factor) {
+uint64_t Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_template,
+                                float clip_factor) {
   // Only a spilled pass is long enough to show (it reads and writes the state on disk).
   ProgressLine progress(update ? "update and hash" : "hash", StateBytes(config_.model),
                         progress_ && store_->SpillBytes() > 0);
@@ -267,10 +303,14 @@ void Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_template, f
   std::vector<std::array<std::vector<Digest>, kStateArrayCount>> held_chunks(specs_.size());
   std::vector<std::array<Piece, kStateArrayCount>> batch;
   int64_t batch_floats = 0;
+  uint64_t hashed_bytes = 0;
   const auto hash_batch = [&] {
     std::vector<std::span<const float>> arrays;
     for (const auto& p : batch) {
-      for (const Piece& piece : p) arrays.push_back(piece.data);
+      for (const Piece& piece : p) {
+        arrays.push_back(piece.data);
+        hashed_bytes += piece.data.size_bytes();
+      }
     }
     const std::vector<std::vector<Digest>> digests = ChunkDigestsOfPieces(arrays);
     for (size_t b = 0; b < batch.size(); ++b) {
@@ -352,6 +392,7 @@ void Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_template, f
   }
   if (update && ranks_ > 1) ShareParameters(chunks);
   hash_ = StateHashFromDigests(state_, digests);
+  return hashed_bytes;
 }
 
 void Trainer::ShareParameters(const ChunkTable& chunks) {
@@ -672,6 +713,8 @@ StepReport Trainer::Step() {
   //    groups, gathered in rank order, are in group order. Losses and tokens are gathered per
   //    microbatch and added / digested in microbatch order; group gradients are added into the
   //    owners' gradients in group order (FoldRound).
+  PhaseClock phases(*store_, report.phases);
+  phases.Start("forward and backward");
   const int64_t per_group = tc.microbatches / tc.grad_groups, rounds = tc.grad_groups / ranks_;
   Blake2b consumed;
   const uint64_t cursor = state_.data_cursor;
@@ -709,6 +752,7 @@ StepReport Trainer::Step() {
   //    kNormBlock blocks it holds; the block sums are shared and added in parameter order. A NaN
   //    gradient (whose bits the kernels do not fix) is made the canonical NaN here, before
   //    anything hashes or writes it; the scan runs only in a piece whose sums hold a NaN.
+  phases.Start("global norm");
   comm_->set_phase(fmt::format("step {}: global norm", report.step));
   if (observer_ != nullptr) observer_->Context(report.step, -1);
   std::vector<double> my_blocks;
@@ -773,7 +817,8 @@ StepReport Trainer::Step() {
   state_.skipped = report.skipped;
   state_.tokens_digest = consumed.Final();
   state_.data_cursor = cursor + static_cast<uint64_t>(tc.microbatches * tc.microbatch);
-  UpdateAndHash(!report.skipped, adam, report.clip_factor);
+  phases.Start("update and hash");
+  phases.End(UpdateAndHash(!report.skipped, adam, report.clip_factor));
   gradients_held_ = true;
   discarded_ = discard_next_;
   discard_next_ = false;

@@ -417,6 +417,69 @@ TEST_F(Audit, SmokeInitMatchesAndOneStepPlanIsAccurate) {
   }
 }
 
+// An interval replay reports where its time went: the load, then each step's phases. In RAM a
+// step touches no disk; spilled, each phase's traffic is what the step must move. smoke trains
+// one microbatch: each parameter is read by the forward and again by the backward (but the
+// embedding table, whose backward only scatters into its gradient), each
+// gradient written once, then read by the norm and by the update, which also reads the
+// parameters and both moments and digests all four arrays once more.
+TEST_F(Audit, IntervalReplayReportsItsPhasesAndTheirDiskTraffic) {
+  const fs::path run = Scratch() / "phases";
+  ASSERT_EQ(Lockstep("train --config smoke --data " + Data().string() + " --out " + run.string() +
+                     " --steps 0 --no-progress")
+                .exit_code,
+            0);
+  uint64_t p = 0, table = 0;  // bytes of one array of every tensor, and of the embedding table
+  for (const ParamSpec& spec : ParameterSpecs(LoadRunConfig("smoke").model)) {
+    p += static_cast<uint64_t>(spec.numel()) * sizeof(float);
+    if (spec.name == "tok_embeddings.weight") table = static_cast<uint64_t>(spec.numel()) * sizeof(float);
+  }
+  ASSERT_GT(table, 0u);
+  const fs::path checkpoint = Ckpt(run, 0);
+  const uint64_t files =
+      fs::file_size(checkpoint / "model.safetensors") + fs::file_size(checkpoint / "optimizer.safetensors");
+  const std::string replay = "replay --checkpoint " + checkpoint.string() +
+                             " --until-step 1 --data " + Data().string();
+  const Result in_ram = Lockstep(replay);
+  const Result spilled = Lockstep(replay + " --spill-dir " + (Scratch() / "phases-spill").string());
+  ASSERT_EQ(in_ram.exit_code, 0) << in_ram.err;
+  ASSERT_EQ(spilled.exit_code, 0) << spilled.err;
+  EXPECT_EQ(in_ram.json().at("state_hash"), spilled.json().at("state_hash"));
+
+  struct Traffic {
+    std::string name;
+    uint64_t read, written, hashed;
+  };
+  const auto traffic = [](const Result& r) {
+    std::vector<Traffic> phases;
+    const Json j = r.json();
+    for (const Json& phase : j.at("phases")) {
+      EXPECT_GE(phase.at("seconds").get<double>(), 0.0) << phase;
+      EXPECT_LE(phase.at("read_seconds").get<double>(), phase.at("seconds").get<double>()) << phase;
+      phases.push_back({phase.at("name"), phase.at("read_bytes"), phase.at("written_bytes"),
+                        phase.at("hashed_bytes")});
+    }
+    return phases;
+  };
+  const auto expect = [](const std::vector<Traffic>& got, const std::vector<Traffic>& want) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i].name, want[i].name);
+      EXPECT_EQ(got[i].read, want[i].read) << want[i].name;
+      EXPECT_EQ(got[i].written, want[i].written) << want[i].name;
+      EXPECT_EQ(got[i].hashed, want[i].hashed) << want[i].name;
+    }
+  };
+  expect(traffic(in_ram), {{"load checkpoint", files, 0, files},
+                           {"step 1: forward and backward", 0, 0, 0},
+                           {"step 1: global norm", 0, 0, 0},
+                           {"step 1: update and hash", 0, 0, 4 * p}});
+  expect(traffic(spilled), {{"load checkpoint", files, 0, files},
+                            {"step 1: forward and backward", 2 * p - table, p, 3 * p - table},
+                            {"step 1: global norm", p, 0, p},
+                            {"step 1: update and hash", 4 * p, 0, 8 * p}});
+}
+
 // open-100m (~100M parameters, tensors of several spill chunks): the streamed init unit equals
 // the step 0 the trainer writes with its state on disk, with RAM ~ two 4 MiB pieces (planned
 // within 15 %).
