@@ -164,6 +164,8 @@ class TensorAccess {
   virtual std::span<float> OpenGrad(size_t i, bool accumulate) = 0;
   // Tensor i's gradient is complete for this microbatch.
   virtual void CloseGrad(size_t i) = 0;
+  // A hint: parameter i is opened soon (storage on disk starts reading it now).
+  virtual void WillOpenParam(size_t /*i*/) {}
 };
 
 // TensorAccess to ParamStores in RAM (no copies). `grads` may be null for a forward pass.
@@ -304,6 +306,8 @@ class Model {
   void CheckParams(const ParamStore& params, const char* what) const;
   // Opens parameter i, checking its size against the model's.
   std::span<const float> Param(TensorAccess& access, size_t i) const;
+  // access.WillOpenParam for every tensor of `layer`.
+  void WillOpenLayer(TensorAccess& access, int64_t layer) const;
   std::span<float> Grad(TensorAccess& access, size_t i, bool accumulate) const;
   rk::AttentionShape AttentionShape(int64_t layer) const;
   rk::CrossEntropyShape CrossEntropyShape() const;

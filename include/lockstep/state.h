@@ -306,6 +306,14 @@ using PieceSource =
 // included); it does not compare it with meta.json's state_hash (VerifyStreamedHash does).
 StateHash StreamCheckpoint(const CheckpointIndex& index, int64_t piece_floats,
                            const PieceSink& sink, FileDigests digests = FileDigests::kEnforce);
+// What StreamCheckpoint checks once it has read every byte, for a reader that read and digested
+// the arrays itself (a SpillStore reading a checkpoint in place, as a step first needs each
+// chunk): each tensor file's digest, made from its header (read again here) and the arrays'
+// digests in `tensors`, against COMPLETE, and full gradients against meta.json's grad_digests,
+// as `digests` says. tensors[i] is index.tensors[i]'s (its grad is read only with full
+// gradients). Returns the state hash of those digests, as StreamCheckpoint does.
+StateHash CheckpointHashOfDigests(const CheckpointIndex& index, std::vector<TensorDigest> tensors,
+                                  FileDigests digests = FileDigests::kEnforce);
 // Fails naming the directory and both hashes when `recomputed` (StreamCheckpoint's result)
 // differs from meta.json's state_hash, as VerifyCheckpointHash does. Returns `recomputed`.
 StateHash VerifyStreamedHash(const CheckpointIndex& index, StateHash recomputed);

@@ -120,6 +120,14 @@ class Trainer {
   // to report.
   StateHash Restore(const CheckpointIndex& checkpoint,
                     FileDigests digests = FileDigests::kEnforce);
+  // Restore for an audit, reading each checkpoint byte once: with the state on disk nothing is
+  // read now. Each chunk stays where it lies in the checkpoint's files, and the next Step reads
+  // it there when it first needs it, digesting it then (every later read is checked against that
+  // digest); that Step ends by reading what it did not need and checking the files' digests and
+  // the state hash from those digests, failing as Restore does. Until then the state is
+  // meta.json's word: reads and checkpoints are refused. Returns false where the state is in
+  // RAM: there this is Restore. One process only.
+  bool RestoreInPlace(const CheckpointIndex& checkpoint);
   // Makes step state().step + 1 and hashes the result.
   StepReport Step();
   // The next Step() computes its state hash but need not keep the new state: a spilled store
@@ -171,6 +179,10 @@ class Trainer {
   void FoldRound(int64_t round);
   // Fails naming `what` once a step's state was discarded.
   void RefuseDiscarded(std::string_view what) const;
+  // RefuseDiscarded, and fails while a checkpoint restored in place is not verified yet.
+  void RefuseUnsettled(std::string_view what) const;
+  // Restore's checks of a checkpoint against this run: descriptor, tensor names and shapes.
+  void CheckRestorable(const CheckpointIndex& checkpoint) const;
   // The tensor data bytes of a checkpoint of this model keeping `gradients`.
   uint64_t CheckpointBytes(Gradients gradients) const;
   // Per tensor, per array: the digests of its hash chunks, in order.
@@ -202,6 +214,7 @@ class Trainer {
   std::vector<uint32_t> tokens_;  // one microbatch: [microbatch, seq_len + 1]
   bool progress_ = false;
   bool discard_next_ = false, discarded_ = false;  // DiscardNextState
+  std::optional<CheckpointIndex> attached_;  // restored in place, not verified yet
   // The store holds the gradients of state_ (false after restoring a checkpoint that keeps only
   // their digests, until the next step computes new ones).
   bool gradients_held_ = true;

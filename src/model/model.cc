@@ -130,6 +130,13 @@ std::span<float> StoreAccess::OpenGrad(size_t i, bool) {
   return grads_->Tensor(i);
 }
 
+void Model::WillOpenLayer(TensorAccess& access, int64_t layer) const {
+  const ParamIndex P(config_);
+  for (size_t which = 0; which < kTensorsPerLayer; ++which) {
+    access.WillOpenParam(P.Layer(layer, which));
+  }
+}
+
 std::span<const float> Model::Param(TensorAccess& access, size_t i) const {
   const std::span<const float> p = access.OpenParam(i);
   if (static_cast<int64_t>(p.size()) != specs_[i].numel()) {
@@ -222,11 +229,18 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
     access.CloseParam(P.emb_norm);
   }
 
+  WillOpenLayer(access, 0);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     LayerActivations& a = layers_[static_cast<size_t>(l)];
     std::array<std::span<const float>, kTensorsPerLayer> w;
     for (size_t which = 0; which < kTensorsPerLayer; ++which) {
       w[which] = Param(access, P.Layer(l, which));
+    }
+    if (l + 1 < c.n_layers) {
+      WillOpenLayer(access, l + 1);
+    } else {
+      access.WillOpenParam(P.final_norm);
+      access.WillOpenParam(P.output);
     }
     // Attention block: x_mid = x_in + attn(RMSNorm(x_in)) · Woᵀ.
     rmsnorm(l, A(a.x_in), w[kAttnNorm], A(a.h), A(a.attn_rstd), n, d);  // h[N,d]
@@ -363,6 +377,9 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
   };
 
   // Output head and final norm: dx = d x_final [N, d].
+  access.WillOpenParam(P.output);
+  access.WillOpenParam(P.final_norm);
+  WillOpenLayer(access, c.n_layers - 1);
   {
     const std::span<const float> head = Param(access, P.output);
     const std::span<float> dw = scatter_grad(P.output);
@@ -388,6 +405,11 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
     std::array<std::span<const float>, kTensorsPerLayer> w;
     for (size_t which = 0; which < kTensorsPerLayer; ++which) {
       w[which] = Param(access, P.Layer(l, which));
+    }
+    if (l > 0) {
+      WillOpenLayer(access, l - 1);
+    } else if (c.embedding_norm) {
+      access.WillOpenParam(P.emb_norm);
     }
     auto G = [&](size_t which) { return P.Layer(l, which); };
     // Feed-forward block; on entry dx = d x_out, on exit dx = d x_mid.

@@ -682,6 +682,46 @@ CheckpointIndex::Location CheckpointIndex::Where(size_t i, StateArray a) const {
   return {.file = files[kArrayPlaces[k].file].path, .offset = offsets[i][k]};
 }
 
+namespace {
+
+// A tensor file's digest from its header and the digests of its arrays, taken in data order.
+Digest FileDigestOfArrays(const CheckpointIndex& index, size_t f, std::span<const uint8_t> header,
+                          std::span<const TensorDigest> tensors) {
+  std::vector<std::pair<uint64_t, Digest>> arrays;
+  for (size_t i = 0; i < index.tensors.size(); ++i) {
+    for (int a = 0; a < kStateArrayCount; ++a) {
+      if (kArrayPlaces[a].file == f) arrays.emplace_back(index.offsets[i][a], tensors[i].*kDigestArrays[a]);
+    }
+  }
+  std::ranges::sort(arrays, {}, &std::pair<uint64_t, Digest>::first);
+  std::vector<Digest> in_file;
+  for (const auto& [offset, digest] : arrays) in_file.push_back(digest);
+  return TensorFileDigestOf(header, in_file);
+}
+
+// After the tensor files' digests: the gradients' (meta.json's, or with full gradients checked
+// against them), and the state hash of every digest.
+StateHash HashOfCheckedArrays(const CheckpointIndex& index, std::vector<TensorDigest> tensor_digests,
+                              FileDigests digests) {
+  if (index.grad_digests.size() != tensor_digests.size()) {
+    Fail("{}: the index holds {} gradient digests for {} tensors", index.dir.string(),
+         index.grad_digests.size(), tensor_digests.size());
+  }
+  for (size_t i = 0; i < tensor_digests.size(); ++i) {
+    if (index.gradients == Gradients::kDigests) {
+      tensor_digests[i].grad = index.grad_digests[i];
+    } else if (tensor_digests[i].grad != index.grad_digests[i] &&
+               digests == FileDigests::kEnforce) {
+      Fail("{}: the gradient of tensor '{}' hashes to {}, but meta.json's grad_digests lists {}",
+           index.files[2].path.string(), tensor_digests[i].name, ToHex(tensor_digests[i].grad),
+           ToHex(index.grad_digests[i]));
+    }
+  }
+  return StateHashFromDigests(index.state, tensor_digests);
+}
+
+}  // namespace
+
 StateHash StreamCheckpoint(const CheckpointIndex& index, int64_t piece_floats,
                            const PieceSink& sink, FileDigests digests) {
   if (piece_floats < 1) {
@@ -732,10 +772,8 @@ StateHash StreamCheckpoint(const CheckpointIndex& index, int64_t piece_floats,
       const uint64_t offset = std::get<0>(arrays[jobs[j].array]);
       in.ReadAt(offset + 4 * static_cast<uint64_t>(jobs[j].begin), WritableBytesOf(piece_of(j)));
     };
-    std::vector<Digest> in_file(arrays.size());  // the file's array digests, in data order
-    for (size_t k = 0; k < arrays.size(); ++k) {  // an array without elements has no pieces
-      const auto& [offset, i, a] = arrays[k];
-      if (counts[i] == 0) in_file[k] = tensor_digests[i].*kDigestArrays[a] = ArrayHasher().Final();
+    for (const auto& [offset, i, a] : arrays) {  // an array without elements has no pieces
+      if (counts[i] == 0) tensor_digests[i].*kDigestArrays[a] = ArrayHasher().Final();
     }
     std::optional<ArrayHasher> array_hash;
     std::future<void> next;
@@ -748,7 +786,7 @@ StateHash StreamCheckpoint(const CheckpointIndex& index, int64_t piece_floats,
       const std::span<float> p = piece_of(j);
       array_hash->Update(p);
       if (jobs[j].begin + jobs[j].count == counts[i]) {  // the array's last piece
-        in_file[jobs[j].array] = tensor_digests[i].*kDigestArrays[a] = array_hash->Final();
+        tensor_digests[i].*kDigestArrays[a] = array_hash->Final();
       }
       if (sink) {
         // Aligned pieces are whole hash chunks (the array's last perhaps shorter), all final now.
@@ -761,23 +799,25 @@ StateHash StreamCheckpoint(const CheckpointIndex& index, int64_t piece_floats,
         sink(i, static_cast<StateArray>(a), jobs[j].begin, p, chunks);
       }
     }
-    CheckDigest(listed, TensorFileDigestOf(header, in_file), digests);
+    CheckDigest(listed, FileDigestOfArrays(index, f, header, tensor_digests), digests);
   }
-  if (index.grad_digests.size() != tensor_digests.size()) {
-    Fail("{}: the index holds {} gradient digests for {} tensors", index.dir.string(),
-         index.grad_digests.size(), tensor_digests.size());
+  return HashOfCheckedArrays(index, std::move(tensor_digests), digests);
+}
+
+StateHash CheckpointHashOfDigests(const CheckpointIndex& index, std::vector<TensorDigest> tensors,
+                                  FileDigests digests) {
+  if (tensors.size() != index.tensors.size()) {
+    Fail("{}: {} tensor digests for {} tensors", index.dir.string(), tensors.size(),
+         index.tensors.size());
   }
-  for (size_t i = 0; i < tensor_digests.size(); ++i) {
-    if (index.gradients == Gradients::kDigests) {
-      tensor_digests[i].grad = index.grad_digests[i];
-    } else if (tensor_digests[i].grad != index.grad_digests[i] &&
-               digests == FileDigests::kEnforce) {
-      Fail("{}: the gradient of tensor '{}' hashes to {}, but meta.json's grad_digests lists {}",
-           index.files[2].path.string(), tensor_digests[i].name, ToHex(tensor_digests[i].grad),
-           ToHex(index.grad_digests[i]));
-    }
+  for (size_t f = 0; f < kTensorFiles.size(); ++f) {
+    if (!HasTensorFile(f, index.gradients)) continue;
+    const ListedFile& listed = index.files[f];
+    std::vector<uint8_t> header(listed.data_start);
+    File::OpenForReading(listed.path).ReadAt(0, header);
+    CheckDigest(listed, FileDigestOfArrays(index, f, header, tensors), digests);
   }
-  return StateHashFromDigests(index.state, tensor_digests);
+  return HashOfCheckedArrays(index, std::move(tensors), digests);
 }
 
 void ReadCheckpointPiece(const CheckpointIndex& index, size_t i, StateArray a, int64_t begin,

@@ -5,6 +5,7 @@
 // (all zeros: the moments and gradients at init cost no disk), in the checkpoint file it was
 // loaded from (read in place: loading a checkpoint copies nothing), or in its slot of this store's
 // file for its array (after it was first written).
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -80,8 +81,8 @@ class SpillStore final : public StateStore {
       Fail("SpillStore: piece [{}, {}) of tensor '{}' ({} elements) is not whole chunks of {}",
            begin, begin + count, specs_[tensor].name, numel, kSpillChunkFloats);
     }
-    auto buffer = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(count));
-    const Piece piece{array, tensor, begin, {buffer.get(), static_cast<size_t>(count)}};
+    Buffer buffer = TakeBuffer(static_cast<size_t>(count));
+    const Piece piece{array, tensor, begin, {buffer.data.get(), static_cast<size_t>(count)}};
     if (load) {
       const auto start = Clock::now();
       ForChunks(piece, [&](int64_t c, std::span<float> data) { return ReadChunk(piece, c, data); });
@@ -94,8 +95,40 @@ class SpillStore final : public StateStore {
         }
       }
     }
-    buffers_.emplace(buffer.get(), std::move(buffer));
+    buffers_.emplace(buffer.data.get(), std::move(buffer));
     return piece;
+  }
+
+  void Prefetch(StateArray array, size_t tensor, int64_t begin, int64_t count) override {
+    const int64_t first = begin / kSpillChunkFloats;
+    const int64_t last = std::min(Chunks(begin + count), Chunks(specs_.at(tensor).numel()));
+    // Runs of chunks that lie one after another in one file, each asked for at once.
+    int file = -1;
+    uint64_t from = 0, to = 0;
+    const auto ask = [&] {
+      if (file >= 0 && to > from) {
+        // Only a hint: an error here (none is expected for a readable file) leaves the read to
+        // Acquire, which reports it.
+        (void)::posix_fadvise(files_[static_cast<size_t>(file)].file.fd(),
+                              static_cast<off_t>(from), static_cast<off_t>(to - from),
+                              POSIX_FADV_WILLNEED);
+      }
+    };
+    const auto& chunks = chunks_[static_cast<size_t>(array)][tensor];
+    for (int64_t c = first; c < last; ++c) {
+      const Chunk& chunk = chunks[static_cast<size_t>(c)];
+      if (chunk.file < 0) continue;  // zeros: nothing to read
+      const uint64_t bytes = static_cast<uint64_t>(
+          std::min(kSpillChunkFloats, specs_[tensor].numel() - c * kSpillChunkFloats) *
+          int64_t{sizeof(float)});
+      if (chunk.file != file || chunk.offset != to) {
+        ask();
+        file = chunk.file;
+        from = chunk.offset;
+      }
+      to = chunk.offset + bytes;
+    }
+    ask();
   }
 
   void Release(const Piece& piece, bool store) override {
@@ -108,6 +141,7 @@ class SpillStore final : public StateStore {
       traffic_.write_seconds += Seconds(start);
       traffic_.written_bytes += piece.data.size_bytes();
     }
+    KeepBuffer(std::move(it->second));
     buffers_.erase(it);
   }
 
@@ -128,26 +162,16 @@ class SpillStore final : public StateStore {
         tensors.emplace_back(static_cast<size_t>(Chunks(spec.numel())));
       }
     }
-    // Checkpoint files attached by an earlier Load are no longer referenced.
+    // Checkpoint files attached by an earlier Load or Attach are no longer referenced.
     files_.erase(files_.begin() + kStateArrayCount, files_.end());
+    attached_.reset();
+    pending_.clear();
   }
 
   StateHash Load(const CheckpointIndex& checkpoint, FileDigests digests,
                  const std::function<void(uint64_t)>& loaded) override {
     Zero();
-    std::map<fs::path, int> file_of;
-    for (size_t i = 0; i < specs_.size(); ++i) {
-      for (int a = 0; a < kStateArrayCount; ++a) {
-        // Gradients kept as digests stay zeros here (the next step overwrites them).
-        if (a == static_cast<int>(StateArray::kGrad) && checkpoint.gradients != Gradients::kFull) {
-          continue;
-        }
-        const fs::path& path = checkpoint.Where(i, static_cast<StateArray>(a)).file;
-        if (file_of.contains(path)) continue;
-        file_of[path] = static_cast<int>(files_.size());
-        files_.push_back({File::OpenForReading(path), false});
-      }
-    }
+    const std::map<fs::path, int> file_of = AttachFiles(checkpoint);
     // StreamCheckpoint reads pieces of whole chunks and hands over their hash chunks' digests:
     // a chunk's digest (ArrayDigest) is made from those, and the chunk is left where it is.
     static_assert(kSpillChunkFloats % kHashChunkFloats == 0 &&
@@ -174,16 +198,117 @@ class SpillStore final : public StateStore {
         digests);
   }
 
+  bool Attach(const CheckpointIndex& checkpoint) override {
+    Zero();
+    const std::map<fs::path, int> file_of = AttachFiles(checkpoint);
+    pending_.assign(kStateArrayCount, {});
+    for (int a = 0; a < kStateArrayCount; ++a) {
+      if (!Loaded(checkpoint, a)) continue;
+      for (size_t i = 0; i < specs_.size(); ++i) {
+        const CheckpointIndex::Location where = checkpoint.Where(i, static_cast<StateArray>(a));
+        std::vector<Chunk>& chunks = chunks_[static_cast<size_t>(a)][i];
+        std::vector<InPlace>& pending = pending_[static_cast<size_t>(a)].emplace_back(chunks.size());
+        for (size_t c = 0; c < chunks.size(); ++c) {
+          pending[c] = {file_of.at(where.file), where.offset + c * kChunkBytes, {}};
+          chunks[c] = {pending[c].file, pending[c].offset, {}, /*digested=*/false};
+        }
+      }
+    }
+    attached_.emplace(checkpoint);
+    return true;
+  }
+
+  StateHash FinishAttach(FileDigests digests) override {
+    if (!attached_) Fail("SpillStore: FinishAttach without a checkpoint attached");
+    // The chunks no step read, from the checkpoint.
+    struct Unread {
+      InPlace* chunk;
+      int64_t floats;
+      std::string what;
+    };
+    std::vector<Unread> unread;
+    for (size_t a = 0; a < pending_.size(); ++a) {
+      for (size_t i = 0; i < pending_[a].size(); ++i) {
+        const int64_t numel = specs_[i].numel();
+        for (size_t c = 0; c < pending_[a][i].size(); ++c) {
+          if (!pending_[a][i][c].hash_chunks.empty()) continue;
+          unread.push_back({&pending_[a][i][c],
+                            std::min(kSpillChunkFloats, numel - static_cast<int64_t>(c) * kSpillChunkFloats),
+                            fmt::format("chunk {} of {} of '{}'", c, kArrayNames[a], specs_[i].name)});
+        }
+      }
+    }
+    std::vector<std::optional<std::string>> errors(unread.size());
+    ParallelFor(static_cast<int64_t>(unread.size()), [&](int64_t k) {
+      Unread& u = unread[static_cast<size_t>(k)];
+      std::vector<float> data(static_cast<size_t>(u.floats));
+      try {  // in a ParallelFor body: errors are kept, not thrown
+        files_[static_cast<size_t>(u.chunk->file)].file.ReadAt(
+            u.chunk->offset, {reinterpret_cast<uint8_t*>(data.data()), data.size() * sizeof(float)});
+      } catch (const Error& e) {
+        errors[static_cast<size_t>(k)] = fmt::format("reading {}: {}", u.what, e.what());
+        return;
+      }
+      u.chunk->hash_chunks = ChunkDigests(data);
+    });
+    for (const auto& error : errors) {
+      if (error) Fail("{}", *error);
+    }
+    std::vector<TensorDigest> tensors;
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      TensorDigest& t = tensors.emplace_back(TensorDigest{specs_[i].name, specs_[i].shape});
+      Digest* fields[kStateArrayCount] = {&t.param, &t.m, &t.v, &t.grad};
+      for (size_t a = 0; a < pending_.size(); ++a) {
+        if (pending_[a].empty()) continue;  // not in the checkpoint
+        std::vector<Digest> chunks;
+        for (const InPlace& c : pending_[a][i]) chunks.insert(chunks.end(), c.hash_chunks.begin(), c.hash_chunks.end());
+        *fields[a] = ArrayDigestFromChunks(static_cast<uint64_t>(specs_[i].numel()), chunks);
+      }
+    }
+    const CheckpointIndex checkpoint = std::move(*attached_);
+    attached_.reset();
+    pending_.clear();
+    return CheckpointHashOfDigests(checkpoint, std::move(tensors), digests);
+  }
+
  private:
   struct Chunk {
     int file = -1;  // index into files_; -1: all zeros
     uint64_t offset = 0;
     Digest digest{};
+    bool digested = true;  // false: attached in place and not read yet (digest unknown)
+  };
+  // A chunk of an attached checkpoint where it lies, and its hash chunks' digests once read.
+  struct InPlace {
+    int file = -1;
+    uint64_t offset = 0;
+    std::vector<Digest> hash_chunks;
   };
   struct Attached {
     File file;
     bool owned;  // this store's (unlinked) spill file, not a checkpoint's
   };
+
+  // The arrays a checkpoint holds: gradients kept as digests stay zeros here (the next step
+  // overwrites them).
+  static bool Loaded(const CheckpointIndex& checkpoint, int a) {
+    return a != static_cast<int>(StateArray::kGrad) || checkpoint.gradients == Gradients::kFull;
+  }
+
+  // Opens the checkpoint's tensor files after this store's own; returns each one's index.
+  std::map<fs::path, int> AttachFiles(const CheckpointIndex& checkpoint) {
+    std::map<fs::path, int> file_of;
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      for (int a = 0; a < kStateArrayCount; ++a) {
+        if (!Loaded(checkpoint, a)) continue;
+        const fs::path& path = checkpoint.Where(i, static_cast<StateArray>(a)).file;
+        if (file_of.contains(path)) continue;
+        file_of[path] = static_cast<int>(files_.size());
+        files_.push_back({File::OpenForReading(path), false});
+      }
+    }
+    return file_of;
+  }
 
   static int64_t Chunks(int64_t numel) { return (numel + kSpillChunkFloats - 1) / kSpillChunkFloats; }
 
@@ -216,7 +341,7 @@ class SpillStore final : public StateStore {
   }
 
   std::optional<std::string> ReadChunk(const Piece& piece, int64_t c, std::span<float> data) {
-    const Chunk& chunk = ChunkOf(piece, c);
+    Chunk& chunk = ChunkOf(piece, c);
     if (chunk.file < 0) {
       std::ranges::fill(data, 0.0f);
       return std::nullopt;
@@ -228,7 +353,15 @@ class SpillStore final : public StateStore {
     } catch (const Error& e) {
       return fmt::format("reading {}: {}", Describe(piece, c), e.what());
     }
-    const Digest digest = ArrayDigest(data);
+    std::vector<Digest> hash_chunks = ChunkDigests(data);
+    const Digest digest = ArrayDigestFromChunks(data.size(), hash_chunks);
+    if (!chunk.digested) {  // attached in place, read for the first time: its digest is this
+      chunk.digest = digest;
+      chunk.digested = true;
+      pending_[static_cast<size_t>(piece.array)][piece.tensor][static_cast<size_t>(c)].hash_chunks =
+          std::move(hash_chunks);
+      return std::nullopt;
+    }
     if (digest != chunk.digest) {
       return fmt::format(
           "{}: {} at byte {} reads back with digest {} but was {} with {}: the file was changed "
@@ -257,8 +390,44 @@ class SpillStore final : public StateStore {
   std::vector<Attached> files_;       // the four spill files (by StateArray), then attachments
   std::vector<int64_t> slot_chunk_;   // first chunk slot of each tensor in a spill file
   std::vector<std::vector<std::vector<Chunk>>> chunks_;  // [array][tensor][chunk]
-  std::map<const float*, std::unique_ptr<float[]>> buffers_;  // acquired pieces
+  struct Buffer {
+    std::unique_ptr<float[]> data;
+    size_t floats = 0;
+  };
+  // A buffer for a piece of `floats`: a spare one of that size, else a new one. Reusing them
+  // spares the kernel a page fault and a zeroed page per 4 KiB of every piece, which cost as much
+  // CPU as hashing it. Spares are freed, largest first, as far as needed for the spares and the
+  // pieces in use together never to hold more than the pieces in use once did (the memory plan
+  // counts those).
+  Buffer TakeBuffer(size_t floats) {
+    in_use_ += floats;
+    peak_in_use_ = std::max(peak_in_use_, in_use_);
+    if (const auto fit = spare_.find(floats); fit != spare_.end()) {
+      Buffer buffer = std::move(fit->second);
+      spare_.erase(fit);
+      return buffer;
+    }
+    while (!spare_.empty() && held_ + floats > peak_in_use_) {
+      held_ -= spare_.rbegin()->first;
+      spare_.erase(std::prev(spare_.end()));
+    }
+    held_ += floats;
+    return {std::make_unique_for_overwrite<float[]>(floats), floats};
+  }
+  void KeepBuffer(Buffer buffer) {
+    in_use_ -= buffer.floats;
+    spare_.emplace(buffer.floats, std::move(buffer));
+  }
+
+  std::map<const float*, Buffer> buffers_;  // acquired pieces
+  // Floats in pieces in use, their most ever, and held in buffers (in use and spare).
+  size_t in_use_ = 0, peak_in_use_ = 0, held_ = 0;
+  std::multimap<size_t, Buffer> spare_;  // released pieces' buffers, by size
   Traffic traffic_;
+  // An attached checkpoint (Attach) until FinishAttach: its index, and where each chunk of each
+  // array it holds lies, [array][tensor][chunk] (empty for an array it does not hold).
+  std::optional<CheckpointIndex> attached_;
+  std::vector<std::vector<std::vector<InPlace>>> pending_;
 };
 
 }  // namespace

@@ -28,6 +28,7 @@ std::span<float> StateStore::OpenGrad(size_t i, bool accumulate) {
   return Open(StateArray::kGrad, i, /*load=*/accumulate);
 }
 void StateStore::CloseGrad(size_t i) { Close(StateArray::kGrad, i, /*store=*/true); }
+void StateStore::WillOpenParam(size_t i) { Prefetch(StateArray::kParam, i, 0, specs_.at(i).numel()); }
 
 namespace {
 

@@ -41,6 +41,11 @@ class StateStore : public TensorAccess {
                         bool load) = 0;
   // Done with the piece; with `store` its contents become the stored values.
   virtual void Release(const Piece& piece, bool store) = 0;
+  // A hint: [begin, begin + count) of (array, tensor) is acquired with `load` soon. A store on
+  // disk asks the kernel to start reading it now (into the page cache, not this process), so
+  // that the disk works while the caller computes.
+  virtual void Prefetch(StateArray /*array*/, size_t /*tensor*/, int64_t /*begin*/,
+                        int64_t /*count*/) {}
   // Every array of every tensor set to zero (the parameters are then initialised by the caller).
   virtual void Zero() = 0;
   // Loads a checkpoint's arrays, reading every file once (StreamCheckpoint); returns the state
@@ -48,6 +53,17 @@ class StateStore : public TensorAccess {
   // hears of each piece's bytes as it arrives.
   virtual StateHash Load(const CheckpointIndex& checkpoint, FileDigests digests,
                          const std::function<void(uint64_t bytes)>& loaded) = 0;
+  // Load without reading, where the store can (a SpillStore; returns false in RAM, where Load is
+  // the one read): each chunk stays where it lies in the checkpoint's files, is read there when
+  // first acquired and digested then, and every later read of it is checked against that digest.
+  // Until FinishAttach returns, the data is unverified.
+  virtual bool Attach(const CheckpointIndex& /*checkpoint*/) { return false; }
+  // After Attach: reads the chunks no Acquire has read (from the checkpoint, even if they were
+  // overwritten since), then checks the files and recomputes the state hash from the chunks'
+  // digests as Load does (CheckpointHashOfDigests), and returns it.
+  virtual StateHash FinishAttach(FileDigests /*digests*/) {
+    Fail("StateStore: FinishAttach without a checkpoint attached");
+  }
   // Bytes the store's files occupy on disk now (0 for RAM).
   virtual uint64_t SpillBytes() const = 0;
   // The disk traffic of Acquire and Release so far (all zero for RAM); PhaseReport's fields.
@@ -62,6 +78,7 @@ class StateStore : public TensorAccess {
   void CloseParam(size_t i) override;
   std::span<float> OpenGrad(size_t i, bool accumulate) override;
   void CloseGrad(size_t i) override;
+  void WillOpenParam(size_t i) override;
 
  protected:
   std::vector<ParamSpec> specs_;

@@ -222,6 +222,37 @@ void ForEachPiece(const StateStore& store, ElementRange range, Body&& body) {
   }
 }
 
+// ForEachPiece over every tensor's `range(i)` in tensor order, body(i, begin, count), with each
+// piece's `arrays` prefetched (StateStore::Prefetch) up to two pieces ahead: on disk, the next
+// pieces are read while the body computes on this one.
+template <typename Range, typename Body>
+void ForEachPieceAhead(StateStore& store, size_t tensors, Range&& range,
+                       std::initializer_list<StateArray> arrays, Body&& body) {
+  struct Next {
+    size_t i;
+    int64_t begin, count;
+  };
+  std::vector<Next> pieces;
+  for (size_t i = 0; i < tensors; ++i) {
+    ForEachPiece(store, range(i), [&](int64_t begin, int64_t count) {
+      pieces.push_back({i, begin, count});
+    });
+  }
+  const int64_t ahead = std::min<int64_t>(store.PieceFloats(), int64_t{1} << 40) * 2;
+  size_t asked = 0;  // pieces [0, asked) were prefetched
+  int64_t asked_floats = 0;  // in pieces [k, asked)
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    for (; asked < pieces.size() && (asked <= k || asked_floats < ahead); ++asked) {
+      for (const StateArray a : arrays) {
+        store.Prefetch(a, pieces[asked].i, pieces[asked].begin, pieces[asked].count);
+      }
+      asked_floats += pieces[asked].count;
+    }
+    body(pieces[k].i, pieces[k].begin, pieces[k].count);
+    asked_floats -= pieces[k].count;
+  }
+}
+
 // Gradients and parameters travel between ranks in pieces of this many floats (16 MiB, whole
 // hash chunks): an owner gathering a piece holds N of them at once.
 constexpr int64_t kExchangePieceFloats = int64_t{1} << 22;
@@ -330,34 +361,36 @@ uint64_t Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_templat
     batch.clear();
     batch_floats = 0;
   };
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    ForEachPiece(*store_, Held(i, rank_), [&](int64_t begin, int64_t count) {
-      if (!batch.empty() && count > store_->PieceFloats() - batch_floats) hash_batch();
-      std::array<Piece, kStateArrayCount>& p = batch.emplace_back();
-      batch_floats += count;
-      for (int a = 0; a < kStateArrayCount; ++a) {
-        p[a] = store_->Acquire(static_cast<StateArray>(a), i, begin, count, /*load=*/true);
+  const auto held = [&](size_t i) { return Held(i, rank_); };
+  const auto update_and_digest = [&](size_t i, int64_t begin, int64_t count) {
+    if (!batch.empty() && count > store_->PieceFloats() - batch_floats) hash_batch();
+    std::array<Piece, kStateArrayCount>& p = batch.emplace_back();
+    batch_floats += count;
+    for (int a = 0; a < kStateArrayCount; ++a) {
+      p[a] = store_->Acquire(static_cast<StateArray>(a), i, begin, count, /*load=*/true);
+    }
+    if (update) {
+      const std::span<float> grad = p[int(StateArray::kGrad)].data;
+      const std::span<float> param = p[int(StateArray::kParam)].data;
+      const std::span<float> m = p[int(StateArray::kM)].data, v = p[int(StateArray::kV)].data;
+      if (clip_factor != 1.0f) {
+        ObservedOp(observer_, "scale", -1, {{"tensor", double(i)}, {"factor", clip_factor}},
+                   {{"x", grad}}, {{"x", grad}}, [&] { rk::Scale(grad, clip_factor); });
       }
-      if (update) {
-        const std::span<float> grad = p[int(StateArray::kGrad)].data;
-        const std::span<float> param = p[int(StateArray::kParam)].data;
-        const std::span<float> m = p[int(StateArray::kM)].data, v = p[int(StateArray::kV)].data;
-        if (clip_factor != 1.0f) {
-          ObservedOp(observer_, "scale", -1, {{"tensor", double(i)}, {"factor", clip_factor}},
-                     {{"x", grad}}, {{"x", grad}}, [&] { rk::Scale(grad, clip_factor); });
-        }
-        rk::AdamWParams adam = adam_template;
-        if (!specs_[i].weight_decay) adam.weight_decay = 0.0f;
-        ObservedOp(observer_, "adamw", -1,
-                   {{"tensor", double(i)}, {"lr", adam.lr}, {"beta1", adam.beta1},
-                    {"beta2", adam.beta2}, {"eps", adam.eps}, {"weight_decay", adam.weight_decay},
-                    {"step", double(adam.step)}},
-                   {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}},
-                   {{"param", param}, {"m", m}, {"v", v}},
-                   [&] { rk::AdamWUpdate(adam, param, grad, m, v); });
-      }
-    });
-  }
+      rk::AdamWParams adam = adam_template;
+      if (!specs_[i].weight_decay) adam.weight_decay = 0.0f;
+      ObservedOp(observer_, "adamw", -1,
+                 {{"tensor", double(i)}, {"lr", adam.lr}, {"beta1", adam.beta1},
+                  {"beta2", adam.beta2}, {"eps", adam.eps}, {"weight_decay", adam.weight_decay},
+                  {"step", double(adam.step)}},
+                 {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}},
+                 {{"param", param}, {"m", m}, {"v", v}},
+                 [&] { rk::AdamWUpdate(adam, param, grad, m, v); });
+    }
+  };
+  ForEachPieceAhead(*store_, specs_.size(), held,
+                    {StateArray::kParam, StateArray::kM, StateArray::kV, StateArray::kGrad},
+                    update_and_digest);
   if (!batch.empty()) hash_batch();
   std::vector<Digest> mine;
   for (const auto& tensor : held_chunks) {
@@ -469,7 +502,7 @@ void Trainer::Initialize() {
   UpdateAndHash(/*update=*/false, {}, 1.0f);
 }
 
-StateHash Trainer::Restore(const CheckpointIndex& checkpoint, FileDigests digests) {
+void Trainer::CheckRestorable(const CheckpointIndex& checkpoint) const {
   const std::string where = checkpoint.dir.string();
   if (checkpoint.state.descriptor != state_.descriptor) {
     Fail("{}: meta.json descriptor differs from this run's (config and data must be those the "
@@ -487,7 +520,12 @@ StateHash Trainer::Restore(const CheckpointIndex& checkpoint, FileDigests digest
            fmt::join(t.shape, ", "), specs_[i].name, fmt::join(specs_[i].shape, ", "));
     }
   }
-  ProgressLine progress("load " + where, CheckpointBytes(checkpoint.gradients), progress_);
+}
+
+StateHash Trainer::Restore(const CheckpointIndex& checkpoint, FileDigests digests) {
+  CheckRestorable(checkpoint);
+  ProgressLine progress("load " + checkpoint.dir.string(), CheckpointBytes(checkpoint.gradients),
+                        progress_);
   const StateHash recomputed = store_->Load(checkpoint, digests, [&](uint64_t bytes) {
     progress.Add(bytes);
   });
@@ -499,6 +537,20 @@ StateHash Trainer::Restore(const CheckpointIndex& checkpoint, FileDigests digest
   return recomputed;
 }
 
+bool Trainer::RestoreInPlace(const CheckpointIndex& checkpoint) {
+  if (ranks_ > 1) Fail("Trainer::RestoreInPlace: one process only");
+  CheckRestorable(checkpoint);
+  if (!store_->Attach(checkpoint)) {
+    Restore(checkpoint);
+    return false;
+  }
+  state_ = checkpoint.state;
+  hash_ = {.hash = checkpoint.state_hash, .components = {}};  // meta.json's, until checked
+  gradients_held_ = checkpoint.gradients == Gradients::kFull;
+  attached_.emplace(checkpoint);
+  return true;
+}
+
 namespace {
 // A checkpoint piece request from rank 0 to an owner: tensor, array, begin, count; tensor -1
 // ends the checkpoint.
@@ -506,7 +558,7 @@ using PieceRequest = std::array<int64_t, 4>;
 }  // namespace
 
 fs::path Trainer::WriteCheckpoint(const fs::path& run_dir, Gradients gradients) {
-  RefuseDiscarded("a checkpoint");
+  RefuseUnsettled("a checkpoint");
   if (gradients == Gradients::kFull && !gradients_held_) {
     Fail("{}: a checkpoint of step {} with full gradients needs them, but this state was restored "
          "from a checkpoint that keeps only their digests; full gradients exist after a step "
@@ -557,7 +609,7 @@ fs::path Trainer::WriteCheckpoint(const fs::path& run_dir, Gradients gradients) 
 }
 
 void Trainer::ReadPiece(size_t i, StateArray array, int64_t begin, std::span<float> out) {
-  RefuseDiscarded("a read of the state");
+  RefuseUnsettled("a read of the state");
   if (array == StateArray::kGrad && !gradients_held_) {
     Fail("step {}: the gradient of tensor '{}' is not held: the state was restored from a "
          "checkpoint that keeps only the gradients' digests",
@@ -605,6 +657,7 @@ class GroupAccess final : public TensorAccess {
   void CloseParam(size_t i) override { params_.CloseParam(i); }
   std::span<float> OpenGrad(size_t i, bool) override { return grads_.Tensor(i); }
   void CloseGrad(size_t) override {}
+  void WillOpenParam(size_t i) override { params_.WillOpenParam(i); }
 
  private:
   TensorAccess& params_;
@@ -690,6 +743,14 @@ uint64_t Trainer::CheckpointBytes(Gradients gradients) const {
          static_cast<uint64_t>(CheckpointArrays(gradients));
 }
 
+void Trainer::RefuseUnsettled(std::string_view what) const {
+  if (attached_) {
+    Fail("{} of {}, restored in place, before the step that verifies it: its data is unchecked",
+         what, attached_->dir.string());
+  }
+  RefuseDiscarded(what);
+}
+
 void Trainer::RefuseDiscarded(std::string_view what) const {
   if (discarded_) {
     Fail("{} after step {}, whose state was discarded (DiscardNextState): the trainer holds no "
@@ -759,21 +820,23 @@ StepReport Trainer::Step() {
   std::vector<int64_t> blocks;  // per tensor
   for (size_t i = 0; i < specs_.size(); ++i) {
     blocks.push_back((specs_[i].numel() + rk::kNormBlock - 1) / rk::kNormBlock);
-    ForEachPiece(*store_, Held(i, rank_), [&](int64_t begin, int64_t count) {
-      const Piece g = store_->Acquire(StateArray::kGrad, i, begin, count, /*load=*/true);
-      std::vector<double> sums(static_cast<size_t>((count + rk::kNormBlock - 1) / rk::kNormBlock));
-      ObservedOp(observer_, "block_squares", -1, {{"tensor", double(i)}, {"begin", double(begin)}},
-                 {{"x", g.data}}, {{"sums", {}, sums}},
-                 [&] { std::ranges::copy(rk::BlockSquares(g.data), sums.begin()); });
-      bool replaced = false;
-      if (std::ranges::any_of(sums, [](double x) { return std::isnan(x); })) {
-        ObservedOp(observer_, "canonicalize_nans", -1, {{"tensor", double(i)}}, {{"x", g.data}},
-                   {{"x", g.data}}, [&] { replaced = rk::CanonicalizeNaNs(g.data) > 0; });
-      }
-      store_->Release(g, /*store=*/replaced);
-      my_blocks.insert(my_blocks.end(), sums.begin(), sums.end());
-    });
   }
+  const auto held = [&](size_t i) { return Held(i, rank_); };
+  const auto block_squares = [&](size_t i, int64_t begin, int64_t count) {
+    const Piece g = store_->Acquire(StateArray::kGrad, i, begin, count, /*load=*/true);
+    std::vector<double> sums(static_cast<size_t>((count + rk::kNormBlock - 1) / rk::kNormBlock));
+    ObservedOp(observer_, "block_squares", -1, {{"tensor", double(i)}, {"begin", double(begin)}},
+               {{"x", g.data}}, {{"sums", {}, sums}},
+               [&] { std::ranges::copy(rk::BlockSquares(g.data), sums.begin()); });
+    bool replaced = false;
+    if (std::ranges::any_of(sums, [](double x) { return std::isnan(x); })) {
+      ObservedOp(observer_, "canonicalize_nans", -1, {{"tensor", double(i)}}, {{"x", g.data}},
+                 {{"x", g.data}}, [&] { replaced = rk::CanonicalizeNaNs(g.data) > 0; });
+    }
+    store_->Release(g, /*store=*/replaced);
+    my_blocks.insert(my_blocks.end(), sums.begin(), sums.end());
+  };
+  ForEachPieceAhead(*store_, specs_.size(), held, {StateArray::kGrad}, block_squares);
   const std::vector<double> block_sums = AllgatherInRankOrder(
       *comm_, my_blocks, static_cast<size_t>(std::reduce(blocks.begin(), blocks.end())));
   const std::vector<double> block_counts(blocks.begin(), blocks.end());
@@ -819,6 +882,12 @@ StepReport Trainer::Step() {
   state_.data_cursor = cursor + static_cast<uint64_t>(tc.microbatches * tc.microbatch);
   phases.Start("update and hash");
   phases.End(UpdateAndHash(!report.skipped, adam, report.clip_factor));
+  if (attached_) {  // restored in place: the checkpoint is checked now that the step read it
+    phases.Start("verify checkpoint");
+    VerifyStreamedHash(*attached_, store_->FinishAttach(FileDigests::kEnforce));
+    attached_.reset();
+    phases.End();
+  }
   gradients_held_ = true;
   discarded_ = discard_next_;
   discard_next_ = false;

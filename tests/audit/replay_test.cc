@@ -392,6 +392,54 @@ TEST_F(Audit, VerifyHandoffAcceptsTheGenuineCheckpointAndRejectsAnyChange) {
   }
 }
 
+// Spilled, an interval replay reads its checkpoint in place, and its first step verifies it
+// from the digests of what it read: a genuine checkpoint matches the chain ten steps on, and a
+// changed one is refused as in RAM, before any verdict, whether COMPLETE was relisted to hide
+// the change or not, and in what the step never read (full gradients, which it overwrites).
+TEST_F(Audit, ACheckpointReadInPlaceIsVerifiedByTheFirstStep) {
+  const std::string spill = " --spill-dir " + (Scratch() / "in-place-spill").string();
+  const Result genuine = Interval(Run(), spill);
+  ASSERT_EQ(genuine.exit_code, 0) << genuine.err;
+  EXPECT_EQ(genuine.json().at("match"), true) << genuine.out;
+  EXPECT_NE(genuine.err.find("read in place by step 11"), std::string::npos) << genuine.err;
+
+  const auto refused = [](const Result& r, const std::string& reason) {
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find(reason), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("MATCH="), std::string::npos) << r.err;
+  };
+  const fs::path flipped = CopyOfRun("in-place-flipped");
+  FlipBitInModel(Ckpt(flipped, 10));
+  refused(Interval(flipped, spill), "model.safetensors: digest");
+
+  const fs::path moment = CopyOfRun("in-place-moment");
+  {
+    std::vector<uint8_t> bytes = ReadFileBytes(Ckpt(moment, 10) / "optimizer.safetensors");
+    bytes[bytes.size() - 2] ^= 0x01;  // inside the last tensor's data
+    WriteFileSynced(Ckpt(moment, 10) / "optimizer.safetensors", bytes);
+    RelistInComplete(Ckpt(moment, 10), "optimizer.safetensors");
+  }
+  refused(Interval(moment, spill), "the state hash recomputed from the files");
+
+  const fs::path full = Scratch() / "in-place-full";
+  ASSERT_EQ(Lockstep("train --config smoke --data " + Data().string() + " --out " + full.string() +
+                     " --steps 0 --full-gradients --no-progress")
+                .exit_code,
+            0);
+  const std::string replay = "replay --checkpoint " + Ckpt(full, 0).string() +
+                             " --until-step 1 --data " + Data().string();
+  const Result in_ram = Lockstep(replay), in_place = Lockstep(replay + spill);
+  ASSERT_EQ(in_ram.exit_code, 0) << in_ram.err;
+  ASSERT_EQ(in_place.exit_code, 0) << in_place.err;
+  EXPECT_EQ(in_ram.json().at("state_hash"), in_place.json().at("state_hash"));
+  {
+    std::vector<uint8_t> bytes = ReadFileBytes(Ckpt(full, 0) / "grads.safetensors");
+    bytes[bytes.size() - 2] ^= 0x40;
+    WriteFileSynced(Ckpt(full, 0) / "grads.safetensors", bytes);
+  }
+  refused(Lockstep(replay + spill), "grads.safetensors: digest");
+}
+
 // smoke: its init replay equals `train --steps 0`'s line 0, and a one-step interval replay from
 // that step-0 checkpoint is planned within 15 % of its measured peak RSS.
 TEST_F(Audit, SmokeInitMatchesAndOneStepPlanIsAccurate) {
@@ -474,10 +522,13 @@ TEST_F(Audit, IntervalReplayReportsItsPhasesAndTheirDiskTraffic) {
                            {"step 1: forward and backward", 0, 0, 0},
                            {"step 1: global norm", 0, 0, 0},
                            {"step 1: update and hash", 0, 0, 4 * p}});
-  expect(traffic(spilled), {{"load checkpoint", files, 0, files},
+  // Spilled, the checkpoint is read in place: each byte once, by the step, which then verifies
+  // it from the digests of what it read, reading nothing more.
+  expect(traffic(spilled), {{"load checkpoint", 0, 0, 0},
                             {"step 1: forward and backward", 2 * p - table, p, 3 * p - table},
                             {"step 1: global norm", p, 0, p},
-                            {"step 1: update and hash", 4 * p, 0, 8 * p}});
+                            {"step 1: update and hash", 4 * p, 0, 8 * p},
+                            {"step 1: verify checkpoint", 0, 0, 0}});
 }
 
 // open-100m (~100M parameters, tensors of several spill chunks): the streamed init unit equals
