@@ -136,8 +136,28 @@ class SpillStore final : public StateStore {
     if (it == buffers_.end()) Fail("SpillStore: a piece released twice or never acquired");
     if (store) {
       const auto start = Clock::now();
-      ForChunks(piece,
-                [&](int64_t c, std::span<float> data) { return WriteChunk(piece, c, data); });
+      // The chunks are digested in parallel and written in one call: the piece's slots follow
+      // one another in its file, and writers of one file on several threads only queue on its
+      // lock (perf: 10 % of a spilled replay's CPU spinning there).
+      const int64_t first = piece.begin / kSpillChunkFloats;
+      std::vector<Digest> digests(static_cast<size_t>(Chunks(piece.data.size())));
+      ForChunks(piece, [&](int64_t c, std::span<float> data) {
+        digests[static_cast<size_t>(c - first)] = ArrayDigest(data);
+        return std::optional<std::string>();
+      });
+      try {
+        files_[static_cast<size_t>(piece.array)].file.WriteAt(
+            SlotOffset(piece, first),
+            {reinterpret_cast<const uint8_t*>(piece.data.data()), piece.data.size_bytes()});
+      } catch (const Error& e) {
+        Fail("writing chunks {} to {} of {} of '{}': {}", first,
+             first + static_cast<int64_t>(digests.size()) - 1,
+             kArrayNames[static_cast<int>(piece.array)], specs_[piece.tensor].name, e.what());
+      }
+      for (size_t k = 0; k < digests.size(); ++k) {
+        const int64_t c = first + static_cast<int64_t>(k);
+        ChunkOf(piece, c) = {static_cast<int>(piece.array), SlotOffset(piece, c), digests[k]};
+      }
       traffic_.write_seconds += Seconds(start);
       traffic_.written_bytes += piece.data.size_bytes();
     }
@@ -372,17 +392,9 @@ class SpillStore final : public StateStore {
     return std::nullopt;
   }
 
-  std::optional<std::string> WriteChunk(const Piece& piece, int64_t c, std::span<const float> data) {
-    File& file = files_[static_cast<size_t>(piece.array)].file;
-    const uint64_t offset =
-        static_cast<uint64_t>(slot_chunk_[piece.tensor] + c) * static_cast<uint64_t>(kChunkBytes);
-    try {  // in a ParallelFor body: errors are returned, not thrown
-      file.WriteAt(offset, {reinterpret_cast<const uint8_t*>(data.data()), data.size_bytes()});
-    } catch (const Error& e) {
-      return fmt::format("writing {}: {}", Describe(piece, c), e.what());
-    }
-    ChunkOf(piece, c) = {static_cast<int>(piece.array), offset, ArrayDigest(data)};
-    return std::nullopt;
+  // Where chunk c of the piece's tensor lives in its array's spill file.
+  uint64_t SlotOffset(const Piece& piece, int64_t c) const {
+    return static_cast<uint64_t>(slot_chunk_[piece.tensor] + c) * static_cast<uint64_t>(kChunkBytes);
   }
 
   fs::path dir_;
