@@ -8,7 +8,14 @@
 #   3. replays the init unit (streamed, tensor by tensor) against chain line 0;
 #   4. replays the one-step interval 0 -> 1 from the step-0 checkpoint against chain line 1;
 # and prints one JSON object: each replay's result (match, wall time, peak RSS measured and
-# planned) and the disk each part used. Needs ~55 GB free under WORK and ~6 minutes on 2 cores.
+# planned) and the disk each part used; then each phase of the interval replay against its
+# limits on this machine: bytes read ÷ the disk's read bandwidth, bytes written ÷ its write
+# bandwidth (both measured here with dd and O_DIRECT), bytes hashed ÷ the hash rate at THREADS
+# (bench_hash), and the step's model FLOPs ÷ the GEMM rate (bench_train_step --flops). A phase's
+# limit is the largest of them: what it would take if the rest overlapped it perfectly. (Bytes
+# read again soon after they were read or written, such as the gradients, may come from the page
+# cache instead of the disk: there the read limit is an upper bound.)
+# Needs ~55 GB free under WORK and ~6 minutes on 2 cores.
 #
 # usage: bench/replay_open1b.sh [WORK_DIR] [THREADS]     (default /tmp/lockstep-open1b, nproc)
 set -euo pipefail
@@ -41,6 +48,16 @@ cold() {
 }
 cold_cache=false
 
+echo "== this machine's limits" >&2
+cold
+read_bps=$(dd if="$work/run/checkpoints/step_000000000/model.safetensors" of=/dev/null bs=64M \
+  count=64 iflag=direct 2>&1 | awk '/copied/ {print $1 / $(NF-3)}')
+write_bps=$(dd if=/dev/zero of="$work/dd-write" bs=64M count=32 oflag=direct 2>&1 |
+  awk '/copied/ {print $1 / $(NF-3)}')
+rm -f "$work/dd-write"
+build/bench/bench_hash 512 >"$work/hash.json"
+build/bench/bench_train_step --flops --config "$config" --threads "$threads" >"$work/flops.json"
+
 echo "== init unit" >&2
 cold
 $bin replay --from-init --config "$config" --data "$work/data" --threads "$threads" \
@@ -52,9 +69,30 @@ cold
 $bin replay --checkpoint "$work/run/checkpoints/step_000000000" --until-step 1 \
   --data "$work/data" --threads "$threads" --spill-dir "$work/replay-spill" >"$work/interval.json"
 
-python3 - "$work" "$train_seconds" "$step0_bytes" "$threads" "$cold_cache" <<'EOF'
-import json, sys
+python3 - "$work" "$train_seconds" "$step0_bytes" "$threads" "$cold_cache" "$read_bps" \
+  "$write_bps" <<'EOF'
+import json, re, sys
 work, train_seconds, step0_bytes = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+read_bps, write_bps = float(sys.argv[6]), float(sys.argv[7])
+hash_json = json.load(open(f"{work}/hash.json"))
+hash_bps = next(v for k, v in hash_json.items()
+                if re.fullmatch(r"array_digest_\d+_threads_gib_per_s", k)) * 2**30
+flops = json.load(open(f"{work}/flops.json"))
+gemm_flops_per_s = flops["gemm_gflops"] * 1e9
+def limits(phase):
+    parts = {"read": phase["read_bytes"] / read_bps,
+             "write": phase["written_bytes"] / write_bps,
+             "hash": phase["hashed_bytes"] / hash_bps}
+    if phase["name"].endswith("forward and backward"):
+        parts["compute"] = flops["step_flops"] / gemm_flops_per_s
+    limit = max(parts.values())
+    return {"name": phase["name"], "seconds": round(phase["seconds"], 2),
+            "read_gb": round(phase["read_bytes"] / 1e9, 2),
+            "written_gb": round(phase["written_bytes"] / 1e9, 2),
+            "hashed_gb": round(phase["hashed_bytes"] / 1e9, 2),
+            "limit_seconds": {k: round(v, 2) for k, v in parts.items()},
+            "limit": round(limit, 2),
+            "limit_over_seconds": round(limit / phase["seconds"], 3) if limit > 0 else None}
 def unit(name):
     r = json.load(open(f"{work}/{name}.json"))
     planned, peak = r["planned_peak_rss_bytes"], r["peak_rss_bytes"]
@@ -71,5 +109,10 @@ print(json.dumps({
     "step0_checkpoint_bytes": step0_bytes,
     "init_unit": unit("init"),
     "interval_unit_0_1": unit("interval"),
+    "machine": {"disk_read_gb_per_s": round(read_bps / 1e9, 3),
+                "disk_write_gb_per_s": round(write_bps / 1e9, 3),
+                "hash_gib_per_s": round(hash_bps / 2**30, 3),
+                "gemm_gflops": flops["gemm_gflops"], "step_flops": flops["step_flops"]},
+    "interval_phases": [limits(p) for p in json.load(open(f"{work}/interval.json"))["phases"]],
 }, indent=2))
 EOF

@@ -25,6 +25,8 @@
 // kernel call of the step; prints seconds per step by op (GEMMs by form and shape, with their
 // GFLOP/s), the share of the step, and the time outside any observed op.
 //
+// --flops mode: the step's model FLOPs and the GEMM rate only, without training.
+//
 // --peak-rss mode: one step of the config with microbatch 1 x seq 256 (one microbatch), then
 // the process's peak resident set size (getrusage ru_maxrss). ru_maxrss is a high-water mark
 // of the whole process, so each invocation is exactly one measurement and does nothing else.
@@ -376,18 +378,29 @@ int RunPeakRss(RunConfig config, int threads, bool json) {
   return 0;
 }
 
+// --flops mode: the model FLOPs of one step and the GEMM rate at --threads, without training
+// (for a config too large to hold: bench/replay_open1b.sh sets its step's compute limit by it).
+int RunFlops(const RunConfig& config, int threads) {
+  fmt::print("{{\"config\": \"{}\", \"threads\": {}, \"step_flops\": {:.6e}, \"gemm_gflops\": {:.1f}}}\n",
+             config.name, threads, StepFlops(config), GemmGflops(config, threads));
+  return 0;
+}
+
 int Usage() {
   fmt::print(stderr,
              "usage: bench_train_step [--config NAME|PATH] [--steps N] [--json]\n"
              "       bench_train_step --profile [--config NAME|PATH] [--threads N] [--steps N]\n"
              "       bench_train_step --peak-rss [--config NAME|PATH] [--threads N] [--json]\n"
+             "       bench_train_step --flops [--config NAME|PATH] [--threads N]\n"
              "  Times whole training steps (train::Trainer::Step) of a config (default\n"
              "  bench-8x512) at 1 and 2 threads: one warm-up step, then best and median of N\n"
              "  (default 3), and checks that the final state hashes are bitwise identical.\n"
              "  --profile times every kernel call of N steps at --threads (default 1) and prints\n"
              "  seconds per step by op (GEMMs by shape, with GFLOP/s) and the share of the step.\n"
              "  --peak-rss runs one step with microbatch 1 x seq 256 and reports the peak RSS;\n"
-             "  it measures the whole process, so run one invocation per measurement.\n");
+             "  it measures the whole process, so run one invocation per measurement.\n"
+             "  --flops prints one JSON object, the model FLOPs of a step and the GEMM rate\n"
+             "  (GFLOP/s) at --threads on the step's largest linear-layer shape; no training.\n");
   return 2;
 }
 
@@ -396,7 +409,7 @@ int Usage() {
 int main(int argc, char** argv) {
   std::string config_name = "bench-8x512";
   int steps = 3, threads = 1;
-  bool json = false, peak_rss = false, profile = false;
+  bool json = false, peak_rss = false, profile = false, flops = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--json") {
@@ -405,6 +418,8 @@ int main(int argc, char** argv) {
       peak_rss = true;
     } else if (arg == "--profile") {
       profile = true;
+    } else if (arg == "--flops") {
+      flops = true;
     } else if (arg == "--config" && i + 1 < argc) {
       config_name = argv[++i];
     } else if (arg == "--steps" && i + 1 < argc) {
@@ -421,6 +436,7 @@ int main(int argc, char** argv) {
     lockstep::RequireIeeeFloatingPoint();
     const RunConfig config = lockstep::LoadRunConfig(config_name);
     if (profile) return RunProfile(config, threads, steps);
+    if (flops) return RunFlops(config, threads);
     return peak_rss ? RunPeakRss(config, threads, json) : RunThroughput(config, steps, json);
   } catch (const lockstep::Error& e) {
     fmt::print(stderr, "bench_train_step: {}\n", e.what());
