@@ -4,11 +4,12 @@
 // core; and the ratio of the all-core rate to cores x the single-core rates. Same data, same
 // process, best of several rounds.
 //
-// usage: bench_hash [MIB]   (default 512)
+// usage: bench_hash [MIB [THREADS]]   (default 512 MiB, every core)
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <thread>
 #include <vector>
@@ -41,7 +42,11 @@ int main(int argc, char** argv) {
     f = static_cast<float>(x >> 8) * 0x1.0p-24f - 0.5f;
   }
   const double gib = static_cast<double>(data.size() * sizeof(float)) / (1 << 30);
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const int cores = argc > 2 ? std::atoi(argv[2]) : static_cast<int>(std::thread::hardware_concurrency());
+  if (cores < 1) {
+    std::fprintf(stderr, "usage: bench_hash [MIB [THREADS]]\n");
+    return 2;
+  }
   Digest sink{};
   const double sodium = BestSeconds([&] { sink = Blake2b().Update(std::span<const float>(data)).Final(); });
   SetThreads(1);

@@ -55,7 +55,7 @@ read_bps=$(dd if="$work/run/checkpoints/step_000000000/model.safetensors" of=/de
 write_bps=$(dd if=/dev/zero of="$work/dd-write" bs=64M count=32 oflag=direct 2>&1 |
   awk '/copied/ {print $1 / $(NF-3)}')
 rm -f "$work/dd-write"
-build/bench/bench_hash 512 >"$work/hash.json"
+build/bench/bench_hash 512 "$threads" >"$work/hash.json"
 build/bench/bench_train_step --flops --config "$config" --threads "$threads" >"$work/flops.json"
 
 echo "== init unit" >&2

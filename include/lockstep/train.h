@@ -45,7 +45,8 @@ struct StepReport {
   double comm_seconds = 0;
   uint64_t comm_bytes = 0;
   // "forward and backward" (the microbatch groups and their gradient sums), "global norm",
-  // "update and hash", in that order.
+  // "update and hash", in that order; then "verify checkpoint" in the first step after
+  // RestoreInPlace. read_seconds include checking what was read against its digests.
   std::vector<PhaseReport> phases;
 };
 

@@ -813,8 +813,10 @@ StateHash CheckpointHashOfDigests(const CheckpointIndex& index, std::vector<Tens
   for (size_t f = 0; f < kTensorFiles.size(); ++f) {
     if (!HasTensorFile(f, index.gradients)) continue;
     const ListedFile& listed = index.files[f];
+    const File in = File::OpenForReading(listed.path);
+    CheckSize(listed, in.Size());  // it may have changed since OpenCheckpoint
     std::vector<uint8_t> header(listed.data_start);
-    File::OpenForReading(listed.path).ReadAt(0, header);
+    in.ReadAt(0, header);
     CheckDigest(listed, FileDigestOfArrays(index, f, header, tensors), digests);
   }
   return HashOfCheckedArrays(index, std::move(tensors), digests);

@@ -85,13 +85,17 @@ class SpillStore final : public StateStore {
     const Piece piece{array, tensor, begin, {buffer.data.get(), static_cast<size_t>(count)}};
     if (load) {
       const auto start = Clock::now();
-      ForChunks(piece, [&](int64_t c, std::span<float> data) { return ReadChunk(piece, c, data); });
+      try {
+        ForChunks(piece, [&](int64_t c, std::span<float> data) { return ReadChunk(piece, c, data); });
+      } catch (...) {
+        KeepBuffer(std::move(buffer));
+        throw;
+      }
       traffic_.read_seconds += Seconds(start);
       const int64_t first = begin / kSpillChunkFloats;
       for (int64_t c = first; c < first + Chunks(count); ++c) {
         if (ChunkOf(piece, c).file >= 0) {  // a chunk of zeros is not read
-          traffic_.read_bytes += static_cast<uint64_t>(
-              std::min(kSpillChunkFloats, begin + count - c * kSpillChunkFloats) * int64_t{sizeof(float)});
+          traffic_.read_bytes += static_cast<uint64_t>(ChunkFloats(tensor, c)) * sizeof(float);
         }
       }
     }
@@ -118,9 +122,7 @@ class SpillStore final : public StateStore {
     for (int64_t c = first; c < last; ++c) {
       const Chunk& chunk = chunks[static_cast<size_t>(c)];
       if (chunk.file < 0) continue;  // zeros: nothing to read
-      const uint64_t bytes = static_cast<uint64_t>(
-          std::min(kSpillChunkFloats, specs_[tensor].numel() - c * kSpillChunkFloats) *
-          int64_t{sizeof(float)});
+      const uint64_t bytes = static_cast<uint64_t>(ChunkFloats(tensor, c)) * sizeof(float);
       if (chunk.file != file || chunk.offset != to) {
         ask();
         file = chunk.file;
@@ -242,38 +244,48 @@ class SpillStore final : public StateStore {
     if (!attached_) Fail("SpillStore: FinishAttach without a checkpoint attached");
     // The chunks no step read, from the checkpoint.
     struct Unread {
-      InPlace* chunk;
-      int64_t floats;
-      std::string what;
+      size_t array, tensor;
+      int64_t chunk;
     };
     std::vector<Unread> unread;
     for (size_t a = 0; a < pending_.size(); ++a) {
       for (size_t i = 0; i < pending_[a].size(); ++i) {
-        const int64_t numel = specs_[i].numel();
         for (size_t c = 0; c < pending_[a][i].size(); ++c) {
-          if (!pending_[a][i][c].hash_chunks.empty()) continue;
-          unread.push_back({&pending_[a][i][c],
-                            std::min(kSpillChunkFloats, numel - static_cast<int64_t>(c) * kSpillChunkFloats),
-                            fmt::format("chunk {} of {} of '{}'", c, kArrayNames[a], specs_[i].name)});
+          if (pending_[a][i][c].hash_chunks.empty()) unread.push_back({a, i, static_cast<int64_t>(c)});
         }
       }
     }
+    const auto start = Clock::now();
     std::vector<std::optional<std::string>> errors(unread.size());
     ParallelFor(static_cast<int64_t>(unread.size()), [&](int64_t k) {
-      Unread& u = unread[static_cast<size_t>(k)];
-      std::vector<float> data(static_cast<size_t>(u.floats));
+      const Unread& u = unread[static_cast<size_t>(k)];
+      InPlace& in_place = pending_[u.array][u.tensor][static_cast<size_t>(u.chunk)];
+      const auto floats = static_cast<size_t>(ChunkFloats(u.tensor, u.chunk));
+      const auto data = std::make_unique_for_overwrite<float[]>(floats);
       try {  // in a ParallelFor body: errors are kept, not thrown
-        files_[static_cast<size_t>(u.chunk->file)].file.ReadAt(
-            u.chunk->offset, {reinterpret_cast<uint8_t*>(data.data()), data.size() * sizeof(float)});
+        files_[static_cast<size_t>(in_place.file)].file.ReadAt(
+            in_place.offset, {reinterpret_cast<uint8_t*>(data.get()), floats * sizeof(float)});
       } catch (const Error& e) {
-        errors[static_cast<size_t>(k)] = fmt::format("reading {}: {}", u.what, e.what());
+        errors[static_cast<size_t>(k)] =
+            fmt::format("reading chunk {} of {} of '{}': {}", u.chunk, kArrayNames[u.array],
+                        specs_[u.tensor].name, e.what());
         return;
       }
-      u.chunk->hash_chunks = ChunkDigests(data);
+      in_place.hash_chunks = ChunkDigests({data.get(), floats});
+      // A chunk still where it was attached is digested now (read back, it is checked).
+      Chunk& chunk = chunks_[u.array][u.tensor][static_cast<size_t>(u.chunk)];
+      if (!chunk.digested) {
+        chunk.digest = ArrayDigestFromChunks(floats, in_place.hash_chunks);
+        chunk.digested = true;
+      }
     });
     for (const auto& error : errors) {
       if (error) Fail("{}", *error);
     }
+    for (const Unread& u : unread) {
+      traffic_.read_bytes += static_cast<uint64_t>(ChunkFloats(u.tensor, u.chunk)) * sizeof(float);
+    }
+    traffic_.read_seconds += Seconds(start);
     std::vector<TensorDigest> tensors;
     for (size_t i = 0; i < specs_.size(); ++i) {
       TensorDigest& t = tensors.emplace_back(TensorDigest{specs_[i].name, specs_[i].shape});
@@ -331,6 +343,10 @@ class SpillStore final : public StateStore {
   }
 
   static int64_t Chunks(int64_t numel) { return (numel + kSpillChunkFloats - 1) / kSpillChunkFloats; }
+  // The elements of chunk c of a tensor: kSpillChunkFloats but for its last.
+  int64_t ChunkFloats(size_t tensor, int64_t c) const {
+    return std::min(kSpillChunkFloats, specs_[tensor].numel() - c * kSpillChunkFloats);
+  }
 
   Chunk& ChunkOf(const Piece& piece, int64_t c) {
     return chunks_[static_cast<size_t>(piece.array)][piece.tensor][static_cast<size_t>(c)];

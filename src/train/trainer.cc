@@ -481,6 +481,7 @@ void Trainer::ShareParameters(const ChunkTable& chunks) {
 
 void Trainer::Initialize() {
   store_->Zero();
+  attached_.reset();
   const std::string descriptor = state_.descriptor;
   state_ = StepState{};
   state_.descriptor = descriptor;
@@ -524,6 +525,7 @@ void Trainer::CheckRestorable(const CheckpointIndex& checkpoint) const {
 
 StateHash Trainer::Restore(const CheckpointIndex& checkpoint, FileDigests digests) {
   CheckRestorable(checkpoint);
+  attached_.reset();
   ProgressLine progress("load " + checkpoint.dir.string(), CheckpointBytes(checkpoint.gradients),
                         progress_);
   const StateHash recomputed = store_->Load(checkpoint, digests, [&](uint64_t bytes) {
@@ -539,7 +541,7 @@ StateHash Trainer::Restore(const CheckpointIndex& checkpoint, FileDigests digest
 
 bool Trainer::RestoreInPlace(const CheckpointIndex& checkpoint) {
   if (ranks_ > 1) Fail("Trainer::RestoreInPlace: one process only");
-  CheckRestorable(checkpoint);
+  CheckRestorable(checkpoint);  // before the store is cleared (Restore checks it again in RAM)
   if (!store_->Attach(checkpoint)) {
     Restore(checkpoint);
     return false;

@@ -432,6 +432,15 @@ TEST_F(Audit, ACheckpointReadInPlaceIsVerifiedByTheFirstStep) {
   ASSERT_EQ(in_ram.exit_code, 0) << in_ram.err;
   ASSERT_EQ(in_place.exit_code, 0) << in_place.err;
   EXPECT_EQ(in_ram.json().at("state_hash"), in_place.json().at("state_hash"));
+  // The gradients, overwritten by the step before it read them, are read by the check.
+  uint64_t grads = 0;
+  for (const ParamSpec& spec : ParameterSpecs(LoadRunConfig("smoke").model)) {
+    grads += static_cast<uint64_t>(spec.numel()) * sizeof(float);
+  }
+  const Json verify = in_place.json().at("phases").back();
+  EXPECT_EQ(verify.at("name"), "step 1: verify checkpoint");
+  EXPECT_EQ(verify.at("read_bytes"), grads);
+  EXPECT_EQ(verify.at("hashed_bytes"), grads);
   {
     std::vector<uint8_t> bytes = ReadFileBytes(Ckpt(full, 0) / "grads.safetensors");
     bytes[bytes.size() - 2] ^= 0x40;
