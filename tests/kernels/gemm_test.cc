@@ -85,11 +85,22 @@ TEST(Gemm, BitwiseInvariantOnAwkwardShapes) {
 }
 
 TEST(Gemm, LargeTilesAcrossThreadCounts) {
-  // Several row blocks, column groups and K chunks: exercises the task split of the SIMD path.
+  // Several row blocks, column groups and K chunks: exercises the task split of the SIMD path
+  // (rows split at most thread counts, columns at 2, where 2 x 200 rows <= 700 columns).
   ExpectBitwiseInvariant("GemmXWt 200x700x520", [] {
     Problem p = Make(Form::kXWt, 200, 700, 520, 11);
     RunGemm(p);
     return p.out;
+  });
+  // Few rows, many columns: the columns split at every thread count, a thread's share wider
+  // than one packed B panel (8192 columns) at 2 threads, accumulating across K chunks.
+  ExpectBitwiseInvariant("GemmXWt 7x17000x300", [] {
+    Problem p = Make(Form::kXWt, 7, 17000, 300, 13);
+    RunGemm(p);
+    std::vector<float> out = p.out;
+    RunGemm(p, /*accumulate=*/true);
+    out.insert(out.end(), p.out.begin(), p.out.end());
+    return out;
   });
 }
 

@@ -5,7 +5,8 @@
 // +0 in increasing order, the chunk sums added in order. The KC blocking of the Goto loop nest
 // *is* that chunking, and a microkernel lane owns exactly one output element, so every
 // vector width, tile size and thread split gives the reference's bits. Threads split output
-// rows only; the chunk loop (pc) is sequential with a barrier between chunks.
+// elements, never the reduction: rows (the chunk loop pc sequential, with a barrier between
+// chunks), or, for a C of few rows and many columns, columns (each thread alone on its share).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/simd/gemm.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -199,15 +200,78 @@ void Gemm(const GemmArgs& g) {
     if (!g.accumulate) std::fill(g.c, g.c + g.m * g.n, 0.0f);
     return;
   }
-  // The loop nest runs steps (column panel jc, chunk pc) in order, jc outer, pc inner. Thread t
-  // owns the same rows of C in every step, so its block of C and the A rows it packs stay in its
-  // core's caches; sharing them across cores through dynamically claimed tasks cost 2-12 % at
-  // two threads on bench-8x512's layer shapes. The B panel of a step is shared: each thread packs a share of it into one of
-  // two buffers during the previous step, and the return of each step's ParallelForEachThread
-  // is the barrier that completes chunk pc everywhere before chunk pc+1 is added.
   const int64_t threads = Threads();
-  const int64_t panel_cols = std::min(kNc, (g.n + nr_max - 1) / nr_max * nr_max);
   const int64_t a_panels = (g.m + kMr - 1) / kMr;
+  // Rows [ic, ic + mc) of A, packed in ap_block, times slivers [0, nc) of a packed B panel bp
+  // (columns jc.. of C, kc terms of the chunk): C tile by tile.
+  const auto multiply = [&](const float* ap_block, int64_t ic, int64_t mc, const float* bp_panel,
+                            int64_t jc, int64_t nc, int64_t kc, bool add) {
+    HWY_ALIGN float tile[kMr * 2 * hn::MaxLanes(hn::ScalableTag<float>())];
+    for (int64_t jr = 0; jr < nc; jr += nr_max) {
+      const int64_t nr = std::min(nr_max, nc - jr);
+      const float* bp = bp_panel + jr * kc;
+      for (int64_t ir = 0; ir < mc; ir += kMr) {
+        const int64_t mr = std::min(kMr, mc - ir);
+        const float* ap = ap_block + ir * kc;
+        float* c = g.c + (ic + ir) * g.n + jc + jr;
+        if (mr == kMr && nr == nr_max) {
+          Microkernel(d, ap, bp, kc, c, g.n, add);
+          continue;
+        }
+        // Edge tile: run the full microkernel on a local tile, copy the valid part.
+        for (int64_t i = 0; i < mr; ++i) {
+          for (int64_t j = 0; j < nr; ++j) tile[i * nr_max + j] = add ? c[i * g.n + j] : 0.0f;
+        }
+        Microkernel(d, ap, bp, kc, tile, nr_max, add);
+        for (int64_t i = 0; i < mr; ++i) {
+          std::copy(tile + i * nr_max, tile + i * nr_max + nr, c + i * g.n);
+        }
+      }
+    }
+  };
+  if (threads > 1 && g.m * threads <= g.n) {
+    // Few rows, many columns (the dW of a small projection): thread t owns a range of C's
+    // columns and runs the whole loop nest on them alone, packing all of A and its own slivers
+    // of B. Nothing is shared, so no chunk waits for another thread; per element the chunks
+    // are still added in order. Split by rows, each thread read the whole shared B panel, half
+    // of it from the other core's cache, every chunk: bench-8x512's dW of wk and wv
+    // (128 x 512 over 2048 rows) ran slower at two threads than at one (225 against 246
+    // GFLOP/s), and at 410-417 this way.
+    ParallelForEachThread([&](int64_t t) {
+      const int64_t slivers = (g.n + nr_max - 1) / nr_max;
+      const int64_t j_begin = slivers * t / threads * nr_max;
+      const int64_t j_end = std::min(g.n, slivers * (t + 1) / threads * nr_max);
+      if (j_begin >= j_end) return;
+      float* const ap_block =
+          ScratchFloats(Scratch::kGemmA, static_cast<size_t>(kKc * kMr * kMcPanels));
+      float* const bp = ScratchFloats(
+          Scratch::kGemmB, static_cast<size_t>(kKc * std::min(kNc, (j_end - j_begin + nr_max - 1) /
+                                                                       nr_max * nr_max)));
+      for (int64_t jc = j_begin; jc < j_end; jc += kNc) {
+        const int64_t nc = std::min(kNc, j_end - jc);
+        for (int64_t pc = 0; pc < g.k; pc += kKc) {
+          const int64_t kc = std::min(kKc, g.k - pc);
+          for (int64_t j0 = 0; j0 < nc; j0 += nr_max) {
+            PackB(g, pc, kc, jc + j0, std::min(nr_max, nc - j0), nr_max, bp + j0 * kc);
+          }
+          for (int64_t pb = 0; pb < a_panels; pb += kMcPanels) {
+            const int64_t ic = pb * kMr, mc = std::min((pb + kMcPanels) * kMr, g.m) - ic;
+            PackA(g, ic, mc, pc, kc, ap_block);
+            multiply(ap_block, ic, mc, bp, jc, nc, kc, g.accumulate || pc > 0);
+          }
+        }
+      }
+    });
+    return;
+  }
+  // Split by rows, the loop nest runs steps (column panel jc, chunk pc) in order, jc outer, pc
+  // inner. Thread t owns the same rows of C in every step, so its block of C and the A rows it
+  // packs stay in its core's caches; sharing them across cores through dynamically claimed
+  // tasks cost 2-12 % at two threads on bench-8x512's layer shapes. The B panel of a step is
+  // shared: each thread packs a share of it into one of two buffers during the previous step,
+  // and the return of each step's ParallelForEachThread is the barrier that completes chunk pc
+  // everywhere before chunk pc+1 is added.
+  const int64_t panel_cols = std::min(kNc, (g.n + nr_max - 1) / nr_max * nr_max);
   const int64_t b_floats = kKc * panel_cols;
   float* const bp_buf = ScratchFloats(Scratch::kGemmB, static_cast<size_t>(2 * b_floats));
   const int64_t chunks = (g.k + kKc - 1) / kKc;
@@ -235,7 +299,6 @@ void Gemm(const GemmArgs& g) {
     const Step st = step_at(s);
     const bool add = g.accumulate || st.pc > 0;
     ParallelForEachThread([&](int64_t t) {
-      HWY_ALIGN float tile[kMr * 2 * hn::MaxLanes(hn::ScalableTag<float>())];
       // This thread's row panels, in blocks of kMcPanels: a block of A is packed into the
       // thread's own scratch (L2-resident) and multiplied by every sliver of the B panel.
       float* const ap_block =
@@ -245,27 +308,7 @@ void Gemm(const GemmArgs& g) {
         const int64_t ic = pb * kMr;
         const int64_t mc = std::min(std::min(p_end, pb + kMcPanels) * kMr, g.m) - ic;
         PackA(g, ic, mc, st.pc, st.kc, ap_block);
-        for (int64_t jr = 0; jr < st.nc; jr += nr_max) {
-          const int64_t nr = std::min(nr_max, st.nc - jr);
-          const float* bp = st.bp + jr * st.kc;
-          for (int64_t ir = 0; ir < mc; ir += kMr) {
-            const int64_t mr = std::min(kMr, mc - ir);
-            const float* ap = ap_block + ir * st.kc;
-            float* c = g.c + (ic + ir) * g.n + st.jc + jr;
-            if (mr == kMr && nr == nr_max) {
-              Microkernel(d, ap, bp, st.kc, c, g.n, add);
-              continue;
-            }
-            // Edge tile: run the full microkernel on a local tile, copy the valid part.
-            for (int64_t i = 0; i < mr; ++i) {
-              for (int64_t j = 0; j < nr; ++j) tile[i * nr_max + j] = add ? c[i * g.n + j] : 0.0f;
-            }
-            Microkernel(d, ap, bp, st.kc, tile, nr_max, add);
-            for (int64_t i = 0; i < mr; ++i) {
-              std::copy(tile + i * nr_max, tile + i * nr_max + nr, c + i * g.n);
-            }
-          }
-        }
+        multiply(ap_block, ic, mc, st.bp, st.jc, st.nc, st.kc, add);
       }
       if (s + 1 < steps) pack_b_share(step_at(s + 1), t);
     });
