@@ -133,7 +133,7 @@ class SpillStore final : public StateStore {
     ask();
   }
 
-  void Release(const Piece& piece, bool store) override {
+  void Release(const Piece& piece, bool store, std::span<const Digest> hash_chunks) override {
     const auto it = buffers_.find(piece.data.data());
     if (it == buffers_.end()) Fail("SpillStore: a piece released twice or never acquired");
     if (store) {
@@ -143,8 +143,22 @@ class SpillStore final : public StateStore {
       // lock (perf: 10 % of a spilled replay's CPU spinning there).
       const int64_t first = piece.begin / kSpillChunkFloats;
       std::vector<Digest> digests(static_cast<size_t>(Chunks(piece.data.size())));
+      const auto count = static_cast<int64_t>(piece.data.size());
+      if (!hash_chunks.empty() && hash_chunks.size() != static_cast<size_t>(ChunkCount(count))) {
+        Fail("SpillStore: {} hash chunk digests for a piece of {} elements", hash_chunks.size(),
+             count);
+      }
       ForChunks(piece, [&](int64_t c, std::span<float> data) {
-        digests[static_cast<size_t>(c - first)] = ArrayDigest(data);
+        const auto k = static_cast<size_t>(c - first);
+        if (hash_chunks.empty()) {
+          digests[k] = ArrayDigest(data);
+        } else {  // the caller's hash chunks of this spill chunk (whole chunks but the last)
+          const auto n = static_cast<int64_t>(data.size());
+          const auto per_chunk = static_cast<size_t>(kSpillChunkFloats / kHashChunkFloats);
+          digests[k] = ArrayDigestFromChunks(
+              static_cast<uint64_t>(n),
+              hash_chunks.subspan(k * per_chunk, static_cast<size_t>(ChunkCount(n))));
+        }
         return std::optional<std::string>();
       });
       try {

@@ -62,7 +62,7 @@ class MemoryStore final : public StateStore {
                                                 static_cast<size_t>(count))};
   }
 
-  void Release(const Piece&, bool) override {}
+  void Release(const Piece&, bool, std::span<const Digest>) override {}
   uint64_t SpillBytes() const override { return 0; }  // the piece is the stored array itself
 
   void Zero() override {

@@ -39,8 +39,11 @@ class StateStore : public TensorAccess {
   // values; without, its contents are unspecified (the caller sets every element).
   virtual Piece Acquire(StateArray array, size_t tensor, int64_t begin, int64_t count,
                         bool load) = 0;
-  // Done with the piece; with `store` its contents become the stored values.
-  virtual void Release(const Piece& piece, bool store) = 0;
+  // Done with the piece; with `store` its contents become the stored values. `hash_chunks`,
+  // when the caller has them, are ChunkDigests of the piece's contents: a store on disk then
+  // need not hash them again to digest what it writes.
+  virtual void Release(const Piece& piece, bool store,
+                       std::span<const Digest> hash_chunks = {}) = 0;
   // A hint: [begin, begin + count) of (array, tensor) is acquired with `load` soon. A store on
   // disk asks the kernel to start reading it now (into the page cache, not this process), so
   // that the disk works while the caller computes.

@@ -352,9 +352,12 @@ uint64_t Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_templat
       }
       // An unscaled gradient is unchanged: only what the update wrote is stored back (and
       // nothing when the new state is discarded).
-      for (const Piece& piece : batch[b]) {
-        store_->Release(piece, update && !discard_next_ &&
-                                   (piece.array != StateArray::kGrad || clip_factor != 1.0f));
+      for (int a = 0; a < kStateArrayCount; ++a) {
+        const Piece& piece = batch[b][a];
+        store_->Release(piece,
+                        update && !discard_next_ &&
+                            (piece.array != StateArray::kGrad || clip_factor != 1.0f),
+                        digests[b * kStateArrayCount + static_cast<size_t>(a)]);
       }
       progress.Add(batch[b][0].data.size() * sizeof(float) * kStateArrayCount);
     }
