@@ -229,6 +229,14 @@ void Gemm(const GemmArgs& g) {
       }
     }
   };
+  // Slivers [sl0, sl1) of the B panel of columns jc.., chunk pc (nc columns, kc terms) into bp.
+  const auto pack_slivers = [&](int64_t pc, int64_t kc, int64_t jc, int64_t nc, int64_t sl0,
+                                int64_t sl1, float* bp) {
+    for (int64_t sl = sl0; sl < sl1; ++sl) {
+      const int64_t j0 = sl * nr_max;
+      PackB(g, pc, kc, jc + j0, std::min(nr_max, nc - j0), nr_max, bp + j0 * kc);
+    }
+  };
   if (threads > 1 && g.m * threads <= g.n) {
     // Few rows, many columns (the dW of a small projection): thread t owns a range of C's
     // columns and runs the whole loop nest on them alone, packing all of A and its own slivers
@@ -251,9 +259,7 @@ void Gemm(const GemmArgs& g) {
         const int64_t nc = std::min(kNc, j_end - jc);
         for (int64_t pc = 0; pc < g.k; pc += kKc) {
           const int64_t kc = std::min(kKc, g.k - pc);
-          for (int64_t j0 = 0; j0 < nc; j0 += nr_max) {
-            PackB(g, pc, kc, jc + j0, std::min(nr_max, nc - j0), nr_max, bp + j0 * kc);
-          }
+          pack_slivers(pc, kc, jc, nc, 0, (nc + nr_max - 1) / nr_max, bp);
           for (int64_t pb = 0; pb < a_panels; pb += kMcPanels) {
             const int64_t ic = pb * kMr, mc = std::min((pb + kMcPanels) * kMr, g.m) - ic;
             PackA(g, ic, mc, pc, kc, ap_block);
@@ -287,11 +293,8 @@ void Gemm(const GemmArgs& g) {
                 bp_buf + s % 2 * b_floats};
   };
   const auto pack_b_share = [&](const Step& st, int64_t t) {
-    for (int64_t sl = st.slivers * t / threads; sl < st.slivers * (t + 1) / threads; ++sl) {
-      const int64_t j0 = sl * nr_max;
-      PackB(g, st.pc, st.kc, st.jc + j0, std::min(nr_max, st.nc - j0), nr_max,
-            st.bp + j0 * st.kc);
-    }
+    pack_slivers(st.pc, st.kc, st.jc, st.nc, st.slivers * t / threads,
+                 st.slivers * (t + 1) / threads, st.bp);
   };
   const Step first = step_at(0);
   ParallelForEachThread([&](int64_t t) { pack_b_share(first, t); });
