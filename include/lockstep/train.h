@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <filesystem>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -171,6 +172,11 @@ class Trainer {
   // then hashes the state.
   // Returns the bytes it digested.
   uint64_t UpdateAndHash(bool update, const rk::AdamWParams& adam_template, float clip_factor);
+  // body(i, begin, count) on every store piece of the elements this rank holds, tensor by
+  // tensor, with each piece's `arrays` prefetched (StateStore::Prefetch) up to two pieces
+  // ahead: on disk, the next pieces are read while the body computes on this one.
+  template <typename Body>
+  void ForEachHeldPiece(std::initializer_list<StateArray> arrays, Body&& body);
   // Microbatch group g (its microbatches' windows from `cursor`) forward and backward into
   // `access`; returns each microbatch's (loss, zloss) sums and appends its tokens to `tokens`.
   std::vector<float> RunGroup(int64_t g, uint64_t cursor, TensorAccess& access,

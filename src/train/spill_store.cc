@@ -27,6 +27,16 @@ static_assert(kSpillChunkFloats % rk::kNormBlock == 0, "chunks are whole norm bl
 
 constexpr const char* kArrayNames[kStateArrayCount] = {"param", "m", "v", "grad"};
 constexpr int64_t kChunkBytes = kSpillChunkFloats * int64_t{sizeof(float)};
+static_assert(kSpillChunkFloats % kHashChunkFloats == 0, "a chunk is whole hash chunks");
+
+// The digest of the k-th chunk (`floats` elements) of a piece, from the digests of the piece's
+// hash chunks (ChunkDigests), without hashing it again.
+Digest ChunkDigestOf(std::span<const Digest> hash_chunks, int64_t k, int64_t floats) {
+  constexpr int64_t kPerChunk = kSpillChunkFloats / kHashChunkFloats;
+  return ArrayDigestFromChunks(static_cast<uint64_t>(floats),
+                               hash_chunks.subspan(static_cast<size_t>(k * kPerChunk),
+                                                   static_cast<size_t>(ChunkCount(floats))));
+}
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point start) {
@@ -149,16 +159,11 @@ class SpillStore final : public StateStore {
              count);
       }
       ForChunks(piece, [&](int64_t c, std::span<float> data) {
-        const auto k = static_cast<size_t>(c - first);
-        if (hash_chunks.empty()) {
-          digests[k] = ArrayDigest(data);
-        } else {  // the caller's hash chunks of this spill chunk (whole chunks but the last)
-          const auto n = static_cast<int64_t>(data.size());
-          const auto per_chunk = static_cast<size_t>(kSpillChunkFloats / kHashChunkFloats);
-          digests[k] = ArrayDigestFromChunks(
-              static_cast<uint64_t>(n),
-              hash_chunks.subspan(k * per_chunk, static_cast<size_t>(ChunkCount(n))));
-        }
+        const int64_t k = c - first;
+        digests[static_cast<size_t>(k)] =
+            hash_chunks.empty()
+                ? ArrayDigest(data)
+                : ChunkDigestOf(hash_chunks, k, static_cast<int64_t>(data.size()));
         return std::optional<std::string>();
       });
       try {
@@ -210,9 +215,6 @@ class SpillStore final : public StateStore {
     const std::map<fs::path, int> file_of = AttachFiles(checkpoint);
     // StreamCheckpoint reads pieces of whole chunks and hands over their hash chunks' digests:
     // a chunk's digest (ArrayDigest) is made from those, and the chunk is left where it is.
-    static_assert(kSpillChunkFloats % kHashChunkFloats == 0 &&
-                  kSpillPieceFloats % kHashChunkFloats == 0);
-    constexpr int64_t kPerChunk = kSpillChunkFloats / kHashChunkFloats;
     return StreamCheckpoint(
         checkpoint, kSpillPieceFloats,
         [&](size_t i, StateArray a, int64_t begin, std::span<const float> piece,
@@ -225,9 +227,7 @@ class SpillStore final : public StateStore {
             const int64_t floats = std::min(kSpillChunkFloats, n - k * kSpillChunkFloats);
             chunks_[static_cast<size_t>(a)][i][static_cast<size_t>(first / kSpillChunkFloats)] = {
                 file, where.offset + static_cast<uint64_t>(first) * sizeof(float),
-                ArrayDigestFromChunks(static_cast<uint64_t>(floats),
-                                      hash_chunks.subspan(static_cast<size_t>(k * kPerChunk),
-                                                          static_cast<size_t>(ChunkCount(floats))))};
+                ChunkDigestOf(hash_chunks, k, floats)};
           }
           loaded(piece.size_bytes());
         },
@@ -281,8 +281,7 @@ class SpillStore final : public StateStore {
             in_place.offset, {reinterpret_cast<uint8_t*>(data.get()), floats * sizeof(float)});
       } catch (const Error& e) {
         errors[static_cast<size_t>(k)] =
-            fmt::format("reading chunk {} of {} of '{}': {}", u.chunk, kArrayNames[u.array],
-                        specs_[u.tensor].name, e.what());
+            fmt::format("reading {}: {}", Describe(u.array, u.tensor, u.chunk), e.what());
         return;
       }
       in_place.hash_chunks = ChunkDigests({data.get(), floats});
@@ -366,9 +365,11 @@ class SpillStore final : public StateStore {
     return chunks_[static_cast<size_t>(piece.array)][piece.tensor][static_cast<size_t>(c)];
   }
 
+  std::string Describe(size_t array, size_t tensor, int64_t c) const {
+    return fmt::format("chunk {} of {} of '{}'", c, kArrayNames[array], specs_[tensor].name);
+  }
   std::string Describe(const Piece& piece, int64_t c) const {
-    return fmt::format("chunk {} of {} of '{}'", c, kArrayNames[static_cast<int>(piece.array)],
-                       specs_[piece.tensor].name);
+    return Describe(static_cast<size_t>(piece.array), piece.tensor, c);
   }
 
   // Runs io(chunk index, chunk data) for every chunk of the piece, in parallel (chunks are

@@ -222,37 +222,6 @@ void ForEachPiece(const StateStore& store, ElementRange range, Body&& body) {
   }
 }
 
-// ForEachPiece over every tensor's `range(i)` in tensor order, body(i, begin, count), with each
-// piece's `arrays` prefetched (StateStore::Prefetch) up to two pieces ahead: on disk, the next
-// pieces are read while the body computes on this one.
-template <typename Range, typename Body>
-void ForEachPieceAhead(StateStore& store, size_t tensors, Range&& range,
-                       std::initializer_list<StateArray> arrays, Body&& body) {
-  struct Next {
-    size_t i;
-    int64_t begin, count;
-  };
-  std::vector<Next> pieces;
-  for (size_t i = 0; i < tensors; ++i) {
-    ForEachPiece(store, range(i), [&](int64_t begin, int64_t count) {
-      pieces.push_back({i, begin, count});
-    });
-  }
-  const int64_t ahead = std::min<int64_t>(store.PieceFloats(), int64_t{1} << 40) * 2;
-  size_t asked = 0;  // pieces [0, asked) were prefetched
-  int64_t asked_floats = 0;  // in pieces [k, asked)
-  for (size_t k = 0; k < pieces.size(); ++k) {
-    for (; asked < pieces.size() && (asked <= k || asked_floats < ahead); ++asked) {
-      for (const StateArray a : arrays) {
-        store.Prefetch(a, pieces[asked].i, pieces[asked].begin, pieces[asked].count);
-      }
-      asked_floats += pieces[asked].count;
-    }
-    body(pieces[k].i, pieces[k].begin, pieces[k].count);
-    asked_floats -= pieces[k].count;
-  }
-}
-
 // Gradients and parameters travel between ranks in pieces of this many floats (16 MiB, whole
 // hash chunks): an owner gathering a piece holds N of them at once.
 constexpr int64_t kExchangePieceFloats = int64_t{1} << 22;
@@ -277,6 +246,7 @@ uint64_t StateBytes(const ModelConfig& model) {
 namespace {
 
 std::span<const std::byte> Bytes(std::span<const float> f) { return std::as_bytes(f); }
+std::span<std::byte> Bytes(std::span<float> f) { return std::as_writable_bytes(f); }
 
 // Appends a step's phases to a report: each Start ends the phase before it, with its wall time
 // and the store's traffic meanwhile.
@@ -312,13 +282,39 @@ class PhaseClock {
   StateStore::Traffic traffic_;
   bool open_ = false;
 };
-std::span<std::byte> Bytes(std::span<float> f) { return std::as_writable_bytes(f); }
 
 }  // namespace
 
 uint64_t GroupBufferBytes(const RunConfig& config, int processes) {
   const bool needed = config.train.grad_groups > 1 || processes > 1;
   return needed ? StateBytes(config.model) / kStateArrayCount : 0;
+}
+
+template <typename Body>
+void Trainer::ForEachHeldPiece(std::initializer_list<StateArray> arrays, Body&& body) {
+  struct Next {
+    size_t i;
+    int64_t begin, count;
+  };
+  std::vector<Next> pieces;
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    ForEachPiece(*store_, Held(i, rank_), [&](int64_t begin, int64_t count) {
+      pieces.push_back({i, begin, count});
+    });
+  }
+  const int64_t ahead = std::min<int64_t>(store_->PieceFloats(), int64_t{1} << 40) * 2;
+  size_t asked = 0;          // pieces [0, asked) were prefetched
+  int64_t asked_floats = 0;  // in pieces [k, asked)
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    for (; asked < pieces.size() && (asked <= k || asked_floats < ahead); ++asked) {
+      for (const StateArray a : arrays) {
+        store_->Prefetch(a, pieces[asked].i, pieces[asked].begin, pieces[asked].count);
+      }
+      asked_floats += pieces[asked].count;
+    }
+    body(pieces[k].i, pieces[k].begin, pieces[k].count);
+    asked_floats -= pieces[k].count;
+  }
 }
 
 uint64_t Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_template,
@@ -364,7 +360,6 @@ uint64_t Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_templat
     batch.clear();
     batch_floats = 0;
   };
-  const auto held = [&](size_t i) { return Held(i, rank_); };
   const auto update_and_digest = [&](size_t i, int64_t begin, int64_t count) {
     if (!batch.empty() && count > store_->PieceFloats() - batch_floats) hash_batch();
     std::array<Piece, kStateArrayCount>& p = batch.emplace_back();
@@ -391,9 +386,8 @@ uint64_t Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_templat
                  [&] { rk::AdamWUpdate(adam, param, grad, m, v); });
     }
   };
-  ForEachPieceAhead(*store_, specs_.size(), held,
-                    {StateArray::kParam, StateArray::kM, StateArray::kV, StateArray::kGrad},
-                    update_and_digest);
+  ForEachHeldPiece({StateArray::kParam, StateArray::kM, StateArray::kV, StateArray::kGrad},
+                   update_and_digest);
   if (!batch.empty()) hash_batch();
   std::vector<Digest> mine;
   for (const auto& tensor : held_chunks) {
@@ -826,7 +820,6 @@ StepReport Trainer::Step() {
   for (size_t i = 0; i < specs_.size(); ++i) {
     blocks.push_back((specs_[i].numel() + rk::kNormBlock - 1) / rk::kNormBlock);
   }
-  const auto held = [&](size_t i) { return Held(i, rank_); };
   const auto block_squares = [&](size_t i, int64_t begin, int64_t count) {
     const Piece g = store_->Acquire(StateArray::kGrad, i, begin, count, /*load=*/true);
     std::vector<double> sums(static_cast<size_t>((count + rk::kNormBlock - 1) / rk::kNormBlock));
@@ -841,7 +834,7 @@ StepReport Trainer::Step() {
     store_->Release(g, /*store=*/replaced);
     my_blocks.insert(my_blocks.end(), sums.begin(), sums.end());
   };
-  ForEachPieceAhead(*store_, specs_.size(), held, {StateArray::kGrad}, block_squares);
+  ForEachHeldPiece({StateArray::kGrad}, block_squares);
   const std::vector<double> block_sums = AllgatherInRankOrder(
       *comm_, my_blocks, static_cast<size_t>(std::reduce(blocks.begin(), blocks.end())));
   const std::vector<double> block_counts(blocks.begin(), blocks.end());
