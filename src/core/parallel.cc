@@ -6,6 +6,7 @@
 // 2` on a loaded 2-core laptop ran ~8x slower than one thread. These workers spin briefly, then
 // sleep on a condition variable. Which thread runs which task never affects results: tasks
 // write disjoint outputs (the numerics contract).
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <memory>
@@ -38,6 +39,9 @@ class Pool {
       body_ = body;
       context_ = context;
       count_ = count;
+      // About 32 claims per thread: few enough that claiming is free, many enough that
+      // uneven tasks (causal attention) still balance.
+      grain_ = std::max<int64_t>(1, count / (32 * (helpers + 1)));
       pinned_ = pinned;
       next_.store(0);
       wanted_ = helpers;
@@ -82,7 +86,12 @@ class Pool {
     if (task >= 0) {
       body_(task, context_);
     } else {
-      for (int64_t i = next_.fetch_add(1); i < count_; i = next_.fetch_add(1)) body_(i, context_);
+      // Tasks are claimed in runs of grain_: one claim per task made the threads fight over
+      // next_'s cache line, which cost more than a small task itself (a row of RMSNorm).
+      for (int64_t i = next_.fetch_add(grain_); i < count_; i = next_.fetch_add(grain_)) {
+        const int64_t end = std::min(count_, i + grain_);
+        for (int64_t j = i; j < end; ++j) body_(j, context_);
+      }
     }
     t_in_parallel_loop = false;
   }
@@ -117,6 +126,7 @@ class Pool {
   void (*body_)(int64_t, void*) = nullptr;
   void* context_ = nullptr;
   int64_t count_ = 0;
+  int64_t grain_ = 1;
   std::atomic<int64_t> next_{0};
   std::atomic<uint64_t> generation_{0};  // written under mutex_, read without it while spinning
   int wanted_ = 0, joined_ = 0, finished_ = 0;

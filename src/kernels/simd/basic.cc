@@ -112,8 +112,14 @@ HWY_INLINE void ForEachVector(int64_t n, F f) {
 }
 
 void AddInto(const float* x, float* y, int64_t n) {
-  ForEachVector(n, [&](auto d, int64_t i) {
-    hn::StoreU(hn::Add(hn::LoadU(d, y + i), hn::LoadU(d, x + i)), d, y + i);
+  constexpr int64_t kBlock = int64_t{1} << 14;  // 64 KiB of each operand per task
+  ParallelFor((n + kBlock - 1) / kBlock, [&](int64_t block) {
+    const int64_t begin = block * kBlock;
+    const float* xb = x + begin;
+    float* yb = y + begin;
+    ForEachVector(std::min(kBlock, n - begin), [&](auto d, int64_t i) {
+      hn::StoreU(hn::Add(hn::LoadU(d, yb + i), hn::LoadU(d, xb + i)), d, yb + i);
+    });
   });
 }
 
