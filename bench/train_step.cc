@@ -144,7 +144,7 @@ struct Measurement {
   int64_t tokens_per_step = 0;
   double gemm_gflops = 0;  // GemmGflops at this thread count
   double best_seconds = 0, median_seconds = 0;
-  double hash_seconds = 0;  // one ComputeStateHash of the final state, alone
+  double hash_seconds = 0;  // one ComputeStateHash of the final state (a copy), alone
   lockstep::StateHash final_hash;
 };
 
@@ -178,8 +178,8 @@ Measurement Measure(const RunConfig& config, const data::Dataset& dataset, int t
   m.gemm_gflops = GemmGflops(config, threads);
   m.best_seconds = *std::min_element(seconds.begin(), seconds.end());
   m.median_seconds = Median(seconds);
-  const auto start = std::chrono::steady_clock::now();
-  // An independent recomputation: every array copied out of the trainer and hashed at once.
+  // An independent recomputation: every array copied out of the trainer and hashed at once
+  // (the hash alone is timed).
   std::vector<std::array<std::vector<float>, lockstep::kStateArrayCount>> arrays;
   std::vector<lockstep::TensorState> tensors;
   for (size_t i = 0; i < trainer.tensors().size(); ++i) {
@@ -196,6 +196,7 @@ Measurement Measure(const RunConfig& config, const data::Dataset& dataset, int t
     tensors.push_back({trainer.tensors()[i].name, trainer.tensors()[i].shape, arrays[i][0],
                        arrays[i][1], arrays[i][2], arrays[i][3]});
   }
+  const auto start = std::chrono::steady_clock::now();
   m.final_hash = lockstep::ComputeStateHash(trainer.state(), tensors);
   m.hash_seconds = Seconds(start);
   if (m.final_hash.hash != trainer.hash()) {

@@ -247,24 +247,34 @@ StateHash StateHashFromDigests(const StepState& state, std::span<const TensorDig
 
 StateHash ComputeStateHash(const StepState& state, std::span<const TensorState> tensors) {
   std::vector<TensorDigest> digests(tensors.size());
-  std::vector<char> grad_elements(tensors.size());  // per tensor: its gradient is hashed here
+  // Every array hashed here, and where its digest goes: all their chunks are hashed together,
+  // so that the lanes fill across arrays. (One task per array left most of a small model's
+  // arrays, of one to three chunks each, to libsodium: bench-8x512's 495 MB took 0.166 s at
+  // two threads, and 0.054 s this way.)
+  std::vector<std::span<const float>> pieces;
+  std::vector<Digest*> outs;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    state_internal::CheckTensorState(tensors[i]);
-    digests[i].name = tensors[i].name;
-    digests[i].shape = tensors[i].shape;
-    grad_elements[i] = state_internal::HasGradElements(tensors[i]);
-    if (!grad_elements[i]) digests[i].grad = *tensors[i].grad_digest;
+    const TensorState& t = tensors[i];
+    state_internal::CheckTensorState(t);
+    digests[i].name = t.name;
+    digests[i].shape = t.shape;
+    for (int a = 0; a < kStateArrayCount; ++a) {
+      if (a == static_cast<int>(StateArray::kGrad) && !state_internal::HasGradElements(t)) {
+        digests[i].grad = *t.grad_digest;
+        continue;
+      }
+      pieces.push_back(t.*kStateArrays[a]);
+      outs.push_back(&(digests[i].*kDigestArrays[a]));
+    }
   }
-  Blake2b();  // initialises libsodium here: ParallelFor bodies must not throw
-  // One task per array: the digests land in fixed slots, so the thread count cannot matter.
-  ParallelFor(static_cast<int64_t>(kStateArrayCount * tensors.size()), [&](int64_t task) {
-    const size_t i = static_cast<size_t>(task) / kStateArrayCount;
-    const size_t a = static_cast<size_t>(task) % kStateArrayCount;
-    if (a == static_cast<size_t>(StateArray::kGrad) && !grad_elements[i]) return;
-    digests[i].*kDigestArrays[a] = ArrayDigest(tensors[i].*kStateArrays[a]);
-  });
+  const std::vector<std::vector<Digest>> chunks = ChunkDigestsOfPieces(pieces);
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    *outs[k] = ArrayDigestFromChunks(pieces[k].size(), chunks[k]);
+  }
   for (size_t i = 0; i < tensors.size(); ++i) {
-    if (grad_elements[i]) state_internal::CheckedGradDigest(tensors[i], digests[i].grad);
+    if (state_internal::HasGradElements(tensors[i])) {
+      state_internal::CheckedGradDigest(tensors[i], digests[i].grad);
+    }
   }
   return StateHashFromDigests(state, digests);
 }
