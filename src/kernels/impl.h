@@ -14,7 +14,7 @@ namespace lockstep::rk {
 // next and grown to the largest size asked: a buffer allocated per call would be mapped, faulted
 // in page by page and unmapped every time. 64-byte aligned; the contents are undefined. Each
 // kind is one buffer per thread, so an op must not hold a kind across a call that uses it.
-enum class Scratch { kGemmA, kGemmB, kLogits, kCount };
+enum class Scratch { kGemmA, kGemmB, kLogits, kAttention, kCount };
 float* ScratchFloats(Scratch kind, size_t floats);
 
 // C[m,n] (ldc = n) from A(i, r) = a[i*a_rs + r*a_cs], B(r, j) = b[r*b_rs + j*b_cs]; the reduced

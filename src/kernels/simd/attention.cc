@@ -16,14 +16,15 @@
 // clang-format off
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
-#include <hwy/aligned_allocator.h>
 // clang-format on
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 
 #include "kernels/attention_impl.h"
+#include "kernels/impl.h"
 #include "kernels/simd/dmath-inl.h"
 #include "lockstep/core.h"
 
@@ -81,19 +82,32 @@ HWY_INLINE void Block(DF d, const RowsTimesPanel& p, int64_t i0, int64_t x0, int
   }
 }
 
-void AccumulateRow(DF d, const RowsTimesPanel& p, int64_t i, int64_t lo, int64_t hi) {
-  if (lo >= hi) return;
+// Register blocks: rows x vectors of accumulators, plus one vector per column of b and one
+// broadcast. x86 targets narrower than AVX-512 have 16 vector registers; AVX-512 and Arm have
+// 32, where 4 x 5 (a head of 64 values and the ones column, at 16 lanes) keeps 20 chains in
+// flight instead of 8: the FMA latency, not the loads, bounded the 4 x 2 block.
+constexpr int kRowsWide = HWY_ARCH_X86 && HWY_MAX_BYTES < 64 ? 2 : 5;  // vectors, 4-row blocks
+constexpr int kRowWide = HWY_ARCH_X86 && HWY_MAX_BYTES < 64 ? 4 : 5;   // vectors, single rows
+
+// Rows [i0, i0+R) x vectors [x, width) in blocks of W vectors, then the rest in narrower ones.
+template <int R, int W>
+HWY_INLINE void Blocks(DF d, const RowsTimesPanel& p, int64_t i0, int64_t x, int64_t lo,
+                       int64_t hi) {
   const int64_t n = static_cast<int64_t>(hn::Lanes(d));
-  int64_t x = 0;
-  for (; x + 4 * n <= p.width; x += 4 * n) Block<1, 4>(d, p, i, x, lo, hi);
-  for (; x < p.width; x += n) Block<1, 1>(d, p, i, x, lo, hi);
+  for (; x + W * n <= p.width; x += W * n) Block<R, W>(d, p, i0, x, lo, hi);
+  if constexpr (W > 1) {
+    if (x < p.width) Blocks<R, W - 1>(d, p, i0, x, lo, hi);
+  }
+}
+
+void AccumulateRow(DF d, const RowsTimesPanel& p, int64_t i, int64_t lo, int64_t hi) {
+  if (lo < hi) Blocks<1, kRowWide>(d, p, i, 0, lo, hi);
 }
 
 // Rows of a register block share the terms [max lo, min hi); each row's own leading and
 // trailing terms are added before and after it, which keeps every row's order increasing.
 void AccumulateRows(DF d, const RowsTimesPanel& p, int64_t rows, const int64_t* lo,
                     const int64_t* hi) {
-  const int64_t n = static_cast<int64_t>(hn::Lanes(d));
   int64_t i0 = 0;
   for (; i0 + kBlockRows <= rows; i0 += kBlockRows) {
     const int64_t shared_lo = *std::max_element(lo + i0, lo + i0 + kBlockRows);
@@ -103,21 +117,48 @@ void AccumulateRows(DF d, const RowsTimesPanel& p, int64_t rows, const int64_t* 
       continue;
     }
     for (int64_t i = i0; i < i0 + kBlockRows; ++i) AccumulateRow(d, p, i, lo[i], shared_lo);
-    int64_t x = 0;
-    for (; x + 2 * n <= p.width; x += 2 * n) {
-      Block<kBlockRows, 2>(d, p, i0, x, shared_lo, shared_hi);
-    }
-    if (x < p.width) Block<kBlockRows, 1>(d, p, i0, x, shared_lo, shared_hi);
+    Blocks<kBlockRows, kRowsWide>(d, p, i0, 0, shared_lo, shared_hi);
     for (int64_t i = i0; i < i0 + kBlockRows; ++i) AccumulateRow(d, p, i, shared_hi, hi[i]);
   }
   for (; i0 < rows; ++i0) AccumulateRow(d, p, i0, lo[i0], hi[i0]);
 }
 
-// The sequential fused chain of the reference's Dot (used once per query row).
-float Dot(const float* a, const float* b, int64_t n) {
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n; ++i) acc = std::fma(a[i], b[i], acc);
-  return acc;
+// out[i] = the reference's Dot of rows a_i and b_i (a_i at a + i*stride, b_i likewise): one
+// sequential fused chain per row, over n terms. Eight rows' chains run side by side, since one
+// chain alone waits on each FMA's latency.
+void RowDots(const float* a, const float* b, int64_t stride, int64_t rows, int64_t n, float* out) {
+  constexpr int64_t kChains = 8;
+  int64_t i0 = 0;
+  for (; i0 + kChains <= rows; i0 += kChains) {
+    float acc[kChains] = {};
+    for (int64_t x = 0; x < n; ++x) {
+      for (int64_t c = 0; c < kChains; ++c) {
+        acc[c] = std::fma(a[(i0 + c) * stride + x], b[(i0 + c) * stride + x], acc[c]);
+      }
+    }
+    std::copy(acc, acc + kChains, out + i0);
+  }
+  for (; i0 < rows; ++i0) {
+    float acc = 0.0f;
+    for (int64_t x = 0; x < n; ++x) acc = std::fma(a[i0 * stride + x], b[i0 * stride + x], acc);
+    out[i0] = acc;
+  }
+}
+
+// Consecutive arrays of the given float counts in this thread's attention scratch, each
+// 64-byte aligned. Contents are undefined: callers fill what they read.
+template <size_t N>
+std::array<float*, N> ScratchArrays(const std::array<int64_t, N>& floats) {
+  constexpr int64_t kAlign = 16;  // floats
+  int64_t total = 0;
+  for (const int64_t f : floats) total += (f + kAlign - 1) / kAlign * kAlign;
+  float* at = ScratchFloats(Scratch::kAttention, static_cast<size_t>(total));
+  std::array<float*, N> arrays;
+  for (size_t i = 0; i < N; ++i) {
+    arrays[i] = at;
+    at += (floats[i] + kAlign - 1) / kAlign * kAlign;
+  }
+  return arrays;
 }
 
 int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -162,38 +203,39 @@ void ForwardBlock(const AttentionShape& s, const Geometry& at, const float* q, c
   const int64_t n = static_cast<int64_t>(hn::Lanes(d));
   const int64_t g = h / at.group, q1 = std::min(at.T, q0 + kQueryBlock), nq = q1 - q0;
   const int64_t ld = RoundUp(at.D + 1, n);  // value rows: D values, the ones column, padding
-  auto acc = hwy::AllocateAligned<float>(static_cast<size_t>(kQueryBlock * ld));
-  auto scores = hwy::AllocateAligned<float>(static_cast<size_t>(kQueryBlock * kTile));
-  auto kt = hwy::AllocateAligned<float>(static_cast<size_t>(at.D * kTile));
-  auto vx = hwy::AllocateAligned<float>(static_cast<size_t>(kTile * ld));
-  float m[kQueryBlock];
+  const auto [acc, scores, kt, vx] =
+      ScratchArrays<4>({kQueryBlock * ld, kQueryBlock * kTile, at.D * kTile, kTile * ld});
+  HWY_ALIGN float m[kQueryBlock], m_new[kQueryBlock], alpha[kQueryBlock];
   int64_t lo[kQueryBlock], hi[kQueryBlock];
-  std::fill(acc.get(), acc.get() + nq * ld, 0.0f);
-  std::fill(m, m + nq, -kInf);
+  std::fill(acc, acc + nq * ld, 0.0f);
+  std::fill(m, m + kQueryBlock, -kInf);
 
-  const RowsTimesPanel score_product{q + at.Q(b, q0, h), at.Hq * at.D, 1,    kt.get(), kTile,
-                                     scores.get(),       kTile,        kTile};
-  const RowsTimesPanel value_product{scores.get(), kTile, 1, vx.get(), ld, acc.get(), ld, ld};
+  const RowsTimesPanel score_product{q + at.Q(b, q0, h), at.Hq * at.D, 1, kt, kTile,
+                                     scores,             kTile,        kTile};
+  const RowsTimesPanel value_product{scores, kTile, 1, vx, ld, acc, ld, ld};
   for (int64_t j0 = at.FirstKey(q0) / kTile * kTile; j0 < q1; j0 += kTile) {
     const int64_t kn = std::min(kTile, at.T - j0);
-    PackTransposed(at, k, b, g, j0, kt.get());
-    PackRows(v + at.Kv(b, j0, g), at.Hkv * at.D, kn, at.D, ld, vx.get());
+    PackTransposed(at, k, b, g, j0, kt);
+    PackRows(v + at.Kv(b, j0, g), at.Hkv * at.D, kn, at.D, ld, vx);
     for (int64_t j = 0; j < kn; ++j) vx[j * ld + at.D] = 1.0f;
 
-    std::fill(scores.get(), scores.get() + nq * kTile, 0.0f);
+    std::fill(scores, scores + nq * kTile, 0.0f);
     std::fill(lo, lo + nq, 0);
     std::fill(hi, hi + nq, at.D);
     AccumulateRows(d, score_product, nq, lo, hi);
 
-    for (int64_t i = 0; i < nq; ++i) {
+    // Scores masked and scaled, and each row's new running maximum.
+    for (int64_t i = 0; i < kQueryBlock; ++i) {
       const int64_t t = q0 + i;
+      m_new[i] = m[i];
+      if (i >= nq) continue;
       lo[i] = std::max(at.FirstKey(t), j0) - j0;
       hi[i] = std::min(t + 1, j0 + kTile) - j0;
       if (lo[i] >= hi[i]) {  // no visible key in this tile: the row is left untouched
         lo[i] = hi[i] = 0;
         continue;
       }
-      float* row = scores.get() + i * kTile;
+      float* row = scores + i * kTile;
       const auto visible_lo = hn::Set(d, static_cast<float>(lo[i]));
       const auto visible_hi = hn::Set(d, static_cast<float>(hi[i]));
       VF max = hn::Set(d, -kInf);
@@ -205,23 +247,33 @@ void ForwardBlock(const AttentionShape& s, const Geometry& at, const float* q, c
         hn::StoreU(score, d, row + x);
         max = hn::Max(max, score);
       }
-      const float m_new = std::max(m[i], hn::GetLane(hn::MaxOfLanes(d, max)));
-      const VF alpha = hn::Set(d, dmath::Exp(m[i] - m_new));
-      float* acc_row = acc.get() + i * ld;
+      m_new[i] = std::max(m[i], hn::GetLane(hn::MaxOfLanes(d, max)));
+    }
+    // The rescaling factors exp(m - m_new), a vector of rows at a time: the contract's Exp is
+    // the same function in every lane. (Rows left untouched, and those past nq, do not use
+    // theirs.)
+    for (int64_t i = 0; i < kQueryBlock; i += n) {
+      hn::Store(VExp(d, hn::Sub(hn::Load(d, m + i), hn::Load(d, m_new + i))), d, alpha + i);
+    }
+    for (int64_t i = 0; i < nq; ++i) {
+      if (lo[i] >= hi[i]) continue;
+      float* row = scores + i * kTile;
+      float* acc_row = acc + i * ld;
+      const VF a = hn::Set(d, alpha[i]);
       for (int64_t x = 0; x < ld; x += n) {
-        hn::StoreU(hn::Mul(hn::LoadU(d, acc_row + x), alpha), d, acc_row + x);
+        hn::StoreU(hn::Mul(hn::LoadU(d, acc_row + x), a), d, acc_row + x);
       }
-      const VF shift = hn::Set(d, m_new);
+      const VF shift = hn::Set(d, m_new[i]);
       for (int64_t x = 0; x < kTile; x += n) {
         hn::StoreU(VExp(d, hn::Sub(hn::LoadU(d, row + x), shift)), d, row + x);
       }
-      m[i] = m_new;
+      m[i] = m_new[i];
     }
     AccumulateRows(d, value_product, nq, lo, hi);
   }
 
   for (int64_t i = 0; i < nq; ++i) {
-    const float* acc_row = acc.get() + i * ld;
+    const float* acc_row = acc + i * ld;
     const float l = acc_row[at.D];
     float* ot = out + at.Q(b, q0 + i, h);
     for (int64_t x = 0; x < at.D; ++x) ot[x] = acc_row[x] / l;
@@ -250,55 +302,47 @@ void BackwardGroup(const AttentionShape& s, const Geometry& at, const float* q, 
   const int64_t n = static_cast<int64_t>(hn::Lanes(d));
   const int64_t ld = RoundUp(at.D, n);
   const int64_t tiles = (at.T + kTile - 1) / kTile, padded_t = tiles * kTile;
-  auto kt = hwy::AllocateAligned<float>(static_cast<size_t>(tiles * at.D * kTile));
-  auto vt = hwy::AllocateAligned<float>(static_cast<size_t>(tiles * at.D * kTile));
-  auto k_rows = hwy::AllocateAligned<float>(static_cast<size_t>(padded_t * ld));
-  auto dk_acc = hwy::AllocateAligned<float>(static_cast<size_t>(padded_t * ld));
-  auto dv_acc = hwy::AllocateAligned<float>(static_cast<size_t>(padded_t * ld));
-  auto q_rows = hwy::AllocateAligned<float>(static_cast<size_t>(kQueryBlock * ld));
-  auto dout_rows = hwy::AllocateAligned<float>(static_cast<size_t>(kQueryBlock * ld));
-  auto dq_acc = hwy::AllocateAligned<float>(static_cast<size_t>(kQueryBlock * ld));
-  auto p = hwy::AllocateAligned<float>(static_cast<size_t>(kQueryBlock * kTile));
-  auto ds = hwy::AllocateAligned<float>(static_cast<size_t>(kQueryBlock * kTile));
+  const auto [kt, vt, k_rows, dk_acc, dv_acc, q_rows, dout_rows, dq_acc, p, ds] =
+      ScratchArrays<10>({tiles * at.D * kTile, tiles * at.D * kTile, padded_t * ld,
+                         padded_t * ld, padded_t * ld, kQueryBlock * ld, kQueryBlock * ld,
+                         kQueryBlock * ld, kQueryBlock * kTile, kQueryBlock * kTile});
   float delta[kQueryBlock];
   int64_t lo[kQueryBlock], hi[kQueryBlock];
   static_assert(kQueryBlock >= kTile, "lo/hi also index the keys of a tile");
 
   for (int64_t j0 = 0; j0 < at.T; j0 += kTile) {
-    PackTransposed(at, k, b, g, j0, kt.get() + j0 * at.D);
-    PackTransposed(at, v, b, g, j0, vt.get() + j0 * at.D);
+    PackTransposed(at, k, b, g, j0, kt + j0 * at.D);
+    PackTransposed(at, v, b, g, j0, vt + j0 * at.D);
   }
-  PackRows(k + at.Kv(b, 0, g), at.Hkv * at.D, at.T, at.D, ld, k_rows.get());
-  std::fill(dk_acc.get(), dk_acc.get() + padded_t * ld, 0.0f);
-  std::fill(dv_acc.get(), dv_acc.get() + padded_t * ld, 0.0f);
+  PackRows(k + at.Kv(b, 0, g), at.Hkv * at.D, at.T, at.D, ld, k_rows);
+  std::fill(dk_acc, dk_acc + padded_t * ld, 0.0f);
+  std::fill(dv_acc, dv_acc + padded_t * ld, 0.0f);
 
   for (int64_t h = g * at.group; h < (g + 1) * at.group; ++h) {
     for (int64_t q0 = 0; q0 < at.T; q0 += kQueryBlock) {
       const int64_t q1 = std::min(at.T, q0 + kQueryBlock), nq = q1 - q0;
-      PackRows(q + at.Q(b, q0, h), at.Hq * at.D, nq, at.D, ld, q_rows.get());
-      PackRows(dout + at.Q(b, q0, h), at.Hq * at.D, nq, at.D, ld, dout_rows.get());
-      std::fill(dq_acc.get(), dq_acc.get() + nq * ld, 0.0f);
-      for (int64_t i = 0; i < nq; ++i) {
-        delta[i] = Dot(dout + at.Q(b, q0 + i, h), out + at.Q(b, q0 + i, h), at.D);
-      }
+      PackRows(q + at.Q(b, q0, h), at.Hq * at.D, nq, at.D, ld, q_rows);
+      PackRows(dout + at.Q(b, q0, h), at.Hq * at.D, nq, at.D, ld, dout_rows);
+      std::fill(dq_acc, dq_acc + nq * ld, 0.0f);
+      RowDots(dout + at.Q(b, q0, h), out + at.Q(b, q0, h), at.Hq * at.D, nq, at.D, delta);
 
       for (int64_t j0 = at.FirstKey(q0) / kTile * kTile; j0 < q1; j0 += kTile) {
         const int64_t kn = std::min(kTile, at.T - j0);
         // p and ds for every (query, key) of the block; masked pairs are computed but unused.
-        std::fill(p.get(), p.get() + nq * kTile, 0.0f);
-        std::fill(ds.get(), ds.get() + nq * kTile, 0.0f);
+        std::fill(p, p + nq * kTile, 0.0f);
+        std::fill(ds, ds + nq * kTile, 0.0f);
         std::fill(lo, lo + nq, 0);
         std::fill(hi, hi + nq, at.D);
-        AccumulateRows(d, {q_rows.get(), ld, 1, kt.get() + j0 * at.D, kTile, p.get(), kTile, kTile},
+        AccumulateRows(d, {q_rows, ld, 1, kt + j0 * at.D, kTile, p, kTile, kTile},
                        nq, lo, hi);
         AccumulateRows(
-            d, {dout_rows.get(), ld, 1, vt.get() + j0 * at.D, kTile, ds.get(), kTile, kTile}, nq,
+            d, {dout_rows, ld, 1, vt + j0 * at.D, kTile, ds, kTile, kTile}, nq,
             lo, hi);
         for (int64_t i = 0; i < nq; ++i) {
           const VF row_lse = hn::Set(d, lse[at.Lse(b, h, q0 + i)]);
           const VF row_delta = hn::Set(d, delta[i]);
-          float* p_row = p.get() + i * kTile;
-          float* ds_row = ds.get() + i * kTile;
+          float* p_row = p + i * kTile;
+          float* ds_row = ds + i * kTile;
           for (int64_t x = 0; x < kTile; x += n) {
             const VF score = hn::Mul(hn::LoadU(d, p_row + x), hn::Set(d, s.scale));
             const VF prob = VExp(d, hn::Sub(score, row_lse));
@@ -313,7 +357,7 @@ void BackwardGroup(const AttentionShape& s, const Geometry& at, const float* q, 
           lo[i] = std::max(at.FirstKey(t), j0) - j0;
           hi[i] = std::max(lo[i], std::min(t + 1, j0 + kTile) - j0);
         }
-        AccumulateRows(d, {ds.get(), kTile, 1, k_rows.get() + j0 * ld, ld, dq_acc.get(), ld, ld},
+        AccumulateRows(d, {ds, kTile, 1, k_rows + j0 * ld, ld, dq_acc, ld, ld},
                        nq, lo, hi);
         // dk, dv: key rows of the tile, queries of the block.
         for (int64_t jj = 0; jj < kn; ++jj) {
@@ -321,9 +365,9 @@ void BackwardGroup(const AttentionShape& s, const Geometry& at, const float* q, 
           lo[jj] = std::max(j, q0) - q0;
           hi[jj] = std::max(lo[jj], std::min(at.LastQuery(j) + 1, q1) - q0);
         }
-        AccumulateRows(d, {ds.get(), 1, kTile, q_rows.get(), ld, dk_acc.get() + j0 * ld, ld, ld},
+        AccumulateRows(d, {ds, 1, kTile, q_rows, ld, dk_acc + j0 * ld, ld, ld},
                        kn, lo, hi);
-        AccumulateRows(d, {p.get(), 1, kTile, dout_rows.get(), ld, dv_acc.get() + j0 * ld, ld, ld},
+        AccumulateRows(d, {p, 1, kTile, dout_rows, ld, dv_acc + j0 * ld, ld, ld},
                        kn, lo, hi);
       }
 
