@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -173,6 +174,9 @@ class ProgressLine {
 // ---- files ----------------------------------------------------------------------------------
 // An open file descriptor, closed on every path out: the one way lockstep holds a file open
 // (the helpers below are made of it). Every error names the path and the OS error.
+// What O_DIRECT transfers are aligned to: a multiple of every logical block size Linux uses.
+inline constexpr size_t kDirectIoAlignment = 4096;
+
 class File {
  public:
   // A regular file, read-only; a FIFO, device or directory is refused at once ("not a regular
@@ -188,6 +192,10 @@ class File {
   static File OpenForAppend(const std::filesystem::path& path);
   // A directory, read-only: to fsync it (SyncDirectory).
   static File OpenDirectory(const std::filesystem::path& dir);
+  // An existing file, read-write with O_DIRECT: reads and writes bypass the page cache, and
+  // their buffers, offsets and lengths must be multiples of kDirectIoAlignment. Nothing when
+  // the filesystem does not offer O_DIRECT (tmpfs, for one); fails naming the path otherwise.
+  static std::optional<File> OpenDirect(const std::filesystem::path& path);
 
   File(File&& other) noexcept;
   File& operator=(File&& other) noexcept;

@@ -174,9 +174,11 @@ class Trainer {
   uint64_t UpdateAndHash(bool update, const rk::AdamWParams& adam_template, float clip_factor);
   // body(i, begin, count) on every store piece of the elements this rank holds, tensor by
   // tensor, with each piece's `arrays` prefetched (StateStore::Prefetch) up to two pieces
-  // ahead: on disk, the next pieces are read while the body computes on this one.
+  // ahead: on disk, the next pieces are read while the body computes on this one. With
+  // `tensors` (increasing), only theirs.
   template <typename Body>
-  void ForEachHeldPiece(std::initializer_list<StateArray> arrays, Body&& body);
+  void ForEachHeldPiece(std::initializer_list<StateArray> arrays, Body&& body,
+                        std::optional<std::span<const size_t>> tensors = std::nullopt);
   // Microbatch group g (its microbatches' windows from `cursor`) forward and backward into
   // `access`; returns each microbatch's (loss, zloss) sums and appends its tokens to `tokens`.
   std::vector<float> RunGroup(int64_t g, uint64_t cursor, TensorAccess& access,

@@ -50,6 +50,16 @@ File File::OpenDirectory(const std::filesystem::path& dir) {
   return Open(dir, O_RDONLY | O_DIRECTORY, 0, "as a directory");
 }
 
+std::optional<File> File::OpenDirect(const std::filesystem::path& path) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0 && errno == EINVAL) return std::nullopt;  // the filesystem has no O_DIRECT
+  if (fd < 0) Fail("{}: cannot open for direct I/O: {}", path.string(), std::strerror(errno));
+  return File(fd, path);
+}
+
 File::File(File&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) {
   other.fd_ = -1;
 }

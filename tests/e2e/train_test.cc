@@ -173,7 +173,9 @@ TEST_F(E2e, SpilledMultiChunkStepsEqualStepsInRam) {
 
 // A diverged step (init_std 1e19: the forward overflows, every gradient is NaN) is skipped,
 // and its gradients are hashed and written as the canonical NaN 0x7fc00000: x86 arithmetic
-// makes 0xffc00000, Arm 0x7fc00000, so hardware NaN bits would split the chain by CPU.
+// makes 0xffc00000, Arm 0x7fc00000, so hardware NaN bits would split the chain by CPU. With the
+// state on disk too (where the backward's block squares, holding a NaN, send the norm back to
+// the gradients to make them canonical).
 TEST_F(E2e, NaNGradientsAreHashedAsTheCanonicalNaN) {
   std::string yaml = ReadFileText(fs::path(LOCKSTEP_SOURCE_DIR) / "configs/tiny.yaml");
   const size_t at = yaml.find("init_std: 0.02");
@@ -186,8 +188,15 @@ TEST_F(E2e, NaNGradientsAreHashedAsTheCanonicalNaN) {
                             " --no-progress --steps 1 --full-gradients");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(Text("run/metrics.jsonl").find("\"skipped\":true"), std::string::npos);
+  const Result spilled =
+      Lockstep("train --config " + config.string() + " --data " + Data().string() + " --out " +
+               (dir_ / "spilled").string() + " --no-progress --steps 1 --full-gradients " +
+               "--spill-dir " + (dir_ / "spill").string());
+  ASSERT_EQ(spilled.exit_code, 0) << spilled.output;
+  EXPECT_EQ(Text("run/state_hashes.jsonl"), Text("spilled/state_hashes.jsonl"));
   const std::vector<uint8_t> file =
       ReadFileBytes(dir_ / "run/checkpoints/step_000000001/grads.safetensors");
+  EXPECT_EQ(file, ReadFileBytes(dir_ / "spilled/checkpoints/step_000000001/grads.safetensors"));
   uint64_t header = 0;
   std::memcpy(&header, file.data(), sizeof header);
   int64_t nans = 0;
