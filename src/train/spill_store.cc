@@ -64,11 +64,12 @@ class SpillStore final : public StateStore {
       } catch (const Error& e) {
         Fail("{} (remove it, or give another --spill-dir)", e.what());
       }
-      // The new state it writes bypasses the page cache where the filesystem allows (see
-      // Release): it is read back only by the next step, and as dirty pages it makes the kernel
-      // flush in bursts that stall the reads beside them (dd: 6.4 GB written through the page
-      // cache slowed a concurrent read of a checkpoint file from 2.6 to 0.7 GB/s; O_DIRECT did
-      // not).
+      // What it writes bypasses the page cache where the filesystem allows (see Release): as
+      // dirty pages it made the kernel flush in bursts that stalled the reads beside them (dd:
+      // 6.4 GB written through the page cache slowed a concurrent read of a checkpoint file
+      // from 2.6 to 0.7 GB/s; O_DIRECT did not). An open-1b replay that wrote its gradients
+      // through the page cache took 40-58 s, and 44-45 s (six runs) this way, where the update
+      // pass reads them back from the disk, not from the cache.
       std::optional<File> direct = File::OpenDirect(path);
       // Unlinked at once: the space is the open descriptor's, so it is freed however the process
       // ends (a killed replay of a large model must not leave gigabytes behind).
@@ -176,10 +177,7 @@ class SpillStore final : public StateStore {
       try {
         Attached& to = files_[static_cast<size_t>(piece.array)];
         auto* bytes = reinterpret_cast<uint8_t*>(piece.data.data());
-        // Gradients are read back within the step (by the update pass), so they stay in the page
-        // cache; the new state waits for the next step, and goes to disk directly (whole
-        // blocks: the buffer's padding is zeroed and written too).
-        if (to.direct && piece.array != StateArray::kGrad) {
+        if (to.direct) {  // whole blocks: the buffer's padding is zeroed and written too
           const size_t padded = DirectBytes(piece.data.size_bytes());
           std::fill(bytes + piece.data.size_bytes(), bytes + padded, uint8_t{0});
           to.direct->WriteAt(SlotOffset(piece, first), {bytes, padded});
@@ -349,10 +347,10 @@ class SpillStore final : public StateStore {
     File file;
     bool owned;  // this store's (unlinked) spill file, not a checkpoint's
     // The same file opened with O_DIRECT (owned files, where the filesystem offers it): pieces
-    // of the parameters and moments are written through it, in whole blocks
-    // (kDirectIoAlignment; a piece's last, partial, block is padded with zeros in its slot).
-    // Reads stay in the page cache, where Prefetch can ask for them ahead (Linux keeps the two
-    // coherent: a direct write drops the cached pages it overwrites).
+    // are written through it, in whole blocks (kDirectIoAlignment; a piece's last, partial,
+    // block is padded with zeros in its slot). Reads stay in the page cache, where Prefetch
+    // can ask for them ahead (Linux keeps the two coherent: a direct write drops the cached
+    // pages it overwrites).
     std::optional<File> direct;
   };
 
