@@ -64,12 +64,14 @@ class SpillStore final : public StateStore {
       } catch (const Error& e) {
         Fail("{} (remove it, or give another --spill-dir)", e.what());
       }
-      // What it writes bypasses the page cache where the filesystem allows (see Release): as
-      // dirty pages it made the kernel flush in bursts that stalled the reads beside them (dd:
-      // 6.4 GB written through the page cache slowed a concurrent read of a checkpoint file
-      // from 2.6 to 0.7 GB/s; O_DIRECT did not). An open-1b replay that wrote its gradients
-      // through the page cache took 40-58 s, and 44-45 s (six runs) this way, where the update
-      // pass reads them back from the disk, not from the cache.
+      // Gradients bypass the page cache where the filesystem allows (see Release): written by
+      // the backward while it streams the parameters from disk, as dirty pages they made the
+      // kernel flush in bursts that stalled those reads (dd: 6.4 GB written through the page
+      // cache slowed a concurrent read of a checkpoint file from 2.6 to 0.7 GB/s; O_DIRECT did
+      // not). An open-1b replay that wrote its gradients through the page cache took 40-58 s,
+      // and 44-45 s in six runs this way, where the update pass reads them from the disk. The
+      // new state is written through the page cache: the next step reads it back, and training
+      // steps 0 and 1 of open-1b took 132-134 s writing it directly against 119-123 s so.
       std::optional<File> direct = File::OpenDirect(path);
       // Unlinked at once: the space is the open descriptor's, so it is freed however the process
       // ends (a killed replay of a large model must not leave gigabytes behind).
@@ -177,7 +179,9 @@ class SpillStore final : public StateStore {
       try {
         Attached& to = files_[static_cast<size_t>(piece.array)];
         auto* bytes = reinterpret_cast<uint8_t*>(piece.data.data());
-        if (to.direct) {  // whole blocks: the buffer's padding is zeroed and written too
+        // Gradients go to disk directly (whole blocks: the buffer's padding is zeroed and
+        // written too); the new state goes through the page cache, where the next step finds it.
+        if (to.direct && piece.array == StateArray::kGrad) {
           const size_t padded = DirectBytes(piece.data.size_bytes());
           std::fill(bytes + piece.data.size_bytes(), bytes + padded, uint8_t{0});
           to.direct->WriteAt(SlotOffset(piece, first), {bytes, padded});
@@ -346,11 +350,11 @@ class SpillStore final : public StateStore {
   struct Attached {
     File file;
     bool owned;  // this store's (unlinked) spill file, not a checkpoint's
-    // The same file opened with O_DIRECT (owned files, where the filesystem offers it): pieces
-    // are written through it, in whole blocks (kDirectIoAlignment; a piece's last, partial,
-    // block is padded with zeros in its slot). Reads stay in the page cache, where Prefetch
-    // can ask for them ahead (Linux keeps the two coherent: a direct write drops the cached
-    // pages it overwrites).
+    // The same file opened with O_DIRECT (owned files, where the filesystem offers it):
+    // gradient pieces are written through it, in whole blocks (kDirectIoAlignment; a piece's
+    // last, partial, block is padded with zeros in its slot). Reads stay in the page cache,
+    // where Prefetch can ask for them ahead (Linux keeps the two coherent: a direct write drops
+    // the cached pages it overwrites).
     std::optional<File> direct;
   };
 

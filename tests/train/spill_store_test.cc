@@ -83,9 +83,9 @@ TEST_F(SpillStoreTest, PiecesRoundTripAndUntouchedChunksAreZero) {
   EXPECT_FALSE(fs::exists(dir_ / "spill")) << "spill files left behind";
 }
 
-// Where the filesystem offers O_DIRECT, each spill file also has a direct descriptor (the new
-// parameters and moments are written through it, bypassing the page cache); pieces of any
-// length still round-trip (a last block is padded), read back through the page cache.
+// Where the filesystem offers O_DIRECT, each spill file also has a direct descriptor (gradients
+// are written through it, bypassing the page cache); pieces of any length still round-trip (a
+// last block is padded), read back through the page cache.
 TEST_F(SpillStoreTest, SpillFilesAreOpenedForDirectWrites) {
   fs::create_directories(dir_);
   const fs::path probe = dir_ / "probe";
