@@ -9,6 +9,7 @@
 #define HWY_TARGET_INCLUDE "core/blake2b_many.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+#include <hwy/cache_control.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -72,6 +73,16 @@ void HashLanes(const uint8_t* const* messages, size_t count, size_t bytes, uint8
   h[0] = hn::Xor(h[0], hn::Set(d, uint64_t{0x01010020}));  // digest 32, no key, fanout 1, depth 1
   for (size_t at = 0; at < bytes; at += 128) {
     const auto* block = reinterpret_cast<const int64_t*>(base + at);
+    // Each lane reads its own stream, 128 bytes a block: ask for the lines kAhead bytes on, as
+    // the gathers alone leave the hardware prefetcher behind (bench_hash, data in DRAM: 3.9
+    // GiB/s a core without, 4.3-4.5 with).
+    constexpr size_t kAhead = 2048;
+    if (at + kAhead < bytes) {
+      for (size_t l = 0; l < lanes; ++l) {
+        hwy::Prefetch(base + at + kAhead + 8 * offsets[l]);
+        hwy::Prefetch(base + at + kAhead + 64 + 8 * offsets[l]);
+      }
+    }
     V m[16];
     for (int w = 0; w < 16; ++w) {
       m[w] = hn::BitCast(d, hn::GatherIndex(di, block + w, lane_offsets));
