@@ -652,9 +652,6 @@ void Trainer::ReadPiece(size_t i, StateArray array, int64_t begin, std::span<flo
 
 namespace {
 
-// The Model's tensors during a microbatch group other than a single process's first: the
-// parameters from the store, the gradients into the group buffer (overwritten by the group's
-// first microbatch, accumulated by the rest).
 // The store's TensorAccess, which also sums the squares of each gradient's norm blocks
 // (rk::BlockSquares) whenever the Model closes it: the last close leaves the step's gradient,
 // so the global norm need not read the gradients back (in a spilled open-1b replay that read
@@ -681,6 +678,9 @@ class SquaringAccess final : public TensorAccess {
   std::vector<std::vector<double>> squares_;
 };
 
+// The Model's tensors during a microbatch group other than a single process's first: the
+// parameters from the store, the gradients into the group buffer (overwritten by the group's
+// first microbatch, accumulated by the rest).
 class GroupAccess final : public TensorAccess {
  public:
   GroupAccess(TensorAccess& params, ParamStore& grads) : params_(params), grads_(grads) {}
