@@ -72,7 +72,8 @@ class SpillStore final : public StateStore {
       // and 44-45 s in six runs this way, where the update pass reads them from the disk. The
       // new state is written through the page cache: the next step reads it back, and training
       // steps 0 and 1 of open-1b took 132-134 s writing it directly against 119-123 s so.
-      std::optional<File> direct = File::OpenDirect(path);
+      std::optional<File> direct;
+      if (a == static_cast<int>(StateArray::kGrad)) direct = File::OpenDirect(path);
       // Unlinked at once: the space is the open descriptor's, so it is freed however the process
       // ends (a killed replay of a large model must not leave gigabytes behind).
       files_.push_back({std::move(*file), true, std::move(direct)});
@@ -179,9 +180,7 @@ class SpillStore final : public StateStore {
       try {
         Attached& to = files_[static_cast<size_t>(piece.array)];
         auto* bytes = reinterpret_cast<uint8_t*>(piece.data.data());
-        // Gradients go to disk directly (whole blocks: the buffer's padding is zeroed and
-        // written too); the new state goes through the page cache, where the next step finds it.
-        if (to.direct && piece.array == StateArray::kGrad) {
+        if (to.direct) {  // whole blocks: the buffer's padding is zeroed and written too
           const size_t padded = DirectBytes(piece.data.size_bytes());
           std::fill(bytes + piece.data.size_bytes(), bytes + padded, uint8_t{0});
           to.direct->WriteAt(SlotOffset(piece, first), {bytes, padded});
@@ -350,9 +349,9 @@ class SpillStore final : public StateStore {
   struct Attached {
     File file;
     bool owned;  // this store's (unlinked) spill file, not a checkpoint's
-    // The same file opened with O_DIRECT (owned files, where the filesystem offers it):
-    // gradient pieces are written through it, in whole blocks (kDirectIoAlignment; a piece's
-    // last, partial, block is padded with zeros in its slot). Reads stay in the page cache,
+    // The same file opened with O_DIRECT (the gradients' spill file, where the filesystem
+    // offers it): pieces are written through it, in whole blocks (kDirectIoAlignment; a
+    // piece's last, partial, block is padded with zeros in its slot). Reads stay in the page cache,
     // where Prefetch can ask for them ahead (Linux keeps the two coherent: a direct write drops
     // the cached pages it overwrites).
     std::optional<File> direct;
