@@ -204,6 +204,10 @@ class File {
   ~File();
 
   const std::filesystem::path& path() const { return path_; }
+  // This open file again, read-only with O_DIRECT (through /proc/self/fd, so it is the same
+  // file even if its path was replaced since). Nothing where the filesystem does not offer
+  // O_DIRECT or /proc is not mounted; fails naming the path otherwise.
+  std::optional<File> ReopenDirectForReading() const;
   // The descriptor, still owned by this File (for mmap and the like).
   int fd() const { return fd_; }
   uint64_t Size() const;
@@ -211,6 +215,8 @@ class File {
   uint64_t AllocatedBytes() const;
   // Reads exactly out.size() bytes at `offset`; fails on a short file.
   void ReadAt(uint64_t offset, std::span<uint8_t> out) const;
+  // Reads up to out.size() bytes at `offset`, fewer only where the file ends; returns how many.
+  size_t ReadUpTo(uint64_t offset, std::span<uint8_t> out) const;
   // Reads to the end from the current position.
   std::vector<uint8_t> ReadAll() const;
   // Writes all of `bytes` at the current position (the end, with OpenForAppend), or at `offset`.

@@ -152,10 +152,11 @@ std::optional<Digest> ChainTarget(const fs::path& chain, const CheckpointIndex& 
   return target;
 }
 
-// The largest sum, over the passes of a step in a SpillStore, of the tensors open at once: a
-// layer's parameters plus its largest gradient, or output.weight with its gradient and
-// final_norm.weight, or tok_embeddings.weight (forward) or its gradient (backward), or the
-// update pass's four pieces.
+// The largest sum, over the passes of a step in a SpillStore, of the tensors open at once and
+// those read ahead: a layer's parameters plus its largest gradient, or output.weight with its
+// gradient and final_norm.weight, or tok_embeddings.weight (forward) or its gradient
+// (backward), each with the next layer's parameters read ahead; or the update pass's pieces
+// being hashed (up to one full piece per array) and those read ahead (as many).
 uint64_t SpilledOpenBytes(const ModelConfig& model) {
   std::map<std::string, uint64_t> layer_params, layer_largest;
   uint64_t head = 0;
@@ -171,9 +172,13 @@ uint64_t SpilledOpenBytes(const ModelConfig& model) {
     }
   }
   const uint64_t piece = static_cast<uint64_t>(train::kSpillPieceFloats) * sizeof(float);
-  uint64_t open = std::max(head + largest, kStateArrayCount * std::min(piece, largest));
+  const uint64_t array = train::StateBytes(model) / kStateArrayCount;
+  uint64_t next_layer = 0;
+  for (const auto& [layer, bytes] : layer_params) next_layer = std::max(next_layer, bytes);
+  uint64_t open = std::max(head + largest + next_layer,
+                           2 * kStateArrayCount * std::min(piece, array));
   for (const auto& [layer, bytes] : layer_params) {
-    open = std::max(open, bytes + layer_largest[layer]);
+    open = std::max(open, bytes + layer_largest[layer] + next_layer);
   }
   return open;
 }

@@ -50,14 +50,34 @@ File File::OpenDirectory(const std::filesystem::path& dir) {
   return Open(dir, O_RDONLY | O_DIRECTORY, 0, "as a directory");
 }
 
-std::optional<File> File::OpenDirect(const std::filesystem::path& path) {
+namespace {
+
+// `open` names the file in errors (it is what the caller knows it by).
+std::optional<int> OpenWithODirect(const std::filesystem::path& path, int access,
+                                   const std::filesystem::path& name) {
   int fd;
   do {
-    fd = ::open(path.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
+    fd = ::open(path.c_str(), access | O_DIRECT | O_CLOEXEC);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0 && errno == EINVAL) return std::nullopt;  // the filesystem has no O_DIRECT
-  if (fd < 0) Fail("{}: cannot open for direct I/O: {}", path.string(), std::strerror(errno));
-  return File(fd, path);
+  if (fd < 0) Fail("{}: cannot open for direct I/O: {}", name.string(), std::strerror(errno));
+  return fd;
+}
+
+}  // namespace
+
+std::optional<File> File::OpenDirect(const std::filesystem::path& path) {
+  const std::optional<int> fd = OpenWithODirect(path, O_RDWR, path);
+  if (!fd) return std::nullopt;
+  return File(*fd, path);
+}
+
+std::optional<File> File::ReopenDirectForReading() const {
+  const std::filesystem::path self = fmt::format("/proc/self/fd/{}", fd_);
+  if (!std::filesystem::exists(self)) return std::nullopt;  // no /proc
+  const std::optional<int> fd = OpenWithODirect(self, O_RDONLY, path_);
+  if (!fd) return std::nullopt;
+  return File(*fd, path_);
 }
 
 File::File(File&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) {
@@ -91,6 +111,14 @@ uint64_t File::AllocatedBytes() const {
 }
 
 void File::ReadAt(uint64_t offset, std::span<uint8_t> out) const {
+  const size_t done = ReadUpTo(offset, out);
+  if (done < out.size()) {
+    Fail("{}: ends at byte {}, but {} bytes from byte {} were expected (truncated while read?)",
+         path_.string(), offset + done, out.size(), offset);
+  }
+}
+
+size_t File::ReadUpTo(uint64_t offset, std::span<uint8_t> out) const {
   size_t done = 0;
   while (done < out.size()) {
     const ssize_t n = ::pread(fd_, out.data() + done, out.size() - done,
@@ -99,12 +127,10 @@ void File::ReadAt(uint64_t offset, std::span<uint8_t> out) const {
     if (n < 0) {
       Fail("{}: read failed at byte {}: {}", path_.string(), offset + done, std::strerror(errno));
     }
-    if (n == 0) {
-      Fail("{}: ends at byte {}, but {} bytes from byte {} were expected (truncated while read?)",
-           path_.string(), offset + done, out.size(), offset);
-    }
+    if (n == 0) break;
     done += static_cast<size_t>(n);
   }
+  return done;
 }
 
 std::vector<uint8_t> File::ReadAll() const {

@@ -308,18 +308,29 @@ void Trainer::ForEachHeldPiece(std::initializer_list<StateArray> arrays, Body&& 
       pieces.push_back({i, begin, count});
     });
   }
-  const int64_t ahead = std::min<int64_t>(store_->PieceFloats(), int64_t{1} << 40) * 2;
-  size_t asked = 0;          // pieces [0, asked) were prefetched
-  int64_t asked_floats = 0;  // in pieces [k, asked)
+  // While piece k is worked on, pieces (k, asked) are prefetched: the next one, and more as long
+  // as they hold no more than one full piece per array (what the memory plan counts, where the
+  // store reads ahead into buffers of its own).
+  const int64_t most = std::min<int64_t>(store_->PieceFloats(), int64_t{1} << 40);
+  size_t asked = 0;    // pieces [0, asked) were prefetched
+  int64_t ahead = 0;   // floats in pieces (k, asked)
+  const auto ask = [&] {
+    for (const StateArray a : arrays) {
+      store_->Prefetch(a, pieces[asked].i, pieces[asked].begin, pieces[asked].count);
+    }
+    ++asked;
+  };
   for (size_t k = 0; k < pieces.size(); ++k) {
-    for (; asked < pieces.size() && (asked <= k || asked_floats < ahead); ++asked) {
-      for (const StateArray a : arrays) {
-        store_->Prefetch(a, pieces[asked].i, pieces[asked].begin, pieces[asked].count);
-      }
-      asked_floats += pieces[asked].count;
+    if (asked == k) {
+      ask();
+    } else {
+      ahead -= pieces[k].count;
+    }
+    while (asked < pieces.size() && (asked == k + 1 || ahead + pieces[asked].count <= most)) {
+      ahead += pieces[asked].count;
+      ask();
     }
     body(pieces[k].i, pieces[k].begin, pieces[k].count);
-    asked_floats -= pieces[k].count;
   }
 }
 

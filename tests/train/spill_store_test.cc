@@ -1,6 +1,7 @@
 // SpillStore: pieces round-trip through the chunk files, untouched chunks read as zeros, a chunk
 // changed on disk is reported naming the file, a checkpoint is loaded in place (and never
-// written to), and every operation gives the bits the in-RAM store gives.
+// written to), pieces are read ahead with O_DIRECT and checked as any read, and every operation
+// gives the bits the in-RAM store gives.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -200,6 +201,109 @@ TEST_F(SpillStoreTest, CheckpointLoadsInPlaceAndIsNeverWritten) {
     EXPECT_EQ(Get(*spill2, StateArray::kV, i), data[i][2]) << i;
     EXPECT_EQ(Get(*spill2, StateArray::kGrad, i), std::vector<float>(data[i][3].size(), 0.0f))
         << i;
+  }
+}
+
+// Where the filesystem offers O_DIRECT, a prefetched piece of a checkpoint is read ahead into a
+// buffer of the store's own, starting where the piece starts in its file's block (not at a
+// block: the data of a safetensors file is not block-aligned), and gives the checkpoint's bits.
+// A read ahead is checked against the digests as any read, is not used once its elements were
+// stored, and a file cut short is named.
+TEST_F(SpillStoreTest, PiecesAreReadAheadAndChecked) {
+  fs::create_directories(dir_);
+  WriteFileSynced(dir_ / "probe", std::string_view("x"));
+  if (!File::OpenDirect(dir_ / "probe")) GTEST_SKIP() << dir_ << " has no O_DIRECT";
+  const std::vector<ParamSpec> specs = Specs();
+  std::vector<std::array<std::vector<float>, kStateArrayCount>> data;
+  std::vector<TensorState> tensors;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    auto& d = data.emplace_back();
+    for (int a = 0; a < kStateArrayCount; ++a) d[a] = Random(specs[i].numel(), 20 * i + a);
+    tensors.push_back({specs[i].name, specs[i].shape, d[0], d[1], d[2], d[3]});
+  }
+  StepState state;
+  state.step = 2;
+  state.descriptor = "{}";
+  const fs::path written = WriteCheckpoint(dir_ / "run", state, tensors, Gradients::kFull);
+  const CheckpointIndex index = OpenCheckpoint(written);
+  auto load = [&](const char* name) {
+    auto store = MakeSpillStore(specs, dir_ / name);
+    EXPECT_EQ(store->Load(index, FileDigests::kEnforce, [](uint64_t) {}).hash, index.state_hash);
+    return store;
+  };
+  auto spill = load("spill");
+  bool unaligned = false;  // some piece was read ahead at an offset within a block
+  for (size_t i = 0; i < specs.size(); ++i) {
+    for (int a = 0; a < kStateArrayCount; ++a) {
+      const auto array = static_cast<StateArray>(a);
+      const int64_t n = specs[i].numel();
+      // Pieces of one chunk and the rest: each is asked ahead, then taken.
+      for (int64_t begin = 0; begin < n; begin += kChunk) {
+        const int64_t count = std::min(kChunk, n - begin);
+        spill->Prefetch(array, i, begin, count);
+        const Piece p = spill->Acquire(array, i, begin, count, /*load=*/true);
+        unaligned |= reinterpret_cast<uintptr_t>(p.data.data()) % kDirectIoAlignment != 0;
+        EXPECT_TRUE(std::equal(p.data.begin(), p.data.end(), data[i][a].begin() + begin))
+            << specs[i].name << " array " << a << " at " << begin;
+        spill->Release(p, /*store=*/false);
+      }
+    }
+  }
+  EXPECT_TRUE(unaligned) << "no piece was read ahead with O_DIRECT";
+
+  // A gradient read ahead at an offset within a block, stored (written with O_DIRECT from its
+  // block's start), reads back as stored.
+  spill->Prefetch(StateArray::kGrad, 1, 0, 5);
+  Piece g = spill->Acquire(StateArray::kGrad, 1, 0, 5, /*load=*/true);
+  g.data[4] = 7.0f;
+  spill->Release(g, /*store=*/true);
+  std::vector<float> stored = data[1][3];
+  stored[4] = 7.0f;
+  EXPECT_EQ(Get(*spill, StateArray::kGrad, 1), stored);
+
+  // Elements stored after they were asked ahead: the store's values, not the file's.
+  const std::vector<float> fresh = Random(specs[0].numel(), 77);
+  spill->Prefetch(StateArray::kM, 0, 0, specs[0].numel());
+  Put(*spill, StateArray::kM, 0, fresh);
+  EXPECT_EQ(Get(*spill, StateArray::kM, 0), fresh);
+
+  // Reads ahead still under way when the store is zeroed or destroyed are cancelled.
+  spill->Prefetch(StateArray::kV, 0, 0, kChunk);
+  spill->Zero();
+  spill->Prefetch(StateArray::kParam, 0, 0, kChunk);
+  spill.reset();
+
+  // A checkpoint byte changed after the load: the read ahead is refused, naming the chunk.
+  const fs::path model = written / "model.safetensors";
+  auto changed = load("changed");
+  const CheckpointIndex::Location where = index.Where(0, StateArray::kParam);
+  {
+    std::fstream f(model, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(where.offset + 4 * (kChunk + 1)));
+    f.put('\x5a');
+  }
+  changed->Prefetch(StateArray::kParam, 0, kChunk, kChunk);
+  try {
+    changed->Acquire(StateArray::kParam, 0, kChunk, kChunk, /*load=*/true);
+    FAIL() << "a changed chunk was read ahead without an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("chunk 1 of param of 'big'"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("changed under lockstep"), std::string::npos)
+        << e.what();
+  }
+
+  // Cut short after the load: the read ahead names the file and where it ends.
+  fs::resize_file(model, where.offset + 4 * kChunk);
+  changed->Prefetch(StateArray::kParam, 0, kChunk, kChunk);
+  try {
+    changed->Acquire(StateArray::kParam, 0, kChunk, kChunk, /*load=*/true);
+    FAIL() << "a piece past the end of its file was read ahead without an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.safetensors: ends at byte"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("chunks 1 to 1 of param of 'big'"), std::string::npos)
+        << e.what();
   }
 }
 
