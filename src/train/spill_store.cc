@@ -80,13 +80,14 @@ class DirectReader {
             std::span<uint8_t> to, size_t need) {
     {
       const std::lock_guard lock(mutex_);
+      // Started before anything is queued: a thread that cannot start fails the read here.
+      while (threads_.size() < kThreads) threads_.emplace_back([this] { Work(); });
       for (size_t at = 0; at < to.size(); at += kTransferBytes) {
         const size_t bytes = std::min(kTransferBytes, to.size() - at);
         jobs_.push_back({&request, file, offset + at, to.subspan(at, bytes),
                          need > at ? std::min(need - at, bytes) : 0});
         ++request.left;
       }
-      while (threads_.size() < kThreads) threads_.emplace_back([this] { Work(); });
     }
     queued_.notify_all();
   }
