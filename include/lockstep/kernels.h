@@ -194,6 +194,9 @@ void PhiloxWords(PhiloxKey key, uint64_t first, std::span<uint32_t> out);
 // x[i] = dmath::Erfinv(x[i]) (vector forms where the SIMD target has them: the same bits). On
 // the calling thread: the truncated-normal init calls it per block from its own tasks.
 void ErfinvInPlace(std::span<float> x);
+// x[i] = dmath::ErfinvFirstApproximation(x[i]) (vector forms where the SIMD target has them: the
+// same bits). On the calling thread: the init corrects it by a table (src/model/params.cc).
+void ErfinvFirstApproximationInPlace(std::span<float> x);
 // Replaces every NaN in x by the canonical quiet NaN (dmath::kCanonicalNaNBits); returns how
 // many it replaced. Elementwise, so every ISA and thread count gives the same bits.
 int64_t CanonicalizeNaNs(std::span<float> x);
@@ -221,6 +224,9 @@ float Cos(float x);
 float Pow(float x, float y);
 float Erf(float x);
 float Erfinv(float x);  // lockstep's (SLEEF has none): Giles polynomial + one fp64 Newton step
+// Erfinv's first step alone, Giles' fp32 polynomial (docs/numerics.md, "Erfinv", step 1), for
+// 0 < |x| < 1; the canonical NaN for any other x.
+float ErfinvFirstApproximation(float x);
 }  // namespace lockstep::dmath
 
 // ---- variant sweep (used by `lockstep selftest` and the tests) ------------------------------

@@ -76,7 +76,11 @@ ReplayResult ReplayInit(const ReplayOptions& o) {
   for (const ParamSpec& spec : specs) largest = std::max(largest, spec.numel());
   const int64_t piece_floats = std::min(kInitPieceFloats, largest);
   const uint64_t piece_bytes = static_cast<uint64_t>(piece_floats) * sizeof(float);
-  const MemoryPlan plan{.parts = {{"init piece", piece_bytes}, {"chunk of zeros", 4 << 18}},
+  bool by_table = false;  // a matrix large enough for the init's erfinv table
+  for (const ParamSpec& spec : specs) by_table |= spec.is_matrix && spec.numel() >= kInitTableDraws;
+  const MemoryPlan plan{.parts = {{"init piece", piece_bytes},
+                                  {"chunk of zeros", 4 << 18},
+                                  {"erfinv table", by_table ? kInitTableBytes : 0}},
                         .resident_at_planning = CurrentRssBytes()};
   CheckMemoryPlan(plan, o.force);
 

@@ -22,6 +22,7 @@
 //     number there is in the thousands).
 #include <sleef.h>
 
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -69,6 +70,11 @@ float GilesErfinv(float x) {
 
 }  // namespace
 
+float ErfinvFirstApproximation(float x) {
+  if (!(std::fabs(x) < 1.0f) || x == 0.0f) return std::bit_cast<float>(kCanonicalNaNBits);
+  return GilesErfinv(x);
+}
+
 float Erfinv(float x) {
   if (!(std::fabs(x) < 1.0f)) {  // |x| >= 1 or NaN
     if (std::fabs(x) == 1.0f) return std::copysign(std::numeric_limits<float>::infinity(), x);
@@ -97,6 +103,12 @@ void PhiloxWords(PhiloxKey key, uint64_t first, std::span<uint32_t> out) {
 
 void ErfinvInPlace(std::span<float> x) {
   const auto kernel = detail::UsingReference() ? &ref::ErfinvInPlace : &simd::ErfinvInPlace;
+  kernel(x.data(), static_cast<int64_t>(x.size()));
+}
+
+void ErfinvFirstApproximationInPlace(std::span<float> x) {
+  const auto kernel = detail::UsingReference() ? &ref::ErfinvFirstApproximationInPlace
+                                               : &simd::ErfinvFirstApproximationInPlace;
   kernel(x.data(), static_cast<int64_t>(x.size()));
 }
 

@@ -9,7 +9,9 @@ namespace lockstep::rk {
 
 #define LOCKSTEP_RK_ERFINV_KERNELS \
   /* x[i] = dmath::Erfinv(x[i]) */ \
-  void ErfinvInPlace(float* x, int64_t n);
+  void ErfinvInPlace(float* x, int64_t n); \
+  /* x[i] = dmath::ErfinvFirstApproximation(x[i]) */ \
+  void ErfinvFirstApproximationInPlace(float* x, int64_t n);
 
 namespace ref {
 LOCKSTEP_RK_ERFINV_KERNELS

@@ -1,5 +1,7 @@
 // Parameters: the canonical list, the contiguous store, and the seeded initialisation.
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cstring>
 #include <string>
 
@@ -80,21 +82,88 @@ namespace {
 // does.
 constexpr int64_t kInitBlock = 16384;
 
-struct TruncatedNormal {
-  float scale;  // (float)init_std * (float)sqrt(2)
-  float bound;  // Erf((float)sqrt(2)): erfinv(t * bound) * sqrt(2) stays inside (-2, 2)
-  PhiloxKey key;  // draw g is word g of the stream (rk::PhiloxWords)
+constexpr float kSqrt2 = 0x1.6a09e6p+0f;  // sqrt(2) rounded to binary32
 
-  // The erfinv argument of a draw; the parameter is scale * Erfinv(ErfinvArgument(word)).
-  float ErfinvArgument(uint32_t word) const {
-    const int32_t k = static_cast<int32_t>(word >> 8);  // 24 uniform bits
-    // 2k + 1 - 2^24 is an odd integer of magnitude < 2^24: exact in binary32, as is the scaling.
-    const float t = static_cast<float>(2 * k + 1 - (1 << 24)) * 0x1.0p-24f;  // in (-1, 1)
-    return t * bound;
-  }
-};
+// Erf((float)sqrt(2)): erfinv(t * bound) * sqrt(2) stays inside (-2, 2).
+float Bound() {
+  static const float bound = dmath::Erf(kSqrt2);
+  return bound;
+}
+
+// The erfinv argument of a draw, given Bound(); the parameter is
+// scale * Erfinv(ErfinvArgument(word, bound)).
+float ErfinvArgument(uint32_t word, float bound) {
+  const int32_t k = static_cast<int32_t>(word >> 8);  // 24 uniform bits
+  // 2k + 1 - 2^24 is an odd integer of magnitude < 2^24: exact in binary32, as is the scaling.
+  const float t = static_cast<float>(2 * k + 1 - (1 << 24)) * 0x1.0p-24f;  // in (-1, 1)
+  return t * bound;
+}
+
+// Every draw's erfinv argument is one of 2^24 values x_k (k = word >> 8), so the init need not
+// run Erfinv's fp64 Newton step per draw (SLEEF's fp64 erf and exp: two thirds of the open-1b
+// init unit's time). For each k with x_k > 0 the table holds dmath::Erfinv(x_k) as its distance
+// d, in units in the last place, from Giles' first approximation (-4 <= d <= 3 for every k), as
+// four bits d + 8: 4 MiB for the 2^23 positive arguments (one byte each, 8 MiB, ran 1.3 s slower
+// in the open-1b init: the lookups are random, and half the table stays in cache better).
+// x_{2^24-1-k} = -x_k, and both functions are odd bit for bit (docs/numerics.md), so one half
+// serves both signs: for either sign the result's bits are the first approximation's plus d (the
+// magnitude's bits lie below the sign bit). Made from the kernels themselves, once per process
+// (8.4M erfinvs), so it holds their bits.
+constexpr int64_t kHalf = int64_t{1} << 23;
+static_assert(kInitTableBytes == kHalf / 2);
+
+size_t TableIndex(uint32_t word) {
+  const uint32_t k = word >> 8;
+  return (k >= kHalf ? k : ~k) & (kHalf - 1);  // k - 2^23, or that of 2^24 - 1 - k
+}
+
+const std::vector<uint8_t>& ErfinvCorrections() {
+  static const std::vector<uint8_t> table = [] {
+    std::vector<uint8_t> corrections(static_cast<size_t>(kHalf / 2));
+    std::atomic<int64_t> outside{-1};  // a k whose distance does not fit in four bits
+    const float bound = Bound();
+    // A task's codes fill whole bytes (kInitBlock is even): no byte is shared between tasks.
+    ParallelFor(kHalf / kInitBlock, [&](int64_t block) {
+      std::vector<float> y0(static_cast<size_t>(kInitBlock)), y(y0.size());
+      for (int64_t j = 0; j < kInitBlock; ++j) {
+        const auto k = static_cast<uint32_t>(kHalf + block * kInitBlock + j);
+        y0[static_cast<size_t>(j)] = y[static_cast<size_t>(j)] = ErfinvArgument(k << 8, bound);
+      }
+      rk::ErfinvFirstApproximationInPlace(y0);
+      rk::ErfinvInPlace(y);
+      for (size_t j = 0; j < y.size(); ++j) {
+        const int64_t c = int64_t{std::bit_cast<uint32_t>(y[j])} - std::bit_cast<uint32_t>(y0[j]);
+        if (c < -8 || c > 7) outside = kHalf + block * kInitBlock + int64_t(j);
+        const size_t at = static_cast<size_t>(block * kInitBlock) + j;
+        corrections[at / 2] |= static_cast<uint8_t>(((c + 8) & 15) << (4 * (at & 1)));
+      }
+    });
+    if (outside >= 0) {
+      Fail("the init's erfinv table: Erfinv of draw k = {} is not within -8 to 7 ulp of its first "
+           "approximation (a broken erfinv kernel)",
+           outside.load());
+    }
+    return corrections;
+  }();
+  return table;
+}
 
 }  // namespace
+
+void InitErfinvByTable(std::span<const uint32_t> words, std::span<float> out) {
+  if (words.size() != out.size()) {
+    Fail("InitErfinvByTable: {} words for {} outputs", words.size(), out.size());
+  }
+  const std::vector<uint8_t>& corrections = ErfinvCorrections();
+  const float bound = Bound();
+  for (size_t e = 0; e < words.size(); ++e) out[e] = ErfinvArgument(words[e], bound);
+  rk::ErfinvFirstApproximationInPlace(out);
+  for (size_t e = 0; e < words.size(); ++e) {
+    const size_t at = TableIndex(words[e]);
+    const auto c = static_cast<uint32_t>(((corrections[at / 2] >> (4 * (at & 1))) & 15) - 8);
+    out[e] = std::bit_cast<float>(std::bit_cast<uint32_t>(out[e]) + c);
+  }
+}
 
 void InitTensorRange(const ModelConfig& config, uint64_t seed, const ParamSpec& spec,
                      int64_t first_draw, int64_t begin, std::span<float> out) {
@@ -107,19 +176,25 @@ void InitTensorRange(const ModelConfig& config, uint64_t seed, const ParamSpec& 
     std::fill(out.begin(), out.end(), 1.0f);
     return;
   }
-  constexpr float kSqrt2 = 0x1.6a09e6p+0f;  // sqrt(2) rounded to binary32
-  const TruncatedNormal dist{static_cast<float>(config.init_std) * kSqrt2, dmath::Erf(kSqrt2),
-                             PhiloxKeyFromSeed(seed)};
+  const float scale = static_cast<float>(config.init_std) * kSqrt2;  // one rounding
+  const PhiloxKey key = PhiloxKeyFromSeed(seed);
+  const bool by_table = n >= kInitTableDraws;
+  if (by_table) ErfinvCorrections();  // made here, not inside a task
   const int64_t count = static_cast<int64_t>(out.size());
   ParallelFor((count + kInitBlock - 1) / kInitBlock, [&](int64_t block) {
     const int64_t b0 = block * kInitBlock, b1 = std::min(count, b0 + kInitBlock);
     std::vector<uint32_t> words(static_cast<size_t>(b1 - b0));
-    rk::PhiloxWords(dist.key, static_cast<uint64_t>(first_draw + begin + b0), words);
+    rk::PhiloxWords(key, static_cast<uint64_t>(first_draw + begin + b0), words);
     const std::span<float> drawn =
         out.subspan(static_cast<size_t>(b0), static_cast<size_t>(b1 - b0));
-    for (size_t e = 0; e < words.size(); ++e) drawn[e] = dist.ErfinvArgument(words[e]);
-    rk::ErfinvInPlace(drawn);
-    for (float& x : drawn) x = dist.scale * x;
+    if (by_table) {
+      InitErfinvByTable(words, drawn);
+    } else {
+      const float bound = Bound();
+      for (size_t e = 0; e < words.size(); ++e) drawn[e] = ErfinvArgument(words[e], bound);
+      rk::ErfinvInPlace(drawn);
+    }
+    for (float& x : drawn) x = scale * x;
   });
 }
 

@@ -1,5 +1,6 @@
-// Initialisation: thread-count independence, statistics, seeds, and known answers derived by an
-// independent fp64 computation.
+// Initialisation: thread-count independence, statistics, seeds, known answers derived by an
+// independent fp64 computation, and the erfinv table of large matrices against the documented
+// formula for every draw.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -96,6 +97,51 @@ TEST(Init, KnownAnswersFromAnIndependentFp64Computation) {
     EXPECT_LE(std::fabs(got - expected), 2 * ulp) << "draw " << g << ": " << got << " vs " << expected;
   }
   std::printf("init known answers: worst error %.2f ulp\n", worst_ulps);
+}
+
+// docs/model.md's erfinv argument of a draw, computed here from the formula.
+float DocumentedArgument(uint32_t word) {
+  const auto k = static_cast<int32_t>(word >> 8);
+  return static_cast<float>(2 * k + 1 - (1 << 24)) * 0x1.0p-24f * dmath::Erf(0x1.6a09e6p+0f);
+}
+
+// The table of large matrices gives dmath::Erfinv's bits for every one of the 2^24 draws k
+// (each with other low bits in its word): both halves, the ends and the middle.
+TEST(Init, ErfinvTableGivesErfinvOfEveryDraw) {
+  constexpr uint32_t kBlock = 1 << 20;
+  std::vector<uint32_t> words(kBlock);
+  std::vector<float> got(kBlock), want(kBlock);
+  for (uint32_t first = 0; first < (1u << 24); first += kBlock) {
+    for (uint32_t j = 0; j < kBlock; ++j) words[j] = ((first + j) << 8) | ((j * 37u) & 255u);
+    InitErfinvByTable(words, got);
+    for (uint32_t j = 0; j < kBlock; ++j) want[j] = DocumentedArgument(words[j]);
+    rk::ErfinvInPlace(want);  // dmath::Erfinv's bits on every ISA (tests/kernels/dmath_test.cc)
+    for (uint32_t j = 0; j < kBlock; j += 4099) ASSERT_EQ(want[j], dmath::Erfinv(DocumentedArgument(words[j])));
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), kBlock * sizeof(float)), 0)
+        << "a draw of k in [" << first << ", " << first + kBlock << ") differs";
+  }
+}
+
+// A matrix large enough to take the table: its elements are docs/model.md's formula, computed
+// here from the Philox words with the scalar dmath::Erfinv, and the same at 1, 2, 3, 4 and 7
+// threads.
+TEST(Init, LargeMatricesFollowTheFormulaAtEveryThreadCount) {
+  const ModelConfig config = LoadRunConfig("tiny").model;
+  const ParamSpec spec{"w", {2, kInitTableDraws}, true, true};
+  const uint64_t seed = 31;
+  const int64_t first_draw = 1000, begin = kInitTableDraws - 20000, count = 70001;
+  std::vector<uint32_t> words(static_cast<size_t>(count));
+  rk::PhiloxWords(PhiloxKeyFromSeed(seed), static_cast<uint64_t>(first_draw + begin), words);
+  const float scale = static_cast<float>(config.init_std) * 0x1.6a09e6p+0f;
+  std::vector<float> want(words.size());
+  for (size_t e = 0; e < words.size(); ++e) want[e] = scale * dmath::Erfinv(DocumentedArgument(words[e]));
+  for (int threads : {1, 2, 3, 4, 7}) {
+    SetThreads(threads);
+    std::vector<float> got(static_cast<size_t>(count));
+    InitTensorRange(config, seed, spec, first_draw, begin, got);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << threads;
+  }
+  SetThreads(1);
 }
 
 }  // namespace

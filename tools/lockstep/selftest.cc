@@ -211,6 +211,12 @@ std::vector<Case> Cases() {
                      rk::ErfinvInPlace(x);
                      return x;
                    }});
+  cases.push_back({"erfinv first approximation over an array n=4099+specials", [] {
+                     Floats x = Inputs(4099, 32);
+                     x.insert(x.end(), std::begin(kSpecials), std::end(kSpecials));
+                     rk::ErfinvFirstApproximationInPlace(x);
+                     return x;
+                   }});
   cases.push_back({"philox words n=4099 from word 2^34+3", [] {
                      std::vector<uint32_t> words(4099);
                      rk::PhiloxWords(PhiloxKeyFromSeed(77), (uint64_t{1} << 34) + 3, words);
@@ -218,11 +224,16 @@ std::vector<Case> Cases() {
                      for (const uint32_t w : words) out.push_back(std::bit_cast<float>(w));
                      return out;
                    }});
-  cases.push_back({"truncated-normal init n=70001 (first draw 5)", [] {
+  cases.push_back({"truncated-normal init n=70001 (first draw 5), and 70001 of a matrix large "
+                   "enough for the erfinv table",
+                   [] {
                      ModelConfig model = LoadRunConfig("tiny").model;
-                     Floats out(70001);
+                     Floats out(70001), large(70001);
                      const ParamSpec spec{"w", {70001}, true, true};
                      InitTensorRange(model, 99, spec, 5, 0, out);
+                     const ParamSpec matrix{"w", {2, kInitTableDraws}, true, true};
+                     InitTensorRange(model, 99, matrix, 5, kInitTableDraws - 20000, large);
+                     Append(out, large);
                      return out;
                    }});
   return cases;

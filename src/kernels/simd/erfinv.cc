@@ -14,6 +14,7 @@
 
 #include "kernels/erfinv_impl.h"
 #include "kernels/simd/dmath-inl.h"
+#include "lockstep/kernels.h"
 
 #if HWY_ARCH_X86 && !defined(LOCKSTEP_SLEEF_X86_ERFINV_DECLARED)
 #define LOCKSTEP_SLEEF_X86_ERFINV_DECLARED
@@ -117,6 +118,23 @@ void ErfinvInPlace(float* x, int64_t n) {
 #endif
   ref::ErfinvInPlace(x + i, n - i);
 }
+
+void ErfinvFirstApproximationInPlace(float* x, int64_t n) {
+  int64_t i = 0;
+#ifdef LOCKSTEP_ERFINV_VECTOR
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const auto nan = hn::BitCast(df, hn::Set(hn::RebindToUnsigned<decltype(df)>(),
+                                           dmath::kCanonicalNaNBits));
+  for (; i + lanes <= n; i += lanes) {
+    const auto v = hn::LoadU(df, x + i);
+    // 0 < |x| < 1 (false for NaN); the canonical NaN elsewhere.
+    const auto inside = hn::And(hn::Lt(hn::Abs(v), hn::Set(df, 1.0f)), hn::Ne(v, hn::Zero(df)));
+    hn::StoreU(hn::IfThenElse(inside, Giles(df, v), nan), df, x + i);
+  }
+#endif
+  ref::ErfinvFirstApproximationInPlace(x + i, n - i);
+}
 #undef LOCKSTEP_ERFINV_VECTOR
 
 }  // namespace lockstep::rk::HWY_NAMESPACE
@@ -125,7 +143,11 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace lockstep::rk::simd {
 HWY_EXPORT(ErfinvInPlace);
+HWY_EXPORT(ErfinvFirstApproximationInPlace);
 
 void ErfinvInPlace(float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(ErfinvInPlace)(x, n); }
+void ErfinvFirstApproximationInPlace(float* x, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(ErfinvFirstApproximationInPlace)(x, n);
+}
 }  // namespace lockstep::rk::simd
 #endif
