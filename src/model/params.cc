@@ -132,15 +132,16 @@ const std::vector<uint8_t>& ErfinvCorrections() {
       rk::ErfinvFirstApproximationInPlace(y0);
       rk::ErfinvInPlace(y);
       for (size_t j = 0; j < y.size(); ++j) {
-        const int64_t c = int64_t{std::bit_cast<uint32_t>(y[j])} - std::bit_cast<uint32_t>(y0[j]);
+        const int64_t c =
+            int64_t{std::bit_cast<uint32_t>(y[j])} - std::bit_cast<uint32_t>(y0[j]);
         if (c < -8 || c > 7) outside = kHalf + block * kInitBlock + int64_t(j);
         const size_t at = static_cast<size_t>(block * kInitBlock) + j;
         corrections[at / 2] |= static_cast<uint8_t>(((c + 8) & 15) << (4 * (at & 1)));
       }
     });
     if (outside >= 0) {
-      Fail("the init's erfinv table: Erfinv of draw k = {} is not within -8 to 7 ulp of its first "
-           "approximation (a broken erfinv kernel)",
+      Fail("the init's erfinv table: Erfinv of draw k = {} is not within -8 to 7 ulp of its "
+           "first approximation (a broken erfinv kernel)",
            outside.load());
     }
     return corrections;

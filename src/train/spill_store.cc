@@ -229,10 +229,12 @@ class SpillStore final : public StateStore {
     CancelReadsAhead([&](const AheadKey& other) { return Overlaps(other, key); });
     const auto start = Clock::now();
     if (ahead) reader_.Wait(ahead->request);
-    Buffer buffer = ahead ? std::move(ahead->buffer) : TakeBuffer(DirectBytes(count * sizeof(float)));
+    Buffer buffer =
+        ahead ? std::move(ahead->buffer) : TakeBuffer(DirectBytes(count * sizeof(float)));
     const size_t lead = ahead ? ahead->lead : 0;
-    const Piece piece{array, tensor, begin,
-                      {reinterpret_cast<float*>(buffer.data.get() + lead), static_cast<size_t>(count)}};
+    const Piece piece{
+        array, tensor, begin,
+        {reinterpret_cast<float*>(buffer.data.get() + lead), static_cast<size_t>(count)}};
     if (load) {
       try {
         if (ahead && !ahead->request.error.empty()) {
@@ -594,7 +596,8 @@ class SpillStore final : public StateStore {
 
   // Checks chunk c of the piece, just read into `data`, against its digest (or, attached in
   // place and read for the first time, records it).
-  std::optional<std::string> CheckChunk(const Piece& piece, int64_t c, std::span<const float> data) {
+  std::optional<std::string> CheckChunk(const Piece& piece, int64_t c,
+                                        std::span<const float> data) {
     Chunk& chunk = ChunkOf(piece, c);
     const Attached& file = files_[static_cast<size_t>(chunk.file)];
     std::vector<Digest> hash_chunks = ChunkDigests(data);

@@ -534,7 +534,8 @@ TEST(DmathVectorErfinv, BitIdenticalToScalarOnEveryIsa) {
 TEST(DmathVectorErfinv, FirstApproximationDomainAndSymmetry) {
   for (float v : {0.0f, -0.0f, 1.0f, -1.0f, 1.5f, std::numeric_limits<float>::infinity(),
                   -std::numeric_limits<float>::quiet_NaN()}) {
-    EXPECT_EQ(std::bit_cast<uint32_t>(dmath::ErfinvFirstApproximation(v)), dmath::kCanonicalNaNBits)
+    EXPECT_EQ(std::bit_cast<uint32_t>(dmath::ErfinvFirstApproximation(v)),
+              dmath::kCanonicalNaNBits)
         << v;
   }
   for (float v = 0x1.0p-140f; v < 1.0f; v = v * 1.01f + 0x1.0p-30f) {

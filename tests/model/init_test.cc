@@ -116,7 +116,9 @@ TEST(Init, ErfinvTableGivesErfinvOfEveryDraw) {
     InitErfinvByTable(words, got);
     for (uint32_t j = 0; j < kBlock; ++j) want[j] = DocumentedArgument(words[j]);
     rk::ErfinvInPlace(want);  // dmath::Erfinv's bits on every ISA (tests/kernels/dmath_test.cc)
-    for (uint32_t j = 0; j < kBlock; j += 4099) ASSERT_EQ(want[j], dmath::Erfinv(DocumentedArgument(words[j])));
+    for (uint32_t j = 0; j < kBlock; j += 4099) {
+      ASSERT_EQ(want[j], dmath::Erfinv(DocumentedArgument(words[j])));
+    }
     ASSERT_EQ(std::memcmp(got.data(), want.data(), kBlock * sizeof(float)), 0)
         << "a draw of k in [" << first << ", " << first + kBlock << ") differs";
   }
@@ -134,7 +136,9 @@ TEST(Init, LargeMatricesFollowTheFormulaAtEveryThreadCount) {
   rk::PhiloxWords(PhiloxKeyFromSeed(seed), static_cast<uint64_t>(first_draw + begin), words);
   const float scale = static_cast<float>(config.init_std) * 0x1.6a09e6p+0f;
   std::vector<float> want(words.size());
-  for (size_t e = 0; e < words.size(); ++e) want[e] = scale * dmath::Erfinv(DocumentedArgument(words[e]));
+  for (size_t e = 0; e < words.size(); ++e) {
+    want[e] = scale * dmath::Erfinv(DocumentedArgument(words[e]));
+  }
   for (int threads : {1, 2, 3, 4, 7}) {
     SetThreads(threads);
     std::vector<float> got(static_cast<size_t>(count));
