@@ -152,6 +152,9 @@ std::vector<int64_t> FirstDraws(const std::vector<ParamSpec>& specs);
 // dmath::Erfinv per draw. The bits are the same either way.
 inline constexpr int64_t kInitTableDraws = int64_t{1} << 22;
 inline constexpr uint64_t kInitTableBytes = uint64_t{1} << 22;
+inline bool InitByTable(const ParamSpec& spec) {
+  return spec.is_matrix && spec.numel() >= kInitTableDraws;
+}
 // out[i] = dmath::Erfinv(t · Erf(sqrt 2)) for the draw words[i], t = (2k + 1 - 2^24) · 2^-24 and
 // k = words[i] >> 8 (docs/model.md, "Initialisation"), from the table of corrections to Giles'
 // first approximation (dmath::ErfinvFirstApproximation). On the calling thread.

@@ -173,8 +173,9 @@ class Trainer {
   // Returns the bytes it digested.
   uint64_t UpdateAndHash(bool update, const rk::AdamWParams& adam_template, float clip_factor);
   // body(i, begin, count) on every store piece of the elements this rank holds, tensor by
-  // tensor, with each piece's `arrays` prefetched (StateStore::Prefetch) up to two pieces
-  // ahead: on disk, the next pieces are read while the body computes on this one. With
+  // tensor, with each piece's `arrays` prefetched (StateStore::Prefetch) ahead: the next piece,
+  // and more while they hold at most one full piece. On disk, the next pieces are read while
+  // the body computes on this one. With
   // `tensors` (increasing), only theirs.
   template <typename Body>
   void ForEachHeldPiece(std::initializer_list<StateArray> arrays, Body&& body,

@@ -73,11 +73,13 @@ ReplayResult ReplayInit(const ReplayOptions& o) {
   const data::Dataset dataset = data::OpenDataset(o.data_dir);
   const std::vector<ParamSpec> specs = ParameterSpecs(config.model);
   int64_t largest = 0;
-  for (const ParamSpec& spec : specs) largest = std::max(largest, spec.numel());
+  bool by_table = false;  // a matrix large enough for the init's erfinv table
+  for (const ParamSpec& spec : specs) {
+    largest = std::max(largest, spec.numel());
+    by_table |= InitByTable(spec);
+  }
   const int64_t piece_floats = std::min(kInitPieceFloats, largest);
   const uint64_t piece_bytes = static_cast<uint64_t>(piece_floats) * sizeof(float);
-  bool by_table = false;  // a matrix large enough for the init's erfinv table
-  for (const ParamSpec& spec : specs) by_table |= spec.is_matrix && spec.numel() >= kInitTableDraws;
   const MemoryPlan plan{.parts = {{"init piece", piece_bytes},
                                   {"chunk of zeros", 4 << 18},
                                   {"erfinv table", by_table ? kInitTableBytes : 0}},

@@ -179,7 +179,7 @@ void InitTensorRange(const ModelConfig& config, uint64_t seed, const ParamSpec& 
   }
   const float scale = static_cast<float>(config.init_std) * kSqrt2;  // one rounding
   const PhiloxKey key = PhiloxKeyFromSeed(seed);
-  const bool by_table = n >= kInitTableDraws;
+  const bool by_table = InitByTable(spec);
   if (by_table) ErfinvCorrections();  // made here, not inside a task
   const int64_t count = static_cast<int64_t>(out.size());
   ParallelFor((count + kInitBlock - 1) / kInitBlock, [&](int64_t block) {

@@ -214,8 +214,7 @@ class SpillStore final : public StateStore {
 
   Piece Acquire(StateArray array, size_t tensor, int64_t begin, int64_t count, bool load) override {
     const int64_t numel = specs_.at(tensor).numel();
-    if (begin < 0 || begin % kSpillChunkFloats != 0 || count < 0 || begin + count > numel ||
-        (count % kSpillChunkFloats != 0 && begin + count != numel)) {
+    if (!WholeChunks(tensor, begin, count)) {
       Fail("SpillStore: piece [{}, {}) of tensor '{}' ({} elements) is not whole chunks of {}",
            begin, begin + count, specs_[tensor].name, numel, kSpillChunkFloats);
     }
@@ -543,6 +542,13 @@ class SpillStore final : public StateStore {
   }
 
   static int64_t Chunks(int64_t numel) { return (numel + kSpillChunkFloats - 1) / kSpillChunkFloats; }
+  // Whether [begin, begin + count) of the tensor is a piece: whole chunks, but for a tensor's
+  // last, shorter one.
+  bool WholeChunks(size_t tensor, int64_t begin, int64_t count) const {
+    const int64_t numel = specs_[tensor].numel();
+    return begin >= 0 && begin % kSpillChunkFloats == 0 && count >= 0 && begin + count <= numel &&
+           (count % kSpillChunkFloats == 0 || begin + count == numel);
+  }
   // The elements of chunk c of a tensor: kSpillChunkFloats but for its last.
   int64_t ChunkFloats(size_t tensor, int64_t c) const {
     return std::min(kSpillChunkFloats, specs_[tensor].numel() - c * kSpillChunkFloats);
@@ -686,8 +692,7 @@ class SpillStore final : public StateStore {
   bool ReadAhead(StateArray array, size_t tensor, int64_t begin, int64_t count) {
     const AheadKey key{array, tensor, begin, count};
     if (ahead_.contains(key)) return true;
-    if (tensor >= specs_.size() || begin < 0 || count <= 0 || begin % kSpillChunkFloats != 0 ||
-        begin + count > specs_[tensor].numel()) {
+    if (tensor >= specs_.size() || count == 0 || !WholeChunks(tensor, begin, count)) {
       return false;  // Acquire reports such a piece
     }
     const std::vector<Chunk>& chunks = chunks_[static_cast<size_t>(array)][tensor];

@@ -866,14 +866,12 @@ StepReport Trainer::Step() {
   phases.Start("global norm");
   comm_->set_phase(fmt::format("step {}: global norm", report.step));
   if (observer_ != nullptr) observer_->Context(report.step, -1);
-  std::vector<int64_t> blocks;  // per tensor
+  std::vector<int64_t> blocks;    // per tensor
+  std::vector<size_t> unsummed;  // tensors whose gradient is read for its squares
   for (size_t i = 0; i < specs_.size(); ++i) {
     blocks.push_back((specs_[i].numel() + rk::kNormBlock - 1) / rk::kNormBlock);
     // A NaN is made canonical in the gradient below, which needs it read.
     if (std::ranges::any_of(squares[i], [](double x) { return std::isnan(x); })) squares[i].clear();
-  }
-  std::vector<size_t> unsummed;  // tensors whose gradient is read for its squares
-  for (size_t i = 0; i < specs_.size(); ++i) {
     if (squares[i].empty()) unsummed.push_back(i);
   }
   const auto block_squares = [&](size_t i, int64_t begin, int64_t count) {
@@ -892,7 +890,9 @@ StepReport Trainer::Step() {
   };
   ForEachHeldPiece({StateArray::kGrad}, block_squares, unsummed);
   std::vector<double> my_blocks;
-  for (const std::vector<double>& s : squares) my_blocks.insert(my_blocks.end(), s.begin(), s.end());
+  for (const std::vector<double>& s : squares) {
+    my_blocks.insert(my_blocks.end(), s.begin(), s.end());
+  }
   const std::vector<double> block_sums = AllgatherInRankOrder(
       *comm_, my_blocks, static_cast<size_t>(std::reduce(blocks.begin(), blocks.end())));
   const std::vector<double> block_counts(blocks.begin(), blocks.end());

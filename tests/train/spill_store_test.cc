@@ -53,6 +53,37 @@ class SpillStoreTest : public ::testing::Test {
       store.Release(p, /*store=*/true);
     }
   }
+  // Whether dir_ is on a filesystem that offers O_DIRECT.
+  bool HasDirectIo() {
+    fs::create_directories(dir_);
+    const fs::path probe = dir_ / "probe";
+    WriteFileSynced(probe, std::string_view("x"));
+    return File::OpenDirect(probe).has_value();
+  }
+  // A checkpoint of step `step` under dir_/name, with gradients, of random arrays (seeded from
+  // `seed`); data[i][a] is array a of tensor i.
+  struct RandomCheckpoint {
+    std::vector<std::array<std::vector<float>, kStateArrayCount>> data;
+    std::vector<TensorState> tensors;
+    StepState state;
+    fs::path dir;
+  };
+  RandomCheckpoint WriteRandomCheckpoint(const char* name, uint64_t step, uint32_t seed) {
+    const std::vector<ParamSpec> specs = Specs();
+    RandomCheckpoint c;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      auto& d = c.data.emplace_back();
+      for (int a = 0; a < kStateArrayCount; ++a) {
+        d[a] = Random(specs[i].numel(), seed * static_cast<uint32_t>(i) + a);
+      }
+      c.tensors.push_back({specs[i].name, specs[i].shape, d[0], d[1], d[2], d[3]});
+    }
+    c.state.step = step;
+    c.state.descriptor = "{}";
+    c.dir = WriteCheckpoint(dir_ / name, c.state, c.tensors, Gradients::kFull);
+    return c;
+  }
+
   static std::vector<float> Get(StateStore& store, StateArray a, size_t i) {
     const int64_t n = store.specs()[i].numel();
     const Piece p = store.Acquire(a, i, 0, n, /*load=*/true);
@@ -88,10 +119,7 @@ TEST_F(SpillStoreTest, PiecesRoundTripAndUntouchedChunksAreZero) {
 // (they are written through it, bypassing the page cache) and the other three do not; pieces of
 // any length still round-trip (a last block is padded), read back through the page cache.
 TEST_F(SpillStoreTest, SpillFilesAreOpenedForDirectWrites) {
-  fs::create_directories(dir_);
-  const fs::path probe = dir_ / "probe";
-  WriteFileSynced(probe, std::string_view("x"));
-  if (!File::OpenDirect(probe)) GTEST_SKIP() << dir_ << " has no O_DIRECT";
+  if (!HasDirectIo()) GTEST_SKIP() << dir_ << " has no O_DIRECT";
   auto spill = MakeSpillStore(Specs(), dir_ / "spill");
   for (const char* name : {"param", "m", "v", "grad"}) {
     const std::string target = (dir_ / "spill" / (std::string(name) + ".spill")).string() + " (deleted)";
@@ -159,20 +187,8 @@ TEST_F(SpillStoreTest, ExistingSpillFileIsNotReused) {
 // the same recomputed hash) and writes go to the spill files, never into the checkpoint.
 TEST_F(SpillStoreTest, CheckpointLoadsInPlaceAndIsNeverWritten) {
   const std::vector<ParamSpec> specs = Specs();
-  std::vector<std::array<std::vector<float>, kStateArrayCount>> data;
-  std::vector<TensorState> tensors;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    auto& d = data.emplace_back();
-    for (int a = 0; a < kStateArrayCount; ++a) d[a] = Random(specs[i].numel(), 10 * i + a);
-  }
-  for (size_t i = 0; i < specs.size(); ++i) {
-    tensors.push_back({specs[i].name, specs[i].shape, data[i][0], data[i][1], data[i][2],
-                       data[i][3]});
-  }
-  StepState state;
-  state.step = 3;
-  state.descriptor = "{}";
-  const fs::path written = WriteCheckpoint(dir_ / "run", state, tensors, Gradients::kFull);
+  const RandomCheckpoint checkpoint = WriteRandomCheckpoint("run", 3, 10);
+  const auto& [data, tensors, state, written] = checkpoint;
   const CheckpointIndex index = OpenCheckpoint(written);
   const std::string complete = ReadFileText(written / "COMPLETE");
 
@@ -210,21 +226,10 @@ TEST_F(SpillStoreTest, CheckpointLoadsInPlaceAndIsNeverWritten) {
 // A read ahead is checked against the digests as any read, is not used once its elements were
 // stored, and a file cut short is named.
 TEST_F(SpillStoreTest, PiecesAreReadAheadAndChecked) {
-  fs::create_directories(dir_);
-  WriteFileSynced(dir_ / "probe", std::string_view("x"));
-  if (!File::OpenDirect(dir_ / "probe")) GTEST_SKIP() << dir_ << " has no O_DIRECT";
+  if (!HasDirectIo()) GTEST_SKIP() << dir_ << " has no O_DIRECT";
   const std::vector<ParamSpec> specs = Specs();
-  std::vector<std::array<std::vector<float>, kStateArrayCount>> data;
-  std::vector<TensorState> tensors;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    auto& d = data.emplace_back();
-    for (int a = 0; a < kStateArrayCount; ++a) d[a] = Random(specs[i].numel(), 20 * i + a);
-    tensors.push_back({specs[i].name, specs[i].shape, d[0], d[1], d[2], d[3]});
-  }
-  StepState state;
-  state.step = 2;
-  state.descriptor = "{}";
-  const fs::path written = WriteCheckpoint(dir_ / "run", state, tensors, Gradients::kFull);
+  const RandomCheckpoint checkpoint = WriteRandomCheckpoint("run", 2, 20);
+  const auto& [data, tensors, state, written] = checkpoint;
   const CheckpointIndex index = OpenCheckpoint(written);
   auto load = [&](const char* name) {
     auto store = MakeSpillStore(specs, dir_ / name);
