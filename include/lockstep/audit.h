@@ -61,6 +61,7 @@ struct ReplayOptions {
   // Interval unit: keep the state on disk here (train::Storage). Without it the replay runs in
   // RAM when the memory plan fits MemAvailable, else spills under the system's temp directory.
   std::optional<std::filesystem::path> spill_dir;
+  train::TestFaults faults;  // interval unit, test-only
 };
 
 struct ReplayResult {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "lockstep/core.h"
+#include "lockstep/train.h"
 
 namespace lockstep::dispute {
 
@@ -64,6 +65,7 @@ struct TraceOptions {
   std::set<int64_t> dump_ops;  // also write these ops' inputs and outputs (op_K.safetensors)
   int threads = 1;
   bool progress = true;
+  train::TestFaults faults;  // test-only
 };
 
 // Replays from the checkpoint to step - 1, then step `step` with every op recorded; writes

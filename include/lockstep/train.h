@@ -71,6 +71,28 @@ std::vector<MetricsLine> ReadMetrics(const std::filesystem::path& path,
 class StateStore;
 class Comm;
 
+// Test-only faults (docs/disputes.md, "Faults to test with"; docs/distributed.md). The caller
+// installs them (the CLI from its --test-fault-* flags); nothing is read from the environment, so
+// no variable can change the bits of a run.
+struct StepAndIndex {
+  uint64_t step = 0;
+  int64_t index = 0;
+};
+struct TestFaults {
+  // Element 0 of the first output of op `index` (0-based, in trace order) of step `step` moved
+  // one ulp toward +inf. Single-process runs.
+  std::optional<StepAndIndex> op;
+  // The lowest bit of token `index` of step `step` flipped (the step's tokens in microbatch order).
+  std::optional<StepAndIndex> token;
+  // Rank `rank` changes one element of the first parameter tensor it receives at step `step`, as
+  // a faulty node would.
+  struct Replica {
+    int rank = 0;
+    uint64_t step = 0;
+  };
+  std::optional<Replica> replica;
+};
+
 // The bytes of a run's state: the four fp32 arrays (parameter, m, v, gradient) of every tensor.
 uint64_t StateBytes(const ModelConfig& model);
 // The bytes of the gradient buffer a microbatch group is computed in, besides the state: one
@@ -161,9 +183,11 @@ class Trainer {
   void set_progress(bool on) { progress_ = on; }
   // Every op of the following steps -- the model's kernel calls and the step's gradient sums,
   // norm, clip and update -- is reported to `observer` (null: none), in trace order
-  // (docs/disputes.md). Needs the state in RAM and one process. The test-only fault
-  // LOCKSTEP_TEST_FAULT_OP, when set, sits in front of it.
+  // (docs/disputes.md). Needs the state in RAM and one process. The test-only op fault, when
+  // installed, sits in front of it.
   void set_observer(OpObserver* observer);
+  // Installs test-only faults for the following steps (none by default).
+  void set_faults(const TestFaults& faults);
 
  private:
   // Digests the chunks of every array this rank holds (and, when `update`, applies the step's
@@ -228,10 +252,10 @@ class Trainer {
   // The store holds the gradients of state_ (false after restoring a checkpoint that keeps only
   // their digests, until the next step computes new ones).
   bool gradients_held_ = true;
-  OpObserver* observer_ = nullptr;  // the fault (if any) in front of the caller's observer
-  std::unique_ptr<OpObserver> fault_;
-  std::optional<std::pair<uint64_t, int64_t>> token_fault_;  // LOCKSTEP_TEST_FAULT_TOKEN
-  std::optional<std::pair<uint64_t, int64_t>> replica_fault_;  // LOCKSTEP_TEST_CORRUPT_REPLICA
+  OpObserver* caller_observer_ = nullptr;  // set_observer's
+  OpObserver* observer_ = nullptr;  // the op fault (if any) in front of the caller's observer
+  std::unique_ptr<OpObserver> op_fault_;
+  TestFaults faults_;
 };
 
 // The run descriptor hashed into every step: the model layer's DescriptorJson plus the data
@@ -249,6 +273,7 @@ struct TrainOptions {
   // Distributed runs: a collective that waits longer than this for the other ranks stops the
   // run (a rank died or hangs).
   double comm_timeout_seconds = 600;
+  TestFaults faults;  // test-only
   // Signs every chain line and, after every checkpoint, a root over the chain so far, into
   // run_dir/signatures.jsonl (docs/formats/signatures.md).
   std::optional<std::filesystem::path> sign_key;

@@ -296,6 +296,7 @@ ReplayResult ReplayInterval(const ReplayOptions& o) {
   }
   train::Trainer trainer(config, dataset, train::RunDescriptor(config, dataset), storage.storage);
   trainer.set_progress(true);
+  trainer.set_faults(o.faults);
   const auto load_start = Clock::now();
   // On disk the checkpoint is read in place by the first step, which verifies it (each byte read
   // once, hashed once); in RAM, or with --force (which must know the files' hash before it
@@ -423,6 +424,7 @@ void CheckOptions(const ReplayOptions& o) {
     refuse(o.loss_log.has_value(), "--loss-log");
     refuse(o.compare_checkpoint.has_value(), "--compare-checkpoint");
     refuse(o.spill_dir.has_value(), "--spill-dir (the init unit holds one piece in RAM)");
+    refuse(o.faults.op || o.faults.token, "--test-fault-op and --test-fault-token");
   } else {
     if (o.checkpoint.empty()) Fail("an interval replay needs --checkpoint (or give --from-init)");
     refuse(!o.config.empty(), "--config (the checkpoint records its config)");

@@ -247,6 +247,7 @@ Trace WriteTrace(const TraceOptions& o) {
   const data::Dataset dataset = data::OpenDataset(o.data_dir);
   train::Trainer trainer(config, dataset, train::RunDescriptor(config, dataset));
   trainer.set_progress(o.progress);
+  trainer.set_faults(o.faults);
   trainer.Restore(start);
   const Digest checkpoint_hash = trainer.hash();
   while (trainer.state().step + 1 < o.step) trainer.Step();

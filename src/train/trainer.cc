@@ -79,28 +79,11 @@ std::vector<std::vector<int64_t>> OwnershipBounds(const std::vector<ParamSpec>& 
 
 namespace {
 
-// The test-only faults, each two non-negative integers A:B in an environment variable
-// (docs/disputes.md, "Faults to test with"; docs/distributed.md): LOCKSTEP_TEST_FAULT_OP=STEP:INDEX
-// moves element 0 of the first output of op INDEX (0-based, in trace order) of step STEP by one
-// ulp toward +inf; LOCKSTEP_TEST_FAULT_TOKEN=STEP:INDEX flips the lowest bit of token INDEX of
-// step STEP (the step's tokens in microbatch order); LOCKSTEP_TEST_CORRUPT_REPLICA=RANK:STEP.
-std::optional<std::pair<uint64_t, int64_t>> FaultFromEnvironment(const char* name) {
-  const char* text = std::getenv(name);
-  if (text == nullptr) return std::nullopt;
-  unsigned long long step = 0;
-  long long index = 0;
-  char end = 0;
-  if (std::sscanf(text, "%llu:%lld%c", &step, &index, &end) != 2 || index < 0) {
-    Fail("{}={}: expected two non-negative integers A:B", name, text);
-  }
-  return std::pair{static_cast<uint64_t>(step), static_cast<int64_t>(index)};
-}
-
 // Numbers a step's ops in trace order, perturbs the one the fault names, and passes everything
 // on to the observer behind it (a trace), if any.
 class FaultyOp final : public OpObserver {
  public:
-  FaultyOp(std::pair<uint64_t, int64_t> fault, OpObserver* next) : fault_(fault), next_(next) {}
+  FaultyOp(StepAndIndex fault, OpObserver* next) : fault_(fault), next_(next) {}
   void Context(uint64_t step, int64_t microbatch) override {
     if (step != step_) index_ = 0;
     step_ = step;
@@ -111,7 +94,7 @@ class FaultyOp final : public OpObserver {
     if (next_ != nullptr) next_->Begin(op, layer, args, inputs);
   }
   void End(std::span<const OpOutput> outputs) override {
-    if (step_ == fault_.first && index_ == fault_.second && !outputs.empty()) {
+    if (step_ == fault_.step && index_ == fault_.index && !outputs.empty()) {
       const OpOutput& out = outputs.front();
       if (!out.f32.empty()) out.f32[0] = std::nextafter(out.f32[0], INFINITY);
       if (!out.f64.empty()) out.f64[0] = std::nextafter(out.f64[0], INFINITY);
@@ -121,7 +104,7 @@ class FaultyOp final : public OpObserver {
   }
 
  private:
-  std::pair<uint64_t, int64_t> fault_;
+  StepAndIndex fault_;
   OpObserver* next_;
   uint64_t step_ = 0;
   int64_t index_ = 0;
@@ -175,11 +158,6 @@ Trainer::Trainer(const RunConfig& config, const data::Dataset& dataset, std::str
     store_ = MakeMemoryStore(specs_, held);
   }
   if (GroupBufferBytes(config, ranks_) > 0) group_ = std::make_unique<ParamStore>(specs_);
-  token_fault_ = FaultFromEnvironment("LOCKSTEP_TEST_FAULT_TOKEN");
-  // LOCKSTEP_TEST_CORRUPT_REPLICA=RANK:STEP (docs/distributed.md): rank RANK changes one element
-  // of the first parameter tensor it receives at step STEP, as a faulty node would.
-  replica_fault_ = FaultFromEnvironment("LOCKSTEP_TEST_CORRUPT_REPLICA");
-  set_observer(nullptr);
   for (const ParamSpec& spec : specs_) shapes_.push_back({spec.name, spec.shape});
   state_.descriptor = std::move(descriptor);
   state_.rng_seed = config.train.seed;
@@ -187,11 +165,18 @@ Trainer::Trainer(const RunConfig& config, const data::Dataset& dataset, std::str
 
 Trainer::~Trainer() = default;
 
+void Trainer::set_faults(const TestFaults& faults) {
+  if (faults.op && ranks_ > 1) Fail("--test-fault-op: the op fault is for single-process runs");
+  faults_ = faults;
+  set_observer(caller_observer_);
+}
+
 void Trainer::set_observer(OpObserver* observer) {
-  if (const auto fault = FaultFromEnvironment("LOCKSTEP_TEST_FAULT_OP")) {
-    if (ranks_ > 1) Fail("LOCKSTEP_TEST_FAULT_OP: the op fault is for single-process runs");
-    fault_ = std::make_unique<FaultyOp>(*fault, observer);
-    observer = fault_.get();
+  caller_observer_ = observer;
+  op_fault_.reset();
+  if (faults_.op) {
+    op_fault_ = std::make_unique<FaultyOp>(*faults_.op, observer);
+    observer = op_fault_.get();
   }
   // A spilled store hands out pieces, so an op would be seen piece by piece.
   const bool in_ram = store_->PieceFloats() == std::numeric_limits<int64_t>::max();
@@ -446,8 +431,8 @@ void Trainer::ShareParameters(const ChunkTable& chunks) {
   // Each owner's updated range goes to every rank; a replica whose chunks do not hash to the
   // owner's chunk digests (a faulty node, a corrupted transfer) stops the run on every rank,
   // before the step is committed or trained on.
-  bool corrupt = replica_fault_ && replica_fault_->first == static_cast<uint64_t>(rank_) &&
-                 replica_fault_->second == static_cast<int64_t>(state_.step);
+  bool corrupt = faults_.replica && faults_.replica->rank == rank_ &&
+                 faults_.replica->step == state_.step;
   // The first chunk whose copy here differs from its owner's: tensor, owner, first element.
   std::array<int64_t, 3> diverged{-1, -1, -1};
   const auto param_chunks = [&](size_t i) -> const std::vector<Digest>& {
@@ -721,9 +706,9 @@ std::vector<float> Trainer::RunGroup(int64_t group, uint64_t cursor, TensorAcces
       stream_.Window(first + static_cast<uint64_t>(b),
                      std::span(tokens_).subspan(b * (seq + 1), seq + 1));
     }
-    if (token_fault_ && token_fault_->first == state_.step + 1) {
+    if (faults_.token && faults_.token->step == state_.step + 1) {
       const auto mb_tokens = static_cast<int64_t>(tokens_.size());
-      const int64_t at = token_fault_->second - (group * per_group + k) * mb_tokens;
+      const int64_t at = faults_.token->index - (group * per_group + k) * mb_tokens;
       if (at >= 0 && at < mb_tokens) tokens_[static_cast<size_t>(at)] ^= 1u;
     }
     tokens.insert(tokens.end(), tokens_.begin(), tokens_.end());

@@ -20,7 +20,6 @@ namespace fs = std::filesystem;
 using Json = nlohmann::json;
 using test::Lockstep;
 using test::Result;
-using test::Shell;
 
 class Dispute : public ::testing::Test {
  protected:
@@ -46,9 +45,6 @@ class Dispute : public ::testing::Test {
            Path("data") + " --step " + std::to_string(step) + " --out " + Path(out) +
            " --no-progress" + (dump >= 0 ? " --dump-op " + std::to_string(dump) : "");
   }
-  static std::string Env(const std::string& fault) {
-    return "env " + fault + " " + LOCKSTEP_BINARY + " ";
-  }
   // The index of the first record of honest trace TA matching op, layer and microbatch.
   static int64_t IndexOf(const std::string& op, int64_t layer, int64_t microbatch) {
     std::ifstream in(dir_ / "TA/records.jsonl");
@@ -66,9 +62,9 @@ fs::path Dispute::dir_;
 
 TEST_F(Dispute, AOneUlpFaultIsFoundAtItsStepAndOpAndTheHonestPartyWinsOnEitherSide) {
   const int64_t k = IndexOf("attention_fwd", 1, 0);
-  const std::string fault = "LOCKSTEP_TEST_FAULT_OP=7:" + std::to_string(k);
-  Result r = Shell(Env(fault) + "train --config tiny --data " + Path("data") + " --out " +
-                   Path("B") + " --steps 8 --no-progress");
+  const std::string fault = " --test-fault-op 7:" + std::to_string(k);
+  Result r = Lockstep("train --config tiny --data " + Path("data") + " --out " + Path("B") +
+                      " --steps 8 --no-progress" + fault);
   ASSERT_EQ(r.exit_code, 0) << r.output;
 
   r = Lockstep("dispute steps " + Path("A") + " " + Path("B"));
@@ -79,7 +75,7 @@ TEST_F(Dispute, AOneUlpFaultIsFoundAtItsStepAndOpAndTheHonestPartyWinsOnEitherSi
 
   r = Lockstep(TraceArgs("A", "TA1", 7, k));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = Shell(Env(fault) + TraceArgs("B", "TB1", 7, k));
+  r = Lockstep(TraceArgs("B", "TB1", 7, k) + fault);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = Lockstep("dispute ops " + Path("TA1") + " " + Path("TB1"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
@@ -121,13 +117,13 @@ TEST_F(Dispute, FaultsInTheForwardTheBackwardTheUpdateAndTheDataAreLocalised) {
       {"backward", "", "outputs", "dw", IndexOf("gemm_dytx", 0, 1)},
       {"update", "", "outputs", "param", IndexOf("adamw", -1, -1)},
       // Token 130 is in microbatch 1 (2 sequences of 65 tokens each): its embedding reads it.
-      {"data", "LOCKSTEP_TEST_FAULT_TOKEN=7:130", "inputs", "ids", IndexOf("embedding_fwd", -1, 1)},
+      {"data", " --test-fault-token 7:130", "inputs", "ids", IndexOf("embedding_fwd", -1, 1)},
   };
   for (const Case& c : cases) {
     const std::string fault =
-        c.fault.empty() ? "LOCKSTEP_TEST_FAULT_OP=7:" + std::to_string(c.index) : c.fault;
+        c.fault.empty() ? " --test-fault-op 7:" + std::to_string(c.index) : c.fault;
     const std::string out = "TB_" + c.name;
-    Result r = Shell(Env(fault) + TraceArgs("A", out, 7));
+    Result r = Lockstep(TraceArgs("A", out, 7) + fault);
     ASSERT_EQ(r.exit_code, 0) << c.name << ": " << r.output;
     r = Lockstep("dispute ops " + Path("TA") + " " + Path(out));
     EXPECT_EQ(r.exit_code, 1) << c.name << ": " << r.output;
@@ -139,10 +135,9 @@ TEST_F(Dispute, FaultsInTheForwardTheBackwardTheUpdateAndTheDataAreLocalised) {
 }
 
 TEST_F(Dispute, ASparseChainIsBisectedInThreeQuestions) {
-  const std::string fault =
-      "LOCKSTEP_TEST_FAULT_OP=7:" + std::to_string(IndexOf("gemm_dytx", 0, 1));
-  Result r = Shell(Env(fault) + "train --config tiny --data " + Path("data") + " --out " +
-                   Path("B16") + " --steps 16 --no-progress");
+  const std::string fault = " --test-fault-op 7:" + std::to_string(IndexOf("gemm_dytx", 0, 1));
+  Result r = Lockstep("train --config tiny --data " + Path("data") + " --out " + Path("B16") +
+                      " --steps 16 --no-progress" + fault);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // B publishes every 8th hash only.
   std::ifstream in(dir_ / "B16/state_hashes.jsonl");
@@ -152,8 +147,9 @@ TEST_F(Dispute, ASparseChainIsBisectedInThreeQuestions) {
   }
   sparse.close();
   // Asked for a step it did not publish, B replays its own computation from step 0.
-  const std::string ask_b = Env(fault) + "replay --checkpoint " + Path("B16") +
-                            "/checkpoints/step_000000000 --until-step {step} --data " + Path("data");
+  const std::string ask_b = std::string(LOCKSTEP_BINARY) + " replay --checkpoint " + Path("B16") +
+                            "/checkpoints/step_000000000 --until-step {step} --data " +
+                            Path("data") + fault;
   r = Lockstep("dispute steps " + Path("A") + " " + Path("B16_every8.jsonl") + " --ask-b '" +
                ask_b + "'");
   EXPECT_EQ(r.exit_code, 1) << r.output;

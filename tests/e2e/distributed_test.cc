@@ -27,8 +27,8 @@ using test::Result;
 // `mpirun` with the flags this 2-core, root-run machine needs (more ranks than cores).
 const std::string kMpirun = "mpirun --oversubscribe --allow-run-as-root";
 
-Result Mpi(int ranks, const std::string& args, const std::string& env = "") {
-  return test::Shell(kMpirun + " -np " + std::to_string(ranks) + " " + env + " " +
+Result Mpi(int ranks, const std::string& args) {
+  return test::Shell(kMpirun + " -np " + std::to_string(ranks) + " " +
                      LOCKSTEP_BINARY + " " + args);
 }
 
@@ -219,7 +219,7 @@ TEST_F(Distributed, AHungRankStopsTheRunWithinTheTimeout) {
 }
 
 TEST_F(Distributed, ADivergentReplicaIsNamedWithItsRankStepAndTensor) {
-  const Result r = Mpi(2, TrainArgs("faulty", ""), "-x LOCKSTEP_TEST_CORRUPT_REPLICA=1:3");
+  const Result r = Mpi(2, TrainArgs("faulty", "--test-corrupt-replica 1:3"));
   EXPECT_NE(r.exit_code, 0) << r.output;
   // Both ranks stop, each naming the divergent rank, the step and the tensor.
   for (const char* rank : {"rank 0 of 2", "rank 1 of 2"}) {

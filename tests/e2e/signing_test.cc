@@ -18,7 +18,6 @@ namespace {
 namespace fs = std::filesystem;
 using test::Lockstep;
 using test::Result;
-using test::Shell;
 
 class Signing : public ::testing::Test {
  protected:
@@ -97,8 +96,7 @@ TEST_F(Signing, AnEditedLineOrAnotherKeyFails) {
 TEST_F(Signing, ASecondHistorySignedByTheSameKeyIsEquivocation) {
   // The publisher re-runs with a one-ulp fault at step 7 (op 31 of tiny's step: layer 1's
   // swiglu_fwd, which propagates) and signs the new history too.
-  Result r = Shell("env LOCKSTEP_TEST_FAULT_OP=7:31 " + std::string(LOCKSTEP_BINARY) + " " +
-                   Train("B", "--steps 12"));
+  Result r = Lockstep(Train("B", "--steps 12 --test-fault-op 7:31"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = Lockstep("kit build --run " + Path("B") + " --data " + Path("data") + " --out " + Path("KB"));
   ASSERT_EQ(r.exit_code, 0) << r.output;

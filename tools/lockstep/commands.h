@@ -6,6 +6,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "lockstep/train.h"
+
 namespace lockstep::cli {
 
 void AddSelftestCommand(CLI::App& app, int* exit_code);  // selftest.cc
@@ -17,5 +19,9 @@ void AddForwardCommand(CLI::App& app, int* exit_code);   // forward.cc
 void AddReplayCommands(CLI::App& app, int* exit_code);   // replay.cc: replay, verify-handoff
 void AddKitCommands(CLI::App& app, int* exit_code);      // kit.cc: kit build|inspect|verify|fetch, audit, report
 void AddDisputeCommands(CLI::App& app, int* exit_code);  // dispute.cc: trace, dispute, referee, keygen
+
+// test_faults.cc: --test-fault-op STEP:K and --test-fault-token STEP:I into `faults`, and with
+// `replica` --test-corrupt-replica RANK:STEP.
+void AddTestFaultOptions(CLI::App* cmd, train::TestFaults* faults, bool replica);
 
 }  // namespace lockstep::cli

@@ -38,6 +38,7 @@ void AddTraceCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   cmd->add_flag("--progress,!--no-progress", o->progress, "show (default) or hide progress lines");
+  AddTestFaultOptions(cmd, &o->faults, /*replica=*/false);
   cmd->final_callback([o, dump_ops, exit_code] {
     o->dump_ops.insert(dump_ops->begin(), dump_ops->end());
     const dispute::Trace t = dispute::WriteTrace(*o);

@@ -61,6 +61,7 @@ void AddReplayCommand(CLI::App& app, int* exit_code) {
                 "replay even when the memory plan exceeds MemAvailable or the start "
                 "checkpoint's digests fail (with a warning); write the hand-off checkpoint "
                 "without a match");
+  AddTestFaultOptions(cmd, &o.faults, /*replica=*/false);
   cmd->final_callback([f, seed, expect_opt, exit_code] {
     audit::ReplayOptions& o = f->options;
     // Validated before any work: a truncated (or empty) hash must not cost a replay, nor pass

@@ -61,6 +61,7 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
                 "hash is the same either way");
   cmd->add_flag("--progress,!--no-progress", options->progress,
                 "show (default) or hide the progress line on stderr");
+  AddTestFaultOptions(cmd, &options->faults, /*replica=*/true);
   cmd->final_callback([options, exit_code, steps_opt, steps, spill_dir, sign_key, full_gradients] {
     if (!sign_key->empty()) options->sign_key = *sign_key;
     if (*full_gradients) options->checkpoint_gradients = Gradients::kFull;

@@ -1,0 +1,65 @@
+// The test-only fault flags of `train`, `replay` and `trace` (docs/disputes.md, "Faults to test
+// with"). They are flags, never environment variables: what changes a run's bits is on its
+// command line.
+#include <fmt/format.h>
+
+#include <charconv>
+#include <memory>
+#include <string>
+
+#include "lockstep/core.h"
+#include "tools/lockstep/commands.h"
+
+namespace lockstep::cli {
+namespace {
+
+// "A:B", two non-negative decimal integers.
+std::pair<uint64_t, uint64_t> ParsePair(const std::string& text, const std::string& flag) {
+  const size_t colon = text.find(':');
+  uint64_t a = 0, b = 0;
+  const auto number = [&](std::string_view s, uint64_t& out) {
+    const auto [end, error] = std::from_chars(s.data(), s.data() + s.size(), out);
+    return !s.empty() && error == std::errc() && end == s.data() + s.size();
+  };
+  if (colon == std::string::npos || !number(std::string_view(text).substr(0, colon), a) ||
+      !number(std::string_view(text).substr(colon + 1), b) || b > uint64_t{1} << 62) {
+    Fail("{} {}: expected two non-negative integers A:B", flag, text);
+  }
+  return {a, b};
+}
+
+}  // namespace
+
+void AddTestFaultOptions(CLI::App* cmd, train::TestFaults* faults, bool replica) {
+  cmd->add_option_function<std::string>(
+         "--test-fault-op",
+         [faults](const std::string& text) {
+           const auto [step, index] = ParsePair(text, "--test-fault-op");
+           faults->op = {step, static_cast<int64_t>(index)};
+         },
+         "test only, STEP:K: move element 0 of the first output of op K (0-based, in trace "
+         "order) of step STEP one ulp toward +inf, as a faulty party would (single process)")
+      ->group("Test faults");
+  cmd->add_option_function<std::string>(
+         "--test-fault-token",
+         [faults](const std::string& text) {
+           const auto [step, index] = ParsePair(text, "--test-fault-token");
+           faults->token = {step, static_cast<int64_t>(index)};
+         },
+         "test only, STEP:I: flip the lowest bit of token I of step STEP (the step's tokens in "
+         "microbatch order), as a party that read other data would")
+      ->group("Test faults");
+  if (!replica) return;
+  cmd->add_option_function<std::string>(
+         "--test-corrupt-replica",
+         [faults](const std::string& text) {
+           const auto [rank, step] = ParsePair(text, "--test-corrupt-replica");
+           if (rank > 1u << 20) Fail("--test-corrupt-replica {}: no such rank", text);
+           faults->replica = {static_cast<int>(rank), step};
+         },
+         "test only, RANK:STEP (multi-process runs): rank RANK changes one element of the first "
+         "parameter tensor it receives at step STEP, as a faulty node would")
+      ->group("Test faults");
+}
+
+}  // namespace lockstep::cli
