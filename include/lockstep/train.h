@@ -105,9 +105,11 @@ uint64_t GroupBufferBytes(const RunConfig& config, int processes);
 struct Storage {
   std::optional<std::filesystem::path> spill_dir;
 };
-// The longest piece of an array a spilled step holds (64 MiB): the update pass holds one piece
-// of each of the four arrays at once.
-inline constexpr int64_t kSpillPieceFloats = int64_t{16} << 20;
+// The store's own memory plan for one process (docs/audit.md, "The memory plan"): what it holds
+// resident while a step runs, part by part as (what, bytes) -- in RAM the four arrays and a
+// microbatch group's gradients; on disk the most a step holds open or reads ahead at once.
+std::vector<std::pair<std::string, uint64_t>> StorePlan(const RunConfig& config,
+                                                        const Storage& storage);
 
 // Elements [begin, end) of a tensor.
 struct ElementRange {

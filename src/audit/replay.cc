@@ -158,37 +158,6 @@ std::optional<Digest> ChainTarget(const fs::path& chain, const CheckpointIndex& 
   return target;
 }
 
-// The largest sum, over the passes of a step in a SpillStore, of the tensors open at once and
-// those read ahead: a layer's parameters plus its largest gradient, or output.weight with its
-// gradient and final_norm.weight, or tok_embeddings.weight (forward) or its gradient
-// (backward), each with the next layer's parameters read ahead; or the update pass's pieces
-// being hashed (up to one full piece per array) and those read ahead (as many).
-uint64_t SpilledOpenBytes(const ModelConfig& model) {
-  std::map<std::string, uint64_t> layer_params, layer_largest;
-  uint64_t head = 0;
-  const uint64_t largest = LargestTensorBytes(model);
-  for (const ParamSpec& spec : ParameterSpecs(model)) {
-    const uint64_t bytes = TensorBytes(spec);
-    if (spec.name.starts_with("layers.")) {
-      const std::string layer = spec.name.substr(0, spec.name.find('.', 7));
-      layer_params[layer] += bytes;
-      layer_largest[layer] = std::max(layer_largest[layer], bytes);
-    } else if (spec.name == "output.weight" || spec.name == "final_norm.weight") {
-      head += bytes;
-    }
-  }
-  const uint64_t piece = static_cast<uint64_t>(train::kSpillPieceFloats) * sizeof(float);
-  const uint64_t array = train::StateBytes(model) / kStateArrayCount;
-  uint64_t next_layer = 0;
-  for (const auto& [layer, bytes] : layer_params) next_layer = std::max(next_layer, bytes);
-  uint64_t open = std::max(head + largest + next_layer,
-                           2 * kStateArrayCount * std::min(piece, array));
-  for (const auto& [layer, bytes] : layer_params) {
-    open = std::max(open, bytes + layer_largest[layer] + next_layer);
-  }
-  return open;
-}
-
 // The spill files hold at most every chunk of the four arrays once (a rewrite reuses its slot;
 // a chunk never written takes no space). Refuses, unless forced, when the file system holding
 // `dir` has less free space, rather than fail with ENOSPC minutes into the replay.
@@ -236,12 +205,9 @@ ReplayStorage PlanInterval(const ReplayOptions& o, const RunConfig& config,
       StepScratchBytes(config, dataset);
   // --compare-checkpoint: one array of each side at a time.
   const uint64_t compare = o.compare_checkpoint ? 2 * LargestTensorBytes(config.model) : 0;
-  MemoryPlan in_ram{.parts = {{"parameters, gradients, AdamW m and v",
-                               train::StateBytes(config.model)},
-                              {"microbatch group gradients", train::GroupBufferBytes(config, 1)},
-                              {"activations and step scratch", activations},
-                              {"localisation arrays", compare}},
-                    .resident_at_planning = resident};
+  MemoryPlan in_ram{.parts = train::StorePlan(config, {}), .resident_at_planning = resident};
+  in_ram.parts.emplace_back("activations and step scratch", activations);
+  in_ram.parts.emplace_back("localisation arrays", compare);
   if (!o.spill_dir && in_ram.total() - resident <= MemAvailableBytes()) return {in_ram, {}};
   const fs::path dir =
       o.spill_dir ? *o.spill_dir
@@ -249,13 +215,14 @@ ReplayStorage PlanInterval(const ReplayOptions& o, const RunConfig& config,
   Note(fmt::format("{}: parameters, moments and gradients are kept on disk in {}",
                    o.spill_dir ? "--spill-dir" : "the replay does not fit in RAM",
                    dir.string()));
+  const train::Storage storage{dir};
+  MemoryPlan spilled{.parts = train::StorePlan(config, storage), .resident_at_planning = resident};
+  spilled.parts.emplace_back("activations and step scratch", activations);
   // The step's open tensors are released before the localisation reads its arrays.
-  MemoryPlan spilled{
-      .parts = {{"open tensors (largest layer or head, with a gradient) or localisation arrays",
-                 std::max(SpilledOpenBytes(config.model), compare)},
-                {"activations and step scratch", activations}},
-      .resident_at_planning = resident};
-  return {spilled, {dir}};
+  const uint64_t open = spilled.total() - resident - activations;
+  spilled.parts.emplace_back("localisation arrays beyond the released open tensors",
+                             compare - std::min(compare, open));
+  return {spilled, storage};
 }
 
 ReplayResult ReplayInterval(const ReplayOptions& o) {

@@ -224,10 +224,9 @@ int Train(const TrainOptions& options, Comm& comm) {
   const fs::path metrics_path = options.run_dir / "metrics.jsonl";
   if (!options.spill_dir && comm.size() == 1) {
     // Say so before allocating rather than be killed.
-    const uint64_t needed =
-        StateBytes(config.model) + GroupBufferBytes(config, 1) +
-        static_cast<uint64_t>(Model::AllocatedBytes(config.model, config.train.vocab_chunk,
-                                                    config.train.microbatch, config.model.seq_len));
+    uint64_t needed = static_cast<uint64_t>(Model::AllocatedBytes(
+        config.model, config.train.vocab_chunk, config.train.microbatch, config.model.seq_len));
+    for (const auto& [what, bytes] : StorePlan(config, {})) needed += bytes;
     if (needed > MemAvailableBytes()) {
       const bool grouped = config.train.grad_groups > 1;
       Fail("{}: parameters, AdamW moments, gradients{} and activations need {:.2f} GiB of RAM but "

@@ -210,6 +210,7 @@ class SpillStore final : public StateStore {
     }
   }
 
+  Location location() const override { return Location::kDisk; }
   int64_t PieceFloats() const override { return kSpillPieceFloats; }
 
   Piece Acquire(StateArray array, size_t tensor, int64_t begin, int64_t count, bool load) override {
@@ -750,6 +751,40 @@ class SpillStore final : public StateStore {
 
 std::unique_ptr<StateStore> MakeSpillStore(std::vector<ParamSpec> specs, const fs::path& dir) {
   return std::make_unique<SpillStore>(std::move(specs), dir);
+}
+
+// The largest sum, over the passes of a spilled step, of the tensors open at once and those read
+// ahead: a layer's parameters plus its largest gradient, or output.weight with its gradient and
+// final_norm.weight, or tok_embeddings.weight (forward) or its gradient (backward), each with the
+// next layer's parameters read ahead; or the update pass's pieces being hashed (up to one full
+// piece per array) and those read ahead (as many).
+uint64_t SpillStoreOpenBytes(const ModelConfig& model) {
+  const auto bytes_of = [](const ParamSpec& spec) {
+    return static_cast<uint64_t>(spec.numel()) * sizeof(float);
+  };
+  std::map<std::string, uint64_t> layer_params, layer_largest;
+  uint64_t head = 0, largest = 0;
+  for (const ParamSpec& spec : ParameterSpecs(model)) {
+    const uint64_t bytes = bytes_of(spec);
+    largest = std::max(largest, bytes);
+    if (spec.name.starts_with("layers.")) {
+      const std::string layer = spec.name.substr(0, spec.name.find('.', 7));
+      layer_params[layer] += bytes;
+      layer_largest[layer] = std::max(layer_largest[layer], bytes);
+    } else if (spec.name == "output.weight" || spec.name == "final_norm.weight") {
+      head += bytes;
+    }
+  }
+  const uint64_t piece = static_cast<uint64_t>(kSpillPieceFloats) * sizeof(float);
+  const uint64_t array = StateBytes(model) / kStateArrayCount;
+  uint64_t next_layer = 0;
+  for (const auto& [layer, bytes] : layer_params) next_layer = std::max(next_layer, bytes);
+  uint64_t open = std::max(head + largest + next_layer,
+                           2 * kStateArrayCount * std::min(piece, array));
+  for (const auto& [layer, bytes] : layer_params) {
+    open = std::max(open, bytes + layer_largest[layer] + next_layer);
+  }
+  return open;
 }
 
 }  // namespace lockstep::train

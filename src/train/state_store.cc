@@ -47,6 +47,7 @@ class MemoryStore final : public StateStore {
         arrays_{ParamStore(specs), ParamStore(HeldOnly(specs, held_)),
                 ParamStore(HeldOnly(specs, held_)), ParamStore(HeldOnly(specs, held_))} {}
 
+  Location location() const override { return Location::kRam; }
   int64_t PieceFloats() const override { return std::numeric_limits<int64_t>::max(); }
 
   Piece Acquire(StateArray array, size_t tensor, int64_t begin, int64_t count, bool) override {
@@ -100,6 +101,16 @@ class MemoryStore final : public StateStore {
 };
 
 }  // namespace
+
+std::vector<std::pair<std::string, uint64_t>> StorePlan(const RunConfig& config,
+                                                        const Storage& storage) {
+  if (storage.spill_dir) {
+    return {{"open tensors (largest layer or head, with a gradient)",
+             SpillStoreOpenBytes(config.model)}};
+  }
+  return {{"parameters, gradients, AdamW m and v", StateBytes(config.model)},
+          {"microbatch group gradients", GroupBufferBytes(config, 1)}};
+}
 
 std::unique_ptr<StateStore> MakeMemoryStore(std::vector<ParamSpec> specs,
                                             std::vector<ElementRange> held) {

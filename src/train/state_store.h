@@ -32,6 +32,10 @@ class StateStore : public TensorAccess {
   explicit StateStore(std::vector<ParamSpec> specs) : specs_(std::move(specs)) {}
 
   const std::vector<ParamSpec>& specs() const { return specs_; }
+  // Where the arrays live. In RAM a piece is a view of the stored array, so every tensor can be
+  // had whole at no cost; on disk each acquired piece is read and digested.
+  enum class Location { kRam, kDisk };
+  virtual Location location() const = 0;
   // The longest piece worth asking for: every piece but a tensor's last has this length, so it
   // starts at a multiple of it (a multiple of rk::kNormBlock, or the whole tensor).
   virtual int64_t PieceFloats() const = 0;
@@ -107,5 +111,10 @@ std::unique_ptr<StateStore> MakeSpillStore(std::vector<ParamSpec> specs,
 
 // The bytes a SpillStore's chunk holds (4 MiB): pieces are multiples of it.
 inline constexpr int64_t kSpillChunkFloats = int64_t{1} << 20;
+// The longest piece of an array a SpillStore hands out (64 MiB): the update pass holds one piece
+// of each of the four arrays at once.
+inline constexpr int64_t kSpillPieceFloats = int64_t{16} << 20;
+// StorePlan's part for a SpillStore: the most a spilled step holds open or reads ahead at once.
+uint64_t SpillStoreOpenBytes(const ModelConfig& model);
 
 }  // namespace lockstep::train

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <numeric>
 #include <optional>
-#include <limits>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
@@ -179,8 +178,7 @@ void Trainer::set_observer(OpObserver* observer) {
     observer = op_fault_.get();
   }
   // A spilled store hands out pieces, so an op would be seen piece by piece.
-  const bool in_ram = store_->PieceFloats() == std::numeric_limits<int64_t>::max();
-  if (observer != nullptr && !in_ram) {
+  if (observer != nullptr && store_->location() != StateStore::Location::kRam) {
     Fail("op observers (traces, test faults) need the state in RAM, not --spill-dir");
   }
   observer_ = observer;
@@ -810,7 +808,7 @@ StepReport Trainer::Step() {
   // Per tensor, its gradient's block squares when the backward left them (a spilled store,
   // one process, one round: nothing changes a gradient after the Model closes it).
   std::vector<std::vector<double>> squares(specs_.size());
-  const bool spilled = store_->PieceFloats() != std::numeric_limits<int64_t>::max();
+  const bool spilled = store_->location() == StateStore::Location::kDisk;
   for (int64_t round = 0; round < rounds; ++round) {
     const int64_t group = round * ranks_ + rank_;
     comm_->set_phase(fmt::format("step {}: microbatch group {}", report.step, group));
