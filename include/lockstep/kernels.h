@@ -14,8 +14,10 @@
 #include <bit>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "lockstep/core.h"
@@ -244,4 +246,78 @@ struct SweepResult {
 std::vector<SweepResult> SweepVariants(const std::function<std::vector<float>()>& run,
                                        std::span<const int> thread_counts);
 inline constexpr int kSweepThreadCounts[] = {1, 2, 3, 4, 7};
+}  // namespace lockstep::rk
+
+// ---- the op table ---------------------------------------------------------------------------
+// Every op a training step records (docs/disputes.md, "The op catalogue"), described once: its
+// name, scalar arguments, input and output roles, the kernel it runs and that kernel run from
+// recorded values. The model's and the trainer's calls are checked against it when observed, the
+// trace reader refuses records that do not fit it, the referee recomputes through it, the
+// selftest runs every entry on every variant, and a test ties docs/disputes.md's catalogue to it.
+namespace lockstep::rk {
+
+enum class Op : uint8_t {
+  kEmbeddingFwd, kRmsNormFwd, kGemmXWt, kRopeFwd, kAttentionFwd, kAddInto, kSwigluFwd,
+  kCrossEntropyFwd, kRowSum, kCrossEntropyBwd, kRmsNormBwd, kCopy, kGemmDyW, kGemmDytX,
+  kSwigluBwd, kAttentionBwd, kRopeBwd, kEmbeddingBwd, kBlockSquares, kCanonicalizeNaNs,
+  kGlobalNorm, kScale, kAdamW, kCount
+};
+
+enum class Dtype : uint8_t { kF32, kU32, kF64 };
+std::string_view DtypeName(Dtype dtype);  // "f32", "u32", "f64"
+
+// A tensor an op reads or writes. An optional role is absent from some calls (a gain-free
+// RMSNorm, a GEMM that does not accumulate).
+struct OpRole {
+  std::string_view name;
+  Dtype dtype = Dtype::kF32;
+  bool optional = false;
+};
+
+// An op's scalar arguments by name and tensors by role, as a trace records and a dump reveals
+// them. The accessors fail naming what is missing.
+struct OpValues {
+  std::map<std::string, double, std::less<>> args;
+  std::map<std::string, std::vector<float>, std::less<>> f32;
+  std::map<std::string, std::vector<uint32_t>, std::less<>> u32;
+  std::map<std::string, std::vector<double>, std::less<>> f64;
+
+  double Arg(std::string_view name) const;
+  int64_t Int(std::string_view name) const;  // fails unless an integer in int64's range
+  float Float(std::string_view name) const { return static_cast<float>(Arg(name)); }
+  const std::vector<float>& F(std::string_view role) const;
+  const std::vector<uint32_t>& U(std::string_view role) const;
+  const std::vector<double>& D(std::string_view role) const;
+  bool Has(std::string_view role) const { return f32.contains(role); }
+};
+
+struct OpSpec {
+  Op op;
+  std::string_view name;    // as recorded, e.g. "gemm_xwt"
+  std::string_view kernel;  // the kernel of docs/numerics.md it runs, e.g. "GemmXWt"
+  std::vector<std::string_view> args, optional_args;
+  std::vector<OpRole> inputs, outputs;  // in record order
+  // The op on `in` (its args and inputs) with the active variant and threads: every output.
+  void (*run)(const OpValues& in, OpValues& out);
+  // A call on small ragged shapes holding the selftest's special values (SelftestFloats).
+  OpValues (*sample)();
+};
+
+const OpSpec& Spec(Op op);
+std::span<const OpSpec> OpTable();  // in Op order, which is the catalogue's
+const OpSpec* FindOp(std::string_view name);  // null when no op has that name
+// Whether a call's argument names and (role, dtype) lists fit `op`: every listed argument given
+// and no other but the optional ones; the roles in the listed order, an optional one possibly
+// left out, each with its listed dtype.
+using RoleAndDtype = std::pair<std::string_view, Dtype>;
+bool CallFits(const OpSpec& op, std::span<const std::string_view> args,
+              std::span<const RoleAndDtype> inputs, std::span<const RoleAndDtype> outputs);
+
+// Fixed test inputs: a 32-bit LCG mapped exactly to [-1, 1), with the special values every op
+// meets (signed zeros, infinities, NaNs, subnormals, the normal range's ends, the edges of exp's
+// and erfinv's ranges) spread sparsely over arrays of at least 16 × kSelftestSpecials.size().
+extern const std::span<const float> kSelftestSpecials;
+std::vector<float> SelftestFloats(int64_t n, uint32_t seed, bool specials = true);
+std::vector<uint32_t> SelftestIds(int64_t n, uint32_t vocab, uint32_t seed);
+
 }  // namespace lockstep::rk

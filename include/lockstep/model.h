@@ -226,21 +226,30 @@ class OpObserver {
   virtual void End(std::span<const OpOutput> outputs) = 0;
 };
 
-// Runs `kernel` between observer->Begin and ->End (just runs it without an observer).
+// Fails (an internal error) unless a call of `op` records the arguments and roles its op-table
+// entry lists (rk::OpSpec): every argument, optional ones or not; the roles in order, with their
+// dtypes, an optional one left out or not.
+void CheckOpCall(const rk::OpSpec& op, std::span<const OpArg> args,
+                 std::span<const OpTensor> inputs, std::span<const OpOutput> outputs);
+
+// Runs `kernel` between observer->Begin and ->End (just runs it without an observer), the call
+// checked against the op table when observed.
 template <typename Kernel>
-void ObservedOp(OpObserver* observer, std::string_view op, int64_t layer,
-                std::span<const OpArg> args, std::initializer_list<OpTensor> inputs,
-                std::initializer_list<OpOutput> outputs, Kernel&& kernel) {
+void ObservedOp(OpObserver* observer, rk::Op op, int64_t layer, std::span<const OpArg> args,
+                std::initializer_list<OpTensor> inputs, std::initializer_list<OpOutput> outputs,
+                Kernel&& kernel) {
   if (observer == nullptr) {
     kernel();
     return;
   }
-  observer->Begin(op, layer, args, {inputs.begin(), inputs.size()});
+  const rk::OpSpec& spec = rk::Spec(op);
+  CheckOpCall(spec, args, {inputs.begin(), inputs.size()}, {outputs.begin(), outputs.size()});
+  observer->Begin(spec.name, layer, args, {inputs.begin(), inputs.size()});
   kernel();
   observer->End({outputs.begin(), outputs.size()});
 }
 template <typename Kernel>
-void ObservedOp(OpObserver* observer, std::string_view op, int64_t layer,
+void ObservedOp(OpObserver* observer, rk::Op op, int64_t layer,
                 std::initializer_list<OpArg> args, std::initializer_list<OpTensor> inputs,
                 std::initializer_list<OpOutput> outputs, Kernel&& kernel) {
   ObservedOp(observer, op, layer, std::span<const OpArg>(args.begin(), args.size()), inputs,

@@ -216,6 +216,25 @@ TraceRecord ParseRecord(const std::string& line, const std::string& what) {
   }
   r.inputs = TensorsOf(j["inputs"], what + " inputs");
   r.outputs = TensorsOf(j["outputs"], what + " outputs");
+  // The record must be a call the op table describes (docs/disputes.md, "The op catalogue").
+  const rk::OpSpec* spec = rk::FindOp(r.op);
+  if (spec == nullptr) Fail("{}: op '{}' is not an op lockstep records", what, r.op);
+  std::vector<std::string_view> names;
+  for (const auto& [name, value] : r.args) names.push_back(name);
+  const auto roles = [](const std::vector<TensorDigest>& tensors) {
+    std::vector<rk::RoleAndDtype> out;
+    for (const TensorDigest& t : tensors) {
+      out.emplace_back(t.role, t.dtype == "u32"   ? rk::Dtype::kU32
+                               : t.dtype == "f64" ? rk::Dtype::kF64
+                                                  : rk::Dtype::kF32);
+    }
+    return out;
+  };
+  if (!rk::CallFits(*spec, names, roles(r.inputs), roles(r.outputs))) {
+    Fail("{}: the arguments or tensors of op '{}' are not those the op catalogue gives it "
+         "(docs/disputes.md)",
+         what, r.op);
+  }
   r.line = line;
   return r;
 }

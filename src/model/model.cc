@@ -192,25 +192,25 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
                      std::span<float> y, std::span<float> rstd, int64_t rows, int64_t cols) {
     const std::initializer_list<OpTensor> with_gain = {{"x", x}, {"gain", gain}};
     const std::initializer_list<OpTensor> without = {{"x", x}};
-    ObservedOp(obs, "rmsnorm_fwd", layer,
+    ObservedOp(obs, rk::Op::kRmsNormFwd, layer,
                {{"rows", double(rows)}, {"cols", double(cols)}, {"eps", eps}},
                gain.empty() ? without : with_gain, {{"y", y}, {"rstd", rstd}},
                [&] { rk::RmsNormForward(x, gain, eps, y, rstd, rows, cols); });
   };
   auto linear = [&](int64_t layer, std::span<const float> x, std::span<const float> w,
                     std::span<float> y, int64_t rows, int64_t out, int64_t in) {
-    ObservedOp(obs, "gemm_xwt", layer,
+    ObservedOp(obs, rk::Op::kGemmXWt, layer,
                {{"m", double(rows)}, {"n", double(out)}, {"k", double(in)}, {"accumulate", 0}},
                {{"x", x}, {"w", w}}, {{"y", y}}, [&] { rk::GemmXWt(x, w, y, rows, out, in); });
   };
   auto rope = [&](int64_t layer, std::span<float> x, int64_t heads) {
-    ObservedOp(obs, "rope_fwd", layer,
+    ObservedOp(obs, rk::Op::kRopeFwd, layer,
                {{"batch", double(batch_)}, {"seq", double(seq_)}, {"heads", double(heads)},
                 {"head_dim", double(hd)}, {"table_seq", double(c.seq_len)}, {"theta", theta}},
                {{"x", x}}, {{"y", x}}, [&] { rk::RopeForward(x, x, rope_, batch_, seq_, heads, hd); });
   };
   auto add_into = [&](int64_t layer, std::span<const float> x, std::span<float> y) {
-    ObservedOp(obs, "add_into", layer, {{"n", double(x.size())}}, {{"x", x}, {"y", y}},
+    ObservedOp(obs, rk::Op::kAddInto, layer, {{"n", double(x.size())}}, {{"x", x}, {"y", y}},
                {{"y", y}}, [&] { rk::AddInto(x, y); });
   };
 
@@ -219,7 +219,7 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
   {
     const std::span<const float> table = Param(access, P.tok);
     const std::span<float> out = c.embedding_norm ? A(emb_) : x0;
-    ObservedOp(obs, "embedding_fwd", -1, {{"vocab", double(c.vocab)}, {"d", double(d)}},
+    ObservedOp(obs, rk::Op::kEmbeddingFwd, -1, {{"vocab", double(c.vocab)}, {"d", double(d)}},
                {{"table", table}, {"ids", {}, inputs_}}, {{"out", out}},
                [&] { rk::EmbeddingForward(table, inputs_, out, c.vocab, d); });
   }
@@ -257,7 +257,7 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
     rope(l, A(a.q), c.n_heads);
     rope(l, A(a.k), c.n_kv_heads);
     const rk::AttentionShape shape = AttentionShape(l);
-    ObservedOp(obs, "attention_fwd", l, AttentionArgs(shape),
+    ObservedOp(obs, rk::Op::kAttentionFwd, l, AttentionArgs(shape),
                {{"q", A(a.q)}, {"k", A(a.k)}, {"v", A(a.v)}},
                {{"out", A(a.attn)}, {"lse", A(a.attn_lse)}}, [&] {
                  rk::AttentionForward(shape, A(a.q), A(a.k), A(a.v), A(a.attn),
@@ -268,7 +268,7 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
     // Feed-forward block: x_out = x_mid + SwiGLU(RMSNorm(x_mid) · W_guᵀ) · W_downᵀ.
     rmsnorm(l, A(a.x_mid), w[kFfnNorm], A(a.h2), A(a.ffn_rstd), n, d);
     linear(l, A(a.h2), w[kWGateUp], A(a.gu), n, 2 * f, d);  // gu[N, 2F]: gate | up
-    ObservedOp(obs, "swiglu_fwd", l, {{"rows", double(n)}, {"f", double(f)}}, {{"gu", A(a.gu)}},
+    ObservedOp(obs, rk::Op::kSwigluFwd, l, {{"rows", double(n)}, {"f", double(f)}}, {{"gu", A(a.gu)}},
                {{"act", A(a.act)}}, [&] { rk::SwigluForward(A(a.gu), A(a.act), n, f); });
     const Span x_out = l + 1 < c.n_layers ? layers_[static_cast<size_t>(l + 1)].x_in : x_final_;
     linear(l, A(a.act), w[kWDown], A(x_out), n, d, f);  // x_out[N, d]
@@ -282,7 +282,7 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
   {
     const std::span<const float> head = Param(access, P.output);
     const rk::CrossEntropyShape shape = CrossEntropyShape();
-    ObservedOp(obs, "cross_entropy_fwd", -1, CrossEntropyArgs(shape, 0),
+    ObservedOp(obs, rk::Op::kCrossEntropyFwd, -1, CrossEntropyArgs(shape, 0),
                {{"h", A(xf_)}, {"w", head}, {"targets", {}, targets_}},
                {{"loss", A(loss_)}, {"zloss", A(zloss_)}, {"lse", A(lse_)}}, [&] {
                  rk::CrossEntropyForward(shape, A(xf_), head, targets_, A(loss_), A(zloss_),
@@ -294,7 +294,7 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
   for (const auto& [span, total] : {std::pair{A(loss_), &sums.loss}, std::pair{A(zloss_), &sums.zloss}}) {
     const std::span<const float> rows = span;
     float* const sum = total;  // (structured bindings cannot be captured by Clang 14)
-    ObservedOp(obs, "row_sum", -1, {{"rows", 1}, {"cols", double(n)}}, {{"x", rows}},
+    ObservedOp(obs, rk::Op::kRowSum, -1, {{"rows", 1}, {"cols", double(n)}}, {{"x", rows}},
                {{"sum", {sum, 1}}}, [&] { rk::RowSum(rows, {sum, 1}, 1, n); });
   }
   have_forward_ = true;
@@ -319,12 +319,12 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
     const std::initializer_list<OpTensor> without = {{"dy", dy}, {"x", x}, {"rstd", rstd}};
     const std::initializer_list<OpOutput> out_gain = {{"dx", dx}, {"dgain", dgain}};
     const std::initializer_list<OpOutput> out = {{"dx", dx}};
-    ObservedOp(obs, "rmsnorm_bwd", layer, {{"rows", double(rows)}, {"cols", double(cols)}},
+    ObservedOp(obs, rk::Op::kRmsNormBwd, layer, {{"rows", double(rows)}, {"cols", double(cols)}},
                gain.empty() ? without : with_gain, gain.empty() ? out : out_gain,
                [&] { rk::RmsNormBackward(dy, x, gain, rstd, dx, dgain, rows, cols); });
   };
   auto add_into = [&](int64_t layer, std::span<const float> x, std::span<float> y) {
-    ObservedOp(obs, "add_into", layer, {{"n", double(x.size())}}, {{"x", x}, {"y", y}},
+    ObservedOp(obs, rk::Op::kAddInto, layer, {{"n", double(x.size())}}, {{"x", x}, {"y", y}},
                {{"y", y}}, [&] { rk::AddInto(x, y); });
   };
   // dx = dy · w (accumulate: dx += ...).
@@ -332,13 +332,13 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
                         std::span<float> dx, int64_t out, int64_t in, bool add) {
     const std::initializer_list<OpTensor> plain = {{"dy", dy}, {"w", w}};
     const std::initializer_list<OpTensor> onto = {{"dy", dy}, {"w", w}, {"dx", dx}};
-    ObservedOp(obs, "gemm_dyw", layer,
+    ObservedOp(obs, rk::Op::kGemmDyW, layer,
                {{"m", double(n)}, {"n", double(out)}, {"k", double(in)}, {"accumulate", double(add)}},
                add ? onto : plain, {{"dx", dx}},
                [&] { rk::GemmDyW(dy, w, dx, n, out, in, add); });
   };
   auto rope_bwd = [&](int64_t layer, std::span<float> dx, int64_t heads) {
-    ObservedOp(obs, "rope_bwd", layer,
+    ObservedOp(obs, rk::Op::kRopeBwd, layer,
                {{"batch", double(batch_)}, {"seq", double(seq_)}, {"heads", double(heads)},
                 {"head_dim", double(hd)}, {"table_seq", double(c.seq_len)}, {"theta", theta}},
                {{"dy", dx}}, {{"dx", dx}},
@@ -351,7 +351,7 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
     if (accumulate) {
       add_into(layer, A(dgain_), g);
     } else {
-      ObservedOp(obs, "copy", layer, {{"n", double(g.size())}}, {{"x", A(dgain_)}}, {{"y", g}},
+      ObservedOp(obs, rk::Op::kCopy, layer, {{"n", double(g.size())}}, {{"x", A(dgain_)}}, {{"y", g}},
                  [&] { std::copy(A(dgain_).begin(), A(dgain_).end(), g.begin()); });
     }
     access.CloseGrad(i);
@@ -362,7 +362,7 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
     const std::span<float> dw = Grad(access, i, accumulate);
     const std::initializer_list<OpTensor> plain = {{"dy", dy}, {"x", x}};
     const std::initializer_list<OpTensor> onto = {{"dy", dy}, {"x", x}, {"dw", dw}};
-    ObservedOp(obs, "gemm_dytx", layer,
+    ObservedOp(obs, rk::Op::kGemmDytX, layer,
                {{"m", double(n)}, {"n", double(rows_out)}, {"k", double(cols)},
                 {"accumulate", double(accumulate)}},
                accumulate ? onto : plain, {{"dw", dw}},
@@ -384,7 +384,7 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
     const std::span<const float> head = Param(access, P.output);
     const std::span<float> dw = scatter_grad(P.output);
     const rk::CrossEntropyShape shape = CrossEntropyShape();
-    ObservedOp(obs, "cross_entropy_bwd", -1, CrossEntropyArgs(shape, grad_scale),
+    ObservedOp(obs, rk::Op::kCrossEntropyBwd, -1, CrossEntropyArgs(shape, grad_scale),
                {{"h", A(xf_)}, {"w", head}, {"targets", {}, targets_}, {"lse", A(lse_)},
                 {"dw", dw}},
                {{"dh", A(dh_)}, {"dw", dw}}, [&] {
@@ -415,7 +415,7 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
     // Feed-forward block; on entry dx = d x_out, on exit dx = d x_mid.
     input_grad(l, A(dx_), w[kWDown], A(dact_), d, f, false);      // dact[N, F]
     weight_grad(l, G(kWDown), A(dx_), A(a.act), d, f);            // dW_down[d, F]
-    ObservedOp(obs, "swiglu_bwd", l, {{"rows", double(n)}, {"f", double(f)}},
+    ObservedOp(obs, rk::Op::kSwigluBwd, l, {{"rows", double(n)}, {"f", double(f)}},
                {{"gu", A(a.gu)}, {"dact", A(dact_)}}, {{"dgu", A(dgu_)}},
                [&] { rk::SwigluBackward(A(a.gu), A(dact_), A(dgu_), n, f); });  // dgu[N, 2F]
     input_grad(l, A(dgu_), w[kWGateUp], A(dh_), 2 * f, d, false);  // dh2[N, d]
@@ -427,7 +427,7 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
     input_grad(l, A(dx_), w[kWo], A(dattn_), d, q_dim, false);  // dattn[N, Q]
     weight_grad(l, G(kWo), A(dx_), A(a.attn), d, q_dim);        // dWo[d, Q]
     const rk::AttentionShape shape = AttentionShape(l);
-    ObservedOp(obs, "attention_bwd", l, AttentionArgs(shape),
+    ObservedOp(obs, rk::Op::kAttentionBwd, l, AttentionArgs(shape),
                {{"q", A(a.q)}, {"k", A(a.k)}, {"v", A(a.v)}, {"out", A(a.attn)},
                 {"lse", A(a.attn_lse)}, {"dout", A(dattn_)}},
                {{"dq", A(dq_)}, {"dk", A(dk_)}, {"dv", A(dv_)}}, [&] {
@@ -462,7 +462,7 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
   }
   {
     const std::span<float> dtable = scatter_grad(P.tok);
-    ObservedOp(obs, "embedding_bwd", -1, {{"vocab", double(c.vocab)}, {"d", double(d)}},
+    ObservedOp(obs, rk::Op::kEmbeddingBwd, -1, {{"vocab", double(c.vocab)}, {"d", double(d)}},
                {{"dout", A(dx_)}, {"ids", {}, inputs_}, {"dtable", dtable}},
                {{"dtable", dtable}},
                [&] { rk::EmbeddingBackward(A(dx_), inputs_, dtable, c.vocab, d); });
@@ -485,6 +485,32 @@ void Model::Logits(const ParamStore& params, std::span<float> logits) const {
   CheckParams(params, "params");
   rk::GemmXWt(A(xf_), params.Tensor(ParamIndex(config_).output), logits, rows_, config_.vocab,
               config_.d_model);
+}
+
+namespace {
+// The dtype of a recorded tensor: the one of its spans that is set (none: f32, empty).
+template <typename T>
+rk::RoleAndDtype RoleOf(const T& t) {
+  if (!t.f64.empty()) return {t.role, rk::Dtype::kF64};
+  if constexpr (requires { t.u32; }) {
+    if (!t.u32.empty()) return {t.role, rk::Dtype::kU32};
+  }
+  return {t.role, rk::Dtype::kF32};
+}
+}  // namespace
+
+void CheckOpCall(const rk::OpSpec& op, std::span<const OpArg> args,
+                 std::span<const OpTensor> inputs, std::span<const OpOutput> outputs) {
+  std::vector<std::string_view> names;
+  for (const OpArg& a : args) names.push_back(a.name);
+  std::vector<rk::RoleAndDtype> in, out;
+  for (const OpTensor& t : inputs) in.push_back(RoleOf(t));
+  for (const OpOutput& t : outputs) out.push_back(RoleOf(t));
+  if (!rk::CallFits(op, names, in, out)) {
+    Fail("internal error: a call of op '{}' does not fit its entry in the op table "
+         "(src/kernels/op_table.cc)",
+         op.name);
+  }
 }
 
 std::array<OpArg, 7> AttentionArgs(const rk::AttentionShape& s) {

@@ -372,12 +372,12 @@ uint64_t Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_templat
       const std::span<float> param = p[int(StateArray::kParam)].data;
       const std::span<float> m = p[int(StateArray::kM)].data, v = p[int(StateArray::kV)].data;
       if (clip_factor != 1.0f) {
-        ObservedOp(observer_, "scale", -1, {{"tensor", double(i)}, {"factor", clip_factor}},
+        ObservedOp(observer_, rk::Op::kScale, -1, {{"tensor", double(i)}, {"factor", clip_factor}},
                    {{"x", grad}}, {{"x", grad}}, [&] { rk::Scale(grad, clip_factor); });
       }
       rk::AdamWParams adam = adam_template;
       if (!specs_[i].weight_decay) adam.weight_decay = 0.0f;
-      ObservedOp(observer_, "adamw", -1,
+      ObservedOp(observer_, rk::Op::kAdamW, -1,
                  {{"tensor", double(i)}, {"lr", adam.lr}, {"beta1", adam.beta1},
                   {"beta2", adam.beta2}, {"eps", adam.eps}, {"weight_decay", adam.weight_decay},
                   {"step", double(adam.step)}},
@@ -726,7 +726,7 @@ void Trainer::FoldRound(int64_t round) {
         const Piece total = store_->Acquire(StateArray::kGrad, i, begin, count, /*load=*/true);
         const std::span<const float> part =
             group_->Tensor(i).subspan(static_cast<size_t>(begin), static_cast<size_t>(count));
-        ObservedOp(observer_, "add_into", -1, {{"tensor", double(i)}, {"n", double(count)}},
+        ObservedOp(observer_, rk::Op::kAddInto, -1, {{"tensor", double(i)}, {"n", double(count)}},
                    {{"x", part}, {"y", total.data}}, {{"y", total.data}},
                    [&] { rk::AddInto(part, total.data); });
         store_->Release(total, /*store=*/true);
@@ -860,12 +860,12 @@ StepReport Trainer::Step() {
   const auto block_squares = [&](size_t i, int64_t begin, int64_t count) {
     const Piece g = store_->Acquire(StateArray::kGrad, i, begin, count, /*load=*/true);
     std::vector<double> sums(static_cast<size_t>((count + rk::kNormBlock - 1) / rk::kNormBlock));
-    ObservedOp(observer_, "block_squares", -1, {{"tensor", double(i)}, {"begin", double(begin)}},
+    ObservedOp(observer_, rk::Op::kBlockSquares, -1, {{"tensor", double(i)}, {"begin", double(begin)}},
                {{"x", g.data}}, {{"sums", {}, sums}},
                [&] { std::ranges::copy(rk::BlockSquares(g.data), sums.begin()); });
     bool replaced = false;
     if (std::ranges::any_of(sums, [](double x) { return std::isnan(x); })) {
-      ObservedOp(observer_, "canonicalize_nans", -1, {{"tensor", double(i)}}, {{"x", g.data}},
+      ObservedOp(observer_, rk::Op::kCanonicalizeNaNs, -1, {{"tensor", double(i)}}, {{"x", g.data}},
                  {{"x", g.data}}, [&] { replaced = rk::CanonicalizeNaNs(g.data) > 0; });
     }
     store_->Release(g, /*store=*/replaced);
@@ -879,7 +879,7 @@ StepReport Trainer::Step() {
   const std::vector<double> block_sums = AllgatherInRankOrder(
       *comm_, my_blocks, static_cast<size_t>(std::reduce(blocks.begin(), blocks.end())));
   const std::vector<double> block_counts(blocks.begin(), blocks.end());
-  ObservedOp(observer_, "global_norm", -1, {{"tensors", double(blocks.size())}},
+  ObservedOp(observer_, rk::Op::kGlobalNorm, -1, {{"tensors", double(blocks.size())}},
              {{"sums", {}, {}, block_sums}, {"blocks", {}, {}, block_counts}},
              {{"norm", {&report.grad_norm, 1}}},
              [&] { report.grad_norm = rk::NormOfBlockSums(block_sums, blocks); });

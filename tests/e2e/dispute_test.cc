@@ -207,5 +207,28 @@ TEST_F(Dispute, ARevealedRecordProvesItsPlaceUnderTheRoot) {
   }
 }
 
+// A record that is not a call the op table describes (a role renamed, an op unknown) is refused
+// when the trace is read, naming the record.
+TEST_F(Dispute, ARecordOutsideTheOpCatalogueIsRefused) {
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"\"role\":\"table\"",
+                                                                     "\"role\":\"tablet\""},
+                                 {"\"op\":\"embedding_fwd\"", "\"op\":\"embedding_fwd2\""}}) {
+    const fs::path edited = dir_ / "TA_edited";
+    fs::remove_all(edited);
+    fs::copy(dir_ / "TA", edited);
+    std::string records = ReadFileText(edited / "records.jsonl");
+    const size_t at = records.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    records.replace(at, from.size(), to);
+    WriteFileSynced(edited / "records.jsonl", records);
+    const Result r = Lockstep("dispute ops " + Path("TA") + " " + edited.string());
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("records.jsonl: line 1"), std::string::npos) << r.output;
+    EXPECT_TRUE(r.output.find("not those the op catalogue gives it") != std::string::npos ||
+                r.output.find("is not an op lockstep records") != std::string::npos)
+        << r.output;
+  }
+}
+
 }  // namespace
 }  // namespace lockstep

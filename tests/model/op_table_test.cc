@@ -1,0 +1,129 @@
+// The op table (rk::OpTable) is the one description of a step's ops: docs/disputes.md's
+// catalogue must say what it says, every entry's sample call fits its own entry and runs, and a
+// call that does not fit its entry is refused as an internal error.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "lockstep/core.h"
+#include "lockstep/kernels.h"
+#include "lockstep/model.h"
+
+namespace lockstep {
+namespace {
+
+// The catalogue's rendering of a role list: "x, w[, y]", a non-f32 dtype after the role.
+std::string Roles(const std::vector<rk::OpRole>& roles) {
+  std::string s;
+  for (const rk::OpRole& r : roles) {
+    const std::string name =
+        std::string(r.name) +
+        (r.dtype == rk::Dtype::kF32 ? "" : " (" + std::string(rk::DtypeName(r.dtype)) + ")");
+    if (r.optional) {
+      s += "[" + std::string(s.empty() ? "" : ", ") + name + "]";
+    } else {
+      s += (s.empty() ? "" : ", ") + name;
+    }
+  }
+  return s;
+}
+
+std::string Args(const rk::OpSpec& spec) {
+  std::string s;
+  for (std::string_view a : spec.args) s += (s.empty() ? "" : ", ") + std::string(a);
+  for (std::string_view a : spec.optional_args) s += "[, " + std::string(a) + "]";
+  return s;
+}
+
+// The catalogue's rows: "| `op` | args | inputs → outputs | `Kernel` ... |", split on " | ".
+std::vector<std::vector<std::string>> CatalogueRows() {
+  std::ifstream in(std::filesystem::path(LOCKSTEP_SOURCE_DIR) / "docs/disputes.md");
+  std::vector<std::vector<std::string>> rows;
+  bool inside = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with("## ")) inside = line == "## The op catalogue";
+    if (!inside || !line.starts_with("| `")) continue;
+    std::vector<std::string> cells;
+    for (size_t at = 2; at < line.size();) {
+      const size_t end = line.find(" | ", at);
+      cells.push_back(line.substr(at, end == std::string::npos ? std::string::npos : end - at));
+      if (end == std::string::npos) break;
+      at = end + 3;
+    }
+    rows.push_back(std::move(cells));
+  }
+  return rows;
+}
+
+TEST(OpTable, TheDocsCatalogueIsTheTable) {
+  const std::vector<std::vector<std::string>> rows = CatalogueRows();
+  const std::span<const rk::OpSpec> table = rk::OpTable();
+  ASSERT_EQ(rows.size(), table.size()) << "docs/disputes.md lists another number of ops";
+  for (size_t i = 0; i < table.size(); ++i) {
+    const rk::OpSpec& spec = table[i];
+    ASSERT_GE(rows[i].size(), 4u) << "catalogue row " << i;
+    EXPECT_EQ(rows[i][0], "`" + std::string(spec.name) + "`") << "row " << i;
+    EXPECT_EQ(rows[i][1], Args(spec)) << spec.name;
+    EXPECT_EQ(rows[i][2], Roles(spec.inputs) + " → " + Roles(spec.outputs)) << spec.name;
+    EXPECT_TRUE(rows[i][3].starts_with("`" + std::string(spec.kernel) + "`"))
+        << spec.name << ": " << rows[i][3];
+  }
+}
+
+TEST(OpTable, EverySampleFitsItsEntryAndRunsToEveryOutput) {
+  for (const rk::OpSpec& spec : rk::OpTable()) {
+    EXPECT_EQ(rk::FindOp(spec.name), &spec);
+    EXPECT_EQ(&rk::Spec(spec.op), &spec);
+    const rk::OpValues in = spec.sample();
+    std::vector<std::string_view> args;
+    for (const auto& [name, value] : in.args) args.push_back(name);
+    std::vector<rk::RoleAndDtype> inputs, outputs;
+    for (const rk::OpRole& role : spec.inputs) {
+      const bool present = role.dtype == rk::Dtype::kU32   ? in.u32.contains(role.name)
+                           : role.dtype == rk::Dtype::kF64 ? in.f64.contains(role.name)
+                                                           : in.f32.contains(role.name);
+      if (present) inputs.emplace_back(role.name, role.dtype);
+    }
+    rk::OpValues out;
+    spec.run(in, out);
+    for (const rk::OpRole& role : spec.outputs) {
+      const bool present = role.dtype == rk::Dtype::kF64 ? out.f64.contains(role.name)
+                                                         : out.f32.contains(role.name);
+      if (present) outputs.emplace_back(role.name, role.dtype);
+    }
+    EXPECT_TRUE(rk::CallFits(spec, args, inputs, outputs)) << spec.name;
+    EXPECT_EQ(in.f32.size() + in.u32.size() + in.f64.size(), inputs.size())
+        << spec.name << ": the sample has a tensor its entry does not list";
+  }
+  EXPECT_EQ(rk::FindOp("no_such_op"), nullptr);
+}
+
+TEST(OpTable, ACallThatDoesNotFitItsEntryIsAnInternalError) {
+  const rk::OpSpec& add = rk::Spec(rk::Op::kAddInto);
+  std::vector<float> x(4), y(4);
+  const OpArg n{"n", 4};
+  const OpTensor inputs[] = {{"x", x}, {"y", y}};
+  const OpOutput outputs[] = {{"y", y}};
+  EXPECT_NO_THROW(CheckOpCall(add, {&n, 1}, inputs, outputs));
+  const OpArg unknown{"count", 4};
+  EXPECT_THROW(CheckOpCall(add, {&unknown, 1}, inputs, outputs), Error);  // another argument
+  EXPECT_THROW(CheckOpCall(add, {}, inputs, outputs), Error);             // a missing one
+  const OpTensor swapped[] = {{"y", y}, {"x", x}};
+  EXPECT_THROW(CheckOpCall(add, {&n, 1}, swapped, outputs), Error);  // roles out of order
+  const std::vector<uint32_t> ids(4);
+  const OpTensor ids_as_x[] = {{"x", {}, ids}, {"y", y}};
+  EXPECT_THROW(CheckOpCall(add, {&n, 1}, ids_as_x, outputs), Error);  // another dtype
+  // An optional role may be left out, or given.
+  const rk::OpSpec& gemm = rk::Spec(rk::Op::kGemmXWt);
+  const OpArg gemm_args[] = {{"m", 2}, {"n", 2}, {"k", 2}, {"accumulate", 0}};
+  const OpTensor plain[] = {{"x", x}, {"w", x}};
+  const OpTensor onto[] = {{"x", x}, {"w", x}, {"y", y}};
+  EXPECT_NO_THROW(CheckOpCall(gemm, gemm_args, plain, outputs));
+  EXPECT_NO_THROW(CheckOpCall(gemm, gemm_args, onto, outputs));
+}
+
+}  // namespace
+}  // namespace lockstep
