@@ -70,6 +70,7 @@ std::vector<MetricsLine> ReadMetrics(const std::filesystem::path& path,
 
 class StateStore;
 class Comm;
+class Exchange;
 
 // Test-only faults (docs/disputes.md, "Faults to test with"; docs/distributed.md). The caller
 // installs them (the CLI from its --test-fault-* flags); nothing is read from the environment, so
@@ -213,6 +214,9 @@ class Trainer {
   // Adds the gradients of round j's groups (in the group buffer of each rank) into the owners'
   // gradients, in group order.
   void FoldRound(int64_t round);
+  // The elements of tensor i whose moments and gradient this rank holds, and the whole tensor.
+  ElementRange Held(size_t i) const;
+  ElementRange Whole(size_t i) const { return {0, specs_[i].numel()}; }
   // Fails naming `what` once a step's state was discarded.
   void RefuseDiscarded(std::string_view what) const;
   // RefuseDiscarded, and fails while a checkpoint restored in place is not verified yet.
@@ -221,24 +225,13 @@ class Trainer {
   void CheckRestorable(const CheckpointIndex& checkpoint) const;
   // The tensor data bytes of a checkpoint of this model keeping `gradients`.
   uint64_t CheckpointBytes(Gradients gradients) const;
-  // Per tensor, per array: the digests of its hash chunks, in order.
-  using ChunkTable = std::vector<std::array<std::vector<Digest>, kStateArrayCount>>;
-  // Sends each owner's updated parameter range to every rank and checks each copy received
-  // against the owner's chunk digests.
-  void ShareParameters(const ChunkTable& chunks);
-  // The elements of tensor i whose moments and gradient rank r holds, and the whole tensor.
-  ElementRange Held(size_t i, int r) const {
-    return {bounds_[i][static_cast<size_t>(r)], bounds_[i][static_cast<size_t>(r) + 1]};
-  }
-  ElementRange Whole(size_t i) const { return {0, specs_[i].numel()}; }
 
   RunConfig config_;
   std::unique_ptr<Comm> solo_;  // when no Comm was given
-  Comm* comm_;
-  int rank_ = 0, ranks_ = 1;
-  // Per tensor, N + 1 element offsets: rank r holds the moments and gradient of elements
-  // [bounds_[i][r], bounds_[i][r + 1]) and updates them (docs/distributed.md).
-  std::vector<std::vector<int64_t>> bounds_;
+  Comm& comm_;
+  // Who holds what, and every transfer between the ranks (src/train/exchange.h).
+  std::unique_ptr<Exchange> exchange_;
+  int rank_ = 0, ranks_ = 1;  // exchange_'s
   std::unique_ptr<ParamStore> group_;  // a microbatch group's gradients (N > 1 or K > 1)
   data::TokenStream stream_;
   Model model_;

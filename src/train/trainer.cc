@@ -15,6 +15,7 @@
 #include "lockstep/kernels.h"
 #include "lockstep/train.h"
 #include "train/comm.h"
+#include "train/exchange.h"
 #include "train/state_store.h"
 
 namespace lockstep::train {
@@ -47,33 +48,6 @@ std::string RunDescriptor(const RunConfig& config, const data::Dataset& dataset)
   nlohmann::json descriptor = nlohmann::json::parse(DescriptorJson(config));
   descriptor["data_manifest_blake2b"] = ToHex(dataset.manifest_digest());
   return descriptor.dump();  // nlohmann::json keeps keys sorted; no indent: compact
-}
-
-// Owners are non-decreasing in chunk order, so each rank's chunks of a tensor are one range.
-std::vector<std::vector<int64_t>> OwnershipBounds(const std::vector<ParamSpec>& specs, int ranks) {
-  using Wide = unsigned __int128;  // N * 2 * total: no overflow for any int64 element count
-  Wide total = 0;
-  for (const ParamSpec& spec : specs) total += static_cast<Wide>(spec.numel());
-  std::vector<std::vector<int64_t>> bounds;
-  Wide before = 0;
-  for (const ParamSpec& spec : specs) {
-    const int64_t n = spec.numel();
-    std::vector<int64_t> b(static_cast<size_t>(ranks) + 1, n);
-    b[0] = 0;
-    for (int64_t begin = 0; begin < n; begin += kHashChunkFloats) {
-      const Wide size = static_cast<Wide>(std::min(kHashChunkFloats, n - begin));
-      const Wide mid2 = 2 * (before + static_cast<Wide>(begin)) + size;
-      const auto owner = static_cast<int>(
-          std::min<Wide>(static_cast<Wide>(ranks - 1), mid2 * static_cast<Wide>(ranks) / (2 * total)));
-      // The first chunk owned by a rank >= r starts rank r's range (and ends those before it).
-      for (int r = 1; r <= owner; ++r) {
-        if (b[static_cast<size_t>(r)] == n) b[static_cast<size_t>(r)] = begin;
-      }
-    }
-    before += static_cast<Wide>(n);
-    bounds.push_back(std::move(b));
-  }
-  return bounds;
 }
 
 namespace {
@@ -123,9 +97,9 @@ Trainer::Trainer(const RunConfig& config, const data::Dataset& dataset, std::str
                  const Storage& storage, Comm* comm)
     : config_(config),
       solo_(comm == nullptr ? MakeSoloComm() : nullptr),
-      comm_(comm == nullptr ? solo_.get() : comm),
-      rank_(comm_->rank()),
-      ranks_(comm_->size()),
+      comm_(comm == nullptr ? *solo_ : *comm),
+      rank_(comm_.rank()),
+      ranks_(comm_.size()),
       stream_(dataset, config.train.data_seed, static_cast<uint32_t>(config.model.seq_len)),
       model_(config.model, config.train.vocab_chunk, config.train.microbatch,
              config.model.seq_len),
@@ -143,7 +117,7 @@ Trainer::Trainer(const RunConfig& config, const data::Dataset& dataset, std::str
          "must divide evenly among the processes; world sizes that work: {} (docs/distributed.md)",
          ranks_, config.name, groups, ServableSizes(groups));
   }
-  bounds_ = OwnershipBounds(specs_, ranks_);
+  exchange_ = std::make_unique<Exchange>(comm_, specs_);
   if (storage.spill_dir) {
     if (ranks_ > 1 || groups > 1) {
       Fail("--spill-dir: a state on disk is single-process with train.grad_groups = 1 for now "
@@ -152,9 +126,7 @@ Trainer::Trainer(const RunConfig& config, const data::Dataset& dataset, std::str
     }
     store_ = MakeSpillStore(specs_, *storage.spill_dir);
   } else {
-    std::vector<ElementRange> held;
-    for (size_t i = 0; i < specs_.size(); ++i) held.push_back(Held(i, rank_));
-    store_ = MakeMemoryStore(specs_, held);
+    store_ = MakeMemoryStore(specs_, exchange_->HeldHere());
   }
   if (GroupBufferBytes(config, ranks_) > 0) group_ = std::make_unique<ParamStore>(specs_);
   for (const ParamSpec& spec : specs_) shapes_.push_back({spec.name, spec.shape});
@@ -163,6 +135,8 @@ Trainer::Trainer(const RunConfig& config, const data::Dataset& dataset, std::str
 }
 
 Trainer::~Trainer() = default;
+
+ElementRange Trainer::Held(size_t i) const { return exchange_->Held(i); }
 
 void Trainer::set_faults(const TestFaults& faults) {
   if (faults.op && ranks_ > 1) Fail("--test-fault-op: the op fault is for single-process runs");
@@ -205,19 +179,6 @@ void ForEachPiece(const StateStore& store, ElementRange range, Body&& body) {
   }
 }
 
-// Gradients and parameters travel between ranks in pieces of this many floats (16 MiB, whole
-// hash chunks): an owner gathering a piece holds N of them at once.
-constexpr int64_t kExchangePieceFloats = int64_t{1} << 22;
-static_assert(kExchangePieceFloats % kHashChunkFloats == 0);
-
-// Every rank's `mine` concatenated in rank order (`total` elements in all), on every rank.
-template <typename T>
-std::vector<T> AllgatherInRankOrder(Comm& comm, const std::vector<T>& mine, size_t total) {
-  std::vector<T> all(total);
-  comm.Allgather(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)));
-  return all;
-}
-
 }  // namespace
 
 uint64_t StateBytes(const ModelConfig& model) {
@@ -228,8 +189,6 @@ uint64_t StateBytes(const ModelConfig& model) {
 
 namespace {
 
-std::span<const std::byte> Bytes(std::span<const float> f) { return std::as_bytes(f); }
-std::span<std::byte> Bytes(std::span<float> f) { return std::as_writable_bytes(f); }
 
 // Appends a step's phases to a report: each Start ends the phase before it, with its wall time
 // and the store's traffic meanwhile.
@@ -287,7 +246,7 @@ void Trainer::ForEachHeldPiece(std::initializer_list<StateArray> arrays, Body&& 
   }
   std::vector<Next> pieces;
   for (const size_t i : *tensors) {
-    ForEachPiece(*store_, Held(i, rank_), [&](int64_t begin, int64_t count) {
+    ForEachPiece(*store_, Held(i), [&](int64_t begin, int64_t count) {
       pieces.push_back({i, begin, count});
     });
   }
@@ -322,12 +281,12 @@ uint64_t Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_templat
   // Only a spilled pass is long enough to show (it reads and writes the state on disk).
   ProgressLine progress(update ? "update and hash" : "hash", StateBytes(config_.model),
                         progress_ && store_->SpillBytes() > 0);
-  comm_->set_phase(fmt::format("step {}: update and hash", state_.step));
+  comm_.set_phase(fmt::format("step {}: update and hash", state_.step));
   // The chunk digests of what this rank holds: per tensor, per array, its chunks in order.
   // Pieces are hashed in batches, across tensors, of at most one full piece's length per array
   // (all of the state, in RAM): a model's many tensors of a chunk or two then fill the hash's
   // lanes (ChunkDigestsOfPieces), and a batch holds no more than one full piece would.
-  std::vector<std::array<std::vector<Digest>, kStateArrayCount>> held_chunks(specs_.size());
+  ChunkTable held_chunks(specs_.size());
   std::vector<std::array<Piece, kStateArrayCount>> batch;
   int64_t batch_floats = 0;
   uint64_t hashed_bytes = 0;
@@ -389,28 +348,7 @@ uint64_t Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_templat
   ForEachHeldPiece({StateArray::kParam, StateArray::kM, StateArray::kV, StateArray::kGrad},
                    update_and_digest);
   if (!batch.empty()) hash_batch();
-  std::vector<Digest> mine;
-  for (const auto& tensor : held_chunks) {
-    for (const std::vector<Digest>& c : tensor) mine.insert(mine.end(), c.begin(), c.end());
-  }
-  // Every rank's chunk digests, in rank order: each tensor's chunks are those of ranks 0, 1, ...
-  size_t total = 0;
-  for (const ParamSpec& spec : specs_) total += kStateArrayCount * ChunkCount(spec.numel());
-  const std::vector<Digest> all = AllgatherInRankOrder(*comm_, mine, total);
-  ChunkTable chunks(specs_.size());
-  size_t at = 0;
-  for (int r = 0; r < ranks_; ++r) {
-    for (size_t i = 0; i < specs_.size(); ++i) {
-      const ElementRange held = Held(i, r);
-      const auto count = static_cast<size_t>(
-          held.size() == 0 ? 0 : ChunkCount(held.end) - held.begin / kHashChunkFloats);
-      for (auto& array : chunks[i]) {
-        array.insert(array.end(), all.begin() + static_cast<std::ptrdiff_t>(at),
-                     all.begin() + static_cast<std::ptrdiff_t>(at + count));
-        at += count;
-      }
-    }
-  }
+  const ChunkTable chunks = exchange_->ShareChunkDigests(held_chunks);
   std::vector<TensorDigest> digests;
   for (size_t i = 0; i < specs_.size(); ++i) {
     TensorDigest t{specs_[i].name, specs_[i].shape};
@@ -420,60 +358,13 @@ uint64_t Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_templat
     }
     digests.push_back(std::move(t));
   }
-  if (update && ranks_ > 1) ShareParameters(chunks);
+  if (update && ranks_ > 1) {
+    exchange_->ShareParameters(*store_, chunks, state_.step,
+                               faults_.replica && faults_.replica->rank == rank_ &&
+                                   faults_.replica->step == state_.step);
+  }
   hash_ = StateHashFromDigests(state_, digests);
   return hashed_bytes;
-}
-
-void Trainer::ShareParameters(const ChunkTable& chunks) {
-  // Each owner's updated range goes to every rank; a replica whose chunks do not hash to the
-  // owner's chunk digests (a faulty node, a corrupted transfer) stops the run on every rank,
-  // before the step is committed or trained on.
-  bool corrupt = faults_.replica && faults_.replica->rank == rank_ &&
-                 faults_.replica->step == state_.step;
-  // The first chunk whose copy here differs from its owner's: tensor, owner, first element.
-  std::array<int64_t, 3> diverged{-1, -1, -1};
-  const auto param_chunks = [&](size_t i) -> const std::vector<Digest>& {
-    return chunks[i][int(StateArray::kParam)];
-  };
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    for (int r = 0; r < ranks_; ++r) {
-      const ElementRange held = Held(i, r);
-      for (int64_t begin = held.begin; begin < held.end; begin += kExchangePieceFloats) {
-        const int64_t count = std::min(kExchangePieceFloats, held.end - begin);
-        const Piece p = store_->Acquire(StateArray::kParam, i, begin, count, /*load=*/r == rank_);
-        comm_->Broadcast(Bytes(p.data), r);
-        if (r != rank_) {
-          if (corrupt) {
-            p.data[0] = std::nextafter(p.data[0], INFINITY);
-            corrupt = false;
-          }
-          const std::vector<Digest> received = ChunkDigests(p.data);
-          const size_t first = static_cast<size_t>(begin / kHashChunkFloats);
-          for (size_t c = 0; c < received.size() && diverged[0] < 0; ++c) {
-            if (received[c] != param_chunks(i)[first + c]) {
-              diverged = {static_cast<int64_t>(i), r,
-                          static_cast<int64_t>(first + c) * kHashChunkFloats};
-            }
-          }
-        }
-        store_->Release(p, /*store=*/r != rank_);
-      }
-    }
-  }
-  const std::vector<int64_t> verdicts = AllgatherInRankOrder(
-      *comm_, std::vector<int64_t>(diverged.begin(), diverged.end()), 3 * static_cast<size_t>(ranks_));
-  for (int r = 0; r < ranks_; ++r) {
-    const int64_t* v = &verdicts[3 * static_cast<size_t>(r)];
-    if (v[0] < 0) continue;
-    const auto i = static_cast<size_t>(v[0]);
-    const int64_t end = std::min(v[2] + kHashChunkFloats, specs_[i].numel());
-    Fail("step {}: rank {}'s copy of elements [{}, {}) of parameter tensor '{}' does not hash to "
-         "the {} its owner, rank {}, updated them to: the replicas diverged (a faulty node or "
-         "transfer); the run stops before committing the step",
-         state_.step, r, v[2], end, specs_[i].name,
-         ToHex(param_chunks(i)[static_cast<size_t>(v[2] / kHashChunkFloats)]), v[1]);
-  }
 }
 
 void Trainer::Initialize() {
@@ -550,12 +441,6 @@ bool Trainer::RestoreInPlace(const CheckpointIndex& checkpoint) {
   return true;
 }
 
-namespace {
-// A checkpoint piece request from rank 0 to an owner: tensor, array, begin, count; tensor -1
-// ends the checkpoint.
-using PieceRequest = std::array<int64_t, 4>;
-}  // namespace
-
 fs::path Trainer::WriteCheckpoint(const fs::path& run_dir, Gradients gradients) {
   RefuseUnsettled("a checkpoint");
   if (gradients == Gradients::kFull && !gradients_held_) {
@@ -564,19 +449,13 @@ fs::path Trainer::WriteCheckpoint(const fs::path& run_dir, Gradients gradients) 
          "trained here",
          CheckpointDir(run_dir, state_.step).string(), state_.step);
   }
-  comm_->set_phase(fmt::format("step {}: checkpoint", state_.step));
+  comm_.set_phase(fmt::format("step {}: checkpoint", state_.step));
   if (rank_ != 0) {
     // Answer rank 0's requests for the pieces this rank owns until it is done.
-    std::vector<float> piece;
-    for (;;) {
-      PieceRequest request{};
-      comm_->Receive(std::as_writable_bytes(std::span(request)), 0);
-      if (request[0] < 0) return {};
-      piece.resize(static_cast<size_t>(request[3]));
-      ReadPiece(static_cast<size_t>(request[0]), static_cast<StateArray>(request[1]), request[2],
-                piece);
-      comm_->Send(Bytes(std::span<const float>(piece)), 0);
-    }
+    exchange_->ServePieceRequests([&](size_t i, StateArray a, int64_t begin, std::span<float> out) {
+      ReadPiece(i, a, begin, out);
+    });
+    return {};
   }
   ProgressLine progress(fmt::format("write checkpoint step {}", state_.step),
                         CheckpointBytes(gradients), progress_);
@@ -596,10 +475,7 @@ fs::path Trainer::WriteCheckpoint(const fs::path& run_dir, Gradients gradients) 
       },
       gradients, grad_digests);
   progress.Finish();
-  for (int r = 1; r < ranks_; ++r) {
-    const PieceRequest done{-1, 0, 0, 0};
-    comm_->Send(std::as_bytes(std::span(done)), r);
-  }
+  exchange_->EndPieceRequests();
   if (written.hash.hash != hash_.hash) {
     Fail("{}: the checkpoint written hashes to {}, but the trainer's state hash is {}",
          written.dir.string(), ToHex(written.hash.hash), ToHex(hash_.hash));
@@ -618,19 +494,14 @@ void Trainer::ReadPiece(size_t i, StateArray array, int64_t begin, std::span<flo
   for (int r = 0; r < ranks_; ++r) {
     // Every rank holds the parameters whole; the other arrays in its range.
     const ElementRange held =
-        array == StateArray::kParam ? (r == rank_ ? Whole(i) : ElementRange{}) : Held(i, r);
+        array == StateArray::kParam ? (r == rank_ ? Whole(i) : ElementRange{})
+                                    : exchange_->Held(i, r);
     const int64_t from = std::max(begin, held.begin), to = std::min(end, held.end);
     if (from >= to) continue;
     const std::span<float> part =
         out.subspan(static_cast<size_t>(from - begin), static_cast<size_t>(to - from));
     if (r != rank_) {
-      if (rank_ != 0) {
-        Fail("rank {}: elements [{}, {}) of tensor {} are held by rank {}", rank_, from, to, i, r);
-      }
-      const PieceRequest request{static_cast<int64_t>(i), static_cast<int64_t>(array), from,
-                                 to - from};
-      comm_->Send(std::as_bytes(std::span(request)), r);
-      comm_->Receive(Bytes(part), r);
+      exchange_->RequestPiece(r, i, array, from, part);
       continue;
     }
     // In the store's pieces, so that a whole array copied out costs no second copy of it.
@@ -734,33 +605,21 @@ void Trainer::FoldRound(int64_t round) {
     }
     return;
   }
-  comm_->set_phase(fmt::format("step {}: gradients of round {}", state_.step + 1, round));
-  std::vector<float> received;
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    for (int owner = 0; owner < ranks_; ++owner) {
-      const ElementRange held = Held(i, owner);
-      for (int64_t begin = held.begin; begin < held.end; begin += kExchangePieceFloats) {
-        const int64_t count = std::min(kExchangePieceFloats, held.end - begin);
-        const std::span<const float> send =
-            group_->Tensor(i).subspan(static_cast<size_t>(begin), static_cast<size_t>(count));
-        received.resize(owner == rank_ ? static_cast<size_t>(count * ranks_) : 0);
-        comm_->Gather(Bytes(send), Bytes(std::span(received)), owner);
-        if (owner != rank_) continue;
-        // Group round·N + r is rank r's: in rank order, the groups are added in group order.
-        const Piece total = store_->Acquire(StateArray::kGrad, i, begin, count, /*load=*/round > 0);
-        for (int r = 0; r < ranks_; ++r) {
-          const auto part = std::span<const float>(received).subspan(
-              static_cast<size_t>(r * count), static_cast<size_t>(count));
-          if (round == 0 && r == 0) {
-            std::ranges::copy(part, total.data.begin());
-          } else {
-            rk::AddInto(part, total.data);
-          }
-        }
-        store_->Release(total, /*store=*/true);
+  comm_.set_phase(fmt::format("step {}: gradients of round {}", state_.step + 1, round));
+  exchange_->GatherToOwners(*group_, [&](size_t i, int64_t begin, int64_t count,
+                                          std::span<const float> parts) {
+    // Group round·N + r is rank r's: in rank order, the groups are added in group order.
+    const Piece total = store_->Acquire(StateArray::kGrad, i, begin, count, /*load=*/round > 0);
+    for (int r = 0; r < ranks_; ++r) {
+      const auto part = parts.subspan(static_cast<size_t>(r * count), static_cast<size_t>(count));
+      if (round == 0 && r == 0) {
+        std::ranges::copy(part, total.data.begin());
+      } else {
+        rk::AddInto(part, total.data);
       }
     }
-  }
+    store_->Release(total, /*store=*/true);
+  });
 }
 
 uint64_t Trainer::CheckpointBytes(Gradients gradients) const {
@@ -787,7 +646,7 @@ void Trainer::RefuseDiscarded(std::string_view what) const {
 StepReport Trainer::Step() {
   RefuseDiscarded("a step");
   const auto start = std::chrono::steady_clock::now();
-  const Comm::Traffic traffic = comm_->traffic();
+  const Comm::Traffic traffic = comm_.traffic();
   const TrainConfig& tc = config_.train;
   const int64_t seq = config_.model.seq_len, batch = tc.microbatch;
   StepReport report;
@@ -811,7 +670,7 @@ StepReport Trainer::Step() {
   const bool spilled = store_->location() == StateStore::Location::kDisk;
   for (int64_t round = 0; round < rounds; ++round) {
     const int64_t group = round * ranks_ + rank_;
-    comm_->set_phase(fmt::format("step {}: microbatch group {}", report.step, group));
+    comm_.set_phase(fmt::format("step {}: microbatch group {}", report.step, group));
     std::vector<uint32_t> tokens;
     std::vector<float> group_sums;
     if (ranks_ == 1 && rounds == 1 && spilled) {
@@ -824,12 +683,12 @@ StepReport Trainer::Step() {
       GroupAccess access(*store_, *group_);
       group_sums = RunGroup(group, cursor, access, tokens);
     }
-    std::vector<uint32_t> round_tokens(tokens.size() * static_cast<size_t>(ranks_));
-    comm_->Allgather(std::as_bytes(std::span(tokens)), std::as_writable_bytes(std::span(round_tokens)));
+    const std::vector<uint32_t> round_tokens = exchange_->AllgatherInRankOrder(
+        tokens, tokens.size() * static_cast<size_t>(ranks_));
     consumed.Update(std::span(reinterpret_cast<const uint8_t*>(round_tokens.data()),
                               round_tokens.size() * sizeof(uint32_t)));
-    std::vector<float> round_sums(group_sums.size() * static_cast<size_t>(ranks_));
-    comm_->Allgather(Bytes(std::span<const float>(group_sums)), Bytes(std::span(round_sums)));
+    const std::vector<float> round_sums = exchange_->AllgatherInRankOrder(
+        group_sums, group_sums.size() * static_cast<size_t>(ranks_));
     sums.insert(sums.end(), round_sums.begin(), round_sums.end());
     FoldRound(round);
   }
@@ -847,7 +706,7 @@ StepReport Trainer::Step() {
   //    gradient (whose bits the kernels do not fix) is made the canonical NaN here, before
   //    anything hashes or writes it; the scan runs only in a piece whose sums hold a NaN.
   phases.Start("global norm");
-  comm_->set_phase(fmt::format("step {}: global norm", report.step));
+  comm_.set_phase(fmt::format("step {}: global norm", report.step));
   if (observer_ != nullptr) observer_->Context(report.step, -1);
   std::vector<int64_t> blocks;    // per tensor
   std::vector<size_t> unsummed;  // tensors whose gradient is read for its squares
@@ -876,8 +735,8 @@ StepReport Trainer::Step() {
   for (const std::vector<double>& s : squares) {
     my_blocks.insert(my_blocks.end(), s.begin(), s.end());
   }
-  const std::vector<double> block_sums = AllgatherInRankOrder(
-      *comm_, my_blocks, static_cast<size_t>(std::reduce(blocks.begin(), blocks.end())));
+  const std::vector<double> block_sums = exchange_->AllgatherInRankOrder(
+      my_blocks, static_cast<size_t>(std::reduce(blocks.begin(), blocks.end())));
   const std::vector<double> block_counts(blocks.begin(), blocks.end());
   ObservedOp(observer_, rk::Op::kGlobalNorm, -1, {{"tensors", double(blocks.size())}},
              {{"sums", {}, {}, block_sums}, {"blocks", {}, {}, block_counts}},
@@ -931,8 +790,8 @@ StepReport Trainer::Step() {
   discarded_ = discard_next_;
   discard_next_ = false;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  report.comm_seconds = comm_->traffic().seconds - traffic.seconds;
-  report.comm_bytes = comm_->traffic().bytes_sent - traffic.bytes_sent;
+  report.comm_seconds = comm_.traffic().seconds - traffic.seconds;
+  report.comm_bytes = comm_.traffic().bytes_sent - traffic.bytes_sent;
   return report;
 }
 
