@@ -2,13 +2,16 @@
 # Installs lockstep's build and test dependencies from Debian 12 packages (needs root).
 # (openssh-client: Open MPI's mpirun refuses to start, even on one machine, without an rsh agent;
 # chromium: the report test renders `lockstep report`'s page headless, and scripts/demo.sh its
-# screenshot.)
+# screenshot; pocl-opencl-icd, ocl-icd-opencl-dev, opencl-headers, clinfo: the OpenCL device
+# backend, tested on the CPU through PoCL; clang-15, libclc-15: the static check of the PTX a GPU
+# compiler makes of the device sources, scripts/ptx-check.sh.)
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git python3 clang
   libhwy-dev libsleef-dev libsodium-dev libfmt-dev libcli11-dev nlohmann-json3-dev libyaml-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libmpfr-dev libgmp-dev libopenblas-dev
   libcurl4-openssl-dev libopenmpi-dev openmpi-bin openssh-client libsentencepiece-dev libpcre2-dev chromium
+  pocl-opencl-icd ocl-icd-opencl-dev opencl-headers clinfo clang-15 libclc-15
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -169,6 +169,18 @@ struct AdamWParams {
 void AdamWUpdate(const AdamWParams& p, std::span<float> param, std::span<const float> grad,
                  std::span<float> m, std::span<float> v);
 
+// The fp32 constants of one AdamW step (docs/numerics.md, "Per-step scalars"), each rounded once.
+struct AdamWScalars {
+  float decay;  // 1 - lr*wd
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float sqrt_bc2;   // sqrt(1 - beta2^step)
+  float eps;
+  float step_size;  // lr / (1 - beta1^step)
+};
+// The scalars of `p`, after checking its arguments as AdamWUpdate does (for a device's kernel).
+AdamWScalars AdamWScalarsOf(const AdamWParams& p);
+
 // ---- global gradient norm and clipping ------------------------------------------------------
 // sqrt of the sum of squares of every element of every tensor, in list order (docs/numerics.md:
 // fp64 lanes per kNormBlock block, blocks and tensors added in order), rounded to fp32.

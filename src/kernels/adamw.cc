@@ -10,8 +10,7 @@ namespace {
 constexpr int64_t kBlock = 16384;
 }  // namespace
 
-void AdamWUpdate(const AdamWParams& p, std::span<float> param, std::span<const float> grad,
-                 std::span<float> m, std::span<float> v) {
+AdamWScalars AdamWScalarsOf(const AdamWParams& p) {
   constexpr const char* kOp = "AdamWUpdate";
   detail::CheckFinite(kOp, "lr", p.lr);
   detail::CheckFinite(kOp, "beta1", p.beta1);
@@ -24,6 +23,13 @@ void AdamWUpdate(const AdamWParams& p, std::span<float> param, std::span<const f
   if (!(p.eps > 0)) Fail("{}: eps = {} (must be > 0)", kOp, p.eps);
   if (p.weight_decay < 0) Fail("{}: weight_decay = {} (must be >= 0)", kOp, p.weight_decay);
   detail::CheckPositive(kOp, "step", p.step);
+  return ref::AdamWScalarsFor(p);
+}
+
+void AdamWUpdate(const AdamWParams& p, std::span<float> param, std::span<const float> grad,
+                 std::span<float> m, std::span<float> v) {
+  constexpr const char* kOp = "AdamWUpdate";
+  const AdamWScalars k = AdamWScalarsOf(p);
   const auto n = static_cast<int64_t>(param.size());
   detail::CheckSize(kOp, "grad", grad, n, "param.size()");
   detail::CheckSize(kOp, "m", m, n, "param.size()");
@@ -35,7 +41,6 @@ void AdamWUpdate(const AdamWParams& p, std::span<float> param, std::span<const f
   detail::CheckDisjoint(kOp, "m", m, "v", v);
   detail::CheckDisjoint(kOp, "v", v, "grad", grad);
 
-  const AdamWScalars k = ref::AdamWScalarsFor(p);
   const auto kernel = detail::UsingReference() ? &ref::AdamW : &simd::AdamW;
   ParallelFor((n + kBlock - 1) / kBlock, [&](int64_t block) {
     const int64_t i = block * kBlock;

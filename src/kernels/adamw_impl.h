@@ -10,16 +10,6 @@
 
 namespace lockstep::rk {
 
-// fp32 constants of one AdamW step, each rounded once as documented in ref/adamw.cc.
-struct AdamWScalars {
-  float decay;  // 1 - lr*wd
-  float beta1, one_minus_beta1;
-  float beta2, one_minus_beta2;
-  float sqrt_bc2;   // sqrt(1 - beta2^step)
-  float eps;
-  float step_size;  // lr / (1 - beta1^step)
-};
-
 namespace ref {
 AdamWScalars AdamWScalarsFor(const AdamWParams& p);
 }

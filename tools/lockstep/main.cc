@@ -7,6 +7,7 @@
 
 #include "lockstep/build_info.h"
 #include "lockstep/core.h"
+#include "lockstep/device.h"
 #include "lockstep/kernels.h"
 #include "tools/lockstep/commands.h"
 
@@ -19,6 +20,32 @@ std::string IsaNames(const std::vector<rk::Isa>& isas) {
   return s;
 }
 
+// The OpenCL devices, each with whether it meets the numerics contract (docs/devices.md).
+void PrintDevices() {
+  if (!device::OpenClBuiltIn()) {
+    fmt::print("OpenCL devices: none (built without OpenCL)\n");
+    return;
+  }
+  std::vector<device::DeviceInfo> devices;
+  try {
+    devices = device::ListDevices();
+  } catch (const Error& e) {
+    fmt::print("OpenCL devices: the driver failed to list them: {}\n", e.what());
+    return;
+  }
+  if (devices.empty()) {
+    fmt::print("OpenCL devices: none (no OpenCL platform installed)\n");
+    return;
+  }
+  fmt::print("OpenCL devices:\n");
+  for (const device::DeviceInfo& d : devices) {
+    const std::string missing = d.Missing();
+    fmt::print("  opencl:{}:{}  {} ({}; {}, {:.1f} GiB): {}\n", d.platform, d.device, d.name,
+               d.platform_name, d.c_version, static_cast<double>(d.global_memory) / (1 << 30),
+               missing.empty() ? "meets the contract" : "refused, lacks " + missing);
+  }
+}
+
 void PrintVersion() {
   fmt::print("lockstep {}\n", build::kVersion);
   fmt::print("git commit: {}\n", build::kGitCommit);
@@ -28,13 +55,16 @@ void PrintVersion() {
   fmt::print("SIMD variants usable on this CPU: {}\n", IsaNames(rk::UsableIsas()));
   fmt::print("active variant: {}\n", rk::ActiveIsa().name);
   fmt::print("BLAKE2b of hash chunks: {}\n", Blake2bImplementation());
+  PrintDevices();
 }
 
 int Run(int argc, char** argv) {
   CLI::App app{"lockstep: bitwise-auditable transformer training"};
   app.require_subcommand(0, 1);
   bool version = false;
-  app.add_flag("--version", version, "print version, commit, compiler, contract, SIMD variants and the BLAKE2b implementation");
+  app.add_flag("--version", version,
+               "print version, commit, compiler, contract, SIMD variants, the BLAKE2b "
+               "implementation and the OpenCL devices with whether each meets the contract");
   int exit_code = 0;
   AddSelftestCommand(app, &exit_code);
   AddDataCommands(app, &exit_code);

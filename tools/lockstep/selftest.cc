@@ -6,6 +6,8 @@
 
 #include <bit>
 #include <cmath>
+#include <cstring>
+#include <optional>
 #include <cstdint>
 #include <iterator>
 #include <functional>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "lockstep/core.h"
+#include "lockstep/device.h"
 #include "lockstep/kernels.h"
 #include "lockstep/model.h"
 #include "tools/lockstep/commands.h"
@@ -44,30 +47,33 @@ std::function<Floats()> NaNsCanonical(std::function<Floats()> run) {
   };
 }
 
+// Every output of an op, in its roles' order, f64 values as two words each, as the contract
+// compares them: NaNs made canonical except where the op fixes their bits (docs/numerics.md,
+// "NaN": of the step's ops only the global norm and AdamW).
+Floats OpOutputs(const rk::OpSpec& spec, const rk::OpValues& out) {
+  Floats all;
+  for (const rk::OpRole& role : spec.outputs) {
+    if (out.f32.contains(role.name)) Append(all, out.F(role.name));
+    if (!out.f64.contains(role.name)) continue;
+    for (const double x : out.D(role.name)) {
+      const auto bits = std::bit_cast<uint64_t>(std::isnan(x) ? std::nan("") : x);
+      all.push_back(std::bit_cast<float>(static_cast<uint32_t>(bits)));
+      all.push_back(std::bit_cast<float>(static_cast<uint32_t>(bits >> 32)));
+    }
+  }
+  if (spec.op != rk::Op::kGlobalNorm && spec.op != rk::Op::kAdamW) rk::CanonicalizeNaNs(all);
+  return all;
+}
+
 std::vector<Case> Cases() {
   std::vector<Case> cases;
   // Every op of the op table (a training step's ops), on its sample call: all its outputs.
   for (const rk::OpSpec& spec : rk::OpTable()) {
-    // docs/numerics.md ("NaN"): of the step's ops only the global norm and AdamW fix their NaNs.
-    const bool exact_nans = spec.op == rk::Op::kGlobalNorm || spec.op == rk::Op::kAdamW;
-    const std::function<Floats()> run = [&spec] {
-      const rk::OpValues in = spec.sample();
-      rk::OpValues out;
-      spec.run(in, out);
-      Floats all;
-      for (const rk::OpRole& role : spec.outputs) {
-        if (out.f32.contains(role.name)) Append(all, out.F(role.name));
-        if (!out.f64.contains(role.name)) continue;
-        for (const double x : out.D(role.name)) {
-          const auto bits = std::bit_cast<uint64_t>(std::isnan(x) ? std::nan("") : x);
-          all.push_back(std::bit_cast<float>(static_cast<uint32_t>(bits)));
-          all.push_back(std::bit_cast<float>(static_cast<uint32_t>(bits >> 32)));
-        }
-      }
-      return all;
-    };
-    cases.push_back({fmt::format("op {} ({})", spec.name, spec.kernel),
-                     exact_nans ? run : NaNsCanonical(run)});
+    cases.push_back({fmt::format("op {} ({})", spec.name, spec.kernel), [&spec] {
+                       rk::OpValues out;
+                       spec.run(spec.sample(), out);
+                       return OpOutputs(spec, out);
+                     }});
   }
   cases.push_back({"row sum / sumsq / max 9x1001", NaNsCanonical([] {
                      Floats x = Inputs(9 * 1001, 7), out(27);
@@ -141,7 +147,76 @@ std::vector<Case> Cases() {
 
 struct SelftestOptions {
   bool verbose = false;
+  std::string device = "cpu";
 };
+
+// The ops of the op table on an OpenCL device against the scalar reference at one thread, each
+// at several work-group sizes (and the GEMM at several tilings): same bits, or the op fails.
+int RunDeviceSelftest(const device::DeviceChoice& choice, const SelftestOptions& options) {
+  const std::unique_ptr<device::Device> dev = device::Open(choice);
+  const device::DeviceInfo& info = dev->info();
+  fmt::print("lockstep selftest: every op on opencl:{}:{} vs the scalar reference at 1 thread\n",
+             choice.platform, choice.device);
+  fmt::print("device: {} ({}; {}; driver {})\n\n", info.name, info.platform_name, info.version,
+             info.driver);
+  std::vector<size_t> work_groups;
+  for (const size_t w : {size_t{0}, size_t{1}, size_t{7}, size_t{64}, size_t{256}}) {
+    if (w <= info.max_work_group) work_groups.push_back(w);
+  }
+  const device::GemmTiling tilings[] = {{8, 8, 1, 1, 8}, {32, 32, 2, 2, 16}, {64, 32, 4, 2, 32}};
+  int failures = 0, on_device = 0;
+  for (const rk::OpSpec& spec : rk::OpTable()) {
+    const std::string name = fmt::format("op {} ({})", spec.name, spec.kernel);
+    if (!dev->Implements(spec.op)) {
+      fmt::print("{:<52} on the CPU: not on the device yet\n", name);
+      continue;
+    }
+    ++on_device;
+    const rk::OpValues in = spec.sample();
+    rk::OpValues reference;
+    rk::SetIsa(rk::ReferenceIsa());
+    SetThreads(1);
+    spec.run(in, reference);
+    const Floats want = OpOutputs(spec, reference);
+    const bool gemm = spec.op == rk::Op::kGemmXWt || spec.op == rk::Op::kGemmDyW ||
+                      spec.op == rk::Op::kGemmDytX;
+    std::string row;
+    bool ok = true;
+    const auto check = [&](const std::string& label) {
+      rk::OpValues out;
+      dev->Run(spec.op, in, out);
+      const Floats got = OpOutputs(spec, out);
+      const bool equal = got.size() == want.size() &&
+                         std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0;
+      row += fmt::format(" {}{}", label, equal ? "=" : "≠");
+      if (!equal && options.verbose) {
+        size_t i = 0;
+        while (i < std::min(got.size(), want.size()) &&
+               std::bit_cast<uint32_t>(got[i]) == std::bit_cast<uint32_t>(want[i])) {
+          ++i;
+        }
+        row += fmt::format("(first difference at element {} of {})", i, want.size());
+      }
+      ok &= equal;
+    };
+    if (gemm) {
+      for (const device::GemmTiling& t : tilings) {
+        dev->set_gemm_tiling(t);
+        check(fmt::format("{}x{}/{}x{}/{}", t.tile_m, t.tile_n, t.reg_m, t.reg_n, t.k_tile));
+      }
+    } else {
+      for (const size_t w : work_groups) {
+        dev->set_work_group(w);
+        check(w == 0 ? std::string("wg=driver") : fmt::format("wg={}", w));
+      }
+    }
+    fmt::print("{:<52} {:>9} {} {}\n", name, want.size(), row, ok ? "OK" : "MISMATCH");
+    failures += ok ? 0 : 1;
+  }
+  fmt::print("\n{} ops on the device, {} mismatching: {}\n", on_device, failures,
+             failures == 0 ? "every result is bit-identical to the reference" : "FAILED");
+  return failures == 0 ? 0 : 1;
+}
 
 int RunSelftest(const SelftestOptions& options) {
   const std::vector<rk::Isa> usable = rk::UsableIsas();
@@ -186,7 +261,16 @@ void AddSelftestCommand(CLI::App& app, int* exit_code) {
       "run every kernel on fixed inputs with every usable SIMD variant and the scalar reference "
       "at 1, 2, 3, 4 and 7 threads; exit 0 only if every result equals the reference bit for bit");
   cmd->add_flag("--verbose", options->verbose, "name the first differing element of a mismatch");
-  cmd->final_callback([options, exit_code] { *exit_code = RunSelftest(*options); });
+  cmd->add_option("--device", options->device,
+                  "cpu (every SIMD variant and thread count), or opencl / opencl:P:D: the ops of "
+                  "the op table on that OpenCL device (`lockstep --version` lists them) at "
+                  "several work-group sizes and GEMM tilings, against the scalar reference; ops "
+                  "not on the device yet are listed as such")
+      ->capture_default_str();
+  cmd->final_callback([options, exit_code] {
+    const std::optional<device::DeviceChoice> choice = device::ParseDeviceFlag(options->device);
+    *exit_code = choice ? RunDeviceSelftest(*choice, *options) : RunSelftest(*options);
+  });
 }
 
 }  // namespace lockstep::cli

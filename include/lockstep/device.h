@@ -1,0 +1,100 @@
+// lockstep device: the ops of the op table (rk::OpTable) in OpenCL C, for any OpenCL device -- a
+// GPU, or PoCL on a CPU in tests -- with the numerics contract's bits (docs/devices.md).
+//
+// One kernel source (src/device/kernels/*.cl) for every device. Every source starts with
+// `#pragma OPENCL FP_CONTRACT OFF` and writes `fma()` wherever the contract has one; programs are
+// built with -cl-fp32-correctly-rounded-divide-sqrt and never with mad, fast, unsafe or
+// denormal-flushing options; a device whose single-precision config lacks denormals, FMA or
+// correctly rounded divide and sqrt is refused, naming the missing bit. Nothing ever falls back
+// to the CPU.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lockstep/kernels.h"
+
+namespace lockstep::device {
+
+// Whether this binary was built with OpenCL (cmake -DLOCKSTEP_WITH_OPENCL=ON, the default).
+bool OpenClBuiltIn();
+
+// An OpenCL device as its driver describes it.
+struct DeviceInfo {
+  int platform = 0, device = 0;  // indices, as in --device opencl:P:D
+  std::string platform_name, name, version, c_version, driver;
+  uint64_t global_memory = 0;
+  uint64_t max_work_group = 0;
+  // The single-precision config bits the contract needs (CL_DEVICE_SINGLE_FP_CONFIG).
+  bool denorm = false, fma = false, correctly_rounded_divide_sqrt = false;
+  // Empty when the device meets the contract; else what it lacks, e.g. "CL_FP_DENORM".
+  std::string Missing() const;
+};
+
+// Every device of every platform; empty when no OpenCL platform is installed (or the binary was
+// built without OpenCL). Fails only on a driver error other than "no platform".
+std::vector<DeviceInfo> ListDevices();
+
+// --device: "cpu" (nullopt) or "opencl" / "opencl:P:D" (platform P, device D; "opencl" is 0:0).
+// Fails naming the text otherwise.
+struct DeviceChoice {
+  int platform = 0, device = 0;
+};
+std::optional<DeviceChoice> ParseDeviceFlag(std::string_view text);
+
+// The GEMM's tiling (src/device/kernels/gemm.cl): a work-group computes a tile_m x tile_n block
+// of outputs, each work-item reg_m x reg_n of them, through k-slices of k_tile terms held in
+// local memory. Speed only: every output is the same FMA chain in the contract's chunk order
+// whatever the tiling, which the tests check at several.
+struct GemmTiling {
+  int tile_m = 32, tile_n = 32, reg_m = 2, reg_n = 2, k_tile = 16;
+};
+
+// An open device that meets the contract, with its programs built.
+class Device {
+ public:
+  virtual ~Device() = default;
+  const DeviceInfo& info() const { return info_; }
+
+  // Whether the device runs `op` (the ops that need the contract's exp and log -- SwiGLU,
+  // attention, the fused cross-entropy -- and the fp64 norm sums run on the CPU for now).
+  virtual bool Implements(rk::Op op) const = 0;
+  // The op of the op table on `in`, on the device: every output, with the bits of spec.run.
+  virtual void Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) = 0;
+
+  // The work-group size of the element- and row-wise kernels (0: the driver's choice), and the
+  // GEMM's tiling. Speed only; the tests vary both and demand the same bits.
+  virtual void set_work_group(size_t size) = 0;
+  virtual void set_gemm_tiling(const GemmTiling& tiling) = 0;
+
+ protected:
+  explicit Device(DeviceInfo info) : info_(std::move(info)) {}
+  DeviceInfo info_;
+};
+
+// Opens device `choice`, refusing (an error naming the device and the missing bit) one that does
+// not meet the contract, and building every program with the contract's options.
+std::unique_ptr<Device> Open(const DeviceChoice& choice);
+// For the mutation tests only, which show that the rules matter: programs built with the pragma
+// removed from every source, or with forbidden options appended.
+struct Mutation {
+  bool drop_fp_contract_pragma = false;
+  std::string extra_build_options;
+};
+std::unique_ptr<Device> OpenMutated(const DeviceChoice& choice, const Mutation& mutation);
+
+// The build options every program gets, and those it must never get (docs/devices.md).
+std::string_view BuildOptions();
+std::span<const std::string_view> ForbiddenBuildOptions();
+
+// The OpenCL C sources, by file name (src/device/kernels/*.cl, embedded in the binary).
+struct KernelSource {
+  std::string_view name, text;
+};
+std::span<const KernelSource> KernelSources();
+
+}  // namespace lockstep::device

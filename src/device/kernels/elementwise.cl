@@ -1,0 +1,45 @@
+#pragma OPENCL FP_CONTRACT OFF
+// Element-wise ops (docs/numerics.md): one work-item per element, so nothing depends on the
+// work-group size. Stored NaNs of AdamW are the canonical NaN 0x7fc00000.
+
+#define CANONICAL(x) ((x) != (x) ? as_float(0x7fc00000u) : (x))
+
+__kernel void add_into(__global const float* x, __global float* y, long n) {
+  const long i = get_global_id(0);
+  if (i < n) y[i] = y[i] + x[i];
+}
+
+__kernel void scale(__global float* x, float factor, long n) {
+  const long i = get_global_id(0);
+  if (i < n) x[i] = x[i] * factor;
+}
+
+__kernel void copy(__global const float* x, __global float* y, long n) {
+  const long i = get_global_id(0);
+  if (i < n) y[i] = x[i];
+}
+
+__kernel void canonicalize_nans(__global float* x, long n) {
+  const long i = get_global_id(0);
+  if (i < n) x[i] = CANONICAL(x[i]);
+}
+
+// The per-step scalars are the host's (rk::AdamWScalars, computed once per call as the contract
+// says); per element:
+//   m' = fma(beta1, m, omb1 * g); v' = fma(beta2, v, (omb2 * g) * g)
+//   denom = sqrt(v') / sqrt_bc2 + eps; p' = fma(-step_size, m' / denom, p * decay)
+__kernel void adamw(__global float* param, __global const float* grad, __global float* m,
+                    __global float* v, float decay, float beta1, float one_minus_beta1,
+                    float beta2, float one_minus_beta2, float sqrt_bc2, float eps,
+                    float step_size, long n) {
+  const long i = get_global_id(0);
+  if (i >= n) return;
+  const float g = grad[i];
+  const float mi = fma(beta1, m[i], one_minus_beta1 * g);
+  const float vi = fma(beta2, v[i], (one_minus_beta2 * g) * g);
+  const float denom = sqrt(vi) / sqrt_bc2 + eps;
+  const float p = fma(-step_size, mi / denom, param[i] * decay);
+  param[i] = CANONICAL(p);
+  m[i] = CANONICAL(mi);
+  v[i] = CANONICAL(vi);
+}

@@ -1,0 +1,214 @@
+// The device layer against the scalar reference, bit for bit, on the OpenCL devices installed
+// (PoCL in CI): every op it implements at several work-group sizes, the GEMM at several tilings
+// on ragged shapes, the rules of the sources and build options, and the mutations those rules
+// guard against.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "lockstep/core.h"
+#include "lockstep/device.h"
+#include "lockstep/kernels.h"
+
+namespace lockstep {
+namespace {
+
+// The reference's outputs of `spec` on `in`: the scalar reference at one thread.
+rk::OpValues Reference(const rk::OpSpec& spec, const rk::OpValues& in) {
+  const rk::Isa isa = rk::ActiveIsa();
+  const int threads = Threads();
+  rk::SetIsa(rk::ReferenceIsa());
+  SetThreads(1);
+  rk::OpValues out;
+  spec.run(in, out);
+  rk::SetIsa(isa);
+  SetThreads(threads);
+  return out;
+}
+
+// Whether two outputs are the same bits (NaNs compared as NaN where the contract leaves their
+// bits open: every op but AdamW's, docs/numerics.md "NaN"). Names the first difference.
+::testing::AssertionResult SameBits(const rk::OpSpec& spec, const rk::OpValues& want,
+                                    const rk::OpValues& got) {
+  const bool exact_nans = spec.op == rk::Op::kAdamW;
+  for (const auto& [role, w] : want.f32) {
+    const auto it = got.f32.find(role);
+    if (it == got.f32.end()) return ::testing::AssertionFailure() << "no output " << role;
+    const std::vector<float>& g = it->second;
+    if (g.size() != w.size()) {
+      return ::testing::AssertionFailure() << role << ": " << g.size() << " elements, not " << w.size();
+    }
+    for (size_t i = 0; i < w.size(); ++i) {
+      const bool both_nan = std::isnan(w[i]) && std::isnan(g[i]);
+      if (both_nan && !exact_nans) continue;
+      if (std::bit_cast<uint32_t>(w[i]) != std::bit_cast<uint32_t>(g[i])) {
+        return ::testing::AssertionFailure() << role << "[" << i << "]: reference " << w[i]
+                                             << ", device " << g[i];
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+class DeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!device::OpenClBuiltIn()) GTEST_SKIP() << "built without OpenCL";
+    ASSERT_FALSE(device::ListDevices().empty())
+        << "no OpenCL device: install pocl-opencl-icd (scripts/install-deps.sh)";
+    dev_ = device::Open({});
+  }
+  std::unique_ptr<device::Device> dev_;
+};
+
+TEST_F(DeviceTest, EveryOpItRunsGivesTheReferenceBitsAtEveryWorkGroupSize) {
+  int ran = 0;
+  for (const rk::OpSpec& spec : rk::OpTable()) {
+    if (!dev_->Implements(spec.op)) continue;
+    ++ran;
+    const rk::OpValues in = spec.sample();
+    const rk::OpValues want = Reference(spec, in);
+    for (const size_t work_group : {size_t{0}, size_t{1}, size_t{7}, size_t{64}, size_t{256}}) {
+      if (work_group > dev_->info().max_work_group) continue;
+      dev_->set_work_group(work_group);
+      rk::OpValues got;
+      dev_->Run(spec.op, in, got);
+      EXPECT_TRUE(SameBits(spec, want, got)) << spec.name << ", work-group " << work_group;
+    }
+  }
+  EXPECT_GE(ran, 15) << "ops the device runs";
+}
+
+TEST_F(DeviceTest, TheGemmGivesTheReferenceBitsAtEveryTilingOnRaggedShapes) {
+  const device::GemmTiling tilings[] = {
+      {8, 8, 1, 1, 8}, {32, 32, 2, 2, 16}, {64, 32, 4, 2, 32}, {16, 64, 2, 8, 64}, {4, 128, 1, 4, 1}};
+  // (m, n, k): one element, a reduced length of 0, lengths across chunk ends, edges of every tile.
+  const int64_t shapes[][3] = {{1, 1, 1}, {3, 5, 0}, {67, 45, 531}, {33, 17, 257}, {130, 9, 512}};
+  for (const rk::Op op : {rk::Op::kGemmXWt, rk::Op::kGemmDyW, rk::Op::kGemmDytX}) {
+    const rk::OpSpec& spec = rk::Spec(op);
+    for (const auto& [m, n, k] : shapes) {
+      for (const int accumulate : {0, 1}) {
+        rk::OpValues in = spec.sample();
+        in.args = {{"m", double(m)}, {"n", double(n)}, {"k", double(k)},
+                   {"accumulate", double(accumulate)}};
+        const int64_t sizes[3] = {op == rk::Op::kGemmXWt ? m * k : m * n,
+                                  op == rk::Op::kGemmDytX ? m * k : n * k,
+                                  op == rk::Op::kGemmXWt   ? m * n
+                                  : op == rk::Op::kGemmDyW ? m * k
+                                                           : n * k};
+        uint32_t seed = 100;
+        for (size_t r = 0; r < 3; ++r) {
+          in.f32[std::string(spec.inputs[r].name)] = rk::SelftestFloats(sizes[r], seed++);
+        }
+        if (!accumulate) in.f32.erase(std::string(spec.inputs[2].name));
+        const rk::OpValues want = Reference(spec, in);
+        for (const device::GemmTiling& t : tilings) {
+          dev_->set_gemm_tiling(t);
+          rk::OpValues got;
+          dev_->Run(op, in, got);
+          EXPECT_TRUE(SameBits(spec, want, got))
+              << spec.name << " " << m << "x" << n << "x" << k << " accumulate " << accumulate
+              << ", tiling " << t.tile_m << "x" << t.tile_n << "/" << t.reg_m << "x" << t.reg_n
+              << "/" << t.k_tile;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(DeviceTest, BadInputIsRefusedBeforeAnythingRuns) {
+  const rk::OpSpec& embedding = rk::Spec(rk::Op::kEmbeddingFwd);
+  rk::OpValues in = embedding.sample();
+  in.u32["ids"][3] = 50;  // vocab = 50
+  rk::OpValues out;
+  try {
+    dev_->Run(embedding.op, in, out);
+    ADD_FAILURE() << "an id out of range ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ids[3] = 50 is out of range (vocab = 50)"),
+              std::string::npos)
+        << e.what();
+  }
+  rk::OpValues gemm = rk::Spec(rk::Op::kGemmXWt).sample();
+  gemm.f32["x"].pop_back();
+  EXPECT_THROW(dev_->Run(rk::Op::kGemmXWt, gemm, out), Error);
+  EXPECT_THROW(dev_->set_gemm_tiling({32, 32, 3, 2, 16}), Error);  // 32 is not a multiple of 3
+  EXPECT_THROW(dev_->set_gemm_tiling({32, 32, 2, 2, 24}), Error);  // 24 does not divide 256
+  for (const rk::OpSpec& spec : rk::OpTable()) {
+    if (!dev_->Implements(spec.op)) EXPECT_THROW(dev_->Run(spec.op, spec.sample(), out), Error);
+  }
+}
+
+TEST(DeviceRules, EverySourceDisablesContractionAndUsesNoForbiddenBuiltIn) {
+  ASSERT_FALSE(device::KernelSources().empty());
+  // Built-in transcendentals and their relaxed forms, mad, atomics: never (docs/devices.md).
+  const std::regex forbidden(
+      R"(\b(exp|exp2|exp10|expm1|log|log2|log10|log1p|pow|pown|powr|rootn|sin|cos|tan|sinh|cosh|)"
+      R"(tanh|erf|erfc|tgamma|lgamma|mad|native_\w+|half_\w+|atomic_\w+|atom_\w+)\s*\()");
+  // A floating-point literal without its f suffix is a double.
+  const std::regex double_literal(R"(\b\d+\.\d*([eE][-+]?\d+)?(?![fF\d]))");
+  for (const device::KernelSource& source : device::KernelSources()) {
+    const std::string text(source.text);
+    EXPECT_TRUE(text.starts_with("#pragma OPENCL FP_CONTRACT OFF\n")) << source.name;
+    std::string code;  // the source without its comments
+    for (size_t at = 0; at < text.size();) {
+      const size_t comment = text.find("//", at);
+      code += text.substr(at, comment - at);
+      if (comment == std::string::npos) break;
+      at = text.find('\n', comment);
+    }
+    std::smatch match;
+    EXPECT_FALSE(std::regex_search(code, match, forbidden)) << source.name << ": " << match.str();
+    EXPECT_FALSE(std::regex_search(code, match, double_literal))
+        << source.name << ": " << match.str();
+  }
+}
+
+TEST(DeviceRules, TheBuildOptionsAreTheContractsAndNoForbiddenOne) {
+  const std::string options(device::BuildOptions());
+  EXPECT_NE(options.find("-cl-fp32-correctly-rounded-divide-sqrt"), std::string::npos);
+  for (const std::string_view bad : device::ForbiddenBuildOptions()) {
+    EXPECT_EQ(options.find(bad), std::string::npos) << bad;
+  }
+}
+
+TEST(DeviceRules, ADeviceIsJudgedByItsSinglePrecisionConfig) {
+  device::DeviceInfo info;
+  EXPECT_EQ(info.Missing(), "CL_FP_DENORM, CL_FP_FMA, CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT");
+  info.denorm = info.fma = true;
+  EXPECT_EQ(info.Missing(), "CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT");
+  info.correctly_rounded_divide_sqrt = true;
+  EXPECT_EQ(info.Missing(), "");
+  EXPECT_FALSE(device::ParseDeviceFlag("cpu").has_value());
+  EXPECT_EQ(device::ParseDeviceFlag("opencl:1:2")->device, 2);
+  for (const char* bad : {"gpu", "opencl:1", "opencl:-1:0", "opencl:a:b", "opencl:1:2:3"}) {
+    EXPECT_THROW(device::ParseDeviceFlag(bad), Error) << bad;
+  }
+}
+
+// What the pragma guards against, shown: RMSNorm's `ss * inv_d + eps` is a multiply then an add
+// in the contract. Without the pragma the compiler may fuse it, as the OpenCL C specification
+// allows and PoCL does, and some row's bits move. (PoCL keeps the bits under -cl-mad-enable
+// while the pragma is there; a vendor's compiler need not, so that option is never passed.)
+TEST_F(DeviceTest, WithoutThePragmaTheBitsMove) {
+  const rk::OpSpec& spec = rk::Spec(rk::Op::kRmsNormFwd);
+  rk::OpValues in;
+  in.args = {{"rows", 4096}, {"cols", 67}, {"eps", 1e-5f}};
+  in.f32["x"] = rk::SelftestFloats(4096 * 67, 3, /*specials=*/false);
+  const rk::OpValues want = Reference(spec, in);
+  rk::OpValues got;
+  dev_->Run(spec.op, in, got);
+  EXPECT_TRUE(SameBits(spec, want, got));
+  const std::unique_ptr<device::Device> mutant =
+      device::OpenMutated({}, {.drop_fp_contract_pragma = true});
+  rk::OpValues moved;
+  mutant->Run(spec.op, in, moved);
+  EXPECT_FALSE(SameBits(spec, want, moved)) << "without the pragma every bit stayed in place";
+}
+
+}  // namespace
+}  // namespace lockstep
