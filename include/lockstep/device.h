@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "lockstep/kernels.h"
@@ -54,6 +55,10 @@ struct GemmTiling {
   int tile_m = 32, tile_n = 32, reg_m = 2, reg_n = 2, k_tile = 16;
 };
 
+// An OpenCL C source (src/device/kernels/*.cl, embedded in the binary) by file name.
+struct KernelSource {
+  std::string_view name, text;
+};
 // An open device that meets the contract, with its programs built.
 class Device {
  public:
@@ -70,6 +75,13 @@ class Device {
   // GEMM's tiling. Speed only; the tests vary both and demand the same bits.
   virtual void set_work_group(size_t size) = 0;
   virtual void set_gemm_tiling(const GemmTiling& tiling) = 0;
+
+  // The programs as the driver built them (PTX text on NVIDIA) as (name, bytes): what
+  // scripts/ptx-check.sh inspects.
+  virtual std::vector<std::pair<std::string, std::string>> ProgramBinaries() = 0;
+  // The best wall time, in seconds, of `repeats` GEMMs y = x·wᵀ of n x n by n x n held on the
+  // device (kernel time only: no transfers), at the current tiling.
+  virtual double TimeGemm(int64_t n, int repeats) = 0;
 
  protected:
   explicit Device(DeviceInfo info) : info_(std::move(info)) {}
@@ -91,10 +103,7 @@ std::unique_ptr<Device> OpenMutated(const DeviceChoice& choice, const Mutation& 
 std::string_view BuildOptions();
 std::span<const std::string_view> ForbiddenBuildOptions();
 
-// The OpenCL C sources, by file name (src/device/kernels/*.cl, embedded in the binary).
-struct KernelSource {
-  std::string_view name, text;
-};
+// The OpenCL C sources, by file name.
 std::span<const KernelSource> KernelSources();
 
 }  // namespace lockstep::device

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <cstdint>
 #include <iterator>
@@ -148,6 +149,8 @@ std::vector<Case> Cases() {
 struct SelftestOptions {
   bool verbose = false;
   std::string device = "cpu";
+  std::string dump_programs;  // a directory, with --device opencl
+  int64_t time_gemm = 0;      // n, with --device opencl
 };
 
 // The ops of the op table on an OpenCL device against the scalar reference at one thread, each
@@ -215,6 +218,30 @@ int RunDeviceSelftest(const device::DeviceChoice& choice, const SelftestOptions&
   }
   fmt::print("\n{} ops on the device, {} mismatching: {}\n", on_device, failures,
              failures == 0 ? "every result is bit-identical to the reference" : "FAILED");
+  dev->set_gemm_tiling({});
+  if (!options.dump_programs.empty()) {
+    const std::filesystem::path dir = options.dump_programs;
+    std::filesystem::create_directories(dir);
+    for (const auto& [name, bytes] : dev->ProgramBinaries()) {
+      // NVIDIA's drivers return PTX text: named so that scripts/ptx-check.sh finds it.
+      const bool ptx = bytes.find(".version") != std::string::npos &&
+                       bytes.find(".target") != std::string::npos;
+      const std::filesystem::path path = dir / (name + (ptx ? ".ptx" : ".bin"));
+      WriteFileSynced(path, bytes);
+      fmt::print("program binary: {} ({} bytes{})\n", path.string(), bytes.size(),
+                 ptx ? ", PTX" : "");
+    }
+  }
+  if (options.time_gemm > 0) {
+    const int64_t n = options.time_gemm;
+    const double seconds = dev->TimeGemm(n, 3);
+    const device::GemmTiling t;
+    fmt::print("{{\"gemm\": \"xwt\", \"m\": {}, \"n\": {}, \"k\": {}, \"tiling\": "
+               "\"{}x{}/{}x{}/{}\", \"seconds\": {:.6f}, \"tflops\": {:.3f}}}\n",
+               n, n, n, t.tile_m, t.tile_n, t.reg_m, t.reg_n, t.k_tile, seconds,
+               2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) /
+                   seconds * 1e-12);
+  }
   return failures == 0 ? 0 : 1;
 }
 
@@ -267,8 +294,18 @@ void AddSelftestCommand(CLI::App& app, int* exit_code) {
                   "several work-group sizes and GEMM tilings, against the scalar reference; ops "
                   "not on the device yet are listed as such")
       ->capture_default_str();
+  cmd->add_option("--dump-programs", options->dump_programs,
+                  "with --device opencl: write the program binaries the driver built into this "
+                  "directory (PTX on NVIDIA, as NAME.ptx, for scripts/ptx-check.sh)");
+  cmd->add_option("--time-gemm", options->time_gemm,
+                  "with --device opencl: time the device GEMM (y = x·wᵀ, N x N x N, operands on "
+                  "the device, best of 3) and print it as a JSON line with TFLOP/s")
+      ->check(CLI::Range(int64_t{1}, int64_t{32768}));
   cmd->final_callback([options, exit_code] {
     const std::optional<device::DeviceChoice> choice = device::ParseDeviceFlag(options->device);
+    if (!choice && (!options->dump_programs.empty() || options->time_gemm > 0)) {
+      Fail("--dump-programs and --time-gemm need --device opencl[:P:D]");
+    }
     *exit_code = choice ? RunDeviceSelftest(*choice, *options) : RunSelftest(*options);
   });
 }

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The check to run on a lent GPU machine (the device tool), from the repository root with
+# gpu-bundle/ carried (scripts/gpu-bundle.sh builds it here). Installs nothing; a few minutes.
+# Prints the OpenCL devices and their FP configs, runs the selftest on the device (every op it
+# runs against the scalar reference, at several work-group sizes and GEMM tilings), dumps the
+# program binaries the driver built and counts unrounded, flushing and approximate float
+# instructions in them (scripts/ptx-check.sh, where they are PTX), and times the device GEMM at
+# 4096³ (GEMM_N). Writes $OUT/gpu-check.json (and the logs beside it); prints PASS or FAIL.
+# LOCKSTEP_DEVICE picks the device (default: opencl, i.e. opencl:0:0), LOCKSTEP_BUNDLE the bundle.
+# Here, on PoCL: scripts/gpu-bundle.sh --vendor libpocl.so.2 && GEMM_N=512 scripts/gpu-check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-$(mktemp -d)}
+mkdir -p "$out"
+device=${LOCKSTEP_DEVICE:-opencl}
+bundle=$(realpath -m "${LOCKSTEP_BUNDLE:-gpu-bundle}")
+[[ -x $bundle/lockstep ]] || { echo "no $bundle: run scripts/gpu-bundle.sh first" >&2; exit 2; }
+export OCL_ICD_VENDORS=$bundle/vendors CUDA_CACHE_DISABLE=1
+lockstep=("$bundle/lib/ld-linux-x86-64.so.2" --library-path "$bundle/lib" "$bundle/lockstep")
+
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -2
+"${lockstep[@]}" --version > "$out/version.txt" 2>&1
+sed -n '/^OpenCL devices/,$p' "$out/version.txt"
+timeout 240 "${lockstep[@]}" selftest --device "$device" --dump-programs "$out/programs" --time-gemm "${GEMM_N:-4096}" \
+  > "$out/selftest.txt" 2>&1
+selftest=$?
+grep -E "^device:|ops on the device|MISMATCH|error" "$out/selftest.txt"
+gemm=$(grep -E '^\{"gemm"' "$out/selftest.txt" || echo null)
+ptx=none
+if compgen -G "$out/programs/*.ptx" >/dev/null; then
+  if scripts/ptx-check.sh "$out"/programs/*.ptx > "$out/ptx-check.txt" 2>&1; then ptx=pass; else ptx=fail; fi
+  cat "$out/ptx-check.txt"
+fi
+verdict=PASS
+[[ $selftest -eq 0 && $ptx != fail ]] || verdict=FAIL
+cat > "$out/gpu-check.json" <<JSON
+{"device": "$device", "selftest_exit": $selftest, "ptx_check": "$ptx", "gemm": $gemm,
+ "training_on_device": "not yet: the device runs single ops (docs/devices.md)", "verdict": "$verdict"}
+JSON
+cat "$out/gpu-check.json"
+echo "$verdict"
+[[ $verdict == PASS ]]
