@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -65,8 +66,8 @@ class Device {
   virtual ~Device() = default;
   const DeviceInfo& info() const { return info_; }
 
-  // Whether the device runs `op` (the ops that need the contract's exp and log -- SwiGLU,
-  // attention, the fused cross-entropy -- and the fp64 norm sums run on the CPU for now).
+  // Whether the device runs `op` (the fp64 norm sums, block_squares and global_norm, run on the
+  // CPU for now).
   virtual bool Implements(rk::Op op) const = 0;
   // The op of the op table on `in`, on the device: every output, with the bits of spec.run.
   virtual void Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) = 0;
@@ -82,6 +83,10 @@ class Device {
   // The best wall time, in seconds, of `repeats` GEMMs y = x·wᵀ of n x n by n x n held on the
   // device (kernel time only: no transfers), at the current tiling.
   virtual double TimeGemm(int64_t n, int repeats) = 0;
+  // The device's dmath::Exp and dmath::Log of every element of x (src/device/kernels/dmath.cl),
+  // for the tests and scripts/dmath-exhaustive.sh.
+  virtual void ExpAndLog(std::span<const float> x, std::span<float> exp,
+                         std::span<float> log) = 0;
 
  protected:
   explicit Device(DeviceInfo info) : info_(std::move(info)) {}

@@ -188,7 +188,13 @@ class OpenClDevice final : public Device {
     Check(status, "clCreateContext");
     queue_ = clCreateCommandQueue(context_, id_, 0, &status);
     Check(status, "clCreateCommandQueue");
-    main_ = Build({"elementwise.cl", "rows.cl", "embedding.cl"}, "");
+    // One program of every source but the GEMM's (built per tiling), dmath.cl first: the others
+    // call its exp and log. scripts/ptx-check.sh compiles the same two programs.
+    std::vector<std::string_view> main_sources = {"dmath.cl"};
+    for (const KernelSource& source : kKernelSources) {
+      if (source.name != "dmath.cl" && source.name != "gemm.cl") main_sources.push_back(source.name);
+    }
+    main_ = Build(main_sources, "");
   }
   ~OpenClDevice() override {
     for (auto& [key, program] : gemm_) clReleaseProgram(program);
@@ -199,12 +205,6 @@ class OpenClDevice final : public Device {
 
   bool Implements(rk::Op op) const override {
     switch (op) {
-      case rk::Op::kSwigluFwd:
-      case rk::Op::kSwigluBwd:
-      case rk::Op::kAttentionFwd:
-      case rk::Op::kAttentionBwd:
-      case rk::Op::kCrossEntropyFwd:
-      case rk::Op::kCrossEntropyBwd:
       case rk::Op::kBlockSquares:
       case rk::Op::kGlobalNorm:
       case rk::Op::kCount:
@@ -251,11 +251,22 @@ class OpenClDevice final : public Device {
             "clGetProgramInfo");
       binaries.emplace_back(std::move(name), std::move(bytes));
     };
-    add(main_, "elementwise-rows-embedding");
+    add(main_, "main");
     const GemmTiling& t = tiling_;
     add(GemmProgram(),
         fmt::format("gemm-{}x{}-{}x{}-{}", t.tile_m, t.tile_n, t.reg_m, t.reg_n, t.k_tile));
     return binaries;
+  }
+
+  void ExpAndLog(std::span<const float> x, std::span<float> exp, std::span<float> log) override {
+    if (exp.size() != x.size() || log.size() != x.size()) {
+      Fail("ExpAndLog: {} inputs, {} and {} outputs", x.size(), exp.size(), log.size());
+    }
+    const auto n = static_cast<int64_t>(x.size());
+    const Buffer in = Upload(x), e = Zeros(x.size()), l = Zeros(x.size());
+    Launch(main_, "dmath_exp_log", n, in, e, l, n);
+    std::ranges::copy(Download(e, x.size()), exp.begin());
+    std::ranges::copy(Download(l, x.size()), log.begin());
   }
 
   double TimeGemm(int64_t n, int repeats) override {
@@ -273,7 +284,7 @@ class OpenClDevice final : public Device {
   }
 
  private:
-  cl_program Build(std::initializer_list<std::string_view> files, const std::string& defines) {
+  cl_program Build(const std::vector<std::string_view>& files, const std::string& defines) {
     std::vector<std::string> texts;
     for (const std::string_view file : files) {
       const auto it = std::ranges::find(kKernelSources, file, &KernelSource::name);
@@ -501,6 +512,117 @@ void OpenClDevice::Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) {
       out.f32["param"] = Download(param, static_cast<size_t>(n));
       out.f32["m"] = Download(m, static_cast<size_t>(n));
       out.f32["v"] = Download(v, static_cast<size_t>(n));
+      return;
+    }
+    case rk::Op::kSwigluFwd:
+    case rk::Op::kSwigluBwd: {
+      const bool forward = op == rk::Op::kSwigluFwd;
+      const int64_t rows = positive("rows"), f = positive("f");
+      CheckElements(name, "gu", in.F("gu").size(), rows * 2 * f);
+      const Buffer gu = Upload(in.F("gu"));
+      if (forward) {
+        const Buffer act = Zeros(static_cast<size_t>(rows * f));
+        Launch(main_, "swiglu_fwd", rows * f, gu, act, rows, f);
+        out.f32["act"] = Download(act, static_cast<size_t>(rows * f));
+      } else {
+        CheckElements(name, "dact", in.F("dact").size(), rows * f);
+        const Buffer dact = Upload(in.F("dact")), dgu = Zeros(static_cast<size_t>(rows * 2 * f));
+        Launch(main_, "swiglu_bwd", rows * f, gu, dact, dgu, rows, f);
+        out.f32["dgu"] = Download(dgu, static_cast<size_t>(rows * 2 * f));
+      }
+      return;
+    }
+    case rk::Op::kAttentionFwd:
+    case rk::Op::kAttentionBwd: {
+      const int64_t batch = positive("batch"), seq = positive("seq"), q_heads = positive("q_heads"),
+                    kv_heads = positive("kv_heads"), d = positive("head_dim"),
+                    window = in.Int("window");
+      const float scale = in.Float("scale");
+      if (q_heads % kv_heads != 0) {
+        Fail("{}: q_heads = {} is not a multiple of kv_heads = {}", name, q_heads, kv_heads);
+      }
+      if (window < 0) Fail("{}: window = {} (must be >= 0)", name, window);
+      if (!(scale > 0) || !std::isfinite(scale)) Fail("{}: scale = {} (must be > 0)", name, scale);
+      const int64_t nq = batch * seq * q_heads * d, nkv = batch * seq * kv_heads * d;
+      const int64_t rows = batch * q_heads * seq;
+      CheckElements(name, "q", in.F("q").size(), nq);
+      CheckElements(name, "k", in.F("k").size(), nkv);
+      CheckElements(name, "v", in.F("v").size(), nkv);
+      const Buffer q = Upload(in.F("q")), k = Upload(in.F("k")), v = Upload(in.F("v"));
+      if (op == rk::Op::kAttentionFwd) {
+        const Buffer o = Zeros(static_cast<size_t>(nq)), lse = Zeros(static_cast<size_t>(rows));
+        Launch(main_, "attention_fwd", rows, q, k, v, o, lse, batch, seq, q_heads, kv_heads, d,
+               window, scale);
+        out.f32["out"] = Download(o, static_cast<size_t>(nq));
+        out.f32["lse"] = Download(lse, static_cast<size_t>(rows));
+        return;
+      }
+      CheckElements(name, "out", in.F("out").size(), nq);
+      CheckElements(name, "dout", in.F("dout").size(), nq);
+      CheckElements(name, "lse", in.F("lse").size(), rows);
+      const Buffer o = Upload(in.F("out")), dout = Upload(in.F("dout")), lse = Upload(in.F("lse"));
+      const Buffer delta = Zeros(static_cast<size_t>(rows)), dq = Zeros(static_cast<size_t>(nq));
+      const Buffer dk = Zeros(static_cast<size_t>(nkv)), dv = Zeros(static_cast<size_t>(nkv));
+      Launch(main_, "attention_delta", rows, dout, o, delta, batch, seq, q_heads, d);
+      Launch(main_, "attention_dq", rows, q, k, v, dout, lse, delta, dq, batch, seq, q_heads,
+             kv_heads, d, window, scale);
+      Launch(main_, "attention_dkv", batch * seq * kv_heads, q, k, v, dout, lse, delta, dk, dv,
+             batch, seq, q_heads, kv_heads, d, window, scale);
+      out.f32["dq"] = Download(dq, static_cast<size_t>(nq));
+      out.f32["dk"] = Download(dk, static_cast<size_t>(nkv));
+      out.f32["dv"] = Download(dv, static_cast<size_t>(nkv));
+      return;
+    }
+    case rk::Op::kCrossEntropyFwd:
+    case rk::Op::kCrossEntropyBwd: {
+      const int64_t rows = positive("rows"), d = positive("d"), vocab = positive("vocab"),
+                    chunk = positive("vocab_chunk");
+      const float z_loss = in.Float("z_loss");
+      if (chunk % rk::kGemmKChunk != 0) {
+        Fail("{}: vocab_chunk = {} (must be a positive multiple of {})", name, chunk,
+             rk::kGemmKChunk);
+      }
+      if (!(z_loss >= 0) || !std::isfinite(z_loss)) {
+        Fail("{}: z_loss = {} (must be finite and >= 0)", name, z_loss);
+      }
+      CheckElements(name, "h", in.F("h").size(), rows * d);
+      CheckElements(name, "w", in.F("w").size(), vocab * d);
+      CheckElements(name, "targets", in.U("targets").size(), rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        const uint32_t target = in.U("targets")[static_cast<size_t>(r)];
+        if (target >= static_cast<uint64_t>(vocab)) {
+          Fail("{}: targets[{}] = {} is out of range (vocab = {})", name, r, target, vocab);
+        }
+      }
+      // The logits, every chunk at once: each logit's bits do not depend on the chunk.
+      const Buffer h = Upload(in.F("h")), w = Upload(in.F("w"));
+      const Buffer targets = Upload(std::span<const uint32_t>(in.U("targets")));
+      const Buffer z = Zeros(static_cast<size_t>(rows * vocab));
+      Gemm(h, d, 1, w, 1, d, z, rows, vocab, d, /*accumulate=*/false);
+      if (op == rk::Op::kCrossEntropyFwd) {
+        const Buffer loss = Zeros(static_cast<size_t>(rows)), zloss = Zeros(static_cast<size_t>(rows));
+        const Buffer lse = Zeros(static_cast<size_t>(rows));
+        Launch(main_, "cross_entropy_fwd", rows, z, targets, loss, zloss, lse, rows, vocab,
+               z_loss);
+        out.f32["loss"] = Download(loss, static_cast<size_t>(rows));
+        out.f32["zloss"] = Download(zloss, static_cast<size_t>(rows));
+        out.f32["lse"] = Download(lse, static_cast<size_t>(rows));
+        return;
+      }
+      const float grad_scale = in.Float("grad_scale");
+      if (!std::isfinite(grad_scale)) Fail("{}: grad_scale = {} (must be finite)", name, grad_scale);
+      CheckElements(name, "lse", in.F("lse").size(), rows);
+      CheckElements(name, "dw", in.F("dw").size(), vocab * d);
+      const Buffer lse = Upload(in.F("lse")), dw = Upload(in.F("dw"));
+      const Buffer dh = Zeros(static_cast<size_t>(rows * d));
+      Launch(main_, "cross_entropy_dz", rows * vocab, z, targets, lse, rows, vocab, z_loss,
+             grad_scale);
+      // dh = dz · w over the whole vocab (the chunked sequence of the contract is this GEMM);
+      // dw += dzᵀ · h.
+      Gemm(z, vocab, 1, w, d, 1, dh, rows, d, vocab, /*accumulate=*/false);
+      Gemm(z, 1, vocab, h, d, 1, dw, vocab, d, rows, /*accumulate=*/true);
+      out.f32["dh"] = Download(dh, static_cast<size_t>(rows * d));
+      out.f32["dw"] = Download(dw, static_cast<size_t>(vocab * d));
       return;
     }
     case rk::Op::kRowSum: {

@@ -43,3 +43,26 @@ __kernel void adamw(__global float* param, __global const float* grad, __global 
   m[i] = CANONICAL(mi);
   v[i] = CANONICAL(vi);
 }
+
+// SwiGLU (docs/numerics.md, "SwiGLU"), one work-item per (row, j): gate g = h[r, j], up
+// u = h[r, f + j]; s = 1 / (1 + exp(-g)).
+__kernel void swiglu_fwd(__global const float* h, __global float* out, long rows, long f) {
+  const long e = get_global_id(0);
+  if (e >= rows * f) return;
+  const long r = e / f, j = e % f;
+  const float g = h[r * 2 * f + j], u = h[r * 2 * f + f + j];
+  const float s = 1.0f / (1.0f + dm_exp(-g));
+  out[e] = (g * s) * u;
+}
+
+// dg = (dy * u) * (s * fma(g, 1 - s, 1)); du = dy * (g * s).
+__kernel void swiglu_bwd(__global const float* h, __global const float* dout, __global float* dh,
+                         long rows, long f) {
+  const long e = get_global_id(0);
+  if (e >= rows * f) return;
+  const long r = e / f, j = e % f;
+  const float g = h[r * 2 * f + j], u = h[r * 2 * f + f + j], dy = dout[e];
+  const float s = 1.0f / (1.0f + dm_exp(-g));
+  dh[r * 2 * f + j] = (dy * u) * (s * fma(g, 1.0f - s, 1.0f));
+  dh[r * 2 * f + f + j] = dy * (g * s);
+}
