@@ -62,6 +62,10 @@ struct ReplayOptions {
   // RAM when the memory plan fits MemAvailable, else spills under the system's temp directory.
   std::optional<std::filesystem::path> spill_dir;
   train::TestFaults faults;  // interval unit, test-only
+  // Interval unit: runs the step's ops that it runs (an OpenCL device named `device`, e.g.
+  // "opencl:0:0"; null: all on the CPU).
+  OpExecutor* executor = nullptr;
+  std::string device;
 };
 
 struct ReplayResult {

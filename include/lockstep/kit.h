@@ -64,6 +64,9 @@ struct AuditOptions {
   std::vector<std::string> units;  // names to replay, in this order; empty: every unit
   int threads = 1;
   bool force = false;  // passed to the replay (memory plan, start-checkpoint digests)
+  // The interval units' ops that it runs run there (ReplayOptions::executor, device).
+  OpExecutor* executor = nullptr;
+  std::string device;
 };
 
 struct UnitOutcome {

@@ -226,33 +226,52 @@ class OpObserver {
   virtual void End(std::span<const OpOutput> outputs) = 0;
 };
 
+// Runs ops of the op table somewhere other than the CPU kernels (an OpenCL device): Run returns
+// true when it ran the op -- every output set, with the bits of the op's CPU kernel -- and false
+// for an op it does not run, which the CPU kernel then runs.
+class OpExecutor {
+ public:
+  virtual ~OpExecutor() = default;
+  virtual bool Run(rk::Op op, std::span<const OpArg> args, std::span<const OpTensor> inputs,
+                   std::span<const OpOutput> outputs) = 0;
+};
+
+// What is installed around every op call: an observer (traces, test faults) and an executor.
+struct OpHooks {
+  OpObserver* observer = nullptr;
+  OpExecutor* executor = nullptr;
+};
+
 // Fails (an internal error) unless a call of `op` records the arguments and roles its op-table
 // entry lists (rk::OpSpec): every argument, optional ones or not; the roles in order, with their
 // dtypes, an optional one left out or not.
 void CheckOpCall(const rk::OpSpec& op, std::span<const OpArg> args,
                  std::span<const OpTensor> inputs, std::span<const OpOutput> outputs);
 
-// Runs `kernel` between observer->Begin and ->End (just runs it without an observer), the call
-// checked against the op table when observed.
+// Runs op `op`: on the executor when one is installed and runs it, else `kernel` (its CPU
+// kernel); between observer->Begin and ->End when an observer is installed, the call checked
+// against the op table whenever a hook is.
 template <typename Kernel>
-void ObservedOp(OpObserver* observer, rk::Op op, int64_t layer, std::span<const OpArg> args,
+void ObservedOp(const OpHooks& hooks, rk::Op op, int64_t layer, std::span<const OpArg> args,
                 std::initializer_list<OpTensor> inputs, std::initializer_list<OpOutput> outputs,
                 Kernel&& kernel) {
-  if (observer == nullptr) {
+  if (hooks.observer == nullptr && hooks.executor == nullptr) {
     kernel();
     return;
   }
   const rk::OpSpec& spec = rk::Spec(op);
-  CheckOpCall(spec, args, {inputs.begin(), inputs.size()}, {outputs.begin(), outputs.size()});
-  observer->Begin(spec.name, layer, args, {inputs.begin(), inputs.size()});
-  kernel();
-  observer->End({outputs.begin(), outputs.size()});
+  const std::span<const OpTensor> in(inputs.begin(), inputs.size());
+  const std::span<const OpOutput> out(outputs.begin(), outputs.size());
+  CheckOpCall(spec, args, in, out);
+  if (hooks.observer != nullptr) hooks.observer->Begin(spec.name, layer, args, in);
+  if (hooks.executor == nullptr || !hooks.executor->Run(op, args, in, out)) kernel();
+  if (hooks.observer != nullptr) hooks.observer->End(out);
 }
 template <typename Kernel>
-void ObservedOp(OpObserver* observer, rk::Op op, int64_t layer,
+void ObservedOp(const OpHooks& hooks, rk::Op op, int64_t layer,
                 std::initializer_list<OpArg> args, std::initializer_list<OpTensor> inputs,
                 std::initializer_list<OpOutput> outputs, Kernel&& kernel) {
-  ObservedOp(observer, op, layer, std::span<const OpArg>(args.begin(), args.size()), inputs,
+  ObservedOp(hooks, op, layer, std::span<const OpArg>(args.begin(), args.size()), inputs,
              outputs, std::forward<Kernel>(kernel));
 }
 // The recorded arguments of the attention and cross-entropy ops (docs/disputes.md).
@@ -304,9 +323,9 @@ class Model {
   std::span<const float> RowZLoss() const;
   void Logits(const ParamStore& params, std::span<float> logits) const;
 
-  // Every kernel call of Forward and Backward is reported to `observer` (null: none), with
-  // layer -1 for the embedding and the head.
-  void set_observer(OpObserver* observer) { observer_ = observer; }
+  // Every kernel call of Forward and Backward is reported to `hooks.observer` (null: none), with
+  // layer -1 for the embedding and the head, and run by `hooks.executor` where it runs it.
+  void set_hooks(const OpHooks& hooks) { hooks_ = hooks; }
 
  private:
   struct PlanOnly {};
@@ -332,7 +351,7 @@ class Model {
   std::span<float> Grad(TensorAccess& access, size_t i, bool accumulate) const;
   rk::AttentionShape AttentionShape(int64_t layer) const;
   rk::CrossEntropyShape CrossEntropyShape() const;
-  OpObserver* observer_ = nullptr;
+  OpHooks hooks_;
 
   ModelConfig config_;
   int64_t vocab_chunk_, batch_, seq_, rows_;

@@ -191,6 +191,9 @@ class Trainer {
   void set_observer(OpObserver* observer);
   // Installs test-only faults for the following steps (none by default).
   void set_faults(const TestFaults& faults);
+  // Runs the ops of the following steps that `executor` runs there (an OpenCL device; null: every
+  // op on the CPU). The bits are the same wherever they run.
+  void set_executor(OpExecutor* executor);
 
  private:
   // Digests the chunks of every array this rank holds (and, when `update`, applies the step's
@@ -248,7 +251,8 @@ class Trainer {
   // their digests, until the next step computes new ones).
   bool gradients_held_ = true;
   OpObserver* caller_observer_ = nullptr;  // set_observer's
-  OpObserver* observer_ = nullptr;  // the op fault (if any) in front of the caller's observer
+  // The op fault (if any) in front of the caller's observer, and the executor.
+  OpHooks hooks_;
   std::unique_ptr<OpObserver> op_fault_;
   TestFaults faults_;
 };
@@ -269,6 +273,9 @@ struct TrainOptions {
   // run (a rank died or hangs).
   double comm_timeout_seconds = 600;
   TestFaults faults;  // test-only
+  // Runs the step's ops that it runs (an OpenCL device; null: all on the CPU). Not part of the
+  // run: the bits are the same.
+  OpExecutor* executor = nullptr;
   // Signs every chain line and, after every checkpoint, a root over the chain so far, into
   // run_dir/signatures.jsonl (docs/formats/signatures.md).
   std::optional<std::filesystem::path> sign_key;

@@ -25,6 +25,8 @@ audit::ReplayOptions ReplayOptionsFor(const Unit& unit, const AuditOptions& opti
     replay.checkpoint = kit / unit.start_checkpoint;
     replay.until_step = unit.until_step;
     replay.compare_checkpoint = kit / unit.target_checkpoint;
+    replay.executor = options.executor;
+    replay.device = options.device;
   }
   return replay;
 }

@@ -264,6 +264,7 @@ ReplayResult ReplayInterval(const ReplayOptions& o) {
   train::Trainer trainer(config, dataset, train::RunDescriptor(config, dataset), storage.storage);
   trainer.set_progress(true);
   trainer.set_faults(o.faults);
+  trainer.set_executor(o.executor);
   const auto load_start = Clock::now();
   // On disk the checkpoint is read in place by the first step, which verifies it (each byte read
   // once, hashed once); in RAM, or with --force (which must know the files' hash before it
@@ -392,6 +393,7 @@ void CheckOptions(const ReplayOptions& o) {
     refuse(o.compare_checkpoint.has_value(), "--compare-checkpoint");
     refuse(o.spill_dir.has_value(), "--spill-dir (the init unit holds one piece in RAM)");
     refuse(o.faults.op || o.faults.token, "--test-fault-op and --test-fault-token");
+    refuse(o.executor != nullptr, "--device (the init unit runs no op of the op table)");
   } else {
     if (o.checkpoint.empty()) Fail("an interval replay needs --checkpoint (or give --from-init)");
     refuse(!o.config.empty(), "--config (the checkpoint records its config)");
@@ -413,6 +415,7 @@ ReplayResult Replay(const ReplayOptions& options) {
   SetThreads(options.threads);
   ReplayResult result = options.from_init ? ReplayInit(options) : ReplayInterval(options);
   result.device = "cpu:" + rk::ActiveIsa().name;
+  if (options.executor != nullptr) result.device = options.device + " with " + result.device;
   result.threads = options.threads;
   result.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   result.peak_rss_bytes = PeakRssBytes();

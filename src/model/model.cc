@@ -185,7 +185,7 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
   const int64_t q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
   const float eps = static_cast<float>(c.norm_eps);
 
-  OpObserver* const obs = observer_;
+  const OpHooks& obs = hooks_;
   const float theta = static_cast<float>(c.rope_theta);
   // The recorded forms of the ops used more than once (docs/disputes.md, "Records").
   auto rmsnorm = [&](int64_t layer, std::span<const float> x, std::span<const float> gain,
@@ -308,7 +308,7 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
   const ParamIndex P(c);
   const int64_t n = rows_, d = c.d_model, f = c.ffn_hidden, hd = c.head_dim;
   const int64_t q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
-  OpObserver* const obs = observer_;
+  const OpHooks& obs = hooks_;
   const float theta = static_cast<float>(c.rope_theta);
   auto rmsnorm_bwd = [&](int64_t layer, std::span<const float> dy, std::span<const float> x,
                          std::span<const float> gain, std::span<const float> rstd,

@@ -242,6 +242,7 @@ int Train(const TrainOptions& options, Comm& comm) {
   Trainer trainer(config, dataset, RunDescriptor(config, dataset), {options.spill_dir}, &comm);
   trainer.set_progress(options.progress && writer);
   trainer.set_faults(options.faults);
+  trainer.set_executor(options.executor);
   if (writer && comm.size() > 1) {
     std::fprintf(stderr, "training with %d processes (train.grad_groups = %lld)\n", comm.size(),
                  static_cast<long long>(config.train.grad_groups));

@@ -155,8 +155,13 @@ void Trainer::set_observer(OpObserver* observer) {
   if (observer != nullptr && store_->location() != StateStore::Location::kRam) {
     Fail("op observers (traces, test faults) need the state in RAM, not --spill-dir");
   }
-  observer_ = observer;
-  model_.set_observer(observer);
+  hooks_.observer = observer;
+  model_.set_hooks(hooks_);
+}
+
+void Trainer::set_executor(OpExecutor* executor) {
+  hooks_.executor = executor;
+  model_.set_hooks(hooks_);
 }
 
 int64_t Trainer::tokens_per_step() const {
@@ -331,12 +336,12 @@ uint64_t Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_templat
       const std::span<float> param = p[int(StateArray::kParam)].data;
       const std::span<float> m = p[int(StateArray::kM)].data, v = p[int(StateArray::kV)].data;
       if (clip_factor != 1.0f) {
-        ObservedOp(observer_, rk::Op::kScale, -1, {{"tensor", double(i)}, {"factor", clip_factor}},
+        ObservedOp(hooks_, rk::Op::kScale, -1, {{"tensor", double(i)}, {"factor", clip_factor}},
                    {{"x", grad}}, {{"x", grad}}, [&] { rk::Scale(grad, clip_factor); });
       }
       rk::AdamWParams adam = adam_template;
       if (!specs_[i].weight_decay) adam.weight_decay = 0.0f;
-      ObservedOp(observer_, rk::Op::kAdamW, -1,
+      ObservedOp(hooks_, rk::Op::kAdamW, -1,
                  {{"tensor", double(i)}, {"lr", adam.lr}, {"beta1", adam.beta1},
                   {"beta2", adam.beta2}, {"eps", adam.eps}, {"weight_decay", adam.weight_decay},
                   {"step", double(adam.step)}},
@@ -581,7 +586,7 @@ std::vector<float> Trainer::RunGroup(int64_t group, uint64_t cursor, TensorAcces
       if (at >= 0 && at < mb_tokens) tokens_[static_cast<size_t>(at)] ^= 1u;
     }
     tokens.insert(tokens.end(), tokens_.begin(), tokens_.end());
-    if (observer_ != nullptr) observer_->Context(state_.step + 1, group * per_group + k);
+    if (hooks_.observer != nullptr) hooks_.observer->Context(state_.step + 1, group * per_group + k);
     const LossSums s = model_.ForwardBackward(access, tokens_, inv_tokens, k > 0);
     sums.push_back(s.loss);
     sums.push_back(s.zloss);
@@ -597,7 +602,7 @@ void Trainer::FoldRound(int64_t round) {
         const Piece total = store_->Acquire(StateArray::kGrad, i, begin, count, /*load=*/true);
         const std::span<const float> part =
             group_->Tensor(i).subspan(static_cast<size_t>(begin), static_cast<size_t>(count));
-        ObservedOp(observer_, rk::Op::kAddInto, -1, {{"tensor", double(i)}, {"n", double(count)}},
+        ObservedOp(hooks_, rk::Op::kAddInto, -1, {{"tensor", double(i)}, {"n", double(count)}},
                    {{"x", part}, {"y", total.data}}, {{"y", total.data}},
                    [&] { rk::AddInto(part, total.data); });
         store_->Release(total, /*store=*/true);
@@ -707,7 +712,7 @@ StepReport Trainer::Step() {
   //    anything hashes or writes it; the scan runs only in a piece whose sums hold a NaN.
   phases.Start("global norm");
   comm_.set_phase(fmt::format("step {}: global norm", report.step));
-  if (observer_ != nullptr) observer_->Context(report.step, -1);
+  if (hooks_.observer != nullptr) hooks_.observer->Context(report.step, -1);
   std::vector<int64_t> blocks;    // per tensor
   std::vector<size_t> unsummed;  // tensors whose gradient is read for its squares
   for (size_t i = 0; i < specs_.size(); ++i) {
@@ -719,15 +724,16 @@ StepReport Trainer::Step() {
   const auto block_squares = [&](size_t i, int64_t begin, int64_t count) {
     const Piece g = store_->Acquire(StateArray::kGrad, i, begin, count, /*load=*/true);
     std::vector<double> sums(static_cast<size_t>((count + rk::kNormBlock - 1) / rk::kNormBlock));
-    ObservedOp(observer_, rk::Op::kBlockSquares, -1, {{"tensor", double(i)}, {"begin", double(begin)}},
+    ObservedOp(hooks_, rk::Op::kBlockSquares, -1, {{"tensor", double(i)}, {"begin", double(begin)}},
                {{"x", g.data}}, {{"sums", {}, sums}},
                [&] { std::ranges::copy(rk::BlockSquares(g.data), sums.begin()); });
-    bool replaced = false;
-    if (std::ranges::any_of(sums, [](double x) { return std::isnan(x); })) {
-      ObservedOp(observer_, rk::Op::kCanonicalizeNaNs, -1, {{"tensor", double(i)}}, {{"x", g.data}},
-                 {{"x", g.data}}, [&] { replaced = rk::CanonicalizeNaNs(g.data) > 0; });
+    // A NaN sum means a NaN element: the piece is written back canonical.
+    const bool nan = std::ranges::any_of(sums, [](double x) { return std::isnan(x); });
+    if (nan) {
+      ObservedOp(hooks_, rk::Op::kCanonicalizeNaNs, -1, {{"tensor", double(i)}}, {{"x", g.data}},
+                 {{"x", g.data}}, [&] { rk::CanonicalizeNaNs(g.data); });
     }
-    store_->Release(g, /*store=*/replaced);
+    store_->Release(g, /*store=*/nan);
     squares[i].insert(squares[i].end(), sums.begin(), sums.end());
   };
   ForEachHeldPiece({StateArray::kGrad}, block_squares, unsummed);
@@ -738,7 +744,7 @@ StepReport Trainer::Step() {
   const std::vector<double> block_sums = exchange_->AllgatherInRankOrder(
       my_blocks, static_cast<size_t>(std::reduce(blocks.begin(), blocks.end())));
   const std::vector<double> block_counts(blocks.begin(), blocks.end());
-  ObservedOp(observer_, rk::Op::kGlobalNorm, -1, {{"tensors", double(blocks.size())}},
+  ObservedOp(hooks_, rk::Op::kGlobalNorm, -1, {{"tensors", double(blocks.size())}},
              {{"sums", {}, {}, block_sums}, {"blocks", {}, {}, block_counts}},
              {{"norm", {&report.grad_norm, 1}}},
              [&] { report.grad_norm = rk::NormOfBlockSums(block_sums, blocks); });

@@ -6,6 +6,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include <memory>
+#include <string>
+
+#include "lockstep/model.h"
 #include "lockstep/train.h"
 
 namespace lockstep::cli {
@@ -19,6 +23,11 @@ void AddForwardCommand(CLI::App& app, int* exit_code);   // forward.cc
 void AddReplayCommands(CLI::App& app, int* exit_code);   // replay.cc: replay, verify-handoff
 void AddKitCommands(CLI::App& app, int* exit_code);      // kit.cc: kit build|inspect|verify|fetch, audit, report
 void AddDisputeCommands(CLI::App& app, int* exit_code);  // dispute.cc: trace, dispute, referee, keygen
+
+// device_executor.cc: --device cpu|opencl[:P:D] into `flag`; the executor it names (null for
+// cpu, after a line on stderr describing the device) and its name, e.g. "opencl:0:0".
+void AddDeviceOption(CLI::App* cmd, std::string* flag);
+std::unique_ptr<OpExecutor> MakeExecutor(const std::string& flag, std::string* name);
 
 // test_faults.cc: --test-fault-op STEP:K and --test-fault-token STEP:I into `faults`, and with
 // `replica` --test-corrupt-replica RANK:STEP.

@@ -128,6 +128,7 @@ int RunFetch(const kit::FetchOptions& options) {
 
 struct AuditCommand {
   kit::AuditOptions options;
+  std::string device = "cpu";
   bool all = false;
   std::string json_out;
   VerifyFlags trust;
@@ -143,7 +144,10 @@ int RunAudit(const AuditCommand& command) {
     }
     fmt::print(stderr, "audit: --force: replaying a kit that does not verify\n");
   }
-  const std::vector<kit::UnitOutcome> outcomes = kit::AuditKit(command.options);
+  kit::AuditOptions options = command.options;
+  const std::unique_ptr<OpExecutor> executor = MakeExecutor(command.device, &options.device);
+  options.executor = executor.get();
+  const std::vector<kit::UnitOutcome> outcomes = kit::AuditKit(options);
   const std::string table = kit::AuditTable(outcomes), json = kit::AuditJson(outcomes);
   // stdout holds one kind of content: the JSON report, or the table when the JSON goes to a file.
   if (command.json_out.empty()) {
@@ -229,6 +233,7 @@ void AddKitCommands(CLI::App& app, int* exit_code) {
   audit_cmd->add_flag("--force", audit->options.force,
                       "replay even when the kit does not verify or the memory plan exceeds the "
                       "machine (the verdict still counts every problem)");
+  AddDeviceOption(audit_cmd, &audit->device);
   audit_cmd->final_callback([audit, exit_code] { *exit_code = RunAudit(*audit); });
 
   auto report = std::make_shared<audit::ReportOptions>();

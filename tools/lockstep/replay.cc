@@ -13,6 +13,7 @@ namespace {
 struct ReplayFlags {
   audit::ReplayOptions options;
   std::string expect_hash, save_checkpoint_dir, loss_log, compare_checkpoint, spill_dir;
+  std::string device = "cpu";
   uint64_t seed = 0;
 };
 
@@ -62,6 +63,7 @@ void AddReplayCommand(CLI::App& app, int* exit_code) {
                 "checkpoint's digests fail (with a warning); write the hand-off checkpoint "
                 "without a match");
   AddTestFaultOptions(cmd, &o.faults, /*replica=*/false);
+  AddDeviceOption(cmd, &f->device);
   cmd->final_callback([f, seed, expect_opt, exit_code] {
     audit::ReplayOptions& o = f->options;
     // Validated before any work: a truncated (or empty) hash must not cost a replay, nor pass
@@ -72,6 +74,8 @@ void AddReplayCommand(CLI::App& app, int* exit_code) {
     if (!f->loss_log.empty()) o.loss_log = f->loss_log;
     if (!f->compare_checkpoint.empty()) o.compare_checkpoint = f->compare_checkpoint;
     if (!f->spill_dir.empty()) o.spill_dir = f->spill_dir;
+    const std::unique_ptr<OpExecutor> executor = MakeExecutor(f->device, &o.device);
+    o.executor = executor.get();
     const audit::ReplayResult result = audit::Replay(o);
     fmt::print("{}", audit::ResultJson(result));
     std::fflush(stdout);

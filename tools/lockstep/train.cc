@@ -62,7 +62,13 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--progress,!--no-progress", options->progress,
                 "show (default) or hide the progress line on stderr");
   AddTestFaultOptions(cmd, &options->faults, /*replica=*/true);
-  cmd->final_callback([options, exit_code, steps_opt, steps, spill_dir, sign_key, full_gradients] {
+  auto device = std::make_shared<std::string>("cpu");
+  AddDeviceOption(cmd, device.get());
+  cmd->final_callback([options, exit_code, steps_opt, steps, spill_dir, sign_key, full_gradients,
+                       device] {
+    std::string device_name;
+    const std::unique_ptr<OpExecutor> executor = MakeExecutor(*device, &device_name);
+    options->executor = executor.get();
     if (!sign_key->empty()) options->sign_key = *sign_key;
     if (*full_gradients) options->checkpoint_gradients = Gradients::kFull;
     if (steps_opt->count() > 0) options->steps = *steps;

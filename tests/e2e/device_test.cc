@@ -1,0 +1,83 @@
+// Training, resuming and auditing with the step's ops on an OpenCL device (PoCL in CI;
+// docs/devices.md): the device's run is the golden chain, a run moves between the CPU and the
+// device at a resume without a bit changing, and a CPU run's kit audits on the device.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/run_lockstep.h"
+#include "lockstep/core.h"
+
+namespace lockstep {
+namespace {
+namespace fs = std::filesystem;
+using test::Lockstep;
+using test::Result;
+
+class OnDevice : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("lockstep_device_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    const Result r = Lockstep("data synth --out " + Path("data") + " --seed 7 --tokens 200000");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  static std::string Path(const std::string& name) { return (dir_ / name).string(); }
+  static Result Train(const std::string& run, const std::string& flags) {
+    return Lockstep("train --config tiny --data " + Path("data") + " --out " + Path(run) +
+                    " --threads 2 --no-progress " + flags);
+  }
+  static std::string Golden() {
+    return ReadFileText(fs::path(LOCKSTEP_SOURCE_DIR) / "tests/fixtures/tiny_chain.jsonl");
+  }
+  static fs::path dir_;
+};
+fs::path OnDevice::dir_;
+
+TEST_F(OnDevice, TinyTrainedOnTheDeviceIsTheGoldenChain) {
+  const Result r = Train("device", "--steps 20 --device opencl");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("ops on opencl:0:0"), std::string::npos) << r.output;
+  EXPECT_EQ(ReadFileText(dir_ / "device/state_hashes.jsonl"), Golden());
+}
+
+TEST_F(OnDevice, AResumeMovesBetweenTheCpuAndTheDeviceBitExactly) {
+  Result r = Train("moved", "--steps 10");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = Train("moved", "--steps 15 --resume --device opencl");  // CPU -> device
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = Train("moved", "--steps 20 --resume");  // device -> CPU, from the device's checkpoint 15
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(ReadFileText(dir_ / "moved/state_hashes.jsonl"), Golden());
+}
+
+TEST_F(OnDevice, ACpuRunsKitAuditsOnTheDevice) {
+  Result r = Train("cpu", "--steps 20");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = Lockstep("kit build --run " + Path("cpu") + " --data " + Path("data") + " --out " +
+               Path("kit"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = Lockstep("audit " + Path("kit") + " --threads 2 --device opencl --json-out " +
+               Path("audit.json"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json audit = nlohmann::json::parse(ReadFileText(dir_ / "audit.json"));
+  int intervals = 0;
+  for (const auto& unit : audit) {
+    EXPECT_EQ(unit["verdict"], "MATCH") << unit.dump();
+    if (unit["replay"]["device"].get<std::string>().starts_with("opencl:0:0 with cpu:")) {
+      ++intervals;
+    }
+  }
+  EXPECT_GE(intervals, 2) << audit.dump(2);
+  // A device that does not exist is refused, naming what there is; nothing falls back.
+  r = Lockstep("audit " + Path("kit") + " --device opencl:7:0");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--device opencl:7:0: there are"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace lockstep
