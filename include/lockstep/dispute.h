@@ -66,6 +66,7 @@ struct TraceOptions {
   int threads = 1;
   bool progress = true;
   train::TestFaults faults;  // test-only
+  OpExecutor* executor = nullptr;  // runs the ops it runs (an OpenCL device); null: the CPU
 };
 
 // Replays from the checkpoint to step - 1, then step `step` with every op recorded; writes

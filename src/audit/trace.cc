@@ -267,6 +267,7 @@ Trace WriteTrace(const TraceOptions& o) {
   train::Trainer trainer(config, dataset, train::RunDescriptor(config, dataset));
   trainer.set_progress(o.progress);
   trainer.set_faults(o.faults);
+  trainer.set_executor(o.executor);
   trainer.Restore(start);
   const Digest checkpoint_hash = trainer.hash();
   while (trainer.state().step + 1 < o.step) trainer.Step();

@@ -79,5 +79,24 @@ TEST_F(OnDevice, ACpuRunsKitAuditsOnTheDevice) {
   EXPECT_NE(r.output.find("--device opencl:7:0: there are"), std::string::npos) << r.output;
 }
 
+// Every op of a step traced on the device has the CPU's input and output digests: the two traces
+// have one Merkle root.
+TEST_F(OnDevice, AStepTracedOnTheDeviceIsTheCpusTrace) {
+  Result r = Train("traced", "--steps 0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::string roots[2];
+  for (const bool device : {false, true}) {
+    const std::string out = device ? "trace_device" : "trace_cpu";
+    r = Lockstep("trace --checkpoint " + Path("traced") + "/checkpoints/step_000000000 --data " +
+                 Path("data") + " --step 2 --out " + Path(out) + " --no-progress" +
+                 (device ? " --device opencl" : ""));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    roots[device] = nlohmann::json::parse(ReadFileText(dir_ / out / "trace.json"))["merkle_root"];
+  }
+  EXPECT_EQ(roots[0], roots[1]);
+  r = Lockstep("dispute ops " + Path("trace_cpu") + " " + Path("trace_device"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
 }  // namespace
 }  // namespace lockstep

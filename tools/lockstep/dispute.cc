@@ -39,7 +39,12 @@ void AddTraceCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(1, 1024));
   cmd->add_flag("--progress,!--no-progress", o->progress, "show (default) or hide progress lines");
   AddTestFaultOptions(cmd, &o->faults, /*replica=*/false);
-  cmd->final_callback([o, dump_ops, exit_code] {
+  auto device = std::make_shared<std::string>("cpu");
+  AddDeviceOption(cmd, device.get());
+  cmd->final_callback([o, dump_ops, exit_code, device] {
+    std::string device_name;
+    const std::unique_ptr<OpExecutor> executor = MakeExecutor(*device, &device_name);
+    o->executor = executor.get();
     o->dump_ops.insert(dump_ops->begin(), dump_ops->end());
     const dispute::Trace t = dispute::WriteTrace(*o);
     const uint64_t bytes = fs::file_size(t.dir / "records.jsonl");
