@@ -91,6 +91,17 @@ TEST_F(Distributed, OneTwoAndFourProcessesCommitTheSameChainAndCheckpoints) {
   ExpectSameCheckpoints("n1", "n4");
 }
 
+// Two ranks, each running the step's ops on an OpenCL device (PoCL), commit the chain of one
+// process on the CPU (docs/devices.md).
+TEST_F(Distributed, TwoRanksOnTheDeviceCommitTheCpusChain) {
+  const Result one = Lockstep(TrainArgs("cpu", "--threads 2 --steps 6"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const Result two = Mpi(2, TrainArgs("device", "--threads 1 --steps 6 --device opencl"));
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_NE(two.output.find("ops on opencl:0:0"), std::string::npos) << two.output;
+  EXPECT_EQ(Text("cpu/state_hashes.jsonl"), Text("device/state_hashes.jsonl"));
+}
+
 TEST_F(Distributed, AWorldSizeTheGroupsCannotServeIsRefusedWithTheSizesThatWork) {
   const Result three = Mpi(3, TrainArgs("n3", ""));
   EXPECT_NE(three.exit_code, 0) << three.output;
