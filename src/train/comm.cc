@@ -197,6 +197,57 @@ bool LaunchedByMpi() {
 
 }  // namespace
 
+std::vector<std::string> AllgatherStrings(Comm& comm, const std::string& mine) {
+  const auto n = static_cast<size_t>(comm.size());
+  std::vector<uint64_t> lengths(n);
+  const uint64_t length = mine.size();
+  comm.Allgather(std::as_bytes(std::span(&length, 1)), std::as_writable_bytes(std::span(lengths)));
+  uint64_t total = 0;
+  for (const uint64_t l : lengths) total += l;
+  std::string all(total, '\0');
+  comm.Allgather(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)));
+  std::vector<std::string> strings;
+  for (size_t r = 0, at = 0; r < n; at += lengths[r], ++r) strings.push_back(all.substr(at, lengths[r]));
+  return strings;
+}
+
+void AgreeOrFail(Comm& comm, const std::function<void()>& check) {
+  if (comm.size() == 1) {
+    check();
+    return;
+  }
+  std::string error;
+  try {
+    check();
+  } catch (const std::exception& e) {
+    error = e.what();
+    if (error.empty()) error = "failed";
+  }
+  const std::vector<std::string> errors = AllgatherStrings(comm, error);
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (errors[r].empty()) continue;
+    if (static_cast<int>(r) == comm.rank()) Fail("{}", errors[r]);
+    Fail("stopped with rank {}, which refused: {}", r, errors[r]);
+  }
+}
+
+void RequireSameOnEveryRank(Comm& comm,
+                            const std::vector<std::pair<std::string, std::string>>& fields) {
+  if (comm.size() == 1) return;
+  for (const auto& [name, value] : fields) {
+    const std::vector<std::string> values = AllgatherStrings(comm, value);
+    for (size_t r = 1; r < values.size(); ++r) {
+      if (values[r] == values[0]) continue;
+      const auto shown = [](const std::string& v) {
+        return v.size() <= 200 ? v : v.substr(0, 200) + "...";
+      };
+      Fail("rank {} was started with another {} than rank 0: every rank must run the same job\n"
+           "  rank 0: {}\n  rank {}: {}",
+           r, name, shown(values[0]), r, shown(values[r]));
+    }
+  }
+}
+
 std::unique_ptr<Comm> MakeSoloComm() { return std::make_unique<SoloComm>(); }
 
 std::unique_ptr<Comm> MakeWorldComm(double timeout_seconds) {

@@ -5,6 +5,9 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
+#include <utility>
+#include <vector>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -57,6 +60,18 @@ class Comm {
 
 // One process: every collective is a copy.
 std::unique_ptr<Comm> MakeSoloComm();
+
+// Every rank's `mine`, in rank order, on every rank.
+std::vector<std::string> AllgatherStrings(Comm& comm, const std::string& mine);
+// Runs `check` on this rank, then every rank reaches one verdict: when any rank's check failed,
+// every rank fails with the first failing rank's message, naming that rank. So a refusal that one
+// rank makes (rank 0's of its run directory, a rank's of its own --data) stops every rank at once,
+// instead of leaving the others waiting in their next collective until --comm-timeout.
+void AgreeOrFail(Comm& comm, const std::function<void()>& check);
+// Fails on every rank unless every rank passed the same value of every field (name, value),
+// naming the first rank and field that differ from rank 0's.
+void RequireSameOnEveryRank(Comm& comm,
+                            const std::vector<std::pair<std::string, std::string>>& fields);
 
 // The world of this process: MPI's COMM_WORLD when the process was started by mpirun or srun
 // (OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_SIZE in the environment), a solo Comm otherwise. A

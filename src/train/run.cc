@@ -208,18 +208,42 @@ class ChainSigner {
   std::vector<SignedLine> lines_;
 };
 
+// The test faults as one line, for the ranks' agreement.
+std::string FaultsText(const TestFaults& f) {
+  std::string text;
+  if (f.op) text += fmt::format("op {}:{} ", f.op->step, f.op->index);
+  if (f.token) text += fmt::format("token {}:{} ", f.token->step, f.token->index);
+  if (f.replica) text += fmt::format("replica {}:{}", f.replica->rank, f.replica->step);
+  return text.empty() ? "none" : text;
+}
+
 int Train(const TrainOptions& options, Comm& comm) {
   SetThreads(options.threads);
   // Only rank 0 writes the run directory; every rank reads the checkpoint it resumes from.
   const bool writer = comm.rank() == 0;
-  const RunConfig config = LoadRunConfig(options.config);
-  const data::Dataset dataset = data::OpenDataset(options.data_dir);
+  // Every check below that may refuse is made under AgreeOrFail: one rank's refusal (rank 0's of
+  // the run directory, another rank's of its own --data) stops every rank at once.
+  std::optional<RunConfig> loaded_config;
+  std::optional<data::Dataset> loaded_dataset;
+  AgreeOrFail(comm, [&] {
+    loaded_config.emplace(LoadRunConfig(options.config));
+    loaded_dataset.emplace(data::OpenDataset(options.data_dir));
+    if (options.steps && *options.steps < 0) Fail("--steps = {} (must be >= 0)", *options.steps);
+    if (fs::exists(options.run_dir) && !fs::is_directory(options.run_dir)) {
+      Fail("--out {}: exists and is not a directory", options.run_dir.string());
+    }
+  });
+  const RunConfig& config = *loaded_config;
+  const data::Dataset& dataset = *loaded_dataset;
   const uint64_t target = static_cast<uint64_t>(options.steps.value_or(config.train.steps));
-  if (options.steps && *options.steps < 0) Fail("--steps = {} (must be >= 0)", *options.steps);
-
-  if (fs::exists(options.run_dir) && !fs::is_directory(options.run_dir)) {
-    Fail("--out {}: exists and is not a directory", options.run_dir.string());
-  }
+  // Every rank runs the same job: the same descriptor and every flag that changes what the run
+  // commits.
+  RequireSameOnEveryRank(
+      comm, {{"run descriptor (config and data manifest)", RunDescriptor(config, dataset)},
+             {"--steps", std::to_string(target)},
+             {"--resume", options.resume ? "given" : "not given"},
+             {"--full-gradients", options.checkpoint_gradients == Gradients::kFull ? "given" : "not given"},
+             {"--test-fault-* flags", FaultsText(options.faults)}});
   const fs::path hashes_path = options.run_dir / "state_hashes.jsonl";
   const fs::path metrics_path = options.run_dir / "metrics.jsonl";
   if (!options.spill_dir && comm.size() == 1) {
@@ -239,9 +263,13 @@ int Train(const TrainOptions& options, Comm& comm) {
                    : "give --spill-dir DIR to keep them on disk");
     }
   }
-  Trainer trainer(config, dataset, RunDescriptor(config, dataset), {options.spill_dir}, &comm);
+  std::optional<Trainer> built;
+  AgreeOrFail(comm, [&] {
+    built.emplace(config, dataset, RunDescriptor(config, dataset), Storage{options.spill_dir}, &comm);
+    built->set_faults(options.faults);
+  });
+  Trainer& trainer = *built;
   trainer.set_progress(options.progress && writer);
-  trainer.set_faults(options.faults);
   trainer.set_executor(options.executor);
   if (writer && comm.size() > 1) {
     std::fprintf(stderr, "training with %d processes (train.grad_groups = %lld)\n", comm.size(),
@@ -250,39 +278,47 @@ int Train(const TrainOptions& options, Comm& comm) {
   MetricsLog metrics(metrics_path);
   const fs::path signatures_path = options.run_dir / "signatures.jsonl";
   std::optional<ChainSigner> signer;
-  if (options.sign_key && writer) signer.emplace(signatures_path, *options.sign_key);
+  AgreeOrFail(comm, [&] {
+    if (options.sign_key && writer) signer.emplace(signatures_path, *options.sign_key);
+  });
 
   if (options.resume) {
-    const auto latest = LatestCompleteCheckpoint(options.run_dir);
-    if (!latest) {
-      Fail("--resume: {} has no complete checkpoint (checkpoints/step_*/COMPLETE): the run was "
-           "stopped before its step-0 checkpoint was saved, so there is nothing to resume; delete "
-           "the directory and start the run again",
-           options.run_dir.string());
-    }
-    trainer.Restore(OpenCheckpoint(*latest));
-    if (writer) {  // the logs are rank 0's
+    std::optional<fs::path> latest;
+    std::vector<StateHashLine> lines;  // rank 0's: the chain up to the checkpoint
+    AgreeOrFail(comm, [&] {
+      latest = LatestCompleteCheckpoint(options.run_dir);
+      if (!latest) {
+        Fail("--resume: {} has no complete checkpoint (checkpoints/step_*/COMPLETE): the run was "
+             "stopped before its step-0 checkpoint was saved, so there is nothing to resume; "
+             "delete the directory and start the run again",
+             options.run_dir.string());
+      }
+      trainer.Restore(OpenCheckpoint(*latest));
+      if (!writer) return;  // the logs are rank 0's
       // The logs may run past the checkpoint (a crash after it): keep what the checkpoint covers,
       // and insist that the chain recorded there is the checkpoint's.
-      std::vector<StateHashLine> lines = ReadStateHashLines(hashes_path, TornLine::kDrop);
+      lines = ReadStateHashLines(hashes_path, TornLine::kDrop);
       std::erase_if(lines, [&](const StateHashLine& l) { return l.step > trainer.state().step; });
       if (lines.empty() || lines.back().step != trainer.state().step ||
           lines.back().hash != trainer.hash()) {
-        Fail("{}: its line for step {} does not hold the checkpoint's hash {}", hashes_path.string(),
-             trainer.state().step, ToHex(trainer.hash()));
+        Fail("{}: its line for step {} does not hold the checkpoint's hash {}",
+             hashes_path.string(), trainer.state().step, ToHex(trainer.hash()));
       }
-      WriteStateHashLines(hashes_path, lines);
-      metrics.TruncateAfter(trainer.state().step);
-      if (signer) {
-        signer->Rebuild(lines, CompleteCheckpointSteps(options.run_dir));
-      } else if (fs::exists(signatures_path)) {
+      if (!signer && fs::exists(signatures_path)) {
         Fail("{}: this run's chain is signed: resume it with --sign-key", signatures_path.string());
       }
+    });
+    RequireSameOnEveryRank(comm, {{"checkpoint to resume from (its state hash)", ToHex(trainer.hash())}});
+    if (writer) {
+      WriteStateHashLines(hashes_path, lines);
+      metrics.TruncateAfter(trainer.state().step);
+      if (signer) signer->Rebuild(lines, CompleteCheckpointSteps(options.run_dir));
       std::fprintf(stderr, "resumed from %s (step %llu, hash %s)\n", latest->c_str(),
                    static_cast<unsigned long long>(trainer.state().step), ToHex(trainer.hash()).c_str());
     }
   } else {
-    if (writer) {
+    AgreeOrFail(comm, [&] {
+      if (!writer) return;
       if (fs::exists(hashes_path) || fs::exists(options.run_dir / "checkpoints")) {
         Fail("{} already holds a run (state_hashes.jsonl or checkpoints/): {}",
              options.run_dir.string(),
@@ -292,7 +328,7 @@ int Train(const TrainOptions& options, Comm& comm) {
                    "it cannot be resumed: delete it, or choose another --out");
       }
       fs::create_directories(options.run_dir);
-    }
+    });
     trainer.Initialize();
     if (writer) AppendStateHashLine(hashes_path, {0, trainer.hash()});
     if (signer) {

@@ -91,6 +91,52 @@ TEST_F(Distributed, OneTwoAndFourProcessesCommitTheSameChainAndCheckpoints) {
   ExpectSameCheckpoints("n1", "n4");
 }
 
+// Ranks that disagree on what they run are refused at start, every rank naming the rank and the
+// field; a refusal only rank 0 can make (its run directory) stops every rank at once, not at
+// --comm-timeout.
+TEST_F(Distributed, RanksThatDisagreeAreRefusedAndRankZerosRefusalStopsEveryRank) {
+  ASSERT_EQ(Lockstep("data synth --out " + Run("other") + " --seed 8 --tokens 200000").exit_code, 0);
+  const std::string binary = std::string(" ") + LOCKSTEP_BINARY + " ";
+  const auto two = [&](const std::string& rank0, const std::string& rank1) {
+    const auto start = std::chrono::steady_clock::now();
+    const Result r = test::Shell(kMpirun + " -np 1" + binary + rank0 + " : -np 1" + binary + rank1);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return std::pair{r, seconds};
+  };
+  const auto args = [&](const std::string& data, int steps) {
+    return "train --config tiny-dp --out " + Run("agree") +
+           " --no-progress --comm-timeout 100 --steps " + std::to_string(steps) + " --data " + data;
+  };
+  // Another dataset on rank 1.
+  auto [r, seconds] = two(args(Data(), 2), args(Run("other"), 2));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_LT(seconds, 30) << r.output;
+  for (const char* rank : {"rank 0 of 2", "rank 1 of 2"}) {
+    EXPECT_NE(r.output.find(std::string(rank) + ": rank 1 was started with another run descriptor "
+                                                "(config and data manifest) than rank 0"),
+              std::string::npos)
+        << r.output;
+  }
+  // Another --steps on rank 1.
+  std::tie(r, seconds) = two(args(Data(), 2), args(Data(), 3));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 1 was started with another --steps than rank 0"), std::string::npos)
+      << r.output;
+  // The run directory holds a run and --resume is missing: rank 0 alone can see it.
+  ASSERT_EQ(Mpi(2, args(Data(), 2)).exit_code, 0);
+  std::tie(r, seconds) = two(args(Data(), 2), args(Data(), 2));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_LT(seconds, 30) << "the ranks waited for the timeout: " << r.output;
+  EXPECT_NE(r.output.find("rank 0 of 2: " + Run("agree") + " already holds a run"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("rank 1 of 2: stopped with rank 0, which refused: " + Run("agree") +
+                          " already holds a run"),
+            std::string::npos)
+      << r.output;
+}
+
 // Two ranks, each running the step's ops on an OpenCL device (PoCL), commit the chain of one
 // process on the CPU (docs/devices.md).
 TEST_F(Distributed, TwoRanksOnTheDeviceCommitTheCpusChain) {
