@@ -63,6 +63,18 @@ TEST_F(Hostile, CommandLineValuesOutOfRange) {
                 "--expect-hash");
   EXPECT_EQ(Lockstep(Train("huge", "--steps 99999999999999999999")).exit_code, 2);
   EXPECT_FALSE(fs::exists(dir_ / "huge"));
+  // Unsigned options take no sign and do not wrap or saturate: each is refused with its range.
+  ExpectRefused(Lockstep("replay --from-init --config tiny --data " + Path("data") + " --seed -1"),
+                "--seed -1: expected an integer from 0 to 18446744073709551615");
+  ExpectRefused(Lockstep("replay --checkpoint " + Path("run/checkpoints/step_000000000") +
+                         " --data " + Path("data") + " --until-step 18446744073709551616"),
+                "--until-step 18446744073709551616: expected an integer from 0 to 1099511627776");
+  ExpectRefused(Lockstep("trace --checkpoint " + Path("run/checkpoints/step_000000000") +
+                         " --data " + Path("data") + " --out " + Path("t") +
+                         " --step 18446744073709551615"),
+                "--step 18446744073709551615: expected an integer from 0 to 1099511627776");
+  ExpectRefused(Lockstep("data synth --out " + Path("s") + " --seed +1 --tokens 10"),
+                "--seed +1: expected an integer");
 }
 
 TEST_F(Hostile, HostileJsonInAChainLineIsRefused) {

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include <memory>
+#include <cstdint>
 #include <string>
 
 #include "lockstep/model.h"
@@ -29,8 +30,13 @@ void AddDisputeCommands(CLI::App& app, int* exit_code);  // dispute.cc: trace, d
 void AddDeviceOption(CLI::App* cmd, std::string* flag);
 std::unique_ptr<OpExecutor> MakeExecutor(const std::string& flag, std::string* name);
 
-// test_faults.cc: --test-fault-op STEP:K and --test-fault-token STEP:I into `faults`, and with
-// `replica` --test-corrupt-replica RANK:STEP.
+// options.cc: an unsigned integer option parsed strictly (no sign, no wrapping) within [0, max];
+// --test-fault-op STEP:K and --test-fault-token STEP:I into `faults`, and with `replica`
+// --test-corrupt-replica RANK:STEP.
+CLI::Option* AddUnsignedOption(CLI::App* cmd, const std::string& name, uint64_t* value,
+                               uint64_t max, const std::string& help);
 void AddTestFaultOptions(CLI::App* cmd, train::TestFaults* faults, bool replica);
+// The most steps a run or a replay may name (2^40): --steps, --until-step, trace --step.
+inline constexpr uint64_t kMaxSteps = uint64_t{1} << 40;
 
 }  // namespace lockstep::cli

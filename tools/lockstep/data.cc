@@ -141,7 +141,8 @@ void AddDataCommands(CLI::App& app, int* exit_code) {
       "write a deterministic synthetic corpus (a pure function of --seed and --tokens): made-up "
       "words with Zipfian frequencies in sentences from a small grammar, byte-tokenized");
   s->add_option("--out", synth->out, "output directory (must not exist or be empty)")->required();
-  s->add_option("--seed", synth->seed, "corpus seed (Philox key)")->capture_default_str();
+  AddUnsignedOption(s, "--seed", &synth->seed, UINT64_MAX, "corpus seed (Philox key)")
+      ->default_str(std::to_string(synth->seed));
   s->add_option("--tokens", synth->tokens,
                 "exact number of byte tokens, end-of-document not "
                 "counted")

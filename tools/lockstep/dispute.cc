@@ -28,7 +28,8 @@ void AddTraceCommand(CLI::App& app, int* exit_code) {
       "records). Prints a JSON summary. Exit 0, 2 on bad input");
   cmd->add_option("--checkpoint", o->checkpoint, "the checkpoint to replay from")->required();
   cmd->add_option("--data", o->data_dir, "the run's dataset directory")->required();
-  cmd->add_option("--step", o->step, "the step to trace (after the checkpoint's)")->required();
+  AddUnsignedOption(cmd, "--step", &o->step, kMaxSteps, "the step to trace (after the checkpoint's)")
+      ->required();
   cmd->add_option("--out", o->out, "the trace directory to create")->required();
   cmd->add_option("--dump-op", *dump_ops,
                   "also write op K's input and output tensors to OUT/op_K.safetensors (what a "

@@ -31,11 +31,12 @@ void AddReplayCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--config", o.config,
                   "init unit: embedded config name (tiny, smoke, bench-8x512, open-100m, "
                   "open-1b) or a YAML file");
-  auto* seed = cmd->add_option("--seed", f->seed, "init unit: overrides the config's train.seed");
+  auto* seed = AddUnsignedOption(cmd, "--seed", &f->seed, UINT64_MAX,
+                                 "init unit: overrides the config's train.seed");
   cmd->add_option("--checkpoint", o.checkpoint,
                   "interval unit: the checkpoint to start from (RUN/checkpoints/step_*)");
-  cmd->add_option("--until-step", o.until_step,
-                  "interval unit: replay up to this step (after the checkpoint's)");
+  AddUnsignedOption(cmd, "--until-step", &o.until_step, kMaxSteps,
+                    "interval unit: replay up to this step (after the checkpoint's)");
   cmd->add_option("--data", o.data_dir,
                   "the run's dataset directory (both units: the run descriptor every hash "
                   "covers includes its manifest digest)")

@@ -1,6 +1,6 @@
-// The test-only fault flags of `train`, `replay` and `trace` (docs/disputes.md, "Faults to test
-// with"). They are flags, never environment variables: what changes a run's bits is on its
-// command line.
+// Options several commands share: unsigned integers with their ranges, and the test-only fault
+// flags of `train`, `replay` and `trace` (docs/disputes.md, "Faults to test with"), which are
+// flags, never environment variables: what changes a run's bits is on its command line.
 #include <fmt/format.h>
 
 #include <charconv>
@@ -29,6 +29,22 @@ std::pair<uint64_t, uint64_t> ParsePair(const std::string& text, const std::stri
 }
 
 }  // namespace
+
+CLI::Option* AddUnsignedOption(CLI::App* cmd, const std::string& name, uint64_t* value,
+                               uint64_t max, const std::string& help) {
+  return cmd->add_option_function<std::string>(
+      name,
+      [name, value, max](const std::string& text) {
+        // from_chars takes no sign for an unsigned type: "-1" is refused, never wrapped.
+        uint64_t v = 0;
+        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (text.empty() || error != std::errc() || end != text.data() + text.size() || v > max) {
+          Fail("{} {}: expected an integer from 0 to {}", name, text, max);
+        }
+        *value = v;
+      },
+      fmt::format("{} (an integer from 0 to {})", help, max));
+}
 
 void AddTestFaultOptions(CLI::App* cmd, train::TestFaults* faults, bool replica) {
   cmd->add_option_function<std::string>(
