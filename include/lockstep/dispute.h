@@ -94,7 +94,7 @@ struct StepsVerdict {
 };
 // `ask(party, step)` returns party 0's (A) or 1's (B) hash at a step it did not commit
 // (std::nullopt: cannot tell); without it, or when a party committed every step, only the
-// committed lines are compared.
+// committed lines are compared. Fails when a chain is empty or the two share no step.
 using AskHash = std::function<std::optional<Digest>(int party, uint64_t step)>;
 StepsVerdict DisputeSteps(const std::map<uint64_t, Digest>& a, const std::map<uint64_t, Digest>& b,
                           const AskHash& ask = {});

@@ -43,6 +43,11 @@ std::string StepsVerdict::Json() const {
 
 StepsVerdict DisputeSteps(const std::map<uint64_t, Digest>& a, const std::map<uint64_t, Digest>& b,
                           const AskHash& ask) {
+  // Chains that share no step say nothing about each other: "no divergence" would be a vacuous
+  // verdict.
+  if (a.empty() || b.empty()) {
+    Fail("dispute steps: chain {} holds no step: there is nothing to compare", a.empty() ? "A" : "B");
+  }
   StepsVerdict v;
   for (const auto& [step, hash] : a) {
     const auto other = b.find(step);
@@ -55,6 +60,11 @@ StepsVerdict DisputeSteps(const std::map<uint64_t, Digest>& a, const std::map<ui
     v.diverged = true;
     v.first_differing = step;
     break;
+  }
+  if (!v.agreed && !v.diverged) {
+    Fail("dispute steps: the chains have no step in common (A holds steps {} to {}, B {} to {}): "
+         "there is nothing to compare",
+         a.begin()->first, a.rbegin()->first, b.begin()->first, b.rbegin()->first);
   }
   if (!v.diverged) return v;
   // The first divergent step lies in (last_agreed, first_differing]: bisect, asking a party for

@@ -71,6 +71,10 @@ TEST(DisputeSteps, FullSparseAndFirstStepDivergence) {
   EXPECT_EQ(v.last_agreed, 10u);
   EXPECT_EQ(v.queries, 0);
   EXPECT_FALSE(DisputeSteps(a, a).diverged);
+  // An empty chain, or two with no step in common, is refused: no verdict would mean anything.
+  EXPECT_THROW(DisputeSteps(a, {}), Error);
+  EXPECT_THROW(DisputeSteps({}, b), Error);
+  EXPECT_THROW(DisputeSteps({{3, D(3)}}, {{4, D(4)}}), Error);
 
   // B commits every 8th step; asked, it answers from its full history. log2(8) = 3 questions.
   std::map<uint64_t, Digest> sparse;
