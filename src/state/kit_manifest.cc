@@ -131,11 +131,15 @@ std::vector<std::string> VerifyKit(const fs::path& kit_dir) {
 
   for (const KitFile& expected : manifest.files) {
     const fs::path path = kit_dir / expected.path;
-    if (!fs::is_regular_file(fs::symlink_status(path))) {
-      if (!fs::exists(fs::symlink_status(path))) {
+    const fs::file_status status = fs::symlink_status(path);
+    if (!fs::is_regular_file(status)) {
+      if (!fs::exists(status)) {
         problems.push_back(fmt::format("{}: missing (listed in kit.json)", path.string()));
+      } else if (fs::is_directory(status)) {
+        problems.push_back(fmt::format("{}: a directory, listed in kit.json as a file of {} bytes",
+                                       path.string(), expected.size));
       }
-      continue;  // reported above as not a regular file
+      continue;  // anything else was reported above as not a regular file
     }
     const KitFile actual = DescribeFile(path, expected.path);
     if (actual.size != expected.size) {

@@ -119,6 +119,17 @@ TEST_F(KitTest, AnExtraOrAMissingFileFailsVerify) {
       << r.output;
 }
 
+TEST_F(KitTest, AListedFileThatIsADirectoryFailsVerify) {
+  const fs::path kit = CopyKit();
+  fs::remove(kit / "config.yaml");
+  fs::create_directories(kit / "config.yaml" / "inside");
+  const Result r = Lockstep("kit verify " + kit.string());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find((kit / "config.yaml").string() + ": a directory, listed in kit.json"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST_F(KitTest, ATruncatedFileOrAnUnreadableManifestFailsVerify) {
   const fs::path kit = CopyKit();
   const fs::path config = kit / "config.yaml";
