@@ -307,12 +307,13 @@ int Train(const TrainOptions& options, Comm& comm) {
       if (!signer && fs::exists(signatures_path)) {
         Fail("{}: this run's chain is signed: resume it with --sign-key", signatures_path.string());
       }
+      // Signs the chain up to the checkpoint again (it may refuse the signatures file).
+      if (signer) signer->Rebuild(lines, CompleteCheckpointSteps(options.run_dir));
     });
     RequireSameOnEveryRank(comm, {{"checkpoint to resume from (its state hash)", ToHex(trainer.hash())}});
     if (writer) {
       WriteStateHashLines(hashes_path, lines);
       metrics.TruncateAfter(trainer.state().step);
-      if (signer) signer->Rebuild(lines, CompleteCheckpointSteps(options.run_dir));
       std::fprintf(stderr, "resumed from %s (step %llu, hash %s)\n", latest->c_str(),
                    static_cast<unsigned long long>(trainer.state().step), ToHex(trainer.hash()).c_str());
     }
