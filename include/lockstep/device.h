@@ -96,11 +96,10 @@ class Device {
 // Opens device `choice`, refusing (an error naming the device and the missing bit) one that does
 // not meet the contract, and building every program with the contract's options.
 std::unique_ptr<Device> Open(const DeviceChoice& choice);
-// For the mutation tests only, which show that the rules matter: programs built with the pragma
-// removed from every source, or with forbidden options appended.
+// For the mutation test only, which shows that the rules matter: programs built with the pragma
+// removed from every source.
 struct Mutation {
   bool drop_fp_contract_pragma = false;
-  std::string extra_build_options;
 };
 std::unique_ptr<Device> OpenMutated(const DeviceChoice& choice, const Mutation& mutation);
 

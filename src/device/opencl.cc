@@ -147,29 +147,33 @@ DeviceInfo Describe(cl_platform_id platform, cl_device_id id, int p, int d) {
   return info;
 }
 
-// A device buffer, released with its owner.
+// A device buffer of `bytes` bytes, released with its owner.
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(cl_context context, size_t bytes) {
+  Buffer(cl_context context, size_t bytes) : bytes_(bytes) {
     cl_int status = CL_SUCCESS;
     // A zero-byte buffer is invalid in OpenCL: an empty tensor gets one unused word.
     mem_ = clCreateBuffer(context, CL_MEM_READ_WRITE, std::max<size_t>(bytes, 4), nullptr,
                           &status);
     Check(status, fmt::format("clCreateBuffer of {} bytes", bytes));
   }
-  Buffer(Buffer&& other) noexcept : mem_(std::exchange(other.mem_, nullptr)) {}
+  Buffer(Buffer&& other) noexcept
+      : mem_(std::exchange(other.mem_, nullptr)), bytes_(other.bytes_) {}
   Buffer& operator=(Buffer&& other) noexcept {
     std::swap(mem_, other.mem_);
+    std::swap(bytes_, other.bytes_);
     return *this;
   }
   ~Buffer() {
     if (mem_ != nullptr) clReleaseMemObject(mem_);
   }
   cl_mem get() const { return mem_; }
+  size_t bytes() const { return bytes_; }
 
  private:
   cl_mem mem_ = nullptr;
+  size_t bytes_ = 0;
 };
 
 // The sizes an op's tensors must have, checked before anything reaches the device.
@@ -263,16 +267,16 @@ class OpenClDevice final : public Device {
       Fail("ExpAndLog: {} inputs, {} and {} outputs", x.size(), exp.size(), log.size());
     }
     const auto n = static_cast<int64_t>(x.size());
-    const Buffer in = Upload(x), e = Zeros(x.size()), l = Zeros(x.size());
+    const Buffer in = Upload(x), e = Zeros(n), l = Zeros(n);
     Launch(main_, "dmath_exp_log", n, in, e, l, n);
-    std::ranges::copy(Download(e, x.size()), exp.begin());
-    std::ranges::copy(Download(l, x.size()), log.begin());
+    std::ranges::copy(Download(e), exp.begin());
+    std::ranges::copy(Download(l), log.begin());
   }
 
   double TimeGemm(int64_t n, int repeats) override {
     if (n < 1 || repeats < 1) Fail("TimeGemm: n = {}, repeats = {} (must be >= 1)", n, repeats);
     const std::vector<float> data = rk::SelftestFloats(n * n, 1, /*specials=*/false);
-    const Buffer x = Upload(data), w = Upload(data), y = Zeros(static_cast<size_t>(n * n));
+    const Buffer x = Upload(data), w = Upload(data), y = Zeros(n * n);
     double best = INFINITY;
     for (int r = 0; r <= repeats; ++r) {  // the first run builds and warms up, untimed
       const auto start = std::chrono::steady_clock::now();
@@ -307,8 +311,7 @@ class OpenClDevice final : public Device {
     cl_program program = clCreateProgramWithSource(context_, static_cast<cl_uint>(texts.size()),
                                                    pointers.data(), lengths.data(), &status);
     Check(status, "clCreateProgramWithSource");
-    const std::string options = fmt::format("{} {} {}", BuildOptions(), defines,
-                                            mutation_.extra_build_options);
+    const std::string options = fmt::format("{} {}", BuildOptions(), defines);
     status = clBuildProgram(program, 1, &id_, options.c_str(), nullptr, nullptr);
     if (status != CL_SUCCESS) {
       size_t size = 0;
@@ -343,11 +346,14 @@ class OpenClDevice final : public Device {
   }
   Buffer Upload(std::span<const float> v) { return Upload(std::as_bytes(v)); }
   Buffer Upload(std::span<const uint32_t> v) { return Upload(std::as_bytes(v)); }
-  Buffer Zeros(size_t floats) { return Upload(std::vector<float>(floats, 0.0f)); }
-  std::vector<float> Download(const Buffer& b, size_t floats) {
-    std::vector<float> v(floats);
-    if (floats > 0) {
-      Check(clEnqueueReadBuffer(queue_, b.get(), CL_TRUE, 0, floats * sizeof(float), v.data(),
+  Buffer Zeros(int64_t floats) {
+    return Upload(std::vector<float>(static_cast<size_t>(floats), 0.0f));
+  }
+  // A float buffer's whole contents.
+  std::vector<float> Download(const Buffer& b) {
+    std::vector<float> v(b.bytes() / sizeof(float));
+    if (!v.empty()) {
+      Check(clEnqueueReadBuffer(queue_, b.get(), CL_TRUE, 0, v.size() * sizeof(float), v.data(),
                                 0, nullptr, nullptr),
             "clEnqueueReadBuffer");
     }
@@ -455,7 +461,7 @@ void OpenClDevice::Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) {
       const bool xwt = op == rk::Op::kGemmXWt, dyw = op == rk::Op::kGemmDyW;
       const std::string_view a_role = xwt ? "x" : "dy", b_role = xwt || dyw ? "w" : "x";
       const std::string_view c_role = xwt ? "y" : dyw ? "dx" : "dw";
-      const int64_t rows = xwt ? m : dyw ? m : n, cols = xwt ? n : k, reduced = xwt ? k : dyw ? n : m;
+      const int64_t rows = xwt || dyw ? m : n, cols = xwt ? n : k, reduced = xwt ? k : dyw ? n : m;
       CheckElements(name, a_role, in.F(a_role).size(), xwt ? m * k : m * n);
       CheckElements(name, b_role, in.F(b_role).size(), xwt || dyw ? n * k : m * k);
       const Buffer a = Upload(in.F(a_role)), b = Upload(in.F(b_role));
@@ -464,25 +470,25 @@ void OpenClDevice::Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) {
         CheckElements(name, c_role, in.F(c_role).size(), rows * cols);
         c = Upload(in.F(c_role));
       } else {
-        c = Zeros(static_cast<size_t>(rows * cols));
+        c = Zeros(rows * cols);
       }
       if (xwt) Gemm(a, k, 1, b, 1, k, c, rows, cols, reduced, accumulate);
       if (dyw) Gemm(a, n, 1, b, k, 1, c, rows, cols, reduced, accumulate);
       if (!xwt && !dyw) Gemm(a, 1, n, b, k, 1, c, rows, cols, reduced, accumulate);
-      out.f32[std::string(c_role)] = Download(c, static_cast<size_t>(rows * cols));
+      out.f32[std::string(c_role)] = Download(c);
       return;
     }
     case rk::Op::kAddInto: {
       CheckElements(name, "y", in.F("y").size(), size(in.F("x")));
       const Buffer x = Upload(in.F("x")), y = Upload(in.F("y"));
       Launch(main_, "add_into", size(in.F("x")), x, y, size(in.F("x")));
-      out.f32["y"] = Download(y, in.F("y").size());
+      out.f32["y"] = Download(y);
       return;
     }
     case rk::Op::kCopy: {
-      const Buffer x = Upload(in.F("x")), y = Zeros(in.F("x").size());
+      const Buffer x = Upload(in.F("x")), y = Zeros(size(in.F("x")));
       Launch(main_, "copy", size(in.F("x")), x, y, size(in.F("x")));
-      out.f32["y"] = Download(y, in.F("x").size());
+      out.f32["y"] = Download(y);
       return;
     }
     case rk::Op::kScale: {
@@ -490,13 +496,13 @@ void OpenClDevice::Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) {
       if (!std::isfinite(factor)) Fail("{}: factor = {} (must be finite)", name, factor);
       const Buffer x = Upload(in.F("x"));
       Launch(main_, "scale", size(in.F("x")), x, factor, size(in.F("x")));
-      out.f32["x"] = Download(x, in.F("x").size());
+      out.f32["x"] = Download(x);
       return;
     }
     case rk::Op::kCanonicalizeNaNs: {
       const Buffer x = Upload(in.F("x"));
       Launch(main_, "canonicalize_nans", size(in.F("x")), x, size(in.F("x")));
-      out.f32["x"] = Download(x, in.F("x").size());
+      out.f32["x"] = Download(x);
       return;
     }
     case rk::Op::kAdamW: {
@@ -509,9 +515,9 @@ void OpenClDevice::Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) {
                    m = Upload(in.F("m")), v = Upload(in.F("v"));
       Launch(main_, "adamw", n, param, grad, m, v, s.decay, s.beta1, s.one_minus_beta1, s.beta2,
              s.one_minus_beta2, s.sqrt_bc2, s.eps, s.step_size, n);
-      out.f32["param"] = Download(param, static_cast<size_t>(n));
-      out.f32["m"] = Download(m, static_cast<size_t>(n));
-      out.f32["v"] = Download(v, static_cast<size_t>(n));
+      out.f32["param"] = Download(param);
+      out.f32["m"] = Download(m);
+      out.f32["v"] = Download(v);
       return;
     }
     case rk::Op::kSwigluFwd:
@@ -521,14 +527,14 @@ void OpenClDevice::Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) {
       CheckElements(name, "gu", in.F("gu").size(), rows * 2 * f);
       const Buffer gu = Upload(in.F("gu"));
       if (forward) {
-        const Buffer act = Zeros(static_cast<size_t>(rows * f));
+        const Buffer act = Zeros(rows * f);
         Launch(main_, "swiglu_fwd", rows * f, gu, act, rows, f);
-        out.f32["act"] = Download(act, static_cast<size_t>(rows * f));
+        out.f32["act"] = Download(act);
       } else {
         CheckElements(name, "dact", in.F("dact").size(), rows * f);
-        const Buffer dact = Upload(in.F("dact")), dgu = Zeros(static_cast<size_t>(rows * 2 * f));
+        const Buffer dact = Upload(in.F("dact")), dgu = Zeros(rows * 2 * f);
         Launch(main_, "swiglu_bwd", rows * f, gu, dact, dgu, rows, f);
-        out.f32["dgu"] = Download(dgu, static_cast<size_t>(rows * 2 * f));
+        out.f32["dgu"] = Download(dgu);
       }
       return;
     }
@@ -550,27 +556,27 @@ void OpenClDevice::Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) {
       CheckElements(name, "v", in.F("v").size(), nkv);
       const Buffer q = Upload(in.F("q")), k = Upload(in.F("k")), v = Upload(in.F("v"));
       if (op == rk::Op::kAttentionFwd) {
-        const Buffer o = Zeros(static_cast<size_t>(nq)), lse = Zeros(static_cast<size_t>(rows));
+        const Buffer o = Zeros(nq), lse = Zeros(rows);
         Launch(main_, "attention_fwd", rows, q, k, v, o, lse, batch, seq, q_heads, kv_heads, d,
                window, scale);
-        out.f32["out"] = Download(o, static_cast<size_t>(nq));
-        out.f32["lse"] = Download(lse, static_cast<size_t>(rows));
+        out.f32["out"] = Download(o);
+        out.f32["lse"] = Download(lse);
         return;
       }
       CheckElements(name, "out", in.F("out").size(), nq);
       CheckElements(name, "dout", in.F("dout").size(), nq);
       CheckElements(name, "lse", in.F("lse").size(), rows);
       const Buffer o = Upload(in.F("out")), dout = Upload(in.F("dout")), lse = Upload(in.F("lse"));
-      const Buffer delta = Zeros(static_cast<size_t>(rows)), dq = Zeros(static_cast<size_t>(nq));
-      const Buffer dk = Zeros(static_cast<size_t>(nkv)), dv = Zeros(static_cast<size_t>(nkv));
+      const Buffer delta = Zeros(rows), dq = Zeros(nq);
+      const Buffer dk = Zeros(nkv), dv = Zeros(nkv);
       Launch(main_, "attention_delta", rows, dout, o, delta, batch, seq, q_heads, d);
       Launch(main_, "attention_dq", rows, q, k, v, dout, lse, delta, dq, batch, seq, q_heads,
              kv_heads, d, window, scale);
       Launch(main_, "attention_dkv", batch * seq * kv_heads, q, k, v, dout, lse, delta, dk, dv,
              batch, seq, q_heads, kv_heads, d, window, scale);
-      out.f32["dq"] = Download(dq, static_cast<size_t>(nq));
-      out.f32["dk"] = Download(dk, static_cast<size_t>(nkv));
-      out.f32["dv"] = Download(dv, static_cast<size_t>(nkv));
+      out.f32["dq"] = Download(dq);
+      out.f32["dk"] = Download(dk);
+      out.f32["dv"] = Download(dv);
       return;
     }
     case rk::Op::kCrossEntropyFwd:
@@ -597,16 +603,16 @@ void OpenClDevice::Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) {
       // The logits, every chunk at once: each logit's bits do not depend on the chunk.
       const Buffer h = Upload(in.F("h")), w = Upload(in.F("w"));
       const Buffer targets = Upload(std::span<const uint32_t>(in.U("targets")));
-      const Buffer z = Zeros(static_cast<size_t>(rows * vocab));
+      const Buffer z = Zeros(rows * vocab);
       Gemm(h, d, 1, w, 1, d, z, rows, vocab, d, /*accumulate=*/false);
       if (op == rk::Op::kCrossEntropyFwd) {
-        const Buffer loss = Zeros(static_cast<size_t>(rows)), zloss = Zeros(static_cast<size_t>(rows));
-        const Buffer lse = Zeros(static_cast<size_t>(rows));
+        const Buffer loss = Zeros(rows), zloss = Zeros(rows);
+        const Buffer lse = Zeros(rows);
         Launch(main_, "cross_entropy_fwd", rows, z, targets, loss, zloss, lse, rows, vocab,
                z_loss);
-        out.f32["loss"] = Download(loss, static_cast<size_t>(rows));
-        out.f32["zloss"] = Download(zloss, static_cast<size_t>(rows));
-        out.f32["lse"] = Download(lse, static_cast<size_t>(rows));
+        out.f32["loss"] = Download(loss);
+        out.f32["zloss"] = Download(zloss);
+        out.f32["lse"] = Download(lse);
         return;
       }
       const float grad_scale = in.Float("grad_scale");
@@ -614,23 +620,23 @@ void OpenClDevice::Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) {
       CheckElements(name, "lse", in.F("lse").size(), rows);
       CheckElements(name, "dw", in.F("dw").size(), vocab * d);
       const Buffer lse = Upload(in.F("lse")), dw = Upload(in.F("dw"));
-      const Buffer dh = Zeros(static_cast<size_t>(rows * d));
+      const Buffer dh = Zeros(rows * d);
       Launch(main_, "cross_entropy_dz", rows * vocab, z, targets, lse, rows, vocab, z_loss,
              grad_scale);
       // dh = dz · w over the whole vocab (the chunked sequence of the contract is this GEMM);
       // dw += dzᵀ · h.
       Gemm(z, vocab, 1, w, d, 1, dh, rows, d, vocab, /*accumulate=*/false);
       Gemm(z, 1, vocab, h, d, 1, dw, vocab, d, rows, /*accumulate=*/true);
-      out.f32["dh"] = Download(dh, static_cast<size_t>(rows * d));
-      out.f32["dw"] = Download(dw, static_cast<size_t>(vocab * d));
+      out.f32["dh"] = Download(dh);
+      out.f32["dw"] = Download(dw);
       return;
     }
     case rk::Op::kRowSum: {
       const int64_t rows = positive("rows"), cols = in.Int("cols");
       CheckElements(name, "x", in.F("x").size(), rows * cols);
-      const Buffer x = Upload(in.F("x")), sum = Zeros(static_cast<size_t>(rows));
+      const Buffer x = Upload(in.F("x")), sum = Zeros(rows);
       Launch(main_, "row_sum", rows, x, sum, rows, cols);
-      out.f32["sum"] = Download(sum, static_cast<size_t>(rows));
+      out.f32["sum"] = Download(sum);
       return;
     }
     case rk::Op::kRmsNormFwd: {
@@ -641,11 +647,11 @@ void OpenClDevice::Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) {
       const bool has_gain = in.Has("gain");
       if (has_gain) CheckElements(name, "gain", in.F("gain").size(), cols);
       const Buffer x = Upload(in.F("x")), gain = has_gain ? Upload(in.F("gain")) : Zeros(0);
-      const Buffer y = Zeros(static_cast<size_t>(rows * cols)), rstd = Zeros(static_cast<size_t>(rows));
+      const Buffer y = Zeros(rows * cols), rstd = Zeros(rows);
       Launch(main_, "rmsnorm_fwd", rows, x, gain, has_gain ? 1 : 0, eps,
              1.0f / static_cast<float>(cols), y, rstd, rows, cols);
-      out.f32["y"] = Download(y, static_cast<size_t>(rows * cols));
-      out.f32["rstd"] = Download(rstd, static_cast<size_t>(rows));
+      out.f32["y"] = Download(y);
+      out.f32["rstd"] = Download(rstd);
       return;
     }
     case rk::Op::kRmsNormBwd: {
@@ -656,14 +662,14 @@ void OpenClDevice::Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) {
       if (has_gain) CheckElements(name, "gain", in.F("gain").size(), cols);
       const Buffer dy = Upload(in.F("dy")), x = Upload(in.F("x")), rstd = Upload(in.F("rstd"));
       const Buffer gain = has_gain ? Upload(in.F("gain")) : Zeros(0);
-      const Buffer dx = Zeros(static_cast<size_t>(rows * cols));
+      const Buffer dx = Zeros(rows * cols);
       Launch(main_, "rmsnorm_bwd", rows, dy, x, gain, has_gain ? 1 : 0, rstd,
              1.0f / static_cast<float>(cols), dx, rows, cols);
-      out.f32["dx"] = Download(dx, static_cast<size_t>(rows * cols));
+      out.f32["dx"] = Download(dx);
       if (has_gain) {
-        const Buffer dgain = Zeros(static_cast<size_t>(cols));
+        const Buffer dgain = Zeros(cols);
         Launch(main_, "rmsnorm_dgain", cols, dy, x, rstd, dgain, rows, cols);
-        out.f32["dgain"] = Download(dgain, static_cast<size_t>(cols));
+        out.f32["dgain"] = Download(dgain);
       }
       return;
     }
@@ -677,11 +683,11 @@ void OpenClDevice::Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) {
       if (seq > table_seq) Fail("{}: seq = {} exceeds table_seq = {}", name, seq, table_seq);
       const int64_t n = batch * seq * heads * head_dim;
       CheckElements(name, x_role, in.F(x_role).size(), n);
-      const Buffer x = Upload(in.F(x_role)), y = Zeros(static_cast<size_t>(n));
+      const Buffer x = Upload(in.F(x_role)), y = Zeros(n);
       const Buffer cos = Upload(table.cos), sin = Upload(table.sin);
       Launch(main_, "rope", n / 2, x, y, cos, sin, seq, heads, head_dim / 2, n / 2,
              inverse ? 1 : 0);
-      out.f32[std::string(y_role)] = Download(y, static_cast<size_t>(n));
+      out.f32[std::string(y_role)] = Download(y);
       return;
     }
     case rk::Op::kEmbeddingFwd:
@@ -698,15 +704,15 @@ void OpenClDevice::Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) {
       const Buffer id_buffer = Upload(std::span<const uint32_t>(ids));
       if (forward) {
         CheckElements(name, "table", in.F("table").size(), vocab * d);
-        const Buffer table = Upload(in.F("table")), o = Zeros(static_cast<size_t>(n * d));
+        const Buffer table = Upload(in.F("table")), o = Zeros(n * d);
         Launch(main_, "embedding_fwd", n * d, table, id_buffer, o, n, d);
-        out.f32["out"] = Download(o, static_cast<size_t>(n * d));
+        out.f32["out"] = Download(o);
       } else {
         CheckElements(name, "dout", in.F("dout").size(), n * d);
         CheckElements(name, "dtable", in.F("dtable").size(), vocab * d);
         const Buffer dout = Upload(in.F("dout")), dtable = Upload(in.F("dtable"));
         Launch(main_, "embedding_bwd", d, dout, id_buffer, dtable, n, d);
-        out.f32["dtable"] = Download(dtable, static_cast<size_t>(vocab * d));
+        out.f32["dtable"] = Download(dtable);
       }
       return;
     }

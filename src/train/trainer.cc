@@ -7,8 +7,6 @@
 #include <cmath>
 #include <numeric>
 #include <optional>
-#include <cstdlib>
-#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -193,7 +191,6 @@ uint64_t StateBytes(const ModelConfig& model) {
 }
 
 namespace {
-
 
 // Appends a step's phases to a report: each Start ends the phase before it, with its wall time
 // and the store's traffic meanwhile.

@@ -5,6 +5,7 @@
 
 #include <charconv>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "lockstep/core.h"
@@ -47,24 +48,24 @@ CLI::Option* AddUnsignedOption(CLI::App* cmd, const std::string& name, uint64_t*
 }
 
 void AddTestFaultOptions(CLI::App* cmd, train::TestFaults* faults, bool replica) {
-  cmd->add_option_function<std::string>(
-         "--test-fault-op",
-         [faults](const std::string& text) {
-           const auto [step, index] = ParsePair(text, "--test-fault-op");
-           faults->op = {step, static_cast<int64_t>(index)};
-         },
-         "test only, STEP:K: move element 0 of the first output of op K (0-based, in trace "
-         "order) of step STEP one ulp toward +inf, as a faulty party would (single process)")
-      ->group("Test faults");
-  cmd->add_option_function<std::string>(
-         "--test-fault-token",
-         [faults](const std::string& text) {
-           const auto [step, index] = ParsePair(text, "--test-fault-token");
-           faults->token = {step, static_cast<int64_t>(index)};
-         },
-         "test only, STEP:I: flip the lowest bit of token I of step STEP (the step's tokens in "
-         "microbatch order), as a party that read other data would")
-      ->group("Test faults");
+  // A STEP:INDEX fault.
+  const auto add = [cmd](const std::string& name, std::optional<train::StepAndIndex>* fault,
+                         const std::string& help) {
+    cmd->add_option_function<std::string>(
+           name,
+           [name, fault](const std::string& text) {
+             const auto [step, index] = ParsePair(text, name);
+             *fault = train::StepAndIndex{step, static_cast<int64_t>(index)};
+           },
+           help)
+        ->group("Test faults");
+  };
+  add("--test-fault-op", &faults->op,
+      "test only, STEP:K: move element 0 of the first output of op K (0-based, in trace order) "
+      "of step STEP one ulp toward +inf, as a faulty party would (single process)");
+  add("--test-fault-token", &faults->token,
+      "test only, STEP:I: flip the lowest bit of token I of step STEP (the step's tokens in "
+      "microbatch order), as a party that read other data would");
   if (!replica) return;
   cmd->add_option_function<std::string>(
          "--test-corrupt-replica",

@@ -168,6 +168,8 @@ int RunDeviceSelftest(const device::DeviceChoice& choice, const SelftestOptions&
   }
   const device::GemmTiling tilings[] = {{8, 8, 1, 1, 8}, {32, 32, 2, 2, 16}, {64, 32, 4, 2, 32}};
   int failures = 0, on_device = 0;
+  rk::SetIsa(rk::ReferenceIsa());  // the reference's outputs, at one thread
+  SetThreads(1);
   for (const rk::OpSpec& spec : rk::OpTable()) {
     const std::string name = fmt::format("op {} ({})", spec.name, spec.kernel);
     if (!dev->Implements(spec.op)) {
@@ -177,8 +179,6 @@ int RunDeviceSelftest(const device::DeviceChoice& choice, const SelftestOptions&
     ++on_device;
     const rk::OpValues in = spec.sample();
     rk::OpValues reference;
-    rk::SetIsa(rk::ReferenceIsa());
-    SetThreads(1);
     spec.run(in, reference);
     const Floats want = OpOutputs(spec, reference);
     const bool gemm = spec.op == rk::Op::kGemmXWt || spec.op == rk::Op::kGemmDyW ||
