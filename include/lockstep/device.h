@@ -10,6 +10,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -30,6 +32,7 @@ struct DeviceInfo {
   int platform = 0, device = 0;  // indices, as in --device opencl:P:D
   std::string platform_name, name, version, c_version, driver;
   uint64_t global_memory = 0;
+  uint64_t max_allocation = 0;  // the largest single buffer (CL_DEVICE_MAX_MEM_ALLOC_SIZE)
   uint64_t max_work_group = 0;
   // The single-precision config bits the contract needs (CL_DEVICE_SINGLE_FP_CONFIG).
   bool denorm = false, fma = false, correctly_rounded_divide_sqrt = false;
@@ -56,6 +59,23 @@ struct GemmTiling {
   int tile_m = 32, tile_n = 32, reg_m = 2, reg_n = 2, k_tile = 16;
 };
 
+// An op call's scalar arguments by name, and its tensors where the caller holds them, by role:
+// fp32, or uint32 ids (never kept on the device: they are copied in with every op).
+using OpArgs = std::map<std::string, double, std::less<>>;
+struct TensorIn {
+  std::string_view role;
+  std::span<const float> f32;
+  std::span<const uint32_t> u32 = {};
+};
+struct TensorOut {
+  std::string_view role;
+  std::span<float> f32;
+};
+// Bytes copied from the host to the device and back.
+struct Traffic {
+  uint64_t to_device = 0, to_host = 0;
+};
+
 // An OpenCL C source (src/device/kernels/*.cl, embedded in the binary) by file name.
 struct KernelSource {
   std::string_view name, text;
@@ -70,7 +90,29 @@ class Device {
   // CPU for now).
   virtual bool Implements(rk::Op op) const = 0;
   // The op of the op table on `in`, on the device: every output, with the bits of spec.run.
+  // Copies in and out; for the tests and the selftest.
   virtual void Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) = 0;
+  // The same op on tensors where the caller holds them: an input is read from host memory, or
+  // from the device's copy where it lies in a kept region (Keep); an output is written to host
+  // memory, or, in a kept region, to the device's copy only (ToHost brings it back). An output
+  // whose role is also an input's is that input updated in place, at the same address.
+  virtual void Run(rk::Op op, const OpArgs& args, std::span<const TensorIn> inputs,
+                   std::span<const TensorOut> outputs) = 0;
+
+  // Host memory the device keeps copies of between ops. Keep: `region` (long-lived host memory)
+  // may have device copies, one per tensor an op reads or writes there, made at first use and
+  // kept until Forget (call it before the region is freed). The host side keeps them coherent:
+  // ToHost before the host reads `data` (the device's newer bytes are copied back), HostWrites
+  // before it writes `data` (the device's copies are dropped, bringing back first any bytes
+  // outside `data` that only the device holds).
+  virtual void Keep(std::span<const float> region) = 0;
+  virtual void Forget(std::span<const float> region) = 0;
+  virtual void ToHost(std::span<const float> data) = 0;
+  virtual void HostWrites(std::span<const float> data) = 0;
+  // Bytes copied between the host and the device since the device was opened, and the bytes of
+  // the copies it keeps now.
+  virtual Traffic traffic() const = 0;
+  virtual uint64_t KeptBytes() const = 0;
 
   // The work-group size of the element- and row-wise kernels (0: the driver's choice), and the
   // GEMM's tiling. Speed only; the tests vary both and demand the same bits.

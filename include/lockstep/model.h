@@ -229,11 +229,32 @@ class OpObserver {
 // Runs ops of the op table somewhere other than the CPU kernels (an OpenCL device): Run returns
 // true when it ran the op -- every output set, with the bits of the op's CPU kernel -- and false
 // for an op it does not run, which the CPU kernel then runs.
+//
+// An executor may keep copies of host memory where it runs the ops (a device's memory), so that
+// tensors stay there between ops: Keep names a long-lived host region it may keep copies of
+// (the activations, the state in RAM), until Forget (called before the region is freed). An op's
+// outputs in a kept region are then written to the copy only. Whoever touches a kept region on
+// the host outside an op says so first: ToHost before reading `data` (the executor's newer bytes
+// are copied back), HostWrites before writing it (the executor's copies are dropped). ObservedOp
+// does both around an op the CPU runs and around an observer.
 class OpExecutor {
  public:
   virtual ~OpExecutor() = default;
   virtual bool Run(rk::Op op, std::span<const OpArg> args, std::span<const OpTensor> inputs,
                    std::span<const OpOutput> outputs) = 0;
+  virtual void Keep(std::span<const float> /*region*/) {}
+  virtual void Forget(std::span<const float> /*region*/) {}
+  virtual void ToHost(std::span<const float> /*data*/) {}
+  virtual void HostWrites(std::span<const float> /*data*/) {}
+  // Fails, naming the sizes, unless `bytes` in all (`detail` says of what), the largest of them
+  // one buffer of `largest` bytes, fit where the ops run. Called before anything is kept.
+  virtual void Plan(uint64_t /*bytes*/, uint64_t /*largest*/, std::string_view /*detail*/) {}
+  // Bytes copied to where the ops run and back so far, and the bytes of the copies kept there
+  // now (all zero on the CPU).
+  struct Traffic {
+    uint64_t to_device = 0, to_host = 0, kept = 0;
+  };
+  virtual Traffic traffic() const { return {}; }
 };
 
 // What is installed around every op call: an observer (traces, test faults) and an executor.
@@ -263,9 +284,33 @@ void ObservedOp(const OpHooks& hooks, rk::Op op, int64_t layer, std::span<const 
   const std::span<const OpTensor> in(inputs.begin(), inputs.size());
   const std::span<const OpOutput> out(outputs.begin(), outputs.size());
   CheckOpCall(spec, args, in, out);
-  if (hooks.observer != nullptr) hooks.observer->Begin(spec.name, layer, args, in);
-  if (hooks.executor == nullptr || !hooks.executor->Run(op, args, in, out)) kernel();
-  if (hooks.observer != nullptr) hooks.observer->End(out);
+  OpExecutor* const executor = hooks.executor;
+  // The host reads the inputs (an observer, or the CPU kernel) and writes the outputs (the CPU
+  // kernel, or the test fault in the observer's End).
+  const auto inputs_to_host = [&] {
+    for (const OpTensor& t : in) executor->ToHost(t.f32);
+  };
+  const auto host_writes_outputs = [&] {
+    for (const OpOutput& o : out) executor->HostWrites(o.f32);
+  };
+  if (hooks.observer != nullptr) {
+    if (executor != nullptr) inputs_to_host();
+    hooks.observer->Begin(spec.name, layer, args, in);
+  }
+  if (executor == nullptr) {
+    kernel();
+  } else if (!executor->Run(op, args, in, out)) {
+    inputs_to_host();
+    host_writes_outputs();
+    kernel();
+  }
+  if (hooks.observer != nullptr) {
+    if (executor != nullptr) {
+      for (const OpOutput& o : out) executor->ToHost(o.f32);
+      host_writes_outputs();
+    }
+    hooks.observer->End(out);
+  }
 }
 template <typename Kernel>
 void ObservedOp(const OpHooks& hooks, rk::Op op, int64_t layer,
@@ -295,6 +340,9 @@ inline bool KeepsLogits(int64_t rows, int64_t vocab) { return rows * vocab <= kK
 class Model {
  public:
   Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int64_t seq);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
 
   int64_t batch() const { return batch_; }
   int64_t seq() const { return seq_; }
@@ -324,8 +372,9 @@ class Model {
   void Logits(const ParamStore& params, std::span<float> logits) const;
 
   // Every kernel call of Forward and Backward is reported to `hooks.observer` (null: none), with
-  // layer -1 for the embedding and the head, and run by `hooks.executor` where it runs it.
-  void set_hooks(const OpHooks& hooks) { hooks_ = hooks; }
+  // layer -1 for the embedding and the head, and run by `hooks.executor` where it runs it, which
+  // may keep the activations (OpExecutor::Keep) until another executor is set or the Model ends.
+  void set_hooks(const OpHooks& hooks);
 
  private:
   struct PlanOnly {};
@@ -343,6 +392,8 @@ class Model {
   std::span<const float> A(Span s) const {
     return {arena_.data() + s.offset, static_cast<size_t>(s.size)};
   }
+  // A(s) for the host to read: the executor's newer bytes copied back first.
+  std::span<const float> OnHost(Span s) const;
   void CheckParams(const ParamStore& params, const char* what) const;
   // Opens parameter i, checking its size against the model's.
   std::span<const float> Param(TensorAccess& access, size_t i) const;

@@ -217,6 +217,11 @@ class Trainer {
   // Adds the gradients of round j's groups (in the group buffer of each rank) into the owners'
   // gradients, in group order.
   void FoldRound(int64_t round);
+  // The host memory the executor may keep copies of: the state in RAM and the group buffer.
+  std::vector<std::span<const float>> KeptRegions() const;
+  // Every kept region brought back from the executor; with host_writes, its copies dropped too
+  // (before the host writes the state).
+  void StateOnHost(bool host_writes);
   // The elements of tensor i whose moments and gradient this rank holds, and the whole tensor.
   ElementRange Held(size_t i) const;
   ElementRange Whole(size_t i) const { return {0, specs_[i].numel()}; }

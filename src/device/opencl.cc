@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <map>
+#include <tuple>
 
 #include "device/sources.h"
 #include "lockstep/device.h"
@@ -139,6 +142,7 @@ DeviceInfo Describe(cl_platform_id platform, cl_device_id id, int p, int d) {
   info.c_version = DeviceString(id, CL_DEVICE_OPENCL_C_VERSION);
   info.driver = DeviceString(id, CL_DRIVER_VERSION);
   info.global_memory = DeviceValue<cl_ulong>(id, CL_DEVICE_GLOBAL_MEM_SIZE);
+  info.max_allocation = DeviceValue<cl_ulong>(id, CL_DEVICE_MAX_MEM_ALLOC_SIZE);
   info.max_work_group = DeviceValue<size_t>(id, CL_DEVICE_MAX_WORK_GROUP_SIZE);
   const auto fp = DeviceValue<cl_device_fp_config>(id, CL_DEVICE_SINGLE_FP_CONFIG);
   info.denorm = (fp & CL_FP_DENORM) != 0;
@@ -177,11 +181,86 @@ class Buffer {
 };
 
 // The sizes an op's tensors must have, checked before anything reaches the device.
-void CheckElements(std::string_view op, std::string_view role, size_t size, int64_t expected) {
-  if (expected < 0 || size != static_cast<size_t>(expected)) {
+void CheckElements(std::string_view op, std::string_view role, int64_t size, int64_t expected) {
+  if (expected < 0 || size != expected) {
     Fail("{} on the device: {} has {} elements, expected {}", op, role, size, expected);
   }
 }
+
+// A device copy of a tensor of a kept region (Device::Keep): `floats` floats at `host`, which of
+// the two holds the current bytes (at least one does), and the device buffer.
+struct Copy {
+  const float* host = nullptr;
+  size_t floats = 0;
+  Buffer buffer;
+  bool host_current = true, device_current = false;
+  const float* end() const { return host + floats; }
+};
+
+class OpenClDevice;
+
+// One op call's tensors on the device: each input's buffer (the kept copy, made current, or a
+// temporary with the host's bytes) and each output's (the input's of the same role, updated in
+// place; the kept copy; or a zeroed temporary), and where the outputs go when the op is done.
+class Binding {
+ public:
+  // The values form: inputs from `in`, outputs into `out` (sized here).
+  Binding(OpenClDevice& device, const rk::OpValues& in, rk::OpValues& out);
+  // The in-place form (Device::Run on tensors).
+  Binding(OpenClDevice& device, const OpArgs& args, std::span<const TensorIn> inputs,
+          std::span<const TensorOut> outputs);
+  ~Binding();
+  Binding(const Binding&) = delete;
+  Binding& operator=(const Binding&) = delete;
+
+  int64_t Int(std::string_view name) const { return args_->Int(name); }
+  float Float(std::string_view name) const { return args_->Float(name); }
+  bool Has(std::string_view role) const { return FindIn(role) != nullptr; }
+  // Elements of f32 input `role` (failing when the call has none).
+  int64_t Size(std::string_view role) const {
+    return static_cast<int64_t>(Input(role).f32.size());
+  }
+  std::span<const uint32_t> U(std::string_view role) const { return Input(role).u32; }
+  const Buffer& In(std::string_view role);
+  const Buffer& InU(std::string_view role);
+  // Output `role` of `elements` floats.
+  const Buffer& Out(std::string_view role, int64_t elements);
+  // A zeroed device buffer for the op's own use.
+  const Buffer& Scratch(int64_t floats);
+  // Every output to where it goes: the kept copies marked newer than the host, the others read
+  // back.
+  void Finish();
+
+ private:
+  struct InTensor {
+    std::string_view role;
+    std::span<const float> f32;
+    std::span<const uint32_t> u32;
+    Copy* copy = nullptr;          // kept on the device
+    const Buffer* buffer = nullptr;  // once bound
+  };
+  struct OutTensor {
+    std::string_view role;
+    std::span<float> target;
+    const Buffer* buffer = nullptr;
+    Copy* copy = nullptr;    // the kept copy the output ends in
+    bool via_temp = false;   // written to a temporary, then copied into `copy`
+    bool in_place = false;   // the input of the same role's buffer
+  };
+  const InTensor* FindIn(std::string_view role) const;
+  InTensor& Input(std::string_view role);
+  const InTensor& Input(std::string_view role) const;
+  std::span<float> Target(std::string_view role, int64_t elements);
+
+  OpenClDevice& device_;
+  const rk::OpValues* args_;
+  rk::OpValues own_args_;
+  rk::OpValues* values_out_ = nullptr;
+  std::span<const TensorOut> outputs_;
+  std::vector<InTensor> inputs_;
+  std::vector<OutTensor> bound_;
+  std::deque<Buffer> temporaries_;
+};
 
 class OpenClDevice final : public Device {
  public:
@@ -201,6 +280,9 @@ class OpenClDevice final : public Device {
     main_ = Build(main_sources, "");
   }
   ~OpenClDevice() override {
+    copies_.clear();
+    rope_tables_.clear();
+    for (auto& [key, kernel] : kernels_) clReleaseKernel(kernel);
     for (auto& [key, program] : gemm_) clReleaseProgram(program);
     if (main_ != nullptr) clReleaseProgram(main_);
     if (queue_ != nullptr) clReleaseCommandQueue(queue_);
@@ -241,7 +323,41 @@ class OpenClDevice final : public Device {
     tiling_ = t;
   }
 
-  void Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) override;
+  void Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) override {
+    Binding io(*this, in, out);
+    RunBound(op, io);
+  }
+  void Run(rk::Op op, const OpArgs& args, std::span<const TensorIn> inputs,
+           std::span<const TensorOut> outputs) override {
+    Binding io(*this, args, inputs, outputs);
+    RunBound(op, io);
+  }
+
+  void Keep(std::span<const float> region) override {
+    if (!region.empty()) kept_.push_back(region);
+  }
+  void Forget(std::span<const float> region) override {
+    for (const auto& it : Overlapping(region)) copies_.erase(it);
+    std::erase_if(kept_, [&](std::span<const float> r) {
+      return r.data() == region.data() && r.size() == region.size();
+    });
+  }
+  void ToHost(std::span<const float> data) override {
+    for (const auto& it : Overlapping(data)) Refresh(*it->second);
+  }
+  void HostWrites(std::span<const float> data) override {
+    for (const auto& it : Overlapping(data)) {
+      const Copy& c = *it->second;
+      if (c.host < data.data() || c.end() > data.data() + data.size()) Refresh(*it->second);
+      copies_.erase(it);
+    }
+  }
+  Traffic traffic() const override { return traffic_; }
+  uint64_t KeptBytes() const override {
+    uint64_t bytes = 0;
+    for (const auto& [host, copy] : copies_) bytes += copy->floats * sizeof(float);
+    return bytes;
+  }
 
   std::vector<std::pair<std::string, std::string>> ProgramBinaries() override {
     std::vector<std::pair<std::string, std::string>> binaries;
@@ -269,8 +385,8 @@ class OpenClDevice final : public Device {
     const auto n = static_cast<int64_t>(x.size());
     const Buffer in = Upload(x), e = Zeros(n), l = Zeros(n);
     Launch(main_, "dmath_exp_log", n, in, e, l, n);
-    std::ranges::copy(Download(e), exp.begin());
-    std::ranges::copy(Download(l), log.begin());
+    Download(e, exp);
+    Download(l, log);
   }
 
   double TimeGemm(int64_t n, int repeats) override {
@@ -280,7 +396,8 @@ class OpenClDevice final : public Device {
     double best = INFINITY;
     for (int r = 0; r <= repeats; ++r) {  // the first run builds and warms up, untimed
       const auto start = std::chrono::steady_clock::now();
-      Gemm(x, n, 1, w, 1, n, y, n, n, n, /*accumulate=*/false);  // ends with clFinish
+      Gemm(x, n, 1, w, 1, n, y, n, n, n, /*accumulate=*/false);
+      Check(clFinish(queue_), "clFinish");
       const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
       if (r > 0) best = std::min(best, took.count());
     }
@@ -288,6 +405,63 @@ class OpenClDevice final : public Device {
   }
 
  private:
+  friend class Binding;
+  using CopyMap = std::map<const float*, std::unique_ptr<Copy>>;
+
+  void RunBound(rk::Op op, Binding& io);
+
+  bool InKeptRegion(std::span<const float> data) const {
+    return !data.empty() && std::ranges::any_of(kept_, [&](std::span<const float> r) {
+             return data.data() >= r.data() && data.data() + data.size() <= r.data() + r.size();
+           });
+  }
+  // The copies overlapping `data` (they never overlap each other).
+  std::vector<CopyMap::iterator> Overlapping(std::span<const float> data) {
+    std::vector<CopyMap::iterator> found;
+    if (data.empty()) return found;
+    auto it = copies_.upper_bound(data.data());
+    if (it != copies_.begin() && std::prev(it)->second->end() > data.data()) --it;
+    for (; it != copies_.end() && it->first < data.data() + data.size(); ++it) found.push_back(it);
+    return found;
+  }
+  // The host's bytes of `c` made current.
+  void Refresh(Copy& c) {
+    if (c.host_current) return;
+    Download(c.buffer, {const_cast<float*>(c.host), c.floats});
+    c.host_current = true;
+  }
+  // The kept copy of `data` (null when it lies in no kept region): the one of exactly its extent,
+  // or a new one (host current) after any copy overlapping it is brought back and dropped.
+  Copy* Resident(std::span<const float> data) {
+    if (!InKeptRegion(data)) return nullptr;
+    const std::vector<CopyMap::iterator> overlap = Overlapping(data);
+    if (overlap.size() == 1 && overlap[0]->first == data.data() &&
+        overlap[0]->second->floats == data.size()) {
+      return overlap[0]->second.get();
+    }
+    for (const auto& it : overlap) {
+      if (std::ranges::find(in_use_, it->second.get()) != in_use_.end()) {
+        Fail("internal error: two tensors of one op call overlap in part on the device");
+      }
+      Refresh(*it->second);
+      copies_.erase(it);
+    }
+    auto copy = std::make_unique<Copy>();
+    copy->host = data.data();
+    copy->floats = data.size();
+    copy->buffer = Buffer(context_, data.size_bytes());
+    return (copies_[data.data()] = std::move(copy)).get();
+  }
+  bool StillKept(const Copy* c) const {
+    const auto it = copies_.find(c->host);
+    return it != copies_.end() && it->second.get() == c;
+  }
+  void MakeDeviceCurrent(Copy& c) {
+    if (c.device_current) return;
+    Write(c.buffer, std::as_bytes(std::span(c.host, c.floats)));
+    c.device_current = true;
+  }
+
   cl_program Build(const std::vector<std::string_view>& files, const std::string& defines) {
     std::vector<std::string> texts;
     for (const std::string_view file : files) {
@@ -334,50 +508,83 @@ class OpenClDevice final : public Device {
                     t.tile_n, t.reg_m, t.reg_n, t.k_tile);
     return gemm_[key] = Build({"gemm.cl"}, defines);
   }
+  // RoPE's cos and sin tables (rk::MakeRopeTable) on the device, made once per shape.
+  const std::pair<Buffer, Buffer>& RopeTables(int64_t seq, int64_t head_dim, float theta) {
+    const auto key = std::tuple{seq, head_dim, std::bit_cast<uint32_t>(theta)};
+    if (const auto it = rope_tables_.find(key); it != rope_tables_.end()) return it->second;
+    const rk::RopeTable table = rk::MakeRopeTable(seq, head_dim, theta);
+    return rope_tables_[key] = {Upload(table.cos), Upload(table.sin)};
+  }
+  // Kernel `name` of `program`, created once.
+  cl_kernel Kernel(cl_program program, const char* name) {
+    const auto key = std::pair{program, std::string(name)};
+    if (const auto it = kernels_.find(key); it != kernels_.end()) return it->second;
+    cl_int status = CL_SUCCESS;
+    cl_kernel kernel = clCreateKernel(program, name, &status);
+    Check(status, fmt::format("clCreateKernel {}", name));
+    return kernels_[key] = kernel;
+  }
 
+  // Host to device and back; the queue is in order, so a read sees every kernel enqueued before.
+  void Write(const Buffer& b, std::span<const std::byte> bytes) {
+    if (bytes.empty()) return;
+    Check(clEnqueueWriteBuffer(queue_, b.get(), CL_TRUE, 0, bytes.size(), bytes.data(), 0,
+                               nullptr, nullptr),
+          "clEnqueueWriteBuffer");
+    traffic_.to_device += bytes.size();
+  }
+  void Download(const Buffer& b, std::span<float> to) {
+    if (to.size_bytes() != b.bytes()) {
+      Fail("internal error: reading {} bytes of a device buffer into {}", b.bytes(),
+           to.size_bytes());
+    }
+    if (to.empty()) return;
+    Check(clEnqueueReadBuffer(queue_, b.get(), CL_TRUE, 0, to.size_bytes(), to.data(), 0, nullptr,
+                              nullptr),
+          "clEnqueueReadBuffer");
+    traffic_.to_host += to.size_bytes();
+  }
   Buffer Upload(std::span<const std::byte> bytes) {
     Buffer b(context_, bytes.size());
-    if (!bytes.empty()) {
-      Check(clEnqueueWriteBuffer(queue_, b.get(), CL_TRUE, 0, bytes.size(), bytes.data(), 0,
-                                 nullptr, nullptr),
-            "clEnqueueWriteBuffer");
-    }
+    Write(b, bytes);
     return b;
   }
   Buffer Upload(std::span<const float> v) { return Upload(std::as_bytes(v)); }
   Buffer Upload(std::span<const uint32_t> v) { return Upload(std::as_bytes(v)); }
-  Buffer Zeros(int64_t floats) {
-    return Upload(std::vector<float>(static_cast<size_t>(floats), 0.0f));
+  void FillZeros(const Buffer& b) {
+    if (b.bytes() == 0) return;
+    const float zero = 0.0f;
+    Check(clEnqueueFillBuffer(queue_, b.get(), &zero, sizeof zero, 0, b.bytes(), 0, nullptr,
+                              nullptr),
+          "clEnqueueFillBuffer");
   }
-  // A float buffer's whole contents.
-  std::vector<float> Download(const Buffer& b) {
-    std::vector<float> v(b.bytes() / sizeof(float));
-    if (!v.empty()) {
-      Check(clEnqueueReadBuffer(queue_, b.get(), CL_TRUE, 0, v.size() * sizeof(float), v.data(),
-                                0, nullptr, nullptr),
-            "clEnqueueReadBuffer");
-    }
-    return v;
+  Buffer Zeros(int64_t floats) {
+    Buffer b(context_, static_cast<size_t>(floats) * sizeof(float));
+    FillZeros(b);
+    return b;
+  }
+  void CopyBuffer(const Buffer& from, const Buffer& to) {
+    if (from.bytes() != to.bytes()) Fail("internal error: copying unequal device buffers");
+    if (from.bytes() == 0) return;
+    Check(clEnqueueCopyBuffer(queue_, from.get(), to.get(), 0, 0, from.bytes(), 0, nullptr,
+                              nullptr),
+          "clEnqueueCopyBuffer");
   }
 
-  // Runs kernel `name` of `program` over `items` work-items (one-dimensional, padded up to a
+  // Enqueues kernel `name` of `program` over `items` work-items (one-dimensional, padded up to a
   // multiple of the work-group size; each kernel ignores the items past its end) with `args`.
   template <typename... Args>
   void Launch(cl_program program, const char* name, int64_t items, const Args&... args) {
     if (items <= 0) return;
-    cl_int status = CL_SUCCESS;
-    cl_kernel kernel = clCreateKernel(program, name, &status);
-    Check(status, fmt::format("clCreateKernel {}", name));
+    cl_kernel kernel = Kernel(program, name);
     cl_uint index = 0;
     (SetArg(kernel, index++, args), ...);
     const size_t local = work_group_;
     size_t global = static_cast<size_t>(items);
     if (local > 0) global = (global + local - 1) / local * local;
-    status = clEnqueueNDRangeKernel(queue_, kernel, 1, nullptr, &global,
-                                    local > 0 ? &local : nullptr, 0, nullptr, nullptr);
-    clReleaseKernel(kernel);
-    Check(status, fmt::format("clEnqueueNDRangeKernel {}", name));
-    Check(clFinish(queue_), "clFinish");
+    Check(clEnqueueNDRangeKernel(queue_, kernel, 1, nullptr, &global, local > 0 ? &local : nullptr,
+                                 0, nullptr, nullptr),
+          fmt::format("clEnqueueNDRangeKernel {}", name));
   }
   static void SetArg(cl_kernel k, cl_uint i, const Buffer& b) {
     const cl_mem mem = b.get();
@@ -405,19 +612,133 @@ class OpenClDevice final : public Device {
   cl_command_queue queue_ = nullptr;
   cl_program main_ = nullptr;
   std::map<std::array<int, 5>, cl_program> gemm_;
+  std::map<std::pair<cl_program, std::string>, cl_kernel> kernels_;
+  std::map<std::tuple<int64_t, int64_t, uint32_t>, std::pair<Buffer, Buffer>> rope_tables_;
   GemmTiling tiling_;
   size_t work_group_ = 0;
+  std::vector<std::span<const float>> kept_;
+  CopyMap copies_;
+  std::vector<const Copy*> in_use_;  // by the op call being bound
+  Traffic traffic_;
 };
+
+Binding::Binding(OpenClDevice& device, const rk::OpValues& in, rk::OpValues& out)
+    : device_(device), args_(&in), values_out_(&out) {
+  for (const auto& [role, v] : in.f32) inputs_.push_back({role, v, {}});
+  for (const auto& [role, v] : in.u32) inputs_.push_back({role, {}, v});
+}
+
+Binding::Binding(OpenClDevice& device, const OpArgs& args, std::span<const TensorIn> inputs,
+                 std::span<const TensorOut> outputs)
+    : device_(device), args_(&own_args_), outputs_(outputs) {
+  own_args_.args = args;
+  for (const TensorIn& t : inputs) inputs_.push_back({t.role, t.f32, t.u32});
+}
+
+Binding::~Binding() { device_.in_use_.clear(); }
+
+const Binding::InTensor* Binding::FindIn(std::string_view role) const {
+  const auto it = std::ranges::find(inputs_, role, &InTensor::role);
+  return it == inputs_.end() ? nullptr : &*it;
+}
+const Binding::InTensor& Binding::Input(std::string_view role) const {
+  const InTensor* t = FindIn(role);
+  if (t == nullptr) Fail("internal error: the op call on the device has no input '{}'", role);
+  return *t;
+}
+Binding::InTensor& Binding::Input(std::string_view role) {
+  return const_cast<InTensor&>(std::as_const(*this).Input(role));
+}
+
+const Buffer& Binding::In(std::string_view role) {
+  InTensor& t = Input(role);
+  if (t.buffer != nullptr) return *t.buffer;
+  if ((t.copy = device_.Resident(t.f32)) != nullptr) {
+    device_.in_use_.push_back(t.copy);
+    device_.MakeDeviceCurrent(*t.copy);
+    return *(t.buffer = &t.copy->buffer);
+  }
+  return *(t.buffer = &temporaries_.emplace_back(device_.Upload(t.f32)));
+}
+
+const Buffer& Binding::InU(std::string_view role) {
+  InTensor& t = Input(role);
+  if (t.buffer == nullptr) t.buffer = &temporaries_.emplace_back(device_.Upload(t.u32));
+  return *t.buffer;
+}
+
+std::span<float> Binding::Target(std::string_view role, int64_t elements) {
+  if (values_out_ != nullptr) {
+    std::vector<float>& v = values_out_->f32[std::string(role)];
+    v.resize(static_cast<size_t>(elements));
+    return v;
+  }
+  const auto it = std::ranges::find(outputs_, role, &TensorOut::role);
+  if (it == outputs_.end() || it->f32.size() != static_cast<size_t>(elements)) {
+    Fail("internal error: the op call on the device has no output '{}' of {} floats", role,
+         elements);
+  }
+  return it->f32;
+}
+
+const Buffer& Binding::Out(std::string_view role, int64_t elements) {
+  OutTensor o{role, Target(role, elements)};
+  if (Has(role)) {  // in place: the input of the same role, at the same address when kept
+    InTensor& in = Input(role);
+    o.in_place = true;
+    o.buffer = &In(role);
+    o.copy = in.copy;
+    if (o.copy != nullptr && o.target.data() != in.f32.data()) {
+      Fail("internal error: {} is updated in place on the device but given at another address",
+           role);
+    }
+  } else if ((o.copy = device_.Resident(o.target)) != nullptr) {
+    device_.in_use_.push_back(o.copy);
+    // A kept output that an input of another role also is (an op in place under two names)
+    // is written to a temporary first: no kernel reads and writes one buffer under two names,
+    // and the input is read whether it is bound before the output or after.
+    o.via_temp = std::ranges::any_of(inputs_, [&](const InTensor& t) {
+      return !t.f32.empty() && t.f32.data() < o.target.data() + o.target.size() &&
+             o.target.data() < t.f32.data() + t.f32.size();
+    });
+    if (o.via_temp) {
+      o.buffer = &Scratch(elements);
+    } else {
+      device_.FillZeros(o.copy->buffer);
+      o.buffer = &o.copy->buffer;
+    }
+  } else {
+    o.buffer = &Scratch(elements);
+  }
+  return *bound_.emplace_back(o).buffer;
+}
+
+const Buffer& Binding::Scratch(int64_t floats) {
+  return temporaries_.emplace_back(device_.Zeros(floats));
+}
+
+void Binding::Finish() {
+  for (const OutTensor& o : bound_) {
+    if (o.copy == nullptr) {
+      device_.Download(*o.buffer, o.target);
+      continue;
+    }
+    if (!device_.StillKept(o.copy)) {
+      Fail("internal error: the device copy of {} was dropped during the op that writes it",
+           o.role);
+    }
+    if (o.via_temp) device_.CopyBuffer(*o.buffer, o.copy->buffer);
+    o.copy->device_current = true;
+    o.copy->host_current = false;
+  }
+}
 
 void OpenClDevice::Gemm(const Buffer& a, int64_t a_i, int64_t a_r, const Buffer& b, int64_t b_r,
                         int64_t b_j, const Buffer& c, int64_t rows, int64_t cols, int64_t reduced,
                         bool accumulate) {
   if (rows <= 0 || cols <= 0) return;
   const GemmTiling& t = tiling_;
-  cl_program program = GemmProgram();
-  cl_int status = CL_SUCCESS;
-  cl_kernel kernel = clCreateKernel(program, "gemm", &status);
-  Check(status, "clCreateKernel gemm");
+  cl_kernel kernel = Kernel(GemmProgram(), "gemm");
   cl_uint index = 0;
   SetArg(kernel, index++, a);
   SetArg(kernel, index++, a_i);
@@ -434,19 +755,16 @@ void OpenClDevice::Gemm(const Buffer& a, int64_t a_i, int64_t a_r, const Buffer&
                            static_cast<size_t>(t.tile_m / t.reg_m)};
   const size_t global[2] = {static_cast<size_t>((cols + t.tile_n - 1) / t.tile_n) * local[0],
                             static_cast<size_t>((rows + t.tile_m - 1) / t.tile_m) * local[1]};
-  status = clEnqueueNDRangeKernel(queue_, kernel, 2, nullptr, global, local, 0, nullptr, nullptr);
-  clReleaseKernel(kernel);
-  Check(status, "clEnqueueNDRangeKernel gemm");
-  Check(clFinish(queue_), "clFinish");
+  Check(clEnqueueNDRangeKernel(queue_, kernel, 2, nullptr, global, local, 0, nullptr, nullptr),
+        "clEnqueueNDRangeKernel gemm");
 }
 
-void OpenClDevice::Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) {
+void OpenClDevice::RunBound(rk::Op op, Binding& io) {
   const rk::OpSpec& spec = rk::Spec(op);
   if (!Implements(op)) Fail("op {} does not run on the OpenCL device yet", spec.name);
   const std::string_view name = spec.name;
-  const auto size = [](const auto& v) { return static_cast<int64_t>(v.size()); };
   const auto positive = [&](std::string_view arg) {
-    const int64_t v = in.Int(arg);
+    const int64_t v = io.Int(arg);
     if (v < 1) Fail("{} on the device: {} = {} (must be >= 1)", name, arg, v);
     return v;
   };
@@ -454,96 +772,76 @@ void OpenClDevice::Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) {
     case rk::Op::kGemmXWt:
     case rk::Op::kGemmDyW:
     case rk::Op::kGemmDytX: {
-      const int64_t m = in.Int("m"), n = in.Int("n"), k = in.Int("k");
+      const int64_t m = io.Int("m"), n = io.Int("n"), k = io.Int("k");
       if (m < 0 || n < 0 || k < 0) Fail("{}: m, n, k = {}, {}, {} (must be >= 0)", name, m, n, k);
-      const bool accumulate = in.Int("accumulate") != 0;
+      const bool accumulate = io.Int("accumulate") != 0;
       // (a, b, output role, output rows, columns, reduced length, strides)
       const bool xwt = op == rk::Op::kGemmXWt, dyw = op == rk::Op::kGemmDyW;
       const std::string_view a_role = xwt ? "x" : "dy", b_role = xwt || dyw ? "w" : "x";
       const std::string_view c_role = xwt ? "y" : dyw ? "dx" : "dw";
       const int64_t rows = xwt || dyw ? m : n, cols = xwt ? n : k, reduced = xwt ? k : dyw ? n : m;
-      CheckElements(name, a_role, in.F(a_role).size(), xwt ? m * k : m * n);
-      CheckElements(name, b_role, in.F(b_role).size(), xwt || dyw ? n * k : m * k);
-      const Buffer a = Upload(in.F(a_role)), b = Upload(in.F(b_role));
-      Buffer c;
-      if (accumulate) {
-        CheckElements(name, c_role, in.F(c_role).size(), rows * cols);
-        c = Upload(in.F(c_role));
-      } else {
-        c = Zeros(rows * cols);
-      }
+      CheckElements(name, a_role, io.Size(a_role), xwt ? m * k : m * n);
+      CheckElements(name, b_role, io.Size(b_role), xwt || dyw ? n * k : m * k);
+      if (accumulate) CheckElements(name, c_role, io.Size(c_role), rows * cols);
+      const Buffer &a = io.In(a_role), &b = io.In(b_role), &c = io.Out(c_role, rows * cols);
       if (xwt) Gemm(a, k, 1, b, 1, k, c, rows, cols, reduced, accumulate);
       if (dyw) Gemm(a, n, 1, b, k, 1, c, rows, cols, reduced, accumulate);
       if (!xwt && !dyw) Gemm(a, 1, n, b, k, 1, c, rows, cols, reduced, accumulate);
-      out.f32[std::string(c_role)] = Download(c);
-      return;
+      break;
     }
     case rk::Op::kAddInto: {
-      CheckElements(name, "y", in.F("y").size(), size(in.F("x")));
-      const Buffer x = Upload(in.F("x")), y = Upload(in.F("y"));
-      Launch(main_, "add_into", size(in.F("x")), x, y, size(in.F("x")));
-      out.f32["y"] = Download(y);
-      return;
+      const int64_t n = io.Size("x");
+      CheckElements(name, "y", io.Size("y"), n);
+      Launch(main_, "add_into", n, io.In("x"), io.Out("y", n), n);
+      break;
     }
     case rk::Op::kCopy: {
-      const Buffer x = Upload(in.F("x")), y = Zeros(size(in.F("x")));
-      Launch(main_, "copy", size(in.F("x")), x, y, size(in.F("x")));
-      out.f32["y"] = Download(y);
-      return;
+      const int64_t n = io.Size("x");
+      Launch(main_, "copy", n, io.In("x"), io.Out("y", n), n);
+      break;
     }
     case rk::Op::kScale: {
-      const float factor = in.Float("factor");
+      const float factor = io.Float("factor");
       if (!std::isfinite(factor)) Fail("{}: factor = {} (must be finite)", name, factor);
-      const Buffer x = Upload(in.F("x"));
-      Launch(main_, "scale", size(in.F("x")), x, factor, size(in.F("x")));
-      out.f32["x"] = Download(x);
-      return;
+      const int64_t n = io.Size("x");
+      Launch(main_, "scale", n, io.Out("x", n), factor, n);
+      break;
     }
     case rk::Op::kCanonicalizeNaNs: {
-      const Buffer x = Upload(in.F("x"));
-      Launch(main_, "canonicalize_nans", size(in.F("x")), x, size(in.F("x")));
-      out.f32["x"] = Download(x);
-      return;
+      const int64_t n = io.Size("x");
+      Launch(main_, "canonicalize_nans", n, io.Out("x", n), n);
+      break;
     }
     case rk::Op::kAdamW: {
-      const rk::AdamWParams p{in.Float("lr"),  in.Float("beta1"),        in.Float("beta2"),
-                              in.Float("eps"), in.Float("weight_decay"), in.Int("step")};
+      const rk::AdamWParams p{io.Float("lr"),  io.Float("beta1"),        io.Float("beta2"),
+                              io.Float("eps"), io.Float("weight_decay"), io.Int("step")};
       const rk::AdamWScalars s = rk::AdamWScalarsOf(p);  // validates the arguments
-      const int64_t n = size(in.F("param"));
-      for (const char* role : {"grad", "m", "v"}) CheckElements(name, role, in.F(role).size(), n);
-      const Buffer param = Upload(in.F("param")), grad = Upload(in.F("grad")),
-                   m = Upload(in.F("m")), v = Upload(in.F("v"));
-      Launch(main_, "adamw", n, param, grad, m, v, s.decay, s.beta1, s.one_minus_beta1, s.beta2,
-             s.one_minus_beta2, s.sqrt_bc2, s.eps, s.step_size, n);
-      out.f32["param"] = Download(param);
-      out.f32["m"] = Download(m);
-      out.f32["v"] = Download(v);
-      return;
+      const int64_t n = io.Size("param");
+      for (const char* role : {"grad", "m", "v"}) CheckElements(name, role, io.Size(role), n);
+      Launch(main_, "adamw", n, io.Out("param", n), io.In("grad"), io.Out("m", n), io.Out("v", n),
+             s.decay, s.beta1, s.one_minus_beta1, s.beta2, s.one_minus_beta2, s.sqrt_bc2, s.eps,
+             s.step_size, n);
+      break;
     }
     case rk::Op::kSwigluFwd:
     case rk::Op::kSwigluBwd: {
-      const bool forward = op == rk::Op::kSwigluFwd;
       const int64_t rows = positive("rows"), f = positive("f");
-      CheckElements(name, "gu", in.F("gu").size(), rows * 2 * f);
-      const Buffer gu = Upload(in.F("gu"));
-      if (forward) {
-        const Buffer act = Zeros(rows * f);
-        Launch(main_, "swiglu_fwd", rows * f, gu, act, rows, f);
-        out.f32["act"] = Download(act);
+      CheckElements(name, "gu", io.Size("gu"), rows * 2 * f);
+      if (op == rk::Op::kSwigluFwd) {
+        Launch(main_, "swiglu_fwd", rows * f, io.In("gu"), io.Out("act", rows * f), rows, f);
       } else {
-        CheckElements(name, "dact", in.F("dact").size(), rows * f);
-        const Buffer dact = Upload(in.F("dact")), dgu = Zeros(rows * 2 * f);
-        Launch(main_, "swiglu_bwd", rows * f, gu, dact, dgu, rows, f);
-        out.f32["dgu"] = Download(dgu);
+        CheckElements(name, "dact", io.Size("dact"), rows * f);
+        Launch(main_, "swiglu_bwd", rows * f, io.In("gu"), io.In("dact"),
+               io.Out("dgu", rows * 2 * f), rows, f);
       }
-      return;
+      break;
     }
     case rk::Op::kAttentionFwd:
     case rk::Op::kAttentionBwd: {
       const int64_t batch = positive("batch"), seq = positive("seq"), q_heads = positive("q_heads"),
                     kv_heads = positive("kv_heads"), d = positive("head_dim"),
-                    window = in.Int("window");
-      const float scale = in.Float("scale");
+                    window = io.Int("window");
+      const float scale = io.Float("scale");
       if (q_heads % kv_heads != 0) {
         Fail("{}: q_heads = {} is not a multiple of kv_heads = {}", name, q_heads, kv_heads);
       }
@@ -551,39 +849,33 @@ void OpenClDevice::Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) {
       if (!(scale > 0) || !std::isfinite(scale)) Fail("{}: scale = {} (must be > 0)", name, scale);
       const int64_t nq = batch * seq * q_heads * d, nkv = batch * seq * kv_heads * d;
       const int64_t rows = batch * q_heads * seq;
-      CheckElements(name, "q", in.F("q").size(), nq);
-      CheckElements(name, "k", in.F("k").size(), nkv);
-      CheckElements(name, "v", in.F("v").size(), nkv);
-      const Buffer q = Upload(in.F("q")), k = Upload(in.F("k")), v = Upload(in.F("v"));
+      CheckElements(name, "q", io.Size("q"), nq);
+      CheckElements(name, "k", io.Size("k"), nkv);
+      CheckElements(name, "v", io.Size("v"), nkv);
+      const Buffer &q = io.In("q"), &k = io.In("k"), &v = io.In("v");
       if (op == rk::Op::kAttentionFwd) {
-        const Buffer o = Zeros(nq), lse = Zeros(rows);
-        Launch(main_, "attention_fwd", rows, q, k, v, o, lse, batch, seq, q_heads, kv_heads, d,
-               window, scale);
-        out.f32["out"] = Download(o);
-        out.f32["lse"] = Download(lse);
-        return;
+        Launch(main_, "attention_fwd", rows, q, k, v, io.Out("out", nq), io.Out("lse", rows),
+               batch, seq, q_heads, kv_heads, d, window, scale);
+        break;
       }
-      CheckElements(name, "out", in.F("out").size(), nq);
-      CheckElements(name, "dout", in.F("dout").size(), nq);
-      CheckElements(name, "lse", in.F("lse").size(), rows);
-      const Buffer o = Upload(in.F("out")), dout = Upload(in.F("dout")), lse = Upload(in.F("lse"));
-      const Buffer delta = Zeros(rows), dq = Zeros(nq);
-      const Buffer dk = Zeros(nkv), dv = Zeros(nkv);
+      CheckElements(name, "out", io.Size("out"), nq);
+      CheckElements(name, "dout", io.Size("dout"), nq);
+      CheckElements(name, "lse", io.Size("lse"), rows);
+      const Buffer &o = io.In("out"), &dout = io.In("dout"), &lse = io.In("lse");
+      const Buffer& delta = io.Scratch(rows);
+      const Buffer &dq = io.Out("dq", nq), &dk = io.Out("dk", nkv), &dv = io.Out("dv", nkv);
       Launch(main_, "attention_delta", rows, dout, o, delta, batch, seq, q_heads, d);
       Launch(main_, "attention_dq", rows, q, k, v, dout, lse, delta, dq, batch, seq, q_heads,
              kv_heads, d, window, scale);
       Launch(main_, "attention_dkv", batch * seq * kv_heads, q, k, v, dout, lse, delta, dk, dv,
              batch, seq, q_heads, kv_heads, d, window, scale);
-      out.f32["dq"] = Download(dq);
-      out.f32["dk"] = Download(dk);
-      out.f32["dv"] = Download(dv);
-      return;
+      break;
     }
     case rk::Op::kCrossEntropyFwd:
     case rk::Op::kCrossEntropyBwd: {
       const int64_t rows = positive("rows"), d = positive("d"), vocab = positive("vocab"),
                     chunk = positive("vocab_chunk");
-      const float z_loss = in.Float("z_loss");
+      const float z_loss = io.Float("z_loss");
       if (chunk % rk::kGemmKChunk != 0) {
         Fail("{}: vocab_chunk = {} (must be a positive multiple of {})", name, chunk,
              rk::kGemmKChunk);
@@ -591,87 +883,68 @@ void OpenClDevice::Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) {
       if (!(z_loss >= 0) || !std::isfinite(z_loss)) {
         Fail("{}: z_loss = {} (must be finite and >= 0)", name, z_loss);
       }
-      CheckElements(name, "h", in.F("h").size(), rows * d);
-      CheckElements(name, "w", in.F("w").size(), vocab * d);
-      CheckElements(name, "targets", in.U("targets").size(), rows);
-      for (int64_t r = 0; r < rows; ++r) {
-        const uint32_t target = in.U("targets")[static_cast<size_t>(r)];
-        if (target >= static_cast<uint64_t>(vocab)) {
-          Fail("{}: targets[{}] = {} is out of range (vocab = {})", name, r, target, vocab);
+      CheckElements(name, "h", io.Size("h"), rows * d);
+      CheckElements(name, "w", io.Size("w"), vocab * d);
+      const std::span<const uint32_t> target_ids = io.U("targets");
+      CheckElements(name, "targets", static_cast<int64_t>(target_ids.size()), rows);
+      for (size_t r = 0; r < target_ids.size(); ++r) {
+        if (target_ids[r] >= static_cast<uint64_t>(vocab)) {
+          Fail("{}: targets[{}] = {} is out of range (vocab = {})", name, r, target_ids[r], vocab);
         }
       }
       // The logits, every chunk at once: each logit's bits do not depend on the chunk.
-      const Buffer h = Upload(in.F("h")), w = Upload(in.F("w"));
-      const Buffer targets = Upload(std::span<const uint32_t>(in.U("targets")));
-      const Buffer z = Zeros(rows * vocab);
+      const Buffer &h = io.In("h"), &w = io.In("w"), &targets = io.InU("targets");
+      const Buffer& z = io.Scratch(rows * vocab);
       Gemm(h, d, 1, w, 1, d, z, rows, vocab, d, /*accumulate=*/false);
       if (op == rk::Op::kCrossEntropyFwd) {
-        const Buffer loss = Zeros(rows), zloss = Zeros(rows);
-        const Buffer lse = Zeros(rows);
-        Launch(main_, "cross_entropy_fwd", rows, z, targets, loss, zloss, lse, rows, vocab,
-               z_loss);
-        out.f32["loss"] = Download(loss);
-        out.f32["zloss"] = Download(zloss);
-        out.f32["lse"] = Download(lse);
-        return;
+        Launch(main_, "cross_entropy_fwd", rows, z, targets, io.Out("loss", rows),
+               io.Out("zloss", rows), io.Out("lse", rows), rows, vocab, z_loss);
+        break;
       }
-      const float grad_scale = in.Float("grad_scale");
+      const float grad_scale = io.Float("grad_scale");
       if (!std::isfinite(grad_scale)) Fail("{}: grad_scale = {} (must be finite)", name, grad_scale);
-      CheckElements(name, "lse", in.F("lse").size(), rows);
-      CheckElements(name, "dw", in.F("dw").size(), vocab * d);
-      const Buffer lse = Upload(in.F("lse")), dw = Upload(in.F("dw"));
-      const Buffer dh = Zeros(rows * d);
-      Launch(main_, "cross_entropy_dz", rows * vocab, z, targets, lse, rows, vocab, z_loss,
-             grad_scale);
+      CheckElements(name, "lse", io.Size("lse"), rows);
+      CheckElements(name, "dw", io.Size("dw"), vocab * d);
+      Launch(main_, "cross_entropy_dz", rows * vocab, z, targets, io.In("lse"), rows, vocab,
+             z_loss, grad_scale);
       // dh = dz · w over the whole vocab (the chunked sequence of the contract is this GEMM);
       // dw += dzᵀ · h.
-      Gemm(z, vocab, 1, w, d, 1, dh, rows, d, vocab, /*accumulate=*/false);
-      Gemm(z, 1, vocab, h, d, 1, dw, vocab, d, rows, /*accumulate=*/true);
-      out.f32["dh"] = Download(dh);
-      out.f32["dw"] = Download(dw);
-      return;
+      Gemm(z, vocab, 1, w, d, 1, io.Out("dh", rows * d), rows, d, vocab, /*accumulate=*/false);
+      Gemm(z, 1, vocab, h, d, 1, io.Out("dw", vocab * d), vocab, d, rows, /*accumulate=*/true);
+      break;
     }
     case rk::Op::kRowSum: {
-      const int64_t rows = positive("rows"), cols = in.Int("cols");
-      CheckElements(name, "x", in.F("x").size(), rows * cols);
-      const Buffer x = Upload(in.F("x")), sum = Zeros(rows);
-      Launch(main_, "row_sum", rows, x, sum, rows, cols);
-      out.f32["sum"] = Download(sum);
-      return;
+      const int64_t rows = positive("rows"), cols = io.Int("cols");
+      CheckElements(name, "x", io.Size("x"), rows * cols);
+      Launch(main_, "row_sum", rows, io.In("x"), io.Out("sum", rows), rows, cols);
+      break;
     }
     case rk::Op::kRmsNormFwd: {
       const int64_t rows = positive("rows"), cols = positive("cols");
-      const float eps = in.Float("eps");
+      const float eps = io.Float("eps");
       if (!(eps > 0) || !std::isfinite(eps)) Fail("{}: eps = {} (must be > 0)", name, eps);
-      CheckElements(name, "x", in.F("x").size(), rows * cols);
-      const bool has_gain = in.Has("gain");
-      if (has_gain) CheckElements(name, "gain", in.F("gain").size(), cols);
-      const Buffer x = Upload(in.F("x")), gain = has_gain ? Upload(in.F("gain")) : Zeros(0);
-      const Buffer y = Zeros(rows * cols), rstd = Zeros(rows);
-      Launch(main_, "rmsnorm_fwd", rows, x, gain, has_gain ? 1 : 0, eps,
-             1.0f / static_cast<float>(cols), y, rstd, rows, cols);
-      out.f32["y"] = Download(y);
-      out.f32["rstd"] = Download(rstd);
-      return;
+      CheckElements(name, "x", io.Size("x"), rows * cols);
+      const bool has_gain = io.Has("gain");
+      if (has_gain) CheckElements(name, "gain", io.Size("gain"), cols);
+      Launch(main_, "rmsnorm_fwd", rows, io.In("x"), has_gain ? io.In("gain") : io.Scratch(0),
+             has_gain ? 1 : 0, eps, 1.0f / static_cast<float>(cols), io.Out("y", rows * cols),
+             io.Out("rstd", rows), rows, cols);
+      break;
     }
     case rk::Op::kRmsNormBwd: {
       const int64_t rows = positive("rows"), cols = positive("cols");
-      for (const char* role : {"dy", "x"}) CheckElements(name, role, in.F(role).size(), rows * cols);
-      CheckElements(name, "rstd", in.F("rstd").size(), rows);
-      const bool has_gain = in.Has("gain");
-      if (has_gain) CheckElements(name, "gain", in.F("gain").size(), cols);
-      const Buffer dy = Upload(in.F("dy")), x = Upload(in.F("x")), rstd = Upload(in.F("rstd"));
-      const Buffer gain = has_gain ? Upload(in.F("gain")) : Zeros(0);
-      const Buffer dx = Zeros(rows * cols);
+      for (const char* role : {"dy", "x"}) CheckElements(name, role, io.Size(role), rows * cols);
+      CheckElements(name, "rstd", io.Size("rstd"), rows);
+      const bool has_gain = io.Has("gain");
+      if (has_gain) CheckElements(name, "gain", io.Size("gain"), cols);
+      const Buffer &dy = io.In("dy"), &x = io.In("x"), &rstd = io.In("rstd");
+      const Buffer& gain = has_gain ? io.In("gain") : io.Scratch(0);
       Launch(main_, "rmsnorm_bwd", rows, dy, x, gain, has_gain ? 1 : 0, rstd,
-             1.0f / static_cast<float>(cols), dx, rows, cols);
-      out.f32["dx"] = Download(dx);
+             1.0f / static_cast<float>(cols), io.Out("dx", rows * cols), rows, cols);
       if (has_gain) {
-        const Buffer dgain = Zeros(cols);
-        Launch(main_, "rmsnorm_dgain", cols, dy, x, rstd, dgain, rows, cols);
-        out.f32["dgain"] = Download(dgain);
+        Launch(main_, "rmsnorm_dgain", cols, dy, x, rstd, io.Out("dgain", cols), rows, cols);
       }
-      return;
+      break;
     }
     case rk::Op::kRopeFwd:
     case rk::Op::kRopeBwd: {
@@ -679,46 +952,40 @@ void OpenClDevice::Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) {
       const std::string_view x_role = inverse ? "dy" : "x", y_role = inverse ? "dx" : "y";
       const int64_t batch = positive("batch"), seq = positive("seq"), heads = positive("heads"),
                     head_dim = positive("head_dim"), table_seq = positive("table_seq");
-      const rk::RopeTable table = rk::MakeRopeTable(table_seq, head_dim, in.Float("theta"));
       if (seq > table_seq) Fail("{}: seq = {} exceeds table_seq = {}", name, seq, table_seq);
       const int64_t n = batch * seq * heads * head_dim;
-      CheckElements(name, x_role, in.F(x_role).size(), n);
-      const Buffer x = Upload(in.F(x_role)), y = Zeros(n);
-      const Buffer cos = Upload(table.cos), sin = Upload(table.sin);
-      Launch(main_, "rope", n / 2, x, y, cos, sin, seq, heads, head_dim / 2, n / 2,
-             inverse ? 1 : 0);
-      out.f32[std::string(y_role)] = Download(y);
-      return;
+      CheckElements(name, x_role, io.Size(x_role), n);
+      const auto& [cos, sin] = RopeTables(table_seq, head_dim, io.Float("theta"));
+      Launch(main_, "rope", n / 2, io.In(x_role), io.Out(y_role, n), cos, sin, seq, heads,
+             head_dim / 2, n / 2, inverse ? 1 : 0);
+      break;
     }
     case rk::Op::kEmbeddingFwd:
     case rk::Op::kEmbeddingBwd: {
-      const bool forward = op == rk::Op::kEmbeddingFwd;
       const int64_t vocab = positive("vocab"), d = positive("d");
-      const std::vector<uint32_t>& ids = in.U("ids");
+      const std::span<const uint32_t> ids = io.U("ids");
       for (size_t i = 0; i < ids.size(); ++i) {
         if (ids[i] >= static_cast<uint64_t>(vocab)) {
           Fail("{}: ids[{}] = {} is out of range (vocab = {})", name, i, ids[i], vocab);
         }
       }
       const auto n = static_cast<int64_t>(ids.size());
-      const Buffer id_buffer = Upload(std::span<const uint32_t>(ids));
-      if (forward) {
-        CheckElements(name, "table", in.F("table").size(), vocab * d);
-        const Buffer table = Upload(in.F("table")), o = Zeros(n * d);
-        Launch(main_, "embedding_fwd", n * d, table, id_buffer, o, n, d);
-        out.f32["out"] = Download(o);
+      if (op == rk::Op::kEmbeddingFwd) {
+        CheckElements(name, "table", io.Size("table"), vocab * d);
+        Launch(main_, "embedding_fwd", n * d, io.In("table"), io.InU("ids"), io.Out("out", n * d),
+               n, d);
       } else {
-        CheckElements(name, "dout", in.F("dout").size(), n * d);
-        CheckElements(name, "dtable", in.F("dtable").size(), vocab * d);
-        const Buffer dout = Upload(in.F("dout")), dtable = Upload(in.F("dtable"));
-        Launch(main_, "embedding_bwd", d, dout, id_buffer, dtable, n, d);
-        out.f32["dtable"] = Download(dtable);
+        CheckElements(name, "dout", io.Size("dout"), n * d);
+        CheckElements(name, "dtable", io.Size("dtable"), vocab * d);
+        Launch(main_, "embedding_bwd", d, io.In("dout"), io.InU("ids"),
+               io.Out("dtable", vocab * d), n, d);
       }
-      return;
+      break;
     }
     default:
       Fail("internal error: op {} is listed as implemented but has no device code", name);
   }
+  io.Finish();
 }
 
 std::unique_ptr<Device> OpenChecked(const DeviceChoice& choice, const Mutation& mutation) {

@@ -38,6 +38,21 @@ Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int6
   targets_.resize(static_cast<size_t>(rows_));
 }
 
+Model::~Model() {
+  if (hooks_.executor != nullptr) hooks_.executor->Forget(arena_);
+}
+
+void Model::set_hooks(const OpHooks& hooks) {
+  if (hooks_.executor != hooks.executor) {
+    if (hooks_.executor != nullptr) {
+      hooks_.executor->ToHost(arena_);
+      hooks_.executor->Forget(arena_);
+    }
+    if (hooks.executor != nullptr) hooks.executor->Keep(arena_);
+  }
+  hooks_ = hooks;
+}
+
 int64_t Model::AllocatedBytes(const ModelConfig& config, int64_t vocab_chunk, int64_t batch,
                               int64_t seq) {
   const Model plan(config, vocab_chunk, batch, seq, PlanOnly{});
@@ -372,7 +387,10 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
   // The embedding and output-head gradients are accumulated into by their kernels.
   auto scatter_grad = [&](size_t i) {
     const std::span<float> g = Grad(access, i, accumulate);
-    if (!accumulate) std::ranges::fill(g, 0.0f);
+    if (!accumulate) {
+      if (obs.executor != nullptr) obs.executor->HostWrites(g);
+      std::ranges::fill(g, 0.0f);
+    }
     return g;
   };
 
@@ -477,12 +495,18 @@ LossSums Model::ForwardBackward(TensorAccess& access, std::span<const uint32_t> 
   return sums;
 }
 
-std::span<const float> Model::RowLoss() const { return A(loss_); }
-std::span<const float> Model::RowZLoss() const { return A(zloss_); }
+std::span<const float> Model::RowLoss() const { return OnHost(loss_); }
+std::span<const float> Model::RowZLoss() const { return OnHost(zloss_); }
+
+std::span<const float> Model::OnHost(Span s) const {
+  if (hooks_.executor != nullptr) hooks_.executor->ToHost(A(s));
+  return A(s);
+}
 
 void Model::Logits(const ParamStore& params, std::span<float> logits) const {
   if (!have_forward_) Fail("Model::Logits: called before Forward");
   CheckParams(params, "params");
+  OnHost(xf_);
   rk::GemmXWt(A(xf_), params.Tensor(ParamIndex(config_).output), logits, rows_, config_.vocab,
               config_.d_model);
 }

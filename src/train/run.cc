@@ -344,6 +344,8 @@ int Train(const TrainOptions& options, Comm& comm) {
   const bool tty = options.progress && isatty(STDERR_FILENO);
   const auto start = std::chrono::steady_clock::now();
   const uint64_t first = trainer.state().step;
+  const OpExecutor::Traffic device_before =
+      options.executor != nullptr ? options.executor->traffic() : OpExecutor::Traffic{};
   uint64_t tokens = trainer.state().step * static_cast<uint64_t>(trainer.tokens_per_step());
   int exit_code = 0;
   while (trainer.state().step < target) {
@@ -393,6 +395,17 @@ int Train(const TrainOptions& options, Comm& comm) {
     }
     std::fprintf(stderr, "peak RSS %s: %s\n", comm.size() == 1 ? "of the process" : "per rank",
                  line.c_str());
+    if (options.executor != nullptr && trainer.state().step > first) {
+      // What keeping the state on the device costs: the copies for the hash and checkpoints.
+      const OpExecutor::Traffic t = options.executor->traffic();
+      const auto steps = static_cast<double>(trainer.state().step - first);
+      std::fprintf(stderr,
+                   "device copies per step: %.2f MiB to the device, %.2f MiB back (%.2f MiB kept "
+                   "there)\n",
+                   static_cast<double>(t.to_device - device_before.to_device) / steps / (1 << 20),
+                   static_cast<double>(t.to_host - device_before.to_host) / steps / (1 << 20),
+                   static_cast<double>(t.kept) / (1 << 20));
+    }
     PrintLossCurve(metrics_path, dataset.unigram_entropy_nats());
   }
   return exit_code;

@@ -65,6 +65,11 @@ class MemoryStore final : public StateStore {
 
   void Release(const Piece&, bool, std::span<const Digest>) override {}
   uint64_t SpillBytes() const override { return 0; }  // the piece is the stored array itself
+  std::array<std::span<const float>, kStateArrayCount> Regions() const override {
+    std::array<std::span<const float>, kStateArrayCount> regions;
+    for (size_t a = 0; a < regions.size(); ++a) regions[a] = arrays_[a].Flat();
+    return regions;
+  }
 
   void Zero() override {
     for (ParamStore& store : arrays_) store.Zero();

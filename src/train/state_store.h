@@ -4,6 +4,7 @@
 // (docs/training.md, "Storage"). The step sees only pieces, so both give the same bits.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -71,6 +72,9 @@ class StateStore : public TensorAccess {
   virtual StateHash FinishAttach(FileDigests /*digests*/) {
     Fail("StateStore: FinishAttach without a checkpoint attached");
   }
+  // The host memory that holds each array whole while the store lives (indexed by StateArray),
+  // which an OpExecutor may keep copies of; empty spans for a store on disk.
+  virtual std::array<std::span<const float>, kStateArrayCount> Regions() const { return {}; }
   // Bytes the store's files occupy on disk now (0 for RAM).
   virtual uint64_t SpillBytes() const = 0;
   // The disk traffic of Acquire and Release so far (all zero for RAM); PhaseReport's fields.

@@ -132,7 +132,10 @@ Trainer::Trainer(const RunConfig& config, const data::Dataset& dataset, std::str
   state_.rng_seed = config.train.seed;
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  if (hooks_.executor == nullptr) return;
+  for (const std::span<const float> r : KeptRegions()) hooks_.executor->Forget(r);
+}
 
 ElementRange Trainer::Held(size_t i) const { return exchange_->Held(i); }
 
@@ -157,7 +160,56 @@ void Trainer::set_observer(OpObserver* observer) {
   model_.set_hooks(hooks_);
 }
 
+std::vector<std::span<const float>> Trainer::KeptRegions() const {
+  std::vector<std::span<const float>> regions;
+  for (const std::span<const float> r : store_->Regions()) {
+    if (!r.empty()) regions.push_back(r);
+  }
+  if (group_) regions.push_back(group_->Flat());
+  return regions;
+}
+
+void Trainer::StateOnHost(bool host_writes) {
+  if (hooks_.executor == nullptr) return;
+  for (const std::span<const float> r : KeptRegions()) {
+    hooks_.executor->ToHost(r);
+    if (host_writes) hooks_.executor->HostWrites(r);
+  }
+}
+
 void Trainer::set_executor(OpExecutor* executor) {
+  if (executor == hooks_.executor) return;
+  if (hooks_.executor != nullptr) {
+    StateOnHost(/*host_writes=*/false);
+    for (const std::span<const float> r : KeptRegions()) hooks_.executor->Forget(r);
+  }
+  if (executor != nullptr) {
+    // What the executor keeps: the state in RAM and the group gradients, the activations, and
+    // one op's temporaries -- the head's logits, or the pieces of a state on disk.
+    const ModelConfig& m = config_.model;
+    const int64_t rows = config_.train.microbatch * m.seq_len;
+    uint64_t state = 0, group = 0;
+    int64_t largest = std::max({rows * m.vocab, rows * 2 * m.ffn_hidden,
+                                rows * std::max(m.d_model, m.n_heads * m.head_dim)});
+    for (const std::span<const float> r : store_->Regions()) state += r.size_bytes();
+    if (group_) group = group_->Flat().size_bytes();
+    for (const ParamSpec& spec : specs_) largest = std::max(largest, spec.numel());
+    const uint64_t activations = static_cast<uint64_t>(
+        Model::AllocatedBytes(m, config_.train.vocab_chunk, config_.train.microbatch, m.seq_len));
+    const uint64_t piece =
+        state > 0 ? 0 : static_cast<uint64_t>(std::min(largest, store_->PieceFloats()));
+    const uint64_t scratch =
+        static_cast<uint64_t>(rows * m.vocab) * sizeof(float) + kStateArrayCount * piece * sizeof(float);
+    executor->Plan(state + group + activations + scratch,
+                   static_cast<uint64_t>(largest) * sizeof(float),
+                   fmt::format("state {:.1f} MiB, group gradients {:.1f} MiB, activations {:.1f} "
+                               "MiB, one op's temporaries {:.1f} MiB",
+                               static_cast<double>(state) / (1 << 20),
+                               static_cast<double>(group) / (1 << 20),
+                               static_cast<double>(activations) / (1 << 20),
+                               static_cast<double>(scratch) / (1 << 20)));
+    for (const std::span<const float> r : KeptRegions()) executor->Keep(r);
+  }
   hooks_.executor = executor;
   model_.set_hooks(hooks_);
 }
@@ -296,6 +348,7 @@ uint64_t Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_templat
     std::vector<std::span<const float>> arrays;
     for (const auto& p : batch) {
       for (const Piece& piece : p) {
+        if (hooks_.executor != nullptr) hooks_.executor->ToHost(piece.data);
         arrays.push_back(piece.data);
         hashed_bytes += piece.data.size_bytes();
       }
@@ -361,6 +414,11 @@ uint64_t Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_templat
     digests.push_back(std::move(t));
   }
   if (update && ranks_ > 1) {
+    if (hooks_.executor != nullptr) {  // the other ranks' updates of the parameters land here
+      const std::span<const float> params = store_->Regions()[size_t(StateArray::kParam)];
+      hooks_.executor->ToHost(params);
+      hooks_.executor->HostWrites(params);
+    }
     exchange_->ShareParameters(*store_, chunks, state_.step,
                                faults_.replica && faults_.replica->rank == rank_ &&
                                    faults_.replica->step == state_.step);
@@ -370,6 +428,7 @@ uint64_t Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_templat
 }
 
 void Trainer::Initialize() {
+  StateOnHost(/*host_writes=*/true);
   store_->Zero();
   attached_.reset();
   const std::string descriptor = state_.descriptor;
@@ -416,6 +475,7 @@ void Trainer::CheckRestorable(const CheckpointIndex& checkpoint) const {
 StateHash Trainer::Restore(const CheckpointIndex& checkpoint, FileDigests digests) {
   CheckRestorable(checkpoint);
   attached_.reset();
+  StateOnHost(/*host_writes=*/true);
   ProgressLine progress("load " + checkpoint.dir.string(), CheckpointBytes(checkpoint.gradients),
                         progress_);
   const StateHash recomputed = store_->Load(checkpoint, digests, [&](uint64_t bytes) {
@@ -510,6 +570,7 @@ void Trainer::ReadPiece(size_t i, StateArray array, int64_t begin, std::span<flo
     const int64_t piece = store_->PieceFloats();
     for (int64_t at = from; at < to;) {
       const Piece p = store_->Acquire(array, i, at, std::min(piece, to - at), /*load=*/true);
+      if (hooks_.executor != nullptr) hooks_.executor->ToHost(p.data);
       std::ranges::copy(p.data, part.begin() + (at - from));
       store_->Release(p, /*store=*/false);
       at += static_cast<int64_t>(p.data.size());
@@ -608,6 +669,12 @@ void Trainer::FoldRound(int64_t round) {
     return;
   }
   comm_.set_phase(fmt::format("step {}: gradients of round {}", state_.step + 1, round));
+  if (hooks_.executor != nullptr) {  // the group's gradients leave, the sums land, on the host
+    hooks_.executor->ToHost(group_->Flat());
+    const std::span<const float> grads = store_->Regions()[size_t(StateArray::kGrad)];
+    hooks_.executor->ToHost(grads);
+    hooks_.executor->HostWrites(grads);
+  }
   exchange_->GatherToOwners(*group_, [&](size_t i, int64_t begin, int64_t count,
                                           std::span<const float> parts) {
     // Group round·N + r is rank r's: in rank order, the groups are added in group order.

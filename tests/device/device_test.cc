@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <algorithm>
 #include <cmath>
 #include <regex>
 #include <string>
@@ -281,6 +282,81 @@ TEST(DeviceRules, ADeviceIsJudgedByItsSinglePrecisionConfig) {
   for (const char* bad : {"gpu", "opencl:1", "opencl:-1:0", "opencl:a:b", "opencl:1:2:3"}) {
     EXPECT_THROW(device::ParseDeviceFlag(bad), Error) << bad;
   }
+}
+
+// Kept regions: an op's outputs there stay on the device (the host's bytes untouched, nothing
+// copied back) until ToHost; HostWrites drops the copies so that the host's new bytes are what
+// the next op reads; a tensor overlapping a kept copy in part brings the copy back first; and an
+// op that writes in place under another role's name (RoPE's x and y) reads its input whatever
+// the order in which the call binds them.
+TEST_F(DeviceTest, KeptCopiesStayOnTheDeviceUntilTheHostAsks) {
+  const size_t n = 1000;
+  std::vector<float> region = rk::SelftestFloats(3 * n, 11, /*specials=*/false);
+  const std::span<float> x(region.data(), n), y(region.data() + n, n);
+  const std::vector<float> x0(x.begin(), x.end()), y0(y.begin(), y.end());
+  const auto add_into = [&](std::span<float> into) {
+    const device::TensorIn in[] = {{"x", x}, {"y", into}};
+    const device::TensorOut out[] = {{"y", into}};
+    dev_->Run(rk::Op::kAddInto, {{"n", double(into.size())}}, in, out);
+  };
+  const auto scale = [&](std::span<float> v, float factor) {
+    const device::TensorIn in[] = {{"x", v}};
+    const device::TensorOut out[] = {{"x", v}};
+    dev_->Run(rk::Op::kScale, {{"factor", factor}}, in, out);
+  };
+  dev_->Keep(region);
+  const device::Traffic t0 = dev_->traffic();
+  add_into(y);
+  scale(y, 2.0f);
+  EXPECT_EQ(dev_->traffic().to_device - t0.to_device, 2 * n * sizeof(float));  // x and y, once
+  EXPECT_EQ(dev_->traffic().to_host, t0.to_host) << "an output in a kept region was copied back";
+  EXPECT_TRUE(std::ranges::equal(y, y0)) << "the host's bytes changed before ToHost";
+  EXPECT_EQ(dev_->KeptBytes(), 2 * n * sizeof(float));
+
+  std::vector<float> want = y0;
+  rk::AddInto(x0, want);
+  rk::Scale(want, 2.0f);
+  dev_->ToHost(region);
+  EXPECT_EQ(dev_->traffic().to_host - t0.to_host, n * sizeof(float));  // y only: x is unchanged
+  EXPECT_TRUE(std::ranges::equal(y, want));
+  dev_->ToHost(y);
+  EXPECT_EQ(dev_->traffic().to_host - t0.to_host, n * sizeof(float)) << "a current copy read again";
+
+  // The host writes y; the next op reads the host's bytes.
+  dev_->HostWrites(y);
+  std::ranges::fill(y, 1.0f);
+  scale(y, 3.0f);
+  dev_->ToHost(y);
+  EXPECT_TRUE(std::ranges::all_of(y, [](float v) { return v == 3.0f; }));
+
+  // Half of y, on the device only, then the other half through a piece that overlaps it.
+  scale(y.first(n / 2), 5.0f);
+  scale(y, 7.0f);
+  dev_->ToHost(region);
+  EXPECT_TRUE(std::ranges::all_of(y.first(n / 2), [](float v) { return v == 105.0f; }));
+  EXPECT_TRUE(std::ranges::all_of(y.last(n / 2), [](float v) { return v == 21.0f; }));
+
+  // RoPE in place: y is both its input x and its output y.
+  const rk::OpSpec& rope = rk::Spec(rk::Op::kRopeFwd);
+  const rk::OpValues args = [] {
+    rk::OpValues v;
+    v.args = {{"batch", 1}, {"seq", 5}, {"heads", 2}, {"head_dim", 100}, {"table_seq", 8},
+              {"theta", 10000}};
+    return v;
+  }();
+  rk::OpValues in = args, expected;
+  in.f32["x"].assign(x.begin(), x.end());
+  expected = Reference(rope, in);
+  const device::TensorIn rope_in[] = {{"x", x}};
+  const device::TensorOut rope_out[] = {{"y", x}};
+  dev_->Run(rope.op, args.args, rope_in, rope_out);
+  dev_->ToHost(x);
+  EXPECT_TRUE(std::ranges::equal(x, expected.f32.at("y"), [](float a, float b) {
+    return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
+  }));
+
+  dev_->Forget(region);
+  EXPECT_EQ(dev_->KeptBytes(), 0u);
 }
 
 // What the pragma guards against, shown: RMSNorm's `ss * inv_d + eps` is a multiply then an add

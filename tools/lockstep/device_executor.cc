@@ -1,9 +1,9 @@
-// --device for train and replay: an OpExecutor that runs on an OpenCL device every op of the op
-// table the device runs (docs/devices.md), each op's inputs copied to the device and its outputs
-// back, and leaves the others to the CPU kernels.
+// --device for train, replay, audit and trace: an OpExecutor that runs on an OpenCL device every
+// op of the op table the device runs (docs/devices.md), keeping there the tensors of the host
+// regions it is told to keep (the state in RAM, the activations), and leaves the other ops to the
+// CPU kernels.
 #include <fmt/format.h>
 
-#include <cstring>
 
 #include "lockstep/device.h"
 #include "lockstep/model.h"
@@ -14,37 +14,50 @@ namespace {
 
 class DeviceExecutor final : public OpExecutor {
  public:
-  explicit DeviceExecutor(std::unique_ptr<device::Device> device) : device_(std::move(device)) {}
+  DeviceExecutor(std::unique_ptr<device::Device> device, std::string name)
+      : device_(std::move(device)), name_(std::move(name)) {}
 
   bool Run(rk::Op op, std::span<const OpArg> args, std::span<const OpTensor> inputs,
            std::span<const OpOutput> outputs) override {
     if (!device_->Implements(op)) return false;
-    rk::OpValues in, out;
-    for (const OpArg& a : args) in.args[std::string(a.name)] = a.value;
-    for (const OpTensor& t : inputs) {
-      const std::string role(t.role);
-      if (!t.u32.empty()) {
-        in.u32[role].assign(t.u32.begin(), t.u32.end());
-      } else if (!t.f64.empty()) {
-        in.f64[role].assign(t.f64.begin(), t.f64.end());
-      } else {
-        in.f32[role].assign(t.f32.begin(), t.f32.end());
-      }
-    }
-    device_->Run(op, in, out);
-    for (const OpOutput& o : outputs) {
-      const auto it = out.f32.find(o.role);
-      if (it == out.f32.end() || it->second.size() != o.f32.size() || !o.f64.empty()) {
-        Fail("internal error: the device's {} gave no {} of {} floats", rk::Spec(op).name,
-             o.role, o.f32.size());
-      }
-      std::memcpy(o.f32.data(), it->second.data(), o.f32.size_bytes());
-    }
+    device::OpArgs values;
+    for (const OpArg& a : args) values[std::string(a.name)] = a.value;
+    std::vector<device::TensorIn> in;
+    for (const OpTensor& t : inputs) in.push_back({t.role, t.f32, t.u32});
+    std::vector<device::TensorOut> out;
+    for (const OpOutput& o : outputs) out.push_back({o.role, o.f32});
+    device_->Run(op, values, in, out);
     return true;
+  }
+  void Keep(std::span<const float> region) override { device_->Keep(region); }
+  void Forget(std::span<const float> region) override { device_->Forget(region); }
+  void ToHost(std::span<const float> data) override { device_->ToHost(data); }
+  void HostWrites(std::span<const float> data) override { device_->HostWrites(data); }
+
+  void Plan(uint64_t bytes, uint64_t largest, std::string_view detail) override {
+    const device::DeviceInfo& info = device_->info();
+    const auto gib = [](uint64_t b) { return static_cast<double>(b) / (1 << 30); };
+    if (bytes > info.global_memory) {
+      Fail("--device {} ({}): this run needs {:.2f} GiB on the device ({}), the device has "
+           "{:.2f} GiB (docs/devices.md, \"Memory\")",
+           name_, info.name, gib(bytes), detail, gib(info.global_memory));
+    }
+    if (largest > info.max_allocation) {
+      Fail("--device {} ({}): this run's largest tensor on the device is {:.2f} GiB, the device "
+           "allocates at most {:.2f} GiB at once (CL_DEVICE_MAX_MEM_ALLOC_SIZE; docs/devices.md)",
+           name_, info.name, gib(largest), gib(info.max_allocation));
+    }
+    fmt::print(stderr, "device memory on {}: {:.2f} GiB of {:.2f} GiB ({})\n", name_, gib(bytes),
+               gib(info.global_memory), detail);
+  }
+  Traffic traffic() const override {
+    const device::Traffic t = device_->traffic();
+    return {t.to_device, t.to_host, device_->KeptBytes()};
   }
 
  private:
   std::unique_ptr<device::Device> device_;
+  std::string name_;
 };
 
 }  // namespace
@@ -60,10 +73,10 @@ std::unique_ptr<OpExecutor> MakeExecutor(const std::string& flag, std::string* n
   for (const rk::OpSpec& spec : rk::OpTable()) ops += device->Implements(spec.op) ? 1 : 0;
   *name = fmt::format("opencl:{}:{}", choice->platform, choice->device);
   fmt::print(stderr,
-             "ops on {} ({}): {} of the step's {} ops, each op's tensors copied in and out; the "
-             "rest on the CPU (docs/devices.md)\n",
+             "ops on {} ({}): {} of the step's {} ops, the state and the activations kept on the "
+             "device; the rest on the CPU (docs/devices.md)\n",
              *name, device->info().name, ops, rk::OpTable().size());
-  return std::make_unique<DeviceExecutor>(std::move(device));
+  return std::make_unique<DeviceExecutor>(std::move(device), *name);
 }
 
 void AddDeviceOption(CLI::App* cmd, std::string* flag) {
