@@ -112,6 +112,14 @@ struct Storage {
 std::vector<std::pair<std::string, uint64_t>> StorePlan(const RunConfig& config,
                                                         const Storage& storage);
 
+// Checks that what a run keeps where `executor` runs its ops fits there (OpExecutor::Plan; an
+// OpenCL device refuses a run that does not, naming both sizes): rank `rank` of `ranks`
+// processes keeps its state in RAM (the parameters whole, the moments and the gradient of its
+// range; nothing with a spill_dir), the group gradients, the activations and one op's
+// temporaries (docs/devices.md, "Memory"). Call it before building the Trainer.
+void PlanDeviceMemory(const RunConfig& config, const Storage& storage, int ranks, int rank,
+                      OpExecutor& executor);
+
 // Elements [begin, end) of a tensor.
 struct ElementRange {
   int64_t begin = 0, end = 0;
@@ -192,7 +200,8 @@ class Trainer {
   // Installs test-only faults for the following steps (none by default).
   void set_faults(const TestFaults& faults);
   // Runs the ops of the following steps that `executor` runs there (an OpenCL device; null: every
-  // op on the CPU). The bits are the same wherever they run.
+  // op on the CPU), which keeps the state in RAM and the activations (OpExecutor::Keep; plan its
+  // memory first: PlanDeviceMemory). The bits are the same wherever they run.
   void set_executor(OpExecutor* executor);
 
  private:

@@ -261,6 +261,7 @@ ReplayResult ReplayInterval(const ReplayOptions& o) {
            "(RUN/checkpoints/step_*) with a state_hashes.jsonl");
     }
   }
+  if (o.executor != nullptr) train::PlanDeviceMemory(config, storage.storage, 1, 0, *o.executor);
   train::Trainer trainer(config, dataset, train::RunDescriptor(config, dataset), storage.storage);
   trainer.set_progress(true);
   trainer.set_faults(o.faults);

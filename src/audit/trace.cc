@@ -264,6 +264,7 @@ Trace WriteTrace(const TraceOptions& o) {
   SetThreads(o.threads);
   const RunConfig config = audit::ConfigOfCheckpoint(start);
   const data::Dataset dataset = data::OpenDataset(o.data_dir);
+  if (o.executor != nullptr) train::PlanDeviceMemory(config, {}, 1, 0, *o.executor);
   train::Trainer trainer(config, dataset, train::RunDescriptor(config, dataset));
   trainer.set_progress(o.progress);
   trainer.set_faults(o.faults);

@@ -246,6 +246,12 @@ int Train(const TrainOptions& options, Comm& comm) {
              {"--test-fault-* flags", FaultsText(options.faults)}});
   const fs::path hashes_path = options.run_dir / "state_hashes.jsonl";
   const fs::path metrics_path = options.run_dir / "metrics.jsonl";
+  if (options.executor != nullptr) {
+    AgreeOrFail(comm, [&] {
+      PlanDeviceMemory(config, Storage{options.spill_dir}, comm.size(), comm.rank(),
+                       *options.executor);
+    });
+  }
   if (!options.spill_dir && comm.size() == 1) {
     // Say so before allocating rather than be killed.
     uint64_t needed = static_cast<uint64_t>(Model::AllocatedBytes(

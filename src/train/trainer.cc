@@ -184,30 +184,6 @@ void Trainer::set_executor(OpExecutor* executor) {
     for (const std::span<const float> r : KeptRegions()) hooks_.executor->Forget(r);
   }
   if (executor != nullptr) {
-    // What the executor keeps: the state in RAM and the group gradients, the activations, and
-    // one op's temporaries -- the head's logits, or the pieces of a state on disk.
-    const ModelConfig& m = config_.model;
-    const int64_t rows = config_.train.microbatch * m.seq_len;
-    uint64_t state = 0, group = 0;
-    int64_t largest = std::max({rows * m.vocab, rows * 2 * m.ffn_hidden,
-                                rows * std::max(m.d_model, m.n_heads * m.head_dim)});
-    for (const std::span<const float> r : store_->Regions()) state += r.size_bytes();
-    if (group_) group = group_->Flat().size_bytes();
-    for (const ParamSpec& spec : specs_) largest = std::max(largest, spec.numel());
-    const uint64_t activations = static_cast<uint64_t>(
-        Model::AllocatedBytes(m, config_.train.vocab_chunk, config_.train.microbatch, m.seq_len));
-    const uint64_t piece =
-        state > 0 ? 0 : static_cast<uint64_t>(std::min(largest, store_->PieceFloats()));
-    const uint64_t scratch =
-        static_cast<uint64_t>(rows * m.vocab) * sizeof(float) + kStateArrayCount * piece * sizeof(float);
-    executor->Plan(state + group + activations + scratch,
-                   static_cast<uint64_t>(largest) * sizeof(float),
-                   fmt::format("state {:.1f} MiB, group gradients {:.1f} MiB, activations {:.1f} "
-                               "MiB, one op's temporaries {:.1f} MiB",
-                               static_cast<double>(state) / (1 << 20),
-                               static_cast<double>(group) / (1 << 20),
-                               static_cast<double>(activations) / (1 << 20),
-                               static_cast<double>(scratch) / (1 << 20)));
     for (const std::span<const float> r : KeptRegions()) executor->Keep(r);
   }
   hooks_.executor = executor;
@@ -280,6 +256,39 @@ class PhaseClock {
 };
 
 }  // namespace
+
+void PlanDeviceMemory(const RunConfig& config, const Storage& storage, int ranks, int rank,
+                      OpExecutor& executor) {
+  const ModelConfig& m = config.model;
+  const std::vector<ParamSpec> specs = ParameterSpecs(m);
+  const int64_t rows = config.train.microbatch * m.seq_len;
+  int64_t largest = std::max({rows * m.vocab, rows * 2 * m.ffn_hidden,
+                              rows * std::max(m.d_model, m.n_heads * m.head_dim)});
+  uint64_t state = 0;
+  const std::vector<std::vector<int64_t>> bounds = OwnershipBounds(specs, ranks);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    largest = std::max(largest, specs[i].numel());
+    const auto r = static_cast<size_t>(rank);
+    // The parameters whole; the moments and the gradient of the range this rank holds.
+    const int64_t held = bounds[i][r + 1] - bounds[i][r];
+    if (!storage.spill_dir) state += sizeof(float) * static_cast<uint64_t>(specs[i].numel() + 3 * held);
+  }
+  const uint64_t group = GroupBufferBytes(config, ranks);
+  const auto activations = static_cast<uint64_t>(
+      Model::AllocatedBytes(m, config.train.vocab_chunk, config.train.microbatch, m.seq_len));
+  // One op's temporaries: the head's logits, and for a state on disk one update's pieces.
+  const uint64_t pieces = storage.spill_dir ? kStateArrayCount * sizeof(float) *
+                                                  static_cast<uint64_t>(std::min(largest, kSpillPieceFloats))
+                                            : 0;
+  const uint64_t scratch = sizeof(float) * static_cast<uint64_t>(rows * m.vocab) + pieces;
+  const auto size = [](uint64_t b) {
+    return b >= (uint64_t{1} << 30) ? fmt::format("{:.2f} GiB", static_cast<double>(b) / (1 << 30))
+                                    : fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20));
+  };
+  executor.Plan(state + group + activations + scratch, sizeof(float) * static_cast<uint64_t>(largest),
+                fmt::format("state {}, group gradients {}, activations {}, one op's temporaries {}",
+                            size(state), size(group), size(activations), size(scratch)));
+}
 
 uint64_t GroupBufferBytes(const RunConfig& config, int processes) {
   const bool needed = config.train.grad_groups > 1 || processes > 1;

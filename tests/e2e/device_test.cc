@@ -42,7 +42,34 @@ TEST_F(OnDevice, TinyTrainedOnTheDeviceIsTheGoldenChain) {
   const Result r = Train("device", "--steps 20 --device opencl");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("ops on opencl:0:0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("device copies per step:"), std::string::npos) << r.output;
   EXPECT_EQ(ReadFileText(dir_ / "device/state_hashes.jsonl"), Golden());
+}
+
+// tiny-dp's 8 microbatch groups: the group gradients are kept on the device too and added into
+// the state's there, group after group.
+TEST_F(OnDevice, MicrobatchGroupsOnTheDeviceGiveTheCpusChain) {
+  const auto train = [](const std::string& run, const std::string& flags) {
+    return Lockstep("train --config tiny-dp --data " + Path("data") + " --out " + Path(run) +
+                    " --threads 2 --no-progress --steps 3 " + flags);
+  };
+  Result r = train("dp-cpu", "");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = train("dp-device", "--device opencl");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(ReadFileText(dir_ / "dp-device/state_hashes.jsonl"),
+            ReadFileText(dir_ / "dp-cpu/state_hashes.jsonl"));
+}
+
+// open-1b keeps about 37 GiB on a device: PoCL's few GiB refuse it, naming both sizes, before
+// anything is allocated or written.
+TEST_F(OnDevice, ARunLargerThanTheDeviceIsRefusedBeforeItStarts) {
+  const Result r = Lockstep("train --config open-1b --data " + Path("data") + " --out " +
+                            Path("too-big") + " --no-progress --device opencl");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("GiB on the device (state "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the device has"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "too-big"));
 }
 
 TEST_F(OnDevice, AResumeMovesBetweenTheCpuAndTheDeviceBitExactly) {
