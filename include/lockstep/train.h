@@ -126,12 +126,16 @@ struct ElementRange {
   int64_t size() const { return end - begin; }
 };
 
-// Who holds what in a run of `ranks` processes (docs/distributed.md, "What each rank holds"): the hash
-// chunks (kHashChunkFloats) of every tensor in parameter order, each given to the rank whose
-// equal share of all elements holds the chunk's midpoint, floor(N * (2 * before + size) /
-// (2 * total)). Returns per tensor N + 1 element offsets: rank r holds the moments and gradient
-// of elements [bounds[r], bounds[r + 1]) and updates them.
-std::vector<std::vector<int64_t>> OwnershipBounds(const std::vector<ParamSpec>& specs, int ranks);
+// Who holds what in a run of `ranks` processes (docs/distributed.md, "What each rank holds"): the
+// units of `unit` elements (the hash chunk, kHashChunkFloats; with --spill-dir the spill chunk,
+// kSpillChunkFloats) of every tensor in parameter order, each given to the rank whose equal share
+// of all elements holds the unit's midpoint, floor(N * (2 * before + size) / (2 * total)).
+// Returns per tensor N + 1 element offsets: rank r holds the moments and gradient of elements
+// [bounds[r], bounds[r + 1]) and updates them. Which rank holds what changes no bit.
+std::vector<std::vector<int64_t>> OwnershipBounds(const std::vector<ParamSpec>& specs, int ranks,
+                                                  int64_t unit = kHashChunkFloats);
+// The ownership unit of a run kept in `storage`.
+int64_t OwnershipUnit(const Storage& storage);
 
 // The whole training state of a run and the step function: the parameters, both AdamW moments
 // and the gradients of the last step, in a StateStore.

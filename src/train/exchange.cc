@@ -26,7 +26,11 @@ std::span<std::byte> Bytes(std::span<float> f) { return std::as_writable_bytes(f
 }  // namespace
 
 // Owners are non-decreasing in chunk order, so each rank's chunks of a tensor are one range.
-std::vector<std::vector<int64_t>> OwnershipBounds(const std::vector<ParamSpec>& specs, int ranks) {
+std::vector<std::vector<int64_t>> OwnershipBounds(const std::vector<ParamSpec>& specs, int ranks,
+                                                  int64_t unit) {
+  if (unit < kHashChunkFloats || unit % kHashChunkFloats != 0) {
+    Fail("internal error: an ownership unit of {} floats is not whole hash chunks", unit);
+  }
   using Wide = unsigned __int128;  // N * 2 * total: no overflow for any int64 element count
   Wide total = 0;
   for (const ParamSpec& spec : specs) total += static_cast<Wide>(spec.numel());
@@ -36,8 +40,8 @@ std::vector<std::vector<int64_t>> OwnershipBounds(const std::vector<ParamSpec>& 
     const int64_t n = spec.numel();
     std::vector<int64_t> b(static_cast<size_t>(ranks) + 1, n);
     b[0] = 0;
-    for (int64_t begin = 0; begin < n; begin += kHashChunkFloats) {
-      const Wide size = static_cast<Wide>(std::min(kHashChunkFloats, n - begin));
+    for (int64_t begin = 0; begin < n; begin += unit) {
+      const Wide size = static_cast<Wide>(std::min(unit, n - begin));
       const Wide mid2 = 2 * (before + static_cast<Wide>(begin)) + size;
       const auto owner = static_cast<int>(
           std::min<Wide>(static_cast<Wide>(ranks - 1), mid2 * static_cast<Wide>(ranks) / (2 * total)));
@@ -52,12 +56,12 @@ std::vector<std::vector<int64_t>> OwnershipBounds(const std::vector<ParamSpec>& 
   return bounds;
 }
 
-Exchange::Exchange(Comm& comm, std::vector<ParamSpec> specs)
+Exchange::Exchange(Comm& comm, std::vector<ParamSpec> specs, int64_t unit)
     : comm_(comm),
       specs_(std::move(specs)),
       rank_(comm.rank()),
       ranks_(comm.size()),
-      bounds_(OwnershipBounds(specs_, ranks_)) {}
+      bounds_(OwnershipBounds(specs_, ranks_, unit)) {}
 
 std::vector<ElementRange> Exchange::HeldHere() const {
   std::vector<ElementRange> held;

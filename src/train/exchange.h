@@ -25,8 +25,8 @@ using ChunkTable = std::vector<std::array<std::vector<Digest>, kStateArrayCount>
 
 class Exchange {
  public:
-  // `comm` outlives the exchange. The ownership is OwnershipBounds(specs, comm.size()).
-  Exchange(Comm& comm, std::vector<ParamSpec> specs);
+  // `comm` outlives the exchange. The ownership is OwnershipBounds(specs, comm.size(), unit).
+  Exchange(Comm& comm, std::vector<ParamSpec> specs, int64_t unit = kHashChunkFloats);
 
   Comm& comm() const { return comm_; }
   int rank() const { return rank_; }

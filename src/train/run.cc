@@ -243,6 +243,8 @@ int Train(const TrainOptions& options, Comm& comm) {
              {"--steps", std::to_string(target)},
              {"--resume", options.resume ? "given" : "not given"},
              {"--full-gradients", options.checkpoint_gradients == Gradients::kFull ? "given" : "not given"},
+             // Who holds what follows from it (OwnershipUnit); each rank's path is its own.
+             {"--spill-dir", options.spill_dir ? "given" : "not given"},
              {"--test-fault-* flags", FaultsText(options.faults)}});
   const fs::path hashes_path = options.run_dir / "state_hashes.jsonl";
   const fs::path metrics_path = options.run_dir / "metrics.jsonl";

@@ -115,14 +115,11 @@ Trainer::Trainer(const RunConfig& config, const data::Dataset& dataset, std::str
          "must divide evenly among the processes; world sizes that work: {} (docs/distributed.md)",
          ranks_, config.name, groups, ServableSizes(groups));
   }
-  exchange_ = std::make_unique<Exchange>(comm_, specs_);
+  exchange_ = std::make_unique<Exchange>(comm_, specs_, OwnershipUnit(storage));
   if (storage.spill_dir) {
-    if (ranks_ > 1 || groups > 1) {
-      Fail("--spill-dir: a state on disk is single-process with train.grad_groups = 1 for now "
-           "(this run: {} processes, grad_groups = {})",
-           ranks_, groups);
-    }
-    store_ = MakeSpillStore(specs_, *storage.spill_dir);
+    // Each rank its own files: under the path given, a directory per rank.
+    store_ = MakeSpillStore(specs_, ranks_ == 1 ? *storage.spill_dir
+                                                : *storage.spill_dir / fmt::format("rank-{}", rank_));
   } else {
     store_ = MakeMemoryStore(specs_, exchange_->HeldHere());
   }
@@ -257,6 +254,11 @@ class PhaseClock {
 
 }  // namespace
 
+int64_t OwnershipUnit(const Storage& storage) {
+  // A spilled rank's pieces are whole spill chunks (SpillStore), so its range is too.
+  return storage.spill_dir ? kSpillChunkFloats : kHashChunkFloats;
+}
+
 void PlanDeviceMemory(const RunConfig& config, const Storage& storage, int ranks, int rank,
                       OpExecutor& executor) {
   const ModelConfig& m = config.model;
@@ -265,7 +267,8 @@ void PlanDeviceMemory(const RunConfig& config, const Storage& storage, int ranks
   int64_t largest = std::max({rows * m.vocab, rows * 2 * m.ffn_hidden,
                               rows * std::max(m.d_model, m.n_heads * m.head_dim)});
   uint64_t state = 0;
-  const std::vector<std::vector<int64_t>> bounds = OwnershipBounds(specs, ranks);
+  const std::vector<std::vector<int64_t>> bounds =
+      OwnershipBounds(specs, ranks, OwnershipUnit(storage));
   for (size_t i = 0; i < specs.size(); ++i) {
     largest = std::max(largest, specs[i].numel());
     const auto r = static_cast<size_t>(rank);

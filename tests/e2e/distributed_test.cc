@@ -148,6 +148,23 @@ TEST_F(Distributed, TwoRanksOnTheDeviceCommitTheCpusChain) {
   EXPECT_EQ(Text("cpu/state_hashes.jsonl"), Text("device/state_hashes.jsonl"));
 }
 
+// Spilled ranks (--spill-dir with N > 1): each rank keeps its state in files of its own under
+// DIR/rank-R, holding whole spill chunks; 2 ranks, then 4 at a resume, commit the chain and the
+// checkpoints of one process in RAM, and leave nothing behind.
+TEST_F(Distributed, SpilledRanksCommitTheChainOfOneProcessInRam) {
+  const Result one = Lockstep(TrainArgs("ram", "--threads 2 --steps 10"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const std::string spill = " --spill-dir " + Run("spill");
+  Result r = Mpi(2, TrainArgs("spilled", "--threads 1 --steps 6" + spill));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = Mpi(4, TrainArgs("spilled", "--threads 1 --steps 10 --resume" + spill));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(Text("ram/state_hashes.jsonl"), Text("spilled/state_hashes.jsonl"));
+  ExpectSameCheckpoints("ram", "spilled");
+  EXPECT_FALSE(fs::exists(dir_ / "spill" / "rank-0"));
+  EXPECT_FALSE(fs::exists(dir_ / "spill" / "rank-3"));
+}
+
 TEST_F(Distributed, AWorldSizeTheGroupsCannotServeIsRefusedWithTheSizesThatWork) {
   const Result three = Mpi(3, TrainArgs("n3", ""));
   EXPECT_NE(three.exit_code, 0) << three.output;

@@ -10,6 +10,7 @@
 #include "lockstep/model.h"
 #include "lockstep/state.h"
 #include "lockstep/train.h"
+#include "train/state_store.h"
 
 namespace lockstep {
 namespace {
@@ -20,9 +21,10 @@ struct Shares {
 };
 
 // Checks every structural property and returns each rank's share.
-Shares Check(const std::vector<ParamSpec>& specs, int ranks, const std::string& what) {
-  SCOPED_TRACE(what + ", " + std::to_string(ranks) + " ranks");
-  const auto bounds = train::OwnershipBounds(specs, ranks);
+Shares Check(const std::vector<ParamSpec>& specs, int ranks, const std::string& what,
+             int64_t unit = kHashChunkFloats) {
+  SCOPED_TRACE(what + ", " + std::to_string(ranks) + " ranks, units of " + std::to_string(unit));
+  const auto bounds = train::OwnershipBounds(specs, ranks, unit);
   EXPECT_EQ(bounds.size(), specs.size());
   Shares shares{std::vector<int64_t>(static_cast<size_t>(ranks), 0)};
   int last_rank = 0;  // the rank holding the last element seen, in parameter order
@@ -40,8 +42,8 @@ Shares Check(const std::vector<ParamSpec>& specs, int ranks, const std::string& 
       const int64_t begin = b[size_t(r)], end = b[size_t(r) + 1];
       EXPECT_LE(begin, end) << specs[i].name << " rank " << r;
       if (begin == end) continue;
-      // Whole hash chunks: a range starts at a chunk boundary.
-      EXPECT_EQ(begin % kHashChunkFloats, 0) << specs[i].name << " rank " << r;
+      // Whole units: a range starts at a unit boundary.
+      EXPECT_EQ(begin % unit, 0) << specs[i].name << " rank " << r;
       // One contiguous run per rank: ranks follow each other in parameter order.
       EXPECT_GE(r, last_rank) << specs[i].name;
       last_rank = r;
@@ -53,8 +55,8 @@ Shares Check(const std::vector<ParamSpec>& specs, int ranks, const std::string& 
   int64_t total = 0;
   for (const ParamSpec& spec : specs) total += spec.numel();
   for (int r = 0; r < ranks; ++r) {
-    // Balanced to within one chunk of the equal share (the midpoint rule).
-    EXPECT_LE(std::abs(shares.elements[size_t(r)] * ranks - total), kHashChunkFloats * ranks)
+    // Balanced to within one unit of the equal share (the midpoint rule).
+    EXPECT_LE(std::abs(shares.elements[size_t(r)] * ranks - total), unit * ranks)
         << "rank " << r << " holds " << shares.elements[size_t(r)] << " of " << total;
   }
   return shares;
@@ -73,6 +75,13 @@ TEST(Ownership, WholeChunksContiguousAndBalancedAtEveryWorldSize) {
     const std::vector<ParamSpec> specs = ParameterSpecs(LoadRunConfig(config).model);
     for (int ranks : {1, 2, 3, 4, 7, 8}) Check(specs, ranks, config);
   }
+}
+
+// Spilled ranks own whole spill chunks (their store's pieces), with the same rule.
+TEST(Ownership, SpilledRanksOwnWholeSpillChunks) {
+  const std::vector<ParamSpec> specs = ParameterSpecs(LoadRunConfig("open-100m").model);
+  for (int ranks : {2, 3, 4, 7}) Check(specs, ranks, "open-100m", train::kSpillChunkFloats);
+  EXPECT_THROW(train::OwnershipBounds(specs, 2, kHashChunkFloats + 1), Error);
 }
 
 TEST(Ownership, LargeTensorsAreSplitSoEachRanksShareFallsAsOneOverN) {
