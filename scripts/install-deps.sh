@@ -4,7 +4,8 @@
 # chromium: the report test renders `lockstep report`'s page headless, and scripts/demo.sh its
 # screenshot; pocl-opencl-icd, ocl-icd-opencl-dev, opencl-headers, clinfo: the OpenCL device
 # backend, tested on the CPU through PoCL; clang-15, libclc-15: the static check of the PTX a GPU
-# compiler makes of the device sources, scripts/ptx-check.sh.)
+# compiler makes of the device sources, scripts/ptx-check.sh; iproute2, procps: the two-host test,
+# tests/e2e/two_hosts.sh, makes network namespaces and watches its ranks.)
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git python3 clang
@@ -12,6 +13,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev libmpfr-dev libgmp-dev libopenblas-dev
   libcurl4-openssl-dev libopenmpi-dev openmpi-bin openssh-client libsentencepiece-dev libpcre2-dev chromium
   pocl-opencl-icd ocl-icd-opencl-dev opencl-headers clinfo clang-15 libclc-15
+  iproute2 procps
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -55,6 +55,14 @@ class MpiComm final : public Comm {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    // Every rank's host, for the watchdog's message.
+    char name[MPI_MAX_PROCESSOR_NAME] = {};
+    int length = 0;
+    MPI_Get_processor_name(name, &length);
+    std::vector<char> names(static_cast<size_t>(size_) * MPI_MAX_PROCESSOR_NAME);
+    MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME,
+                  MPI_CHAR, MPI_COMM_WORLD);
+    for (int r = 0; r < size_; ++r) hosts_.emplace_back(&names[static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME]);
     watchdog_ = std::thread([this] { Watch(); });
   }
   ~MpiComm() override {
@@ -68,14 +76,14 @@ class MpiComm final : public Comm {
 
   void Gather(std::span<const std::byte> send, std::span<std::byte> recv, int root) override {
     if (send.size() > kMpiPiece) Fail("Comm::Gather: {} bytes (at most {})", send.size(), kMpiPiece);
-    const Waiting waiting(this, rank_ == root ? 0 : send.size());
+    const Waiting waiting(this, rank_ == root ? 0 : send.size(), rank_ == root ? kAll : root);
     Check(MPI_Gather(send.data(), static_cast<int>(send.size()), MPI_BYTE, recv.data(),
                      static_cast<int>(send.size()), MPI_BYTE, root, MPI_COMM_WORLD),
           "MPI_Gather");
   }
 
   void Allgather(std::span<const std::byte> send, std::span<std::byte> recv) override {
-    const Waiting waiting(this, send.size() * static_cast<size_t>(size_ - 1));
+    const Waiting waiting(this, send.size() * static_cast<size_t>(size_ - 1), kAll);
     std::vector<int64_t> lengths(static_cast<size_t>(size_));
     const auto mine = static_cast<int64_t>(send.size());
     Check(MPI_Allgather(&mine, 1, MPI_INT64_T, lengths.data(), 1, MPI_INT64_T, MPI_COMM_WORLD),
@@ -97,7 +105,8 @@ class MpiComm final : public Comm {
   }
 
   void Broadcast(std::span<std::byte> bytes, int root) override {
-    const Waiting waiting(this, rank_ == root ? bytes.size() * static_cast<size_t>(size_ - 1) : 0);
+    const Waiting waiting(this, rank_ == root ? bytes.size() * static_cast<size_t>(size_ - 1) : 0,
+                          rank_ == root ? kAll : root);
     for (size_t at = 0; at < bytes.size(); at += kMpiPiece) {
       const size_t n = std::min(kMpiPiece, bytes.size() - at);
       Check(MPI_Bcast(bytes.data() + at, static_cast<int>(n), MPI_BYTE, root, MPI_COMM_WORLD),
@@ -106,7 +115,7 @@ class MpiComm final : public Comm {
   }
 
   void Send(std::span<const std::byte> bytes, int to) override {
-    const Waiting waiting(this, bytes.size());
+    const Waiting waiting(this, bytes.size(), to);
     for (size_t at = 0; at < bytes.size() || at == 0; at += kMpiPiece) {
       const size_t n = std::min(kMpiPiece, bytes.size() - at);
       Check(MPI_Send(bytes.data() + at, static_cast<int>(n), MPI_BYTE, to, 0, MPI_COMM_WORLD),
@@ -116,7 +125,7 @@ class MpiComm final : public Comm {
   }
 
   void Receive(std::span<std::byte> bytes, int from) override {
-    const Waiting waiting(this, 0);
+    const Waiting waiting(this, 0, from);
     for (size_t at = 0; at < bytes.size() || at == 0; at += kMpiPiece) {
       const size_t n = std::min(kMpiPiece, bytes.size() - at);
       MPI_Status status;
@@ -131,10 +140,13 @@ class MpiComm final : public Comm {
   // Marks the span of one blocking call for the watchdog, and counts its time and the bytes
   // this rank sends in it (as the ring or tree inside MPI may differ, the bytes are those a
   // direct exchange would send: a broadcast root's to every other rank, and so on).
+  static constexpr int kAll = -1;  // a collective that waits for every other rank
   class Waiting {
    public:
-    Waiting(MpiComm* comm, size_t bytes_sent)
+    // `peer`: the rank the call waits for, or kAll.
+    Waiting(MpiComm* comm, size_t bytes_sent, int peer)
         : comm_(comm), start_(std::chrono::steady_clock::now()) {
+      comm_->peer_.store(peer);
       comm_->since_.store(start_.time_since_epoch().count());
       comm_->traffic_.bytes_sent += bytes_sent;
     }
@@ -169,18 +181,36 @@ class MpiComm final : public Comm {
                                 std::chrono::steady_clock::duration(since))
                                 .count();
       if (waited > timeout_) {
+        const std::string peers = Peers(peer_.load());
         std::fprintf(stderr,
-                     "lockstep: error: rank %d of %d: waited %.0f s for the other ranks during %s "
-                     "(--comm-timeout %.0f): a rank died or hangs; stopping\n",
-                     rank_, size_, waited, phase().c_str(), timeout_);
+                     "lockstep: error: rank %d of %d (%s): waited %.0f s for %s during %s "
+                     "(--comm-timeout %.0f): it died or hangs, or the network to it is down; "
+                     "stopping\n",
+                     rank_, size_, hosts_[static_cast<size_t>(rank_)].c_str(), waited,
+                     peers.c_str(), phase().c_str(), timeout_);
         std::fflush(stderr);
         std::_Exit(3);
       }
     }
   }
 
+  // "rank R (HOST)" for one peer; with kAll, every other rank ("rank 1 (HOST)" when there is
+  // one, else "the other ranks (R on HOST, ...)").
+  std::string Peers(int peer) const {
+    const auto one = [&](int r) { return fmt::format("rank {} ({})", r, hosts_[static_cast<size_t>(r)]); };
+    if (peer != kAll) return one(peer);
+    if (size_ == 2) return one(1 - rank_);
+    std::vector<std::string> others;
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) others.push_back(fmt::format("{} on {}", r, hosts_[static_cast<size_t>(r)]));
+    }
+    return fmt::format("the other ranks ({})", fmt::join(others, ", "));
+  }
+
   double timeout_;
   int rank_ = 0, size_ = 1;
+  std::vector<std::string> hosts_;
+  std::atomic<int> peer_{kAll};
   std::atomic<int64_t> since_{0};
   std::atomic<bool> stop_{false};
   std::thread watchdog_;
