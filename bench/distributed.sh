@@ -4,8 +4,9 @@
 #    processes can share a step) trained by one process with 2 threads and by 2 processes with
 #    1 thread each, side by side: median tokens/s, rank 0's seconds per step in blocking
 #    exchanges and bytes sent per step, and the ratio (target >= 0.9); the two chains must match;
-#  - memory: open-100m with microbatch 1 x seq 256 (4 microbatches in 4 groups, 1 step) at
-#    N = 1, 2, 4: every rank's peak RSS.
+#  - memory: open-100m with microbatch 1 x seq 256, 1 step, at N = 1, 2, 4 in both layouts
+#    (docs/distributed.md): fully sharded (4 microbatches in 4 groups) and replicated (8
+#    microbatches in 4 groups): every rank's peak RSS, and the N = 4 rank's ratio to N = 1.
 #
 # usage: bench/distributed.sh [--build DIR] [--steps N] [--skip-memory]
 #   --build: the CMake build directory holding ./lockstep (default build)
@@ -55,10 +56,13 @@ echo "load after:  $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 cmp -s "$tmp/n1/state_hashes.jsonl" "$tmp/n2/state_hashes.jsonl" && same=true || same=false
 
 if ((memory)); then
-  derive open-100m "$tmp/open-100m-dp.yaml" microbatch=1 seq_len=256 microbatches=4 grad_groups=4 steps=1 ckpt_every=0
-  "$lockstep" train --config "$tmp/open-100m-dp.yaml" --data "$tmp/data" --out "$tmp/m1" --threads 2 --no-progress >"$tmp/m1.log" 2>&1
-  for n in 2 4; do
-    "${mpirun[@]}" -np $n "$lockstep" train --config "$tmp/open-100m-dp.yaml" --data "$tmp/data" --out "$tmp/m$n" --threads 1 --no-progress >"$tmp/m$n.log" 2>&1
+  derive open-100m "$tmp/sharded.yaml" microbatch=1 seq_len=256 microbatches=4 grad_groups=4 steps=1 ckpt_every=0
+  derive open-100m "$tmp/replicated.yaml" microbatch=1 seq_len=256 microbatches=8 grad_groups=4 steps=1 ckpt_every=0
+  for layout in sharded replicated; do
+    "$lockstep" train --config "$tmp/$layout.yaml" --data "$tmp/data" --out "$tmp/$layout-1" --threads 2 --no-progress >"$tmp/$layout-1.log" 2>&1
+    for n in 2 4; do
+      "${mpirun[@]}" -np $n "$lockstep" train --config "$tmp/$layout.yaml" --data "$tmp/data" --out "$tmp/$layout-$n" --threads 1 --no-progress >"$tmp/$layout-$n.log" 2>&1
+    done
   done
 fi
 
@@ -81,11 +85,14 @@ out = {"config": "bench-8x512 as 2 microbatches x 4 sequences, grad_groups 2",
        "ratio_two_processes_over_one": two["tokens_per_second"] / one["tokens_per_second"],
        "target_ratio": 0.9, "chains_equal": same}
 if memory:
-    rss = {}
-    for n in (1, 2, 4):
-        text = open(f"{tmp}/m{n}.log").read()
-        line = re.search(r"peak RSS (?:of the process|per rank): (.*)", text).group(1)
-        rss[str(n)] = [float(x.split()[0]) for x in line.split(", ")]
-    out["open-100m_mb1_seq256_peak_rss_mib_per_rank"] = rss
+    for layout in ("sharded", "replicated"):
+        rss = {}
+        for n in (1, 2, 4):
+            text = open(f"{tmp}/{layout}-{n}.log").read()
+            line = re.search(r"peak RSS (?:of the process|per rank): (.*)", text).group(1)
+            rss[str(n)] = [float(x.split()[0]) for x in line.split(", ")]
+        out[f"open-100m_mb1_seq256_{layout}_peak_rss_mib_per_rank"] = rss
+        out[f"{layout}_n4_max_over_n1"] = max(rss["4"]) / rss["1"][0]
+    out["target_sharded_n4_max_over_n1"] = 0.35
 print(json.dumps(out, indent=2))
 PY

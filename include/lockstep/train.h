@@ -96,9 +96,6 @@ struct TestFaults {
 
 // The bytes of a run's state: the four fp32 arrays (parameter, m, v, gradient) of every tensor.
 uint64_t StateBytes(const ModelConfig& model);
-// The bytes of the gradient buffer a microbatch group is computed in, besides the state: one
-// fp32 array per tensor when train.grad_groups > 1 or the run has more than one process, else 0.
-uint64_t GroupBufferBytes(const RunConfig& config, int processes);
 
 // Where a Trainer keeps its tensors (src/train/state_store.h): in RAM, or -- for a model larger
 // than memory -- in digested chunk files under spill_dir, with only what a pass needs resident
@@ -106,6 +103,16 @@ uint64_t GroupBufferBytes(const RunConfig& config, int processes);
 struct Storage {
   std::optional<std::filesystem::path> spill_dir;
 };
+// Full sharding (docs/distributed.md, "Full sharding"): with N > 1 processes, one microbatch per
+// gradient group (train.microbatches == train.grad_groups) and the state in RAM, each rank holds
+// only its range of the parameters too, gathers each layer's parameters from their owners when
+// it computes the layer, and sends each gradient to its owners as soon as it is final: no group
+// buffer, and no whole copy of the parameters. Other runs keep every parameter on every rank.
+bool FullySharded(const RunConfig& config, int processes, const Storage& storage);
+// The bytes of the gradient buffer a microbatch group is computed in, besides the state: one
+// fp32 array per tensor when train.grad_groups > 1 or the run has more than one process, unless
+// fully sharded; else 0.
+uint64_t GroupBufferBytes(const RunConfig& config, int processes, const Storage& storage = {});
 // The store's own memory plan for one process (docs/audit.md, "The memory plan"): what it holds
 // resident while a step runs, part by part as (what, bytes) -- in RAM the four arrays and a
 // microbatch group's gradients; on disk the most a step holds open or reads ahead at once.
@@ -188,6 +195,8 @@ class Trainer {
 
   const StepState& state() const { return state_; }
   const Digest& hash() const { return hash_.hash; }
+  // Whether each rank holds only its range of the parameters too (FullySharded).
+  bool fully_sharded() const { return sharded_; }
   const StateHash& state_hash() const { return hash_; }
   const std::vector<TensorShape>& tensors() const { return shapes_; }
   int64_t tokens_per_step() const;
@@ -253,6 +262,10 @@ class Trainer {
   // Who holds what, and every transfer between the ranks (src/train/exchange.h).
   std::unique_ptr<Exchange> exchange_;
   int rank_ = 0, ranks_ = 1;  // exchange_'s
+  bool sharded_ = false;      // FullySharded
+  // Full sharding: per tensor, the owners' parameter chunk digests of the last step this process
+  // trained or initialised (empty after a restore), which the next step's gathers must match.
+  std::vector<std::vector<Digest>> param_chunks_;
   std::unique_ptr<ParamStore> group_;  // a microbatch group's gradients (N > 1 or K > 1)
   data::TokenStream stream_;
   Model model_;

@@ -70,20 +70,33 @@ std::vector<ElementRange> Exchange::HeldHere() const {
 }
 
 void Exchange::GatherToOwners(const ParamStore& group, const PartsAtOwner& at_owner) const {
+  for (size_t i = 0; i < specs_.size(); ++i) GatherTensorToOwners(i, group.Tensor(i), at_owner);
+}
+
+void Exchange::GatherTensorToOwners(size_t i, std::span<const float> tensor,
+                                    const PartsAtOwner& at_owner) const {
   std::vector<float> received;
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    for (int owner = 0; owner < ranks_; ++owner) {
-      const ElementRange held = Held(i, owner);
-      for (int64_t begin = held.begin; begin < held.end; begin += kExchangePieceFloats) {
-        const int64_t count = std::min(kExchangePieceFloats, held.end - begin);
-        const std::span<const float> send =
-            group.Tensor(i).subspan(static_cast<size_t>(begin), static_cast<size_t>(count));
-        received.resize(owner == rank_ ? static_cast<size_t>(count * ranks_) : 0);
-        comm_.Gather(Bytes(send), Bytes(std::span(received)), owner);
-        if (owner == rank_) at_owner(i, begin, count, received);
-      }
+  for (int owner = 0; owner < ranks_; ++owner) {
+    const ElementRange held = Held(i, owner);
+    for (int64_t begin = held.begin; begin < held.end; begin += kExchangePieceFloats) {
+      const int64_t count = std::min(kExchangePieceFloats, held.end - begin);
+      const std::span<const float> send =
+          tensor.subspan(static_cast<size_t>(begin), static_cast<size_t>(count));
+      received.resize(owner == rank_ ? static_cast<size_t>(count * ranks_) : 0);
+      comm_.Gather(Bytes(send), Bytes(std::span(received)), owner);
+      if (owner == rank_) at_owner(i, begin, count, received);
     }
   }
+}
+
+void Exchange::GatherParameter(size_t i, std::span<const float> mine,
+                               std::span<float> whole) const {
+  if (static_cast<int64_t>(mine.size()) != Held(i).size() ||
+      static_cast<int64_t>(whole.size()) != specs_[i].numel()) {
+    Fail("internal error: gathering tensor '{}' from {} of its {} elements into {}",
+         specs_[i].name, mine.size(), specs_[i].numel(), whole.size());
+  }
+  comm_.Allgather(std::as_bytes(mine), std::as_writable_bytes(whole));
 }
 
 ChunkTable Exchange::ShareChunkDigests(const ChunkTable& held) const {
@@ -144,6 +157,14 @@ void Exchange::ShareParameters(StateStore& store, const ChunkTable& chunks, uint
       }
     }
   }
+  std::vector<std::vector<Digest>> params;
+  for (size_t i = 0; i < specs_.size(); ++i) params.push_back(param_chunks(i));
+  StopOnDivergedCopies(diverged, params, step);
+}
+
+void Exchange::StopOnDivergedCopies(const std::array<int64_t, 3>& diverged,
+                                    const std::vector<std::vector<Digest>>& param_chunks,
+                                    uint64_t step) const {
   const std::vector<int64_t> verdicts = AllgatherInRankOrder(
       std::vector<int64_t>(diverged.begin(), diverged.end()), 3 * static_cast<size_t>(ranks_));
   for (int r = 0; r < ranks_; ++r) {
@@ -155,7 +176,7 @@ void Exchange::ShareParameters(StateStore& store, const ChunkTable& chunks, uint
          "the {} its owner, rank {}, updated them to: the replicas diverged (a faulty node or "
          "transfer); the run stops before committing the step",
          step, r, v[2], end, specs_[i].name,
-         ToHex(param_chunks(i)[static_cast<size_t>(v[2] / kHashChunkFloats)]), v[1]);
+         ToHex(param_chunks[i][static_cast<size_t>(v[2] / kHashChunkFloats)]), v[1]);
   }
 }
 

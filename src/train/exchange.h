@@ -29,6 +29,7 @@ class Exchange {
   Exchange(Comm& comm, std::vector<ParamSpec> specs, int64_t unit = kHashChunkFloats);
 
   Comm& comm() const { return comm_; }
+  const std::vector<ParamSpec>& specs() const { return specs_; }
   int rank() const { return rank_; }
   int ranks() const { return ranks_; }
   // The elements of tensor i whose moments and gradient rank r holds and updates.
@@ -57,12 +58,28 @@ class Exchange {
   // Held(i) in order) made into the whole table, on every rank.
   ChunkTable ShareChunkDigests(const ChunkTable& held) const;
 
+  // Tensor i's gradient of this round's group on this rank (`tensor`, whole) sent to the owners
+  // of its elements: GatherToOwners for one tensor.
+  void GatherTensorToOwners(size_t i, std::span<const float> tensor,
+                            const PartsAtOwner& at_owner) const;
+  // Full sharding: tensor i's parameters whole in `whole`, from every rank's range of it (`mine`
+  // is this rank's, Held(i)), concatenated in rank order.
+  void GatherParameter(size_t i, std::span<const float> mine, std::span<float> whole) const;
+
   // Each owner's updated parameters sent to every rank, in `store`. Every received chunk is
   // checked against its owner's digest in `chunks`; a replica that differs (a faulty node, a
   // corrupted transfer) stops the run on every rank, naming the rank, the step and the elements.
   // `corrupt`: this rank changes one received element first (the test-only replica fault).
   void ShareParameters(StateStore& store, const ChunkTable& chunks, uint64_t step,
                        bool corrupt) const;
+
+  // The verdicts of every rank on the parameter copies it received: `diverged` is this rank's
+  // first chunk that did not hash to its owner's digest in `param_chunks` (per tensor), as
+  // {tensor, owner, first element}, or all -1. A divergence anywhere stops every rank, naming
+  // the rank, the step, the tensor and the elements.
+  void StopOnDivergedCopies(const std::array<int64_t, 3>& diverged,
+                            const std::vector<std::vector<Digest>>& param_chunks,
+                            uint64_t step) const;
 
   // A checkpoint written by rank 0 from every owner's pieces. Rank 0 asks for a piece with
   // RequestPiece and ends with EndPieceRequests; every other rank answers in ServePieceRequests,

@@ -280,8 +280,13 @@ int Train(const TrainOptions& options, Comm& comm) {
   trainer.set_progress(options.progress && writer);
   trainer.set_executor(options.executor);
   if (writer && comm.size() > 1) {
-    std::fprintf(stderr, "training with %d processes (train.grad_groups = %lld)\n", comm.size(),
-                 static_cast<long long>(config.train.grad_groups));
+    std::fprintf(stderr, "training with %d processes (train.grad_groups = %lld): %s\n",
+                 comm.size(), static_cast<long long>(config.train.grad_groups),
+                 trainer.fully_sharded()
+                     ? "fully sharded, each rank holding its range of the parameters, gradients "
+                       "and moments (docs/distributed.md)"
+                     : "every rank holding every parameter and a group buffer, its range of the "
+                       "gradients and moments (docs/distributed.md)");
   }
   MetricsLog metrics(metrics_path);
   const fs::path signatures_path = options.run_dir / "signatures.jsonl";

@@ -41,11 +41,13 @@ std::vector<ParamSpec> HeldOnly(std::vector<ParamSpec> specs,
 
 class MemoryStore final : public StateStore {
  public:
-  MemoryStore(std::vector<ParamSpec> specs, std::vector<ElementRange> held)
+  MemoryStore(std::vector<ParamSpec> specs, std::vector<ElementRange> held, bool params_held)
       : StateStore(specs),
         held_(std::move(held)),
-        arrays_{ParamStore(specs), ParamStore(HeldOnly(specs, held_)),
-                ParamStore(HeldOnly(specs, held_)), ParamStore(HeldOnly(specs, held_))} {}
+        params_held_(params_held),
+        arrays_{ParamStore(params_held ? HeldOnly(specs, held_) : specs),
+                ParamStore(HeldOnly(specs, held_)), ParamStore(HeldOnly(specs, held_)),
+                ParamStore(HeldOnly(specs, held_))} {}
 
   Location location() const override { return Location::kRam; }
   int64_t PieceFloats() const override { return std::numeric_limits<int64_t>::max(); }
@@ -98,10 +100,12 @@ class MemoryStore final : public StateStore {
  private:
   ParamStore& Array(StateArray a) { return arrays_[static_cast<size_t>(a)]; }
   ElementRange Held(StateArray a, size_t i) const {
-    return a == StateArray::kParam ? ElementRange{0, specs_[i].numel()} : held_[i];
+    return a == StateArray::kParam && !params_held_ ? ElementRange{0, specs_[i].numel()}
+                                                    : held_[i];
   }
 
   std::vector<ElementRange> held_;  // per tensor: the elements of the moments and gradient held
+  bool params_held_;                // the parameters too (else whole)
   std::array<ParamStore, kStateArrayCount> arrays_;
 };
 
@@ -118,14 +122,14 @@ std::vector<std::pair<std::string, uint64_t>> StorePlan(const RunConfig& config,
 }
 
 std::unique_ptr<StateStore> MakeMemoryStore(std::vector<ParamSpec> specs,
-                                            std::vector<ElementRange> held) {
+                                            std::vector<ElementRange> held, bool params_held) {
   if (held.empty()) {
     for (const ParamSpec& spec : specs) held.push_back({0, spec.numel()});
   }
   if (held.size() != specs.size()) {
     Fail("MakeMemoryStore: {} held ranges for {} tensors", held.size(), specs.size());
   }
-  return std::make_unique<MemoryStore>(std::move(specs), std::move(held));
+  return std::make_unique<MemoryStore>(std::move(specs), std::move(held), params_held);
 }
 
 }  // namespace lockstep::train

@@ -104,10 +104,11 @@ class StateStore : public TensorAccess {
 
 // Four ParamStores in RAM; pieces are views into them (no copies). With `held` (one range per
 // tensor; empty: every tensor whole), the moments and gradients of the other elements are not
-// held at all (a rank of a distributed run: ZeRO-1), and asking for them fails; the parameters
-// are always held whole.
+// held at all (a rank of a distributed run), and asking for them fails; the parameters are held
+// whole, or with `params_held` only in the same ranges (full sharding).
 std::unique_ptr<StateStore> MakeMemoryStore(std::vector<ParamSpec> specs,
-                                            std::vector<ElementRange> held = {});
+                                            std::vector<ElementRange> held = {},
+                                            bool params_held = false);
 // Files under `dir` (created if needed), unlinked as soon as they are open: they vanish with the
 // store, or with the process however it ends.
 std::unique_ptr<StateStore> MakeSpillStore(std::vector<ParamSpec> specs,

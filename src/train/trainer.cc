@@ -7,6 +7,8 @@
 #include <cmath>
 #include <numeric>
 #include <optional>
+#include <set>
+#include <map>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -121,9 +123,10 @@ Trainer::Trainer(const RunConfig& config, const data::Dataset& dataset, std::str
     store_ = MakeSpillStore(specs_, ranks_ == 1 ? *storage.spill_dir
                                                 : *storage.spill_dir / fmt::format("rank-{}", rank_));
   } else {
-    store_ = MakeMemoryStore(specs_, exchange_->HeldHere());
+    sharded_ = FullySharded(config, ranks_, storage);
+    store_ = MakeMemoryStore(specs_, exchange_->HeldHere(), /*params_held=*/sharded_);
   }
-  if (GroupBufferBytes(config, ranks_) > 0) group_ = std::make_unique<ParamStore>(specs_);
+  if (GroupBufferBytes(config, ranks_, storage) > 0) group_ = std::make_unique<ParamStore>(specs_);
   for (const ParamSpec& spec : specs_) shapes_.push_back({spec.name, spec.shape});
   state_.descriptor = std::move(descriptor);
   state_.rng_seed = config.train.seed;
@@ -267,6 +270,7 @@ void PlanDeviceMemory(const RunConfig& config, const Storage& storage, int ranks
   int64_t largest = std::max({rows * m.vocab, rows * 2 * m.ffn_hidden,
                               rows * std::max(m.d_model, m.n_heads * m.head_dim)});
   uint64_t state = 0;
+  const bool sharded = FullySharded(config, ranks, storage);
   const std::vector<std::vector<int64_t>> bounds =
       OwnershipBounds(specs, ranks, OwnershipUnit(storage));
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -274,16 +278,19 @@ void PlanDeviceMemory(const RunConfig& config, const Storage& storage, int ranks
     const auto r = static_cast<size_t>(rank);
     // The parameters whole; the moments and the gradient of the range this rank holds.
     const int64_t held = bounds[i][r + 1] - bounds[i][r];
-    if (!storage.spill_dir) state += sizeof(float) * static_cast<uint64_t>(specs[i].numel() + 3 * held);
+    const int64_t params = sharded ? held : specs[i].numel();
+    if (!storage.spill_dir) state += sizeof(float) * static_cast<uint64_t>(params + 3 * held);
   }
-  const uint64_t group = GroupBufferBytes(config, ranks);
+  const uint64_t group = GroupBufferBytes(config, ranks, storage);
   const auto activations = static_cast<uint64_t>(
       Model::AllocatedBytes(m, config.train.vocab_chunk, config.train.microbatch, m.seq_len));
   // One op's temporaries: the head's logits, and for a state on disk one update's pieces.
   const uint64_t pieces = storage.spill_dir ? kStateArrayCount * sizeof(float) *
                                                   static_cast<uint64_t>(std::min(largest, kSpillPieceFloats))
                                             : 0;
-  const uint64_t scratch = sizeof(float) * static_cast<uint64_t>(rows * m.vocab) + pieces;
+  // Sharded, the gathered parameters and the open gradient are copied in with each op.
+  const uint64_t gathered = sharded ? 2 * sizeof(float) * static_cast<uint64_t>(largest) : 0;
+  const uint64_t scratch = sizeof(float) * static_cast<uint64_t>(rows * m.vocab) + pieces + gathered;
   const auto size = [](uint64_t b) {
     return b >= (uint64_t{1} << 30) ? fmt::format("{:.2f} GiB", static_cast<double>(b) / (1 << 30))
                                     : fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20));
@@ -293,8 +300,14 @@ void PlanDeviceMemory(const RunConfig& config, const Storage& storage, int ranks
                             size(state), size(group), size(activations), size(scratch)));
 }
 
-uint64_t GroupBufferBytes(const RunConfig& config, int processes) {
-  const bool needed = config.train.grad_groups > 1 || processes > 1;
+bool FullySharded(const RunConfig& config, int processes, const Storage& storage) {
+  return processes > 1 && config.train.microbatches == config.train.grad_groups &&
+         !storage.spill_dir;
+}
+
+uint64_t GroupBufferBytes(const RunConfig& config, int processes, const Storage& storage) {
+  const bool needed = (config.train.grad_groups > 1 || processes > 1) &&
+                      !FullySharded(config, processes, storage);
   return needed ? StateBytes(config.model) / kStateArrayCount : 0;
 }
 
@@ -425,7 +438,12 @@ uint64_t Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_templat
     }
     digests.push_back(std::move(t));
   }
-  if (update && ranks_ > 1) {
+  if (sharded_) {  // what the next step's gathers are checked against
+    param_chunks_.clear();
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      param_chunks_.push_back(chunks[i][size_t(StateArray::kParam)]);
+    }
+  } else if (update && ranks_ > 1) {
     if (hooks_.executor != nullptr) {  // the other ranks' updates of the parameters land here
       const std::span<const float> params = store_->Regions()[size_t(StateArray::kParam)];
       hooks_.executor->ToHost(params);
@@ -451,7 +469,7 @@ void Trainer::Initialize() {
   {
     ProgressLine progress("initialise", StateBytes(config_.model) / kStateArrayCount, progress_);
     for (size_t i = 0; i < specs_.size(); ++i) {
-      ForEachPiece(*store_, Whole(i), [&](int64_t begin, int64_t count) {
+      ForEachPiece(*store_, sharded_ ? Held(i) : Whole(i), [&](int64_t begin, int64_t count) {
         const Piece p = store_->Acquire(StateArray::kParam, i, begin, count, /*load=*/false);
         InitTensorRange(config_.model, config_.train.seed, specs_[i], first_draws[i], begin,
                         p.data);
@@ -487,6 +505,7 @@ void Trainer::CheckRestorable(const CheckpointIndex& checkpoint) const {
 StateHash Trainer::Restore(const CheckpointIndex& checkpoint, FileDigests digests) {
   CheckRestorable(checkpoint);
   attached_.reset();
+  param_chunks_.clear();
   StateOnHost(/*host_writes=*/true);
   ProgressLine progress("load " + checkpoint.dir.string(), CheckpointBytes(checkpoint.gradients),
                         progress_);
@@ -566,10 +585,10 @@ void Trainer::ReadPiece(size_t i, StateArray array, int64_t begin, std::span<flo
   }
   const int64_t end = begin + static_cast<int64_t>(out.size());
   for (int r = 0; r < ranks_; ++r) {
-    // Every rank holds the parameters whole; the other arrays in its range.
-    const ElementRange held =
-        array == StateArray::kParam ? (r == rank_ ? Whole(i) : ElementRange{})
-                                    : exchange_->Held(i, r);
+    // Every rank holds the parameters whole (unless sharded); the other arrays in its range.
+    const ElementRange held = array == StateArray::kParam && !sharded_
+                                  ? (r == rank_ ? Whole(i) : ElementRange{})
+                                  : exchange_->Held(i, r);
     const int64_t from = std::max(begin, held.begin), to = std::min(end, held.end);
     if (from >= to) continue;
     const std::span<float> part =
@@ -635,6 +654,99 @@ class GroupAccess final : public TensorAccess {
   ParamStore& grads_;
 };
 
+
+// Full sharding (docs/distributed.md, "Full sharding"): each parameter gathered whole from its
+// owners when the Model opens it -- in the forward, and again in the backward -- and dropped
+// when it closes it; each gradient, final when the Model closes it (a group is one microbatch),
+// sent to the owners of its elements at once and added there into G in group order (round 0's
+// first group copied, every later one added), as FoldRound adds a round's group buffers.
+// The parameters gathered in the forward are checked against their owners' chunk digests of the
+// last step (when this process has them: not in the first step after a restore).
+class ShardedAccess final : public TensorAccess {
+ public:
+  ShardedAccess(StateStore& store, const Exchange& exchange, OpExecutor* executor,
+                int64_t round, const std::vector<std::vector<Digest>>& param_chunks,
+                bool corrupt)
+      : store_(store),
+        exchange_(exchange),
+        executor_(executor),
+        round_(round),
+        param_chunks_(param_chunks),
+        corrupt_(corrupt) {}
+
+  std::span<const float> OpenParam(size_t i) override {
+    const ElementRange held = exchange_.Held(i);
+    const Piece mine = store_.Acquire(StateArray::kParam, i, held.begin, held.size(), true);
+    if (executor_ != nullptr) executor_->ToHost(mine.data);
+    std::vector<float>& whole = open_[i];
+    whole.resize(static_cast<size_t>(exchange_.specs()[i].numel()));
+    exchange_.GatherParameter(i, mine.data, whole);
+    store_.Release(mine, /*store=*/false);
+    if (checked_.insert(i).second && !param_chunks_.empty()) Check(i, whole);
+    return whole;
+  }
+  void CloseParam(size_t i) override { open_.erase(i); }
+  std::span<float> OpenGrad(size_t i, bool accumulate) override {
+    if (accumulate) Fail("internal error: a fully sharded group accumulates no microbatches");
+    grad_.resize(static_cast<size_t>(exchange_.specs()[i].numel()));
+    return grad_;
+  }
+  void CloseGrad(size_t i) override {
+    exchange_.GatherTensorToOwners(
+        i, grad_, [&](size_t t, int64_t begin, int64_t count, std::span<const float> parts) {
+          const Piece total = store_.Acquire(StateArray::kGrad, t, begin, count, round_ > 0);
+          if (executor_ != nullptr) {
+            executor_->ToHost(total.data);
+            executor_->HostWrites(total.data);
+          }
+          for (int r = 0; r < exchange_.ranks(); ++r) {
+            const auto part = parts.subspan(static_cast<size_t>(r * count), static_cast<size_t>(count));
+            if (round_ == 0 && r == 0) {
+              std::ranges::copy(part, total.data.begin());
+            } else {
+              rk::AddInto(part, total.data);
+            }
+          }
+          store_.Release(total, /*store=*/true);
+        });
+  }
+  // This rank's first received chunk that differs from its owner's digest, as {tensor, owner,
+  // first element}, or all -1 (Exchange::StopOnDivergedCopies).
+  const std::array<int64_t, 3>& diverged() const { return diverged_; }
+
+ private:
+  void Check(size_t i, std::span<float> whole) {
+    for (int r = 0; r < exchange_.ranks(); ++r) {
+      const ElementRange range = exchange_.Held(i, r);
+      if (r == exchange_.rank() || range.size() == 0) continue;
+      const std::span<float> copy =
+          whole.subspan(static_cast<size_t>(range.begin), static_cast<size_t>(range.size()));
+      if (corrupt_) {  // the test-only replica fault: one received element changed
+        copy[0] = std::nextafter(copy[0], INFINITY);
+        corrupt_ = false;
+      }
+      const std::vector<Digest> received = ChunkDigests(copy);
+      const auto first = static_cast<size_t>(range.begin / kHashChunkFloats);
+      for (size_t c = 0; c < received.size() && diverged_[0] < 0; ++c) {
+        if (received[c] != param_chunks_[i][first + c]) {
+          diverged_ = {static_cast<int64_t>(i), r,
+                       static_cast<int64_t>(first + c) * kHashChunkFloats};
+        }
+      }
+    }
+  }
+
+  StateStore& store_;
+  const Exchange& exchange_;
+  OpExecutor* executor_;
+  int64_t round_;
+  const std::vector<std::vector<Digest>>& param_chunks_;
+  bool corrupt_;
+  std::map<size_t, std::vector<float>> open_;  // the gathered parameters the Model holds open
+  std::vector<float> grad_;                    // the one gradient open
+  std::set<size_t> checked_;                   // tensors checked (in the forward)
+  std::array<int64_t, 3> diverged_{-1, -1, -1};
+};
 
 }  // namespace
 
@@ -760,6 +872,12 @@ StepReport Trainer::Step() {
       squares = access.TakeSquares();
     } else if (ranks_ == 1 && round == 0) {
       group_sums = RunGroup(group, cursor, *store_, tokens);  // accumulates in place
+    } else if (sharded_) {
+      ShardedAccess access(*store_, *exchange_, hooks_.executor, round, param_chunks_,
+                           faults_.replica && faults_.replica->rank == rank_ &&
+                               faults_.replica->step == report.step && round == 0);
+      group_sums = RunGroup(group, cursor, access, tokens);
+      exchange_->StopOnDivergedCopies(access.diverged(), param_chunks_, report.step);
     } else {
       GroupAccess access(*store_, *group_);
       group_sums = RunGroup(group, cursor, access, tokens);
@@ -771,7 +889,7 @@ StepReport Trainer::Step() {
     const std::vector<float> round_sums = exchange_->AllgatherInRankOrder(
         group_sums, group_sums.size() * static_cast<size_t>(ranks_));
     sums.insert(sums.end(), round_sums.begin(), round_sums.end());
-    FoldRound(round);
+    if (!sharded_) FoldRound(round);
   }
   float loss_sum = 0.0f, zloss_sum = 0.0f;
   for (size_t mb = 0; mb < sums.size(); mb += 2) {

@@ -175,14 +175,19 @@ TEST_F(Distributed, AWorldSizeTheGroupsCannotServeIsRefusedWithTheSizesThatWork)
   EXPECT_FALSE(fs::exists(dir_ / "n3" / "state_hashes.jsonl"));
 }
 
+// tiny-dp's groups are single microbatches: its runs of 2 and 4 ranks are fully sharded. A run
+// moves from 4 sharded ranks to 2, to one process and back to 2.
 TEST_F(Distributed, AFourProcessRunResumesWithTwoAndWithOne) {
   ASSERT_EQ(Lockstep(TrainArgs("straight", "")).exit_code, 0);
   Result r = Mpi(4, TrainArgs("moved", "--steps 10"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("fully sharded"), std::string::npos) << r.output;
   r = Mpi(2, TrainArgs("moved", "--steps 15 --resume"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("step_000000010"), std::string::npos) << r.output;
-  r = Lockstep(TrainArgs("moved", "--resume --threads 2"));
+  r = Lockstep(TrainArgs("moved", "--steps 17 --resume --threads 2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = Mpi(2, TrainArgs("moved", "--resume"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(Text("straight/state_hashes.jsonl"), Text("moved/state_hashes.jsonl"));
   ExpectSameCheckpoints("straight", "moved");
@@ -295,22 +300,28 @@ TEST_F(Distributed, AHungRankStopsTheRunWithinTheTimeout) {
       << hung.output;
 }
 
+// In both layouts: a copy gathered in a fully sharded forward, and a replica broadcast after the
+// update (spilled ranks keep every parameter on every rank).
 TEST_F(Distributed, ADivergentReplicaIsNamedWithItsRankStepAndTensor) {
-  const Result r = Mpi(2, TrainArgs("faulty", "--test-corrupt-replica 1:3"));
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  // Both ranks stop, each naming the divergent rank, the step and the tensor.
-  for (const char* rank : {"rank 0 of 2", "rank 1 of 2"}) {
-    EXPECT_NE(r.output.find(std::string(rank) + ": step 3: rank 1's copy of elements ["),
+  for (const std::string layout : {std::string(), " --spill-dir " + Run("spill")}) {
+    SCOPED_TRACE(layout);
+    fs::remove_all(dir_ / "faulty");
+    const Result r = Mpi(2, TrainArgs("faulty", "--test-corrupt-replica 1:3" + layout));
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    // Both ranks stop, each naming the divergent rank, the step and the tensor.
+    for (const char* rank : {"rank 0 of 2", "rank 1 of 2"}) {
+      EXPECT_NE(r.output.find(std::string(rank) + ": step 3: rank 1's copy of elements ["),
+                std::string::npos)
+          << r.output;
+    }
+    EXPECT_NE(r.output.find("of parameter tensor 'tok_embeddings.weight' does not hash to"),
               std::string::npos)
         << r.output;
+    EXPECT_NE(r.output.find("the replicas diverged"), std::string::npos) << r.output;
+    // Nothing past the last good step was committed.
+    const std::string chain = Text("faulty/state_hashes.jsonl");
+    EXPECT_EQ(std::count(chain.begin(), chain.end(), '\n'), 3);  // steps 0, 1, 2
   }
-  EXPECT_NE(r.output.find("of parameter tensor 'tok_embeddings.weight' does not hash to"),
-            std::string::npos)
-      << r.output;
-  EXPECT_NE(r.output.find("the replicas diverged"), std::string::npos) << r.output;
-  // Nothing past the last good step was committed.
-  const std::string chain = Text("faulty/state_hashes.jsonl");
-  EXPECT_EQ(std::count(chain.begin(), chain.end(), '\n'), 3);  // steps 0, 1, 2
 }
 
 }  // namespace
