@@ -61,6 +61,9 @@ struct ReplayOptions {
   // Interval unit: keep the state on disk here (train::Storage). Without it the replay runs in
   // RAM when the memory plan fits MemAvailable, else spills under the system's temp directory.
   std::optional<std::filesystem::path> spill_dir;
+  // Interval unit: keep each layer's input only and recompute its activations in the backward
+  // (train::Storage::activations). Same bits.
+  Model::Activations activations = Model::Activations::kKept;
   train::TestFaults faults;  // interval unit, test-only
   // Interval unit: runs the step's ops that it runs (an OpenCL device named `device`, e.g.
   // "opencl:0:0"; null: all on the CPU).

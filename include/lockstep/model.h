@@ -339,7 +339,12 @@ inline bool KeepsLogits(int64_t rows, int64_t vocab) { return rows * vocab <= kK
 // its targets the last seq. seq may be shorter than config.seq_len (never longer).
 class Model {
  public:
-  Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int64_t seq);
+  // Whether the forward keeps every layer's activations for the backward, or only each layer's
+  // input, the backward computing the layer's forward again (less memory, one more forward of
+  // the layers' compute; the same bits: docs/training.md, "Memory").
+  enum class Activations { kKept, kRecomputed };
+  Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int64_t seq,
+        Activations activations = Activations::kKept);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -350,7 +355,7 @@ class Model {
   // The bytes a Model of this shape allocates (activation arena, RoPE table, token buffers),
   // for memory planning. Allocates none of them.
   static int64_t AllocatedBytes(const ModelConfig& config, int64_t vocab_chunk, int64_t batch,
-                                int64_t seq);
+                                int64_t seq, Activations activations = Activations::kKept);
 
   // Runs the forward pass and keeps the activations for Backward.
   LossSums Forward(TensorAccess& access, std::span<const uint32_t> tokens);
@@ -379,7 +384,8 @@ class Model {
  private:
   struct PlanOnly {};
   // Plans the arena (every Span, arena_floats_) without allocating it.
-  Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int64_t seq, PlanOnly);
+  Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int64_t seq,
+        Activations activations, PlanOnly);
 
   struct Span {
     int64_t offset = 0, size = 0;
@@ -400,11 +406,22 @@ class Model {
   // access.WillOpenParam for every tensor of `layer`.
   void WillOpenLayer(TensorAccess& access, int64_t layer) const;
   std::span<float> Grad(TensorAccess& access, size_t i, bool accumulate) const;
+  // Layer l's forward from its input with parameters w (kTensorsPerLayer tensors): every
+  // activation its backward reads, and with `output` the layer's output (the next layer's input,
+  // or x_final_).
+  void ForwardLayer(const OpHooks& hooks, int64_t l, std::span<const std::span<const float>> w,
+                    bool output);
+  // The observed forms of the ops used in several places (docs/disputes.md, "Records").
+  void RmsNorm(const OpHooks& hooks, int64_t layer, std::span<const float> x,
+               std::span<const float> gain, std::span<float> y, std::span<float> rstd,
+               int64_t rows, int64_t cols);
+  void AddInto(const OpHooks& hooks, int64_t layer, std::span<const float> x, std::span<float> y);
   rk::AttentionShape AttentionShape(int64_t layer) const;
   rk::CrossEntropyShape CrossEntropyShape() const;
   OpHooks hooks_;
 
   ModelConfig config_;
+  Activations activations_;
   int64_t vocab_chunk_, batch_, seq_, rows_;
   std::vector<ParamSpec> specs_;
   rk::RopeTable rope_;

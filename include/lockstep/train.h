@@ -99,9 +99,11 @@ uint64_t StateBytes(const ModelConfig& model);
 
 // Where a Trainer keeps its tensors (src/train/state_store.h): in RAM, or -- for a model larger
 // than memory -- in digested chunk files under spill_dir, with only what a pass needs resident
-// (one layer's parameters, a gradient, the activations). The bits are the same either way.
+// (one layer's parameters, a gradient, the activations); and whether the model keeps every
+// layer's activations or recomputes them in the backward. The bits are the same every way.
 struct Storage {
   std::optional<std::filesystem::path> spill_dir;
+  Model::Activations activations = Model::Activations::kKept;
 };
 // Full sharding (docs/distributed.md, "Full sharding"): with N > 1 processes, one microbatch per
 // gradient group (train.microbatches == train.grad_groups) and the state in RAM, each rank holds
@@ -300,6 +302,7 @@ struct TrainOptions {
   bool resume = false;
   bool progress = true;  // a progress line on stderr
   std::optional<std::filesystem::path> spill_dir;  // Storage::spill_dir
+  Model::Activations activations = Model::Activations::kKept;  // Storage::activations
   // Distributed runs: a collective that waits longer than this for the other ranks stops the
   // run (a rank died or hangs).
   double comm_timeout_seconds = 600;

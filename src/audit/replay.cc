@@ -201,21 +201,24 @@ ReplayStorage PlanInterval(const ReplayOptions& o, const RunConfig& config,
   const uint64_t resident = CurrentRssBytes();
   const uint64_t activations =
       static_cast<uint64_t>(Model::AllocatedBytes(config.model, config.train.vocab_chunk,
-                                                  config.train.microbatch, config.model.seq_len)) +
+                                                  config.train.microbatch, config.model.seq_len,
+                                                  o.activations)) +
       StepScratchBytes(config, dataset);
   // --compare-checkpoint: one array of each side at a time.
   const uint64_t compare = o.compare_checkpoint ? 2 * LargestTensorBytes(config.model) : 0;
   MemoryPlan in_ram{.parts = train::StorePlan(config, {}), .resident_at_planning = resident};
   in_ram.parts.emplace_back("activations and step scratch", activations);
   in_ram.parts.emplace_back("localisation arrays", compare);
-  if (!o.spill_dir && in_ram.total() - resident <= MemAvailableBytes()) return {in_ram, {}};
+  if (!o.spill_dir && in_ram.total() - resident <= MemAvailableBytes()) {
+    return {in_ram, {.spill_dir = std::nullopt, .activations = o.activations}};
+  }
   const fs::path dir =
       o.spill_dir ? *o.spill_dir
                   : fs::temp_directory_path() / fmt::format("lockstep-spill-{}", ::getpid());
   Note(fmt::format("{}: parameters, moments and gradients are kept on disk in {}",
                    o.spill_dir ? "--spill-dir" : "the replay does not fit in RAM",
                    dir.string()));
-  const train::Storage storage{dir};
+  const train::Storage storage{dir, o.activations};
   MemoryPlan spilled{.parts = train::StorePlan(config, storage), .resident_at_planning = resident};
   spilled.parts.emplace_back("activations and step scratch", activations);
   // The step's open tensors are released before the localisation reads its arrays.

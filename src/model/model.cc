@@ -31,8 +31,9 @@ struct ParamIndex {
 
 }  // namespace
 
-Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int64_t seq)
-    : Model(config, vocab_chunk, batch, seq, PlanOnly{}) {
+Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int64_t seq,
+             Activations activations)
+    : Model(config, vocab_chunk, batch, seq, activations, PlanOnly{}) {
   arena_.assign(static_cast<size_t>(arena_floats_), 0.0f);
   inputs_.resize(static_cast<size_t>(rows_));
   targets_.resize(static_cast<size_t>(rows_));
@@ -54,15 +55,17 @@ void Model::set_hooks(const OpHooks& hooks) {
 }
 
 int64_t Model::AllocatedBytes(const ModelConfig& config, int64_t vocab_chunk, int64_t batch,
-                              int64_t seq) {
-  const Model plan(config, vocab_chunk, batch, seq, PlanOnly{});
+                              int64_t seq, Activations activations) {
+  const Model plan(config, vocab_chunk, batch, seq, activations, PlanOnly{});
   const int64_t rope_floats = static_cast<int64_t>(plan.rope_.cos.size() + plan.rope_.sin.size());
   return (plan.arena_floats_ + rope_floats) * int64_t{sizeof(float)} +
          2 * plan.rows_ * int64_t{sizeof(uint32_t)};
 }
 
-Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int64_t seq, PlanOnly)
+Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int64_t seq,
+             Activations activations, PlanOnly)
     : config_(config),
+      activations_(activations),
       vocab_chunk_(vocab_chunk),
       batch_(batch),
       seq_(seq),
@@ -90,8 +93,16 @@ Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int6
     emb_rstd_ = take(n);
   }
   layers_.resize(static_cast<size_t>(config.n_layers));
+  // Recomputed, every layer keeps its input only, and all share one set of the rest.
+  const bool shared = activations == Activations::kRecomputed;
   for (LayerActivations& a : layers_) {
     a.x_in = take(n * d);
+    if (shared && &a != &layers_.front()) {
+      const Span x_in = a.x_in;
+      a = layers_.front();
+      a.x_in = x_in;
+      continue;
+    }
     a.attn_rstd = take(n);
     a.h = take(n * d);
     a.q_raw = take(qk_raw * n * q_dim);
@@ -196,39 +207,12 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
   }
   const ModelConfig& c = config_;
   const ParamIndex P(c);
-  const int64_t n = rows_, d = c.d_model, f = c.ffn_hidden, hd = c.head_dim;
-  const int64_t q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
-  const float eps = static_cast<float>(c.norm_eps);
-
+  const int64_t n = rows_, d = c.d_model;
   const OpHooks& obs = hooks_;
-  const float theta = static_cast<float>(c.rope_theta);
-  // The recorded forms of the ops used more than once (docs/disputes.md, "Records").
   auto rmsnorm = [&](int64_t layer, std::span<const float> x, std::span<const float> gain,
                      std::span<float> y, std::span<float> rstd, int64_t rows, int64_t cols) {
-    const std::initializer_list<OpTensor> with_gain = {{"x", x}, {"gain", gain}};
-    const std::initializer_list<OpTensor> without = {{"x", x}};
-    ObservedOp(obs, rk::Op::kRmsNormFwd, layer,
-               {{"rows", double(rows)}, {"cols", double(cols)}, {"eps", eps}},
-               gain.empty() ? without : with_gain, {{"y", y}, {"rstd", rstd}},
-               [&] { rk::RmsNormForward(x, gain, eps, y, rstd, rows, cols); });
+    RmsNorm(obs, layer, x, gain, y, rstd, rows, cols);
   };
-  auto linear = [&](int64_t layer, std::span<const float> x, std::span<const float> w,
-                    std::span<float> y, int64_t rows, int64_t out, int64_t in) {
-    ObservedOp(obs, rk::Op::kGemmXWt, layer,
-               {{"m", double(rows)}, {"n", double(out)}, {"k", double(in)}, {"accumulate", 0}},
-               {{"x", x}, {"w", w}}, {{"y", y}}, [&] { rk::GemmXWt(x, w, y, rows, out, in); });
-  };
-  auto rope = [&](int64_t layer, std::span<float> x, int64_t heads) {
-    ObservedOp(obs, rk::Op::kRopeFwd, layer,
-               {{"batch", double(batch_)}, {"seq", double(seq_)}, {"heads", double(heads)},
-                {"head_dim", double(hd)}, {"table_seq", double(c.seq_len)}, {"theta", theta}},
-               {{"x", x}}, {{"y", x}}, [&] { rk::RopeForward(x, x, rope_, batch_, seq_, heads, hd); });
-  };
-  auto add_into = [&](int64_t layer, std::span<const float> x, std::span<float> y) {
-    ObservedOp(obs, rk::Op::kAddInto, layer, {{"n", double(x.size())}}, {{"x", x}, {"y", y}},
-               {{"y", y}}, [&] { rk::AddInto(x, y); });
-  };
-
   // Embedding (+ optional RMSNorm): x[N, d].
   std::span<float> x0 = A(layers_[0].x_in);
   {
@@ -246,7 +230,6 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
 
   WillOpenLayer(access, 0);
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    LayerActivations& a = layers_[static_cast<size_t>(l)];
     std::array<std::span<const float>, kTensorsPerLayer> w;
     for (size_t which = 0; which < kTensorsPerLayer; ++which) {
       w[which] = Param(access, P.Layer(l, which));
@@ -257,37 +240,7 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
       access.WillOpenParam(P.final_norm);
       access.WillOpenParam(P.output);
     }
-    // Attention block: x_mid = x_in + attn(RMSNorm(x_in)) · Woᵀ.
-    rmsnorm(l, A(a.x_in), w[kAttnNorm], A(a.h), A(a.attn_rstd), n, d);  // h[N,d]
-    if (c.qk_norm) {
-      linear(l, A(a.h), w[kWq], A(a.q_raw), n, q_dim, d);   // q_raw[N, Q]
-      linear(l, A(a.h), w[kWk], A(a.k_raw), n, kv_dim, d);  // k_raw[N, K]
-      rmsnorm(l, A(a.q_raw), {}, A(a.q), A(a.q_rstd), n * c.n_heads, hd);
-      rmsnorm(l, A(a.k_raw), {}, A(a.k), A(a.k_rstd), n * c.n_kv_heads, hd);
-    } else {
-      linear(l, A(a.h), w[kWq], A(a.q), n, q_dim, d);
-      linear(l, A(a.h), w[kWk], A(a.k), n, kv_dim, d);
-    }
-    linear(l, A(a.h), w[kWv], A(a.v), n, kv_dim, d);  // v[N, K]
-    rope(l, A(a.q), c.n_heads);
-    rope(l, A(a.k), c.n_kv_heads);
-    const rk::AttentionShape shape = AttentionShape(l);
-    ObservedOp(obs, rk::Op::kAttentionFwd, l, AttentionArgs(shape),
-               {{"q", A(a.q)}, {"k", A(a.k)}, {"v", A(a.v)}},
-               {{"out", A(a.attn)}, {"lse", A(a.attn_lse)}}, [&] {
-                 rk::AttentionForward(shape, A(a.q), A(a.k), A(a.v), A(a.attn),
-                                      A(a.attn_lse));  // attn[N, Q]
-               });
-    linear(l, A(a.attn), w[kWo], A(a.x_mid), n, d, q_dim);  // x_mid[N, d]
-    add_into(l, A(a.x_in), A(a.x_mid));
-    // Feed-forward block: x_out = x_mid + SwiGLU(RMSNorm(x_mid) · W_guᵀ) · W_downᵀ.
-    rmsnorm(l, A(a.x_mid), w[kFfnNorm], A(a.h2), A(a.ffn_rstd), n, d);
-    linear(l, A(a.h2), w[kWGateUp], A(a.gu), n, 2 * f, d);  // gu[N, 2F]: gate | up
-    ObservedOp(obs, rk::Op::kSwigluFwd, l, {{"rows", double(n)}, {"f", double(f)}}, {{"gu", A(a.gu)}},
-               {{"act", A(a.act)}}, [&] { rk::SwigluForward(A(a.gu), A(a.act), n, f); });
-    const Span x_out = l + 1 < c.n_layers ? layers_[static_cast<size_t>(l + 1)].x_in : x_final_;
-    linear(l, A(a.act), w[kWDown], A(x_out), n, d, f);  // x_out[N, d]
-    add_into(l, A(a.x_mid), A(x_out));
+    ForwardLayer(obs, l, w, /*output=*/true);
     for (size_t which = 0; which < kTensorsPerLayer; ++which) access.CloseParam(P.Layer(l, which));
   }
 
@@ -317,6 +270,78 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
   return sums;
 }
 
+void Model::RmsNorm(const OpHooks& hooks, int64_t layer, std::span<const float> x,
+                    std::span<const float> gain, std::span<float> y, std::span<float> rstd,
+                    int64_t rows, int64_t cols) {
+  const float eps = static_cast<float>(config_.norm_eps);
+  const std::initializer_list<OpTensor> with_gain = {{"x", x}, {"gain", gain}};
+  const std::initializer_list<OpTensor> without = {{"x", x}};
+  ObservedOp(hooks, rk::Op::kRmsNormFwd, layer,
+             {{"rows", double(rows)}, {"cols", double(cols)}, {"eps", eps}},
+             gain.empty() ? without : with_gain, {{"y", y}, {"rstd", rstd}},
+             [&] { rk::RmsNormForward(x, gain, eps, y, rstd, rows, cols); });
+}
+
+void Model::AddInto(const OpHooks& hooks, int64_t layer, std::span<const float> x,
+                    std::span<float> y) {
+  ObservedOp(hooks, rk::Op::kAddInto, layer, {{"n", double(x.size())}}, {{"x", x}, {"y", y}},
+             {{"y", y}}, [&] { rk::AddInto(x, y); });
+}
+
+void Model::ForwardLayer(const OpHooks& obs, int64_t l,
+                         std::span<const std::span<const float>> w, bool output) {
+  const ModelConfig& c = config_;
+  const int64_t n = rows_, d = c.d_model, f = c.ffn_hidden, hd = c.head_dim;
+  const int64_t q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
+  const float theta = static_cast<float>(c.rope_theta);
+  LayerActivations& a = layers_[static_cast<size_t>(l)];
+  // The recorded forms of the ops used more than once (docs/disputes.md, "Records").
+  auto linear = [&](std::span<const float> x, std::span<const float> weight, std::span<float> y,
+                    int64_t out, int64_t in) {
+    ObservedOp(obs, rk::Op::kGemmXWt, l,
+               {{"m", double(n)}, {"n", double(out)}, {"k", double(in)}, {"accumulate", 0}},
+               {{"x", x}, {"w", weight}}, {{"y", y}}, [&] { rk::GemmXWt(x, weight, y, n, out, in); });
+  };
+  auto rope = [&](std::span<float> x, int64_t heads) {
+    ObservedOp(obs, rk::Op::kRopeFwd, l,
+               {{"batch", double(batch_)}, {"seq", double(seq_)}, {"heads", double(heads)},
+                {"head_dim", double(hd)}, {"table_seq", double(c.seq_len)}, {"theta", theta}},
+               {{"x", x}}, {{"y", x}}, [&] { rk::RopeForward(x, x, rope_, batch_, seq_, heads, hd); });
+  };
+  // Attention block: x_mid = x_in + attn(RMSNorm(x_in)) · Woᵀ.
+  RmsNorm(obs, l, A(a.x_in), w[kAttnNorm], A(a.h), A(a.attn_rstd), n, d);  // h[N,d]
+  if (c.qk_norm) {
+    linear(A(a.h), w[kWq], A(a.q_raw), q_dim, d);   // q_raw[N, Q]
+    linear(A(a.h), w[kWk], A(a.k_raw), kv_dim, d);  // k_raw[N, K]
+    RmsNorm(obs, l, A(a.q_raw), {}, A(a.q), A(a.q_rstd), n * c.n_heads, hd);
+    RmsNorm(obs, l, A(a.k_raw), {}, A(a.k), A(a.k_rstd), n * c.n_kv_heads, hd);
+  } else {
+    linear(A(a.h), w[kWq], A(a.q), q_dim, d);
+    linear(A(a.h), w[kWk], A(a.k), kv_dim, d);
+  }
+  linear(A(a.h), w[kWv], A(a.v), kv_dim, d);  // v[N, K]
+  rope(A(a.q), c.n_heads);
+  rope(A(a.k), c.n_kv_heads);
+  const rk::AttentionShape shape = AttentionShape(l);
+  ObservedOp(obs, rk::Op::kAttentionFwd, l, AttentionArgs(shape),
+             {{"q", A(a.q)}, {"k", A(a.k)}, {"v", A(a.v)}},
+             {{"out", A(a.attn)}, {"lse", A(a.attn_lse)}}, [&] {
+               rk::AttentionForward(shape, A(a.q), A(a.k), A(a.v), A(a.attn),
+                                    A(a.attn_lse));  // attn[N, Q]
+             });
+  linear(A(a.attn), w[kWo], A(a.x_mid), d, q_dim);  // x_mid[N, d]
+  AddInto(obs, l, A(a.x_in), A(a.x_mid));
+  // Feed-forward block: x_out = x_mid + SwiGLU(RMSNorm(x_mid) · W_guᵀ) · W_downᵀ.
+  RmsNorm(obs, l, A(a.x_mid), w[kFfnNorm], A(a.h2), A(a.ffn_rstd), n, d);
+  linear(A(a.h2), w[kWGateUp], A(a.gu), 2 * f, d);  // gu[N, 2F]: gate | up
+  ObservedOp(obs, rk::Op::kSwigluFwd, l, {{"rows", double(n)}, {"f", double(f)}}, {{"gu", A(a.gu)}},
+             {{"act", A(a.act)}}, [&] { rk::SwigluForward(A(a.gu), A(a.act), n, f); });
+  if (!output) return;  // a recomputation: the backward reads no further
+  const Span x_out = l + 1 < c.n_layers ? layers_[static_cast<size_t>(l + 1)].x_in : x_final_;
+  linear(A(a.act), w[kWDown], A(x_out), d, f);  // x_out[N, d]
+  AddInto(obs, l, A(a.x_mid), A(x_out));
+}
+
 void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
   if (!have_forward_) Fail("Model::Backward: called before Forward");
   const ModelConfig& c = config_;
@@ -339,8 +364,7 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
                [&] { rk::RmsNormBackward(dy, x, gain, rstd, dx, dgain, rows, cols); });
   };
   auto add_into = [&](int64_t layer, std::span<const float> x, std::span<float> y) {
-    ObservedOp(obs, rk::Op::kAddInto, layer, {{"n", double(x.size())}}, {{"x", x}, {"y", y}},
-               {{"y", y}}, [&] { rk::AddInto(x, y); });
+    AddInto(obs, layer, x, y);
   };
   // dx = dy · w (accumulate: dx += ...).
   auto input_grad = [&](int64_t layer, std::span<const float> dy, std::span<const float> w,
@@ -428,6 +452,12 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
       WillOpenLayer(access, l - 1);
     } else if (c.embedding_norm) {
       access.WillOpenParam(P.emb_norm);
+    }
+    // Recomputed activations: this layer's forward again from its input, into the one set of
+    // activations all layers share (the last layer's are still there from the forward). The
+    // same kernels on the same inputs: the same bits. An observer does not see these ops.
+    if (activations_ == Activations::kRecomputed && l + 1 < c.n_layers) {
+      ForwardLayer({.observer = nullptr, .executor = obs.executor}, l, w, /*output=*/false);
     }
     auto G = [&](size_t which) { return P.Layer(l, which); };
     // Feed-forward block; on entry dx = d x_out, on exit dx = d x_mid.

@@ -246,18 +246,20 @@ int Train(const TrainOptions& options, Comm& comm) {
              // Who holds what follows from it (OwnershipUnit); each rank's path is its own.
              {"--spill-dir", options.spill_dir ? "given" : "not given"},
              {"--test-fault-* flags", FaultsText(options.faults)}});
+  const Storage storage{options.spill_dir, options.activations};
   const fs::path hashes_path = options.run_dir / "state_hashes.jsonl";
   const fs::path metrics_path = options.run_dir / "metrics.jsonl";
   if (options.executor != nullptr) {
     AgreeOrFail(comm, [&] {
-      PlanDeviceMemory(config, Storage{options.spill_dir}, comm.size(), comm.rank(),
+      PlanDeviceMemory(config, storage, comm.size(), comm.rank(),
                        *options.executor);
     });
   }
   if (!options.spill_dir && comm.size() == 1) {
     // Say so before allocating rather than be killed.
-    uint64_t needed = static_cast<uint64_t>(Model::AllocatedBytes(
-        config.model, config.train.vocab_chunk, config.train.microbatch, config.model.seq_len));
+    uint64_t needed = static_cast<uint64_t>(
+        Model::AllocatedBytes(config.model, config.train.vocab_chunk, config.train.microbatch,
+                              config.model.seq_len, options.activations));
     for (const auto& [what, bytes] : StorePlan(config, {})) needed += bytes;
     if (needed > MemAvailableBytes()) {
       const bool grouped = config.train.grad_groups > 1;
@@ -273,7 +275,7 @@ int Train(const TrainOptions& options, Comm& comm) {
   }
   std::optional<Trainer> built;
   AgreeOrFail(comm, [&] {
-    built.emplace(config, dataset, RunDescriptor(config, dataset), Storage{options.spill_dir}, &comm);
+    built.emplace(config, dataset, RunDescriptor(config, dataset), storage, &comm);
     built->set_faults(options.faults);
   });
   Trainer& trainer = *built;

@@ -102,7 +102,7 @@ Trainer::Trainer(const RunConfig& config, const data::Dataset& dataset, std::str
       ranks_(comm_.size()),
       stream_(dataset, config.train.data_seed, static_cast<uint32_t>(config.model.seq_len)),
       model_(config.model, config.train.vocab_chunk, config.train.microbatch,
-             config.model.seq_len),
+             config.model.seq_len, storage.activations),
       specs_(ParameterSpecs(config.model)),
       tokens_(static_cast<size_t>(config.train.microbatch * (config.model.seq_len + 1))) {
   // Every token id indexes a row of the embedding and of the output head.
@@ -283,7 +283,8 @@ void PlanDeviceMemory(const RunConfig& config, const Storage& storage, int ranks
   }
   const uint64_t group = GroupBufferBytes(config, ranks, storage);
   const auto activations = static_cast<uint64_t>(
-      Model::AllocatedBytes(m, config.train.vocab_chunk, config.train.microbatch, m.seq_len));
+      Model::AllocatedBytes(m, config.train.vocab_chunk, config.train.microbatch, m.seq_len,
+                            storage.activations));
   // One op's temporaries: the head's logits, and for a state on disk one update's pieces.
   const uint64_t pieces = storage.spill_dir ? kStateArrayCount * sizeof(float) *
                                                   static_cast<uint64_t>(std::min(largest, kSpillPieceFloats))

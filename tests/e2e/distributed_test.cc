@@ -176,13 +176,13 @@ TEST_F(Distributed, AWorldSizeTheGroupsCannotServeIsRefusedWithTheSizesThatWork)
 }
 
 // tiny-dp's groups are single microbatches: its runs of 2 and 4 ranks are fully sharded. A run
-// moves from 4 sharded ranks to 2, to one process and back to 2.
+// moves from 4 sharded ranks to 2 (recomputing the activations), to one process and back to 2.
 TEST_F(Distributed, AFourProcessRunResumesWithTwoAndWithOne) {
   ASSERT_EQ(Lockstep(TrainArgs("straight", "")).exit_code, 0);
   Result r = Mpi(4, TrainArgs("moved", "--steps 10"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("fully sharded"), std::string::npos) << r.output;
-  r = Mpi(2, TrainArgs("moved", "--steps 15 --resume"));
+  r = Mpi(2, TrainArgs("moved", "--steps 15 --resume --recompute-activations"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("step_000000010"), std::string::npos) << r.output;
   r = Lockstep(TrainArgs("moved", "--steps 17 --resume --threads 2"));

@@ -124,13 +124,16 @@ TEST_F(E2e, StopAndResumeEqualsStraightRun) {
 
 // A run whose state lives on disk (--spill-dir) makes the bits of a run in RAM: the same chain
 // and byte-identical checkpoints, through gradient accumulation (tiny: 2 microbatches), a
-// resume from a spilled run, and at 2 threads; the spill files are gone afterwards.
+// resume from a spilled run, at 2 threads and with the activations recomputed; the spill files
+// are gone afterwards.
 TEST_F(E2e, SpilledRunEqualsRunInRam) {
   ASSERT_EQ(Train("ram", "--steps 12").exit_code, 0);
   const fs::path spill = dir_ / "spill";
   Result r = Train("spilled", "--steps 6 --spill-dir " + spill.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = Train("spilled", "--steps 12 --resume --threads 2 --spill-dir " + spill.string());
+  // Activations recomputed from here on (--recompute-activations changes no bit).
+  r = Train("spilled", "--steps 12 --resume --threads 2 --recompute-activations --spill-dir " +
+                           spill.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(Text("ram/state_hashes.jsonl"), Text("spilled/state_hashes.jsonl"));
   ExpectSameCheckpoint(dir_ / "ram/checkpoints/step_000000012",

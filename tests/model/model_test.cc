@@ -257,6 +257,39 @@ TEST(ModelDeterminism, SameBitsOnEveryThreadCountAndIsa) {
   }
 }
 
+// Recomputed activations (Model::Activations::kRecomputed) change no bit: the losses and every
+// gradient equal the kept activations', with and without the optional norms, accumulating or
+// not; and the model holds less.
+TEST(ModelRecompute, RecomputedActivationsGiveTheKeptBits) {
+  for (const bool norms : {false, true}) {
+    RunConfig run = LoadRunConfig("tiny");
+    run.model.qk_norm = norms;
+    run.model.embedding_norm = norms;
+    const ParamStore params = TestParams(run.model);
+    constexpr int64_t kBatch = 2, kSeq = 24;
+    const std::vector<uint32_t> tokens = RandomTokens(kBatch * (kSeq + 1), run.model.vocab, 7);
+    const auto step = [&](Model::Activations activations) {
+      Model model(run.model, run.train.vocab_chunk, kBatch, kSeq, activations);
+      ParamStore grads(ParameterSpecs(run.model));
+      std::vector<float> out;
+      for (const bool accumulate : {false, true}) {
+        const LossSums sums = model.ForwardBackward(params, tokens, 0.01f, accumulate, grads);
+        out.insert(out.end(), {sums.loss, sums.zloss});
+      }
+      out.insert(out.end(), grads.Flat().begin(), grads.Flat().end());
+      return out;
+    };
+    const std::vector<float> kept = step(Model::Activations::kKept);
+    const std::vector<float> recomputed = step(Model::Activations::kRecomputed);
+    ASSERT_EQ(kept.size(), recomputed.size());
+    EXPECT_EQ(std::memcmp(kept.data(), recomputed.data(), kept.size() * sizeof(float)), 0)
+        << "norms " << norms;
+    EXPECT_LT(Model::AllocatedBytes(run.model, run.train.vocab_chunk, kBatch, kSeq,
+                                    Model::Activations::kRecomputed),
+              Model::AllocatedBytes(run.model, run.train.vocab_chunk, kBatch, kSeq));
+  }
+}
+
 // Documented rule (docs/model.md): accumulating microbatch 2 onto microbatch 1 gives, for every
 // matrix and the embedding table, exactly the gradient of the two as one microbatch when
 // microbatch 1 has a multiple of 256 rows; each norm gain's gradient is g1 + g2 (one addition).

@@ -29,6 +29,8 @@ void AddDisputeCommands(CLI::App& app, int* exit_code);  // dispute.cc: trace, d
 // cpu, after a line on stderr describing the device) and its name, e.g. "opencl:0:0".
 void AddDeviceOption(CLI::App* cmd, std::string* flag);
 std::unique_ptr<OpExecutor> MakeExecutor(const std::string& flag, std::string* name);
+// --recompute-activations (train, replay): Model::Activations::kRecomputed when given.
+void AddRecomputeOption(CLI::App* cmd, Model::Activations* activations);
 
 // options.cc: an unsigned integer option parsed strictly (no sign, no wrapping) within [0, max];
 // --test-fault-op STEP:K and --test-fault-token STEP:I into `faults`, and with `replica`

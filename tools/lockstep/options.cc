@@ -79,4 +79,12 @@ void AddTestFaultOptions(CLI::App* cmd, train::TestFaults* faults, bool replica)
       ->group("Test faults");
 }
 
+void AddRecomputeOption(CLI::App* cmd, Model::Activations* activations) {
+  cmd->add_flag_callback(
+      "--recompute-activations", [activations] { *activations = Model::Activations::kRecomputed; },
+      "keep only each layer's input in the forward and compute the layer's forward again in the "
+      "backward: activations of one layer instead of all, for one more forward's compute. Same "
+      "bits (docs/training.md, \"Memory\")");
+}
+
 }  // namespace lockstep::cli

@@ -59,6 +59,7 @@ void AddReplayCommand(CLI::App& app, int* exit_code) {
                   "directory (4 MiB chunks, each digested and checked when read back; unlinked at "
                   "once, so they vanish even if the replay is killed). Default: in RAM when the memory plan fits MemAvailable, else on disk "
                   "under the system's temp directory. Same bits either way");
+  AddRecomputeOption(cmd, &o.activations);
   cmd->add_flag("--force", o.force,
                 "replay even when the memory plan exceeds MemAvailable or the start "
                 "checkpoint's digests fail (with a warning); write the hand-off checkpoint "

@@ -42,6 +42,7 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
                   "they vanish even if the run is killed), "
                   "with only what a pass needs in RAM: for models larger than memory. Same bits as "
                   "training in RAM");
+  AddRecomputeOption(cmd, &options->activations);
   cmd->add_option("--comm-timeout", options->comm_timeout_seconds,
                   "multi-process runs (mpirun -np N lockstep train ...): seconds a rank waits for "
                   "the others in one exchange before it stops the run with an error (a rank died "
