@@ -254,7 +254,7 @@ class HfBpeTokenizer final : public Tokenizer {
         Fail("{}: field \"model.vocab\": \"{}\" has id {}", path_, piece, id.dump());
       }
       vocab_[piece] = static_cast<uint32_t>(id.get<uint64_t>());
-      id_to_piece_[static_cast<uint32_t>(id.get<uint64_t>())] = piece;
+      NameId(static_cast<uint32_t>(id.get<uint64_t>()), piece, "model.vocab");
     }
     if (!m.contains("merges") || !m["merges"].is_array()) Fail("{}: no array \"model.merges\"", path_);
     const json& merges = m["merges"];
@@ -325,6 +325,16 @@ class HfBpeTokenizer final : public Tokenizer {
          path_, p.dump().substr(0, 120));
   }
 
+  // Id `id` names `piece`: refused when it already names another (its ids could not be decoded).
+  // The same piece under the same id in both model.vocab and added_tokens is usual, and fine.
+  void NameId(uint32_t id, const std::string& piece, std::string_view field) {
+    const auto [it, inserted] = id_to_piece_.emplace(id, piece);
+    if (!inserted && it->second != piece) {
+      Fail("{}: field \"{}\": \"{}\" has id {}, which \"{}\" has already: an id names one piece",
+           path_, field, piece, id, it->second);
+    }
+  }
+
   void ReadAddedTokens(const json& j) {
     if (!j.contains("added_tokens")) return;
     if (!j["added_tokens"].is_array()) Fail("{}: field \"added_tokens\" is not an array", path_);
@@ -343,7 +353,7 @@ class HfBpeTokenizer final : public Tokenizer {
       if (content.empty()) Fail("{}: field \"added_tokens\": an empty content", path_);
       const auto id = static_cast<uint32_t>(t["id"].get<uint64_t>());
       added_[content] = id;
-      id_to_piece_[id] = content;
+      NameId(id, content, "added_tokens");
       if (FlagOf(t, "special", false, path_ + ": added_tokens")) special_[content] = id;
     }
     for (const auto& [content, id] : added_) {

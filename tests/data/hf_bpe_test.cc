@@ -149,6 +149,14 @@ TEST(HfBpe, DatasetsBindTheTokenizerAndUnsupportedFilesAreRefused) {
           {"added_tokens", "end-of-document"});
   refused([](nlohmann::json& t) { t["model"]["vocab"].erase("!"); },
           {"model.vocab", "byte 33"});
+  // Two pieces on one id: the id could not be decoded.
+  refused([](nlohmann::json& t) { t["model"]["vocab"]["zzqx"] = t["model"]["vocab"]["!"]; },
+          {"model.vocab", "\"zzqx\" has id", "which \"!\" has already"});
+  refused(
+      [](nlohmann::json& t) {
+        t["added_tokens"].push_back({{"id", t["model"]["vocab"]["!"]}, {"content", "<|x|>"}});
+      },
+      {"added_tokens", "\"<|x|>\" has id", "an id names one piece"});
   refused(
       [](nlohmann::json& t) {
         t["pre_tokenizer"] = {{"type", "Sequence"},
