@@ -398,8 +398,10 @@ void StartSignedChain(const std::filesystem::path& path, const Ed25519PublicKey&
 void AppendSignedLine(const std::filesystem::path& path, const SignedLine& line);
 void AppendSignedRoot(const std::filesystem::path& path, const SignedRoot& root);
 // Parses strictly (exact keys, hex lengths, consecutive steps from 0, roots covering signed
-// lines); signatures are not checked here.
-SignedChain ReadSignedChain(const std::filesystem::path& path);
+// lines); signatures are not checked here. With TornLine::kDrop a last line without its newline
+// (an append cut short by a crash) is dropped, as a resume does; the key line must be whole.
+SignedChain ReadSignedChain(const std::filesystem::path& path,
+                            TornLine torn = TornLine::kRefuse);
 // Every problem of a chain, one line each: a signature that does not verify under the chain's
 // key, a root that is not the root of its lines, a key other than `trusted` (when given).
 std::vector<std::string> VerifySignedChain(const SignedChain& chain,

@@ -110,8 +110,13 @@ void AppendSignedRoot(const fs::path& path, const SignedRoot& root) {
                              "\n");
 }
 
-SignedChain ReadSignedChain(const fs::path& path) {
-  const std::string text = ReadFileText(path);
+SignedChain ReadSignedChain(const fs::path& path, TornLine torn) {
+  std::string text = ReadFileText(path);
+  if (torn == TornLine::kDrop && !text.empty() && text.back() != '\n') {
+    const size_t last = text.rfind('\n');
+    if (last == std::string::npos) Fail("{}: its key line is torn (no newline)", path.string());
+    text.resize(last + 1);
+  }
   SignedChain chain;
   size_t begin = 0;
   for (size_t number = 1; begin < text.size(); ++number) {

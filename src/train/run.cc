@@ -182,9 +182,10 @@ class ChainSigner {
   }
 
   // After a resume truncated the chain: the key line, every kept line, and a root after each
-  // complete checkpoint among them. A file signed with another key is refused.
+  // complete checkpoint among them. A file signed with another key is refused; a torn last line
+  // (a crash during an append) is dropped like the chain's, since the file is rebuilt anyway.
   void Rebuild(std::span<const StateHashLine> chain, std::span<const uint64_t> checkpoints) {
-    if (fs::exists(path_) && ReadSignedChain(path_).key != key_) {
+    if (fs::exists(path_) && ReadSignedChain(path_, TornLine::kDrop).key != key_) {
       Fail("{}: the run was signed with another key than --sign-key's ({})", path_.string(),
            ToHex(key_));
     }
