@@ -3,6 +3,7 @@
 // been checked against COMPLETE. There is one writer (WriteCheckpointStreamed, one piece of an
 // array in memory at a time) and one set of checks for readers, used both by ReadCheckpoint
 // (whole files in memory) and by OpenCheckpoint + StreamCheckpoint (one piece in memory).
+#include <cstdio>
 #include <fmt/ranges.h>
 
 #include <algorithm>
@@ -405,6 +406,19 @@ fs::path MakeTempDir(const fs::path& run_dir, const fs::path& final_dir, uint64_
 void Commit(const fs::path& temp_dir, const fs::path& final_dir, const std::string& complete,
             uint64_t step) {
   const fs::path parent = final_dir.parent_path();
+  if (fs::exists(final_dir) && !fs::exists(final_dir / kCompleteFile)) {
+    // Not a committed checkpoint (this writer renames only complete directories: its COMPLETE
+    // was removed, or it is not a checkpoint): kept aside, never trusted nor lost, and replaced.
+    fs::path aside = parent / ("incomplete-" + StepDirName(step));
+    for (int n = 2; fs::exists(aside); ++n) {
+      aside = parent / fmt::format("incomplete-{}.{}", StepDirName(step), n);
+    }
+    std::error_code ec;
+    fs::rename(final_dir, aside, ec);
+    if (ec) Fail("{}: has no COMPLETE and cannot be moved aside: {}", final_dir.string(), ec.message());
+    std::fprintf(stderr, "%s: had no COMPLETE (not a committed checkpoint): moved to %s\n",
+                 final_dir.c_str(), aside.c_str());
+  }
   if (fs::exists(final_dir)) {
     // Writing the same state twice yields the same bytes, and COMPLETE holds every file's
     // digest: equal COMPLETE files mean the committed checkpoint is this one.

@@ -108,6 +108,24 @@ TEST_F(E2e, FullGradientsChangeNoHash) {
                        dir_ / "full/checkpoints/step_000000012");
 }
 
+// A step_N directory without COMPLETE is no checkpoint: the resume starts from the newest
+// complete one and, reaching step N, moves the incomplete directory aside (nothing lost) and
+// writes the checkpoint; the run is not stuck there.
+TEST_F(E2e, ACheckpointWithoutCompleteIsMovedAsideNotAnObstacle) {
+  ASSERT_EQ(Train("straight", "--steps 8").exit_code, 0);
+  ASSERT_EQ(Train("stuck", "--steps 8").exit_code, 0);
+  fs::remove(dir_ / "stuck/checkpoints/step_000000008/COMPLETE");
+  const Result r = Train("stuck", "--steps 8 --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("had no COMPLETE (not a committed checkpoint): moved to"),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(fs::exists(dir_ / "stuck/checkpoints/incomplete-step_000000008/model.safetensors"));
+  EXPECT_EQ(Text("straight/state_hashes.jsonl"), Text("stuck/state_hashes.jsonl"));
+  ExpectSameCheckpoint(dir_ / "straight/checkpoints/step_000000008",
+                       dir_ / "stuck/checkpoints/step_000000008");
+}
+
 TEST_F(E2e, StopAndResumeEqualsStraightRun) {
   ASSERT_EQ(Train("straight", "--steps 30").exit_code, 0);
   ASSERT_EQ(Train("resumed", "--steps 15").exit_code, 0);
