@@ -2,6 +2,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <bit>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -483,6 +484,83 @@ void Trainer::Initialize() {
   UpdateAndHash(/*update=*/false, {}, 1.0f);
 }
 
+namespace {
+
+// A checkpoint's scalars against its own run: what training writes at step s of this config.
+// Digests prove that bytes are unchanged since they were sealed, not that the sealed values are
+// possible: a forger can reseal anything. (docs/formats/checkpoint.md, "Consistency".)
+void CheckScalars(const StepState& s, const RunConfig& config, const std::vector<ParamSpec>& specs,
+                  const fs::path& meta) {
+  const TrainConfig& tc = config.train;
+  const auto refuse = [&](std::string_view field, const std::string& value,
+                          const std::string& expected) {
+    Fail("{}: field \"{}\" is {}, but {}: the checkpoint contradicts its own run (a forged or "
+         "resealed file)",
+         meta.string(), field, value, expected);
+  };
+  const auto bits = [](float f) { return std::bit_cast<uint32_t>(f); };
+  if (s.rng_seed != tc.seed) {
+    refuse("rng_seed", std::to_string(s.rng_seed),
+           fmt::format("the descriptor's train.seed is {}", tc.seed));
+  }
+  const auto draws = static_cast<uint64_t>(FirstDraws(specs).back());
+  if (s.rng_counter != draws) {
+    refuse("rng_counter", std::to_string(s.rng_counter),
+           fmt::format("this model's initialisation draws {} words and no step draws more", draws));
+  }
+  const uint64_t per_step = static_cast<uint64_t>(tc.microbatches * tc.microbatch);
+  if (s.step > UINT64_MAX / per_step || s.data_cursor != s.step * per_step) {
+    refuse("data_cursor", std::to_string(s.data_cursor),
+           fmt::format("step {} has consumed step x train.microbatches x train.microbatch = {} "
+                       "windows",
+                       s.step, s.step > UINT64_MAX / per_step ? "more than 2^64" : std::to_string(s.step * per_step)));
+  }
+  if (s.optimizer_step > s.step || s.optimizer_step + s.spike.total_skips != s.step) {
+    refuse("optimizer_step", std::to_string(s.optimizer_step),
+           fmt::format("every one of the {} steps either updates or is skipped, and spike "
+                       "total_skips is {}",
+                       s.step, s.spike.total_skips));
+  }
+  const float lr = s.step == 0 ? 0.0f : LearningRate(tc, static_cast<int64_t>(s.step));
+  if (bits(s.lr) != bits(lr)) {
+    refuse("lr_bits", fmt::format("{:08x}", bits(s.lr)),
+           fmt::format("the schedule's learning rate at step {} has bits {:08x}", s.step, bits(lr)));
+  }
+  const float clip = s.skipped || s.step == 0
+                         ? 1.0f
+                         : rk::ClipFactor(s.grad_norm, static_cast<float>(tc.clip_norm));
+  if (bits(s.clip_factor) != bits(clip)) {
+    refuse("clip_factor_bits", fmt::format("{:08x}", bits(s.clip_factor)),
+           fmt::format("step {}'s grad_norm and train.clip_norm give {:08x}", s.step, bits(clip)));
+  }
+  if (!s.skipped && s.step > 0 &&
+      !(std::isfinite(s.grad_norm) && s.grad_norm <= static_cast<float>(tc.spike_threshold))) {
+    refuse("skipped", "false",
+           fmt::format("a grad_norm of {} is a spike (train.spike_threshold {})", s.grad_norm,
+                       tc.spike_threshold));
+  }
+  const std::vector<uint64_t>& recent = s.spike.recent_skips;
+  const auto window = static_cast<uint64_t>(tc.spike_window);
+  for (size_t k = 0; k < recent.size(); ++k) {
+    if (recent[k] > s.step || recent[k] == 0 || s.step - recent[k] >= window ||
+        (k > 0 && recent[k] <= recent[k - 1])) {
+      refuse("spike.recent_skips", fmt::format("[{}]", fmt::join(recent, ", ")),
+             fmt::format("it holds increasing steps within the last train.spike_window = {} steps "
+                         "up to step {}",
+                         window, s.step));
+    }
+  }
+  const bool last_is_this = !recent.empty() && recent.back() == s.step;
+  if (recent.size() > s.spike.total_skips || recent.size() > static_cast<size_t>(tc.spike_max_skips) ||
+      last_is_this != s.skipped) {
+    refuse("spike.recent_skips", fmt::format("[{}]", fmt::join(recent, ", ")),
+           fmt::format("step {} was {}skipped, total_skips is {} and train.spike_max_skips {}",
+                       s.step, s.skipped ? "" : "not ", s.spike.total_skips, tc.spike_max_skips));
+  }
+}
+
+}  // namespace
+
 void Trainer::CheckRestorable(const CheckpointIndex& checkpoint) const {
   const std::string where = checkpoint.dir.string();
   if (checkpoint.state.descriptor != state_.descriptor) {
@@ -490,6 +568,7 @@ void Trainer::CheckRestorable(const CheckpointIndex& checkpoint) const {
          "checkpoint was trained with)\n  checkpoint: {}\n  this run:   {}",
          where, checkpoint.state.descriptor, state_.descriptor);
   }
+  CheckScalars(checkpoint.state, config_, specs_, checkpoint.dir / "meta.json");
   if (checkpoint.tensors.size() != specs_.size()) {
     Fail("{}: holds {} tensors, the model has {}", where, checkpoint.tensors.size(),
          specs_.size());
