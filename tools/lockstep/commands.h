@@ -38,6 +38,10 @@ void AddRecomputeOption(CLI::App* cmd, Model::Activations* activations);
 CLI::Option* AddUnsignedOption(CLI::App* cmd, const std::string& name, uint64_t* value,
                                uint64_t max, const std::string& help);
 void AddTestFaultOptions(CLI::App* cmd, train::TestFaults* faults, bool replica);
+// A number > 0 and a number >= 0, refused as "must be > 0, not X". (CLI11's PositiveNumber
+// and NonNegativeNumber print their range's upper end, DBL_MAX, in 300-odd digits.)
+const CLI::Validator& PositiveNumber();
+const CLI::Validator& NonNegativeNumber();
 // The most steps a run or a replay may name (2^40): --steps, --until-step, trace --step.
 inline constexpr uint64_t kMaxSteps = uint64_t{1} << 40;
 

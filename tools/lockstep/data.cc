@@ -147,10 +147,10 @@ void AddDataCommands(CLI::App& app, int* exit_code) {
                 "exact number of byte tokens, end-of-document not "
                 "counted")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(PositiveNumber());
   s->add_option("--shard-tokens", synth->shard_tokens, "at most this many tokens per shard")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(PositiveNumber());
   s->final_callback([synth, exit_code] { *exit_code = RunSynth(*synth); });
 
   auto tokenize = std::make_shared<TokenizeOptions>();
@@ -167,7 +167,7 @@ void AddDataCommands(CLI::App& app, int* exit_code) {
       ->required();
   t->add_option("--shard-tokens", tokenize->shard_tokens, "at most this many tokens per shard")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(PositiveNumber());
   t->add_option("--tokenizer", tokenize->tokenizer,
                 "a SentencePiece model (lockstep tokenizer train), a Hugging Face tokenizer.json "
                 "of byte-level BPE, or a directory holding tokenizer.model or tokenizer.json; its "
@@ -201,7 +201,7 @@ void AddDataCommands(CLI::App& app, int* exit_code) {
       ->required();
   m->add_option("--shard-tokens", import->shard_tokens, "at most this many tokens per shard")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(PositiveNumber());
   m->final_callback([import, exit_code] { *exit_code = RunImport(*import); });
 
   auto inspect = std::make_shared<InspectOptions>();

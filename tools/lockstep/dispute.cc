@@ -34,7 +34,7 @@ void AddTraceCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--dump-op", *dump_ops,
                   "also write op K's input and output tensors to OUT/op_K.safetensors (what a "
                   "party reveals to the referee); may be given more than once")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegativeNumber());
   cmd->add_option("--threads", o->threads, "worker threads (results do not depend on it)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));

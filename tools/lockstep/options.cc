@@ -47,6 +47,28 @@ CLI::Option* AddUnsignedOption(CLI::App* cmd, const std::string& name, uint64_t*
       fmt::format("{} (an integer from 0 to {})", help, max));
 }
 
+namespace {
+CLI::Validator NumberAtLeast(bool strictly_positive) {
+  return CLI::Validator(
+      [strictly_positive](std::string& text) -> std::string {
+        double value = 0;
+        if (!CLI::detail::lexical_cast(text, value)) return "must be a number, not " + text;
+        const bool ok = strictly_positive ? value > 0 : value >= 0;
+        return ok ? std::string() : fmt::format("must be {} 0, not {}", strictly_positive ? ">" : ">=", text);
+      },
+      strictly_positive ? "POSITIVE" : "NONNEGATIVE");
+}
+}  // namespace
+
+const CLI::Validator& PositiveNumber() {
+  static const CLI::Validator validator = NumberAtLeast(true);
+  return validator;
+}
+const CLI::Validator& NonNegativeNumber() {
+  static const CLI::Validator validator = NumberAtLeast(false);
+  return validator;
+}
+
 void AddTestFaultOptions(CLI::App* cmd, train::TestFaults* faults, bool replica) {
   // A STEP:INDEX fault.
   const auto add = [cmd](const std::string& name, std::optional<train::StepAndIndex>* fault,

@@ -48,7 +48,7 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
                   "the others in one exchange before it stops the run with an error (a rank died "
                   "or hangs)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(PositiveNumber());
   auto sign_key = std::make_shared<std::string>();
   cmd->add_option("--sign-key", *sign_key,
                   "sign every chain line as it is appended, and after every checkpoint a Merkle "
