@@ -28,6 +28,22 @@ template <typename... Args>
   throw Error(fmt::format(format, std::forward<Args>(args)...));
 }
 
+// A broken invariant of lockstep itself -- a bug, never the user's input. LOCKSTEP_CHECK and
+// LOCKSTEP_INTERNAL report it as "internal error at FILE:LINE: ..." and the command exits with
+// kInternalErrorExit (sysexits' EX_SOFTWARE) instead of 2, so that neither a user nor a test can
+// take it for a refusal of bad input.
+class InternalError : public Error {
+ public:
+  using Error::Error;
+};
+inline constexpr int kInternalErrorExit = 70;
+[[noreturn]] void FailInternal(std::string_view file, int line, const std::string& what);
+#define LOCKSTEP_INTERNAL(...) ::lockstep::FailInternal(__FILE__, __LINE__, fmt::format(__VA_ARGS__))
+#define LOCKSTEP_CHECK(condition, ...)                                                     \
+  do {                                                                                     \
+    if (!(condition)) LOCKSTEP_INTERNAL("{} (broken: {})", fmt::format(__VA_ARGS__), #condition); \
+  } while (0)
+
 // ---- threads ------------------------------------------------------------------------------
 // The number of worker threads kernels may use. Results never depend on it (the numerics
 // contract); only speed does. Default: 1.

@@ -441,7 +441,7 @@ class OpenClDevice final : public Device {
     }
     for (const auto& it : overlap) {
       if (std::ranges::find(in_use_, it->second.get()) != in_use_.end()) {
-        Fail("internal error: two tensors of one op call overlap in part on the device");
+        LOCKSTEP_INTERNAL("two tensors of one op call overlap in part on the device");
       }
       Refresh(*it->second);
       copies_.erase(it);
@@ -466,7 +466,7 @@ class OpenClDevice final : public Device {
     std::vector<std::string> texts;
     for (const std::string_view file : files) {
       const auto it = std::ranges::find(kKernelSources, file, &KernelSource::name);
-      if (it == std::end(kKernelSources)) Fail("internal error: no kernel source {}", file);
+      if (it == std::end(kKernelSources)) LOCKSTEP_INTERNAL("no kernel source {}", file);
       std::string text(it->text);
       if (mutation_.drop_fp_contract_pragma) {
         const std::string pragma = "#pragma OPENCL FP_CONTRACT OFF";
@@ -535,7 +535,7 @@ class OpenClDevice final : public Device {
   }
   void Download(const Buffer& b, std::span<float> to) {
     if (to.size_bytes() != b.bytes()) {
-      Fail("internal error: reading {} bytes of a device buffer into {}", b.bytes(),
+      LOCKSTEP_INTERNAL("reading {} bytes of a device buffer into {}", b.bytes(),
            to.size_bytes());
     }
     if (to.empty()) return;
@@ -564,7 +564,7 @@ class OpenClDevice final : public Device {
     return b;
   }
   void CopyBuffer(const Buffer& from, const Buffer& to) {
-    if (from.bytes() != to.bytes()) Fail("internal error: copying unequal device buffers");
+    if (from.bytes() != to.bytes()) LOCKSTEP_INTERNAL("copying unequal device buffers");
     if (from.bytes() == 0) return;
     Check(clEnqueueCopyBuffer(queue_, from.get(), to.get(), 0, 0, from.bytes(), 0, nullptr,
                               nullptr),
@@ -643,7 +643,7 @@ const Binding::InTensor* Binding::FindIn(std::string_view role) const {
 }
 const Binding::InTensor& Binding::Input(std::string_view role) const {
   const InTensor* t = FindIn(role);
-  if (t == nullptr) Fail("internal error: the op call on the device has no input '{}'", role);
+  if (t == nullptr) LOCKSTEP_INTERNAL("the op call on the device has no input '{}'", role);
   return *t;
 }
 Binding::InTensor& Binding::Input(std::string_view role) {
@@ -675,7 +675,7 @@ std::span<float> Binding::Target(std::string_view role, int64_t elements) {
   }
   const auto it = std::ranges::find(outputs_, role, &TensorOut::role);
   if (it == outputs_.end() || it->f32.size() != static_cast<size_t>(elements)) {
-    Fail("internal error: the op call on the device has no output '{}' of {} floats", role,
+    LOCKSTEP_INTERNAL("the op call on the device has no output '{}' of {} floats", role,
          elements);
   }
   return it->f32;
@@ -689,7 +689,7 @@ const Buffer& Binding::Out(std::string_view role, int64_t elements) {
     o.buffer = &In(role);
     o.copy = in.copy;
     if (o.copy != nullptr && o.target.data() != in.f32.data()) {
-      Fail("internal error: {} is updated in place on the device but given at another address",
+      LOCKSTEP_INTERNAL("{} is updated in place on the device but given at another address",
            role);
     }
   } else if ((o.copy = device_.Resident(o.target)) != nullptr) {
@@ -724,7 +724,7 @@ void Binding::Finish() {
       continue;
     }
     if (!device_.StillKept(o.copy)) {
-      Fail("internal error: the device copy of {} was dropped during the op that writes it",
+      LOCKSTEP_INTERNAL("the device copy of {} was dropped during the op that writes it",
            o.role);
     }
     if (o.via_temp) device_.CopyBuffer(*o.buffer, o.copy->buffer);
@@ -983,7 +983,7 @@ void OpenClDevice::RunBound(rk::Op op, Binding& io) {
       break;
     }
     default:
-      Fail("internal error: op {} is listed as implemented but has no device code", name);
+      LOCKSTEP_INTERNAL("op {} is listed as implemented but has no device code", name);
   }
   io.Finish();
 }

@@ -382,9 +382,9 @@ const std::vector<OpSpec>& Table() {
          {{"param"}, {"grad"}, {"m"}, {"v"}}, {{"param"}, {"m"}, {"v"}}, RunAdamW, SampleAdamW},
     };
     for (size_t i = 0; i < t.size(); ++i) {
-      if (static_cast<size_t>(t[i].op) != i) Fail("internal error: op table entry {} out of order", i);
+      if (static_cast<size_t>(t[i].op) != i) LOCKSTEP_INTERNAL("op table entry {} out of order", i);
     }
-    if (t.size() != static_cast<size_t>(Op::kCount)) Fail("internal error: op table incomplete");
+    if (t.size() != static_cast<size_t>(Op::kCount)) LOCKSTEP_INTERNAL("op table incomplete");
     return t;
   }();
   return table;

@@ -561,7 +561,7 @@ void CheckOpCall(const rk::OpSpec& op, std::span<const OpArg> args,
   for (const OpTensor& t : inputs) in.push_back(RoleOf(t));
   for (const OpOutput& t : outputs) out.push_back(RoleOf(t));
   if (!rk::CallFits(op, names, in, out)) {
-    Fail("internal error: a call of op '{}' does not fit its entry in the op table "
+    LOCKSTEP_INTERNAL("a call of op '{}' does not fit its entry in the op table "
          "(src/kernels/op_table.cc)",
          op.name);
   }

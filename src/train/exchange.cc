@@ -29,7 +29,7 @@ std::span<std::byte> Bytes(std::span<float> f) { return std::as_writable_bytes(f
 std::vector<std::vector<int64_t>> OwnershipBounds(const std::vector<ParamSpec>& specs, int ranks,
                                                   int64_t unit) {
   if (unit < kHashChunkFloats || unit % kHashChunkFloats != 0) {
-    Fail("internal error: an ownership unit of {} floats is not whole hash chunks", unit);
+    LOCKSTEP_INTERNAL("an ownership unit of {} floats is not whole hash chunks", unit);
   }
   using Wide = unsigned __int128;  // N * 2 * total: no overflow for any int64 element count
   Wide total = 0;
@@ -93,7 +93,7 @@ void Exchange::GatherParameter(size_t i, std::span<const float> mine,
                                std::span<float> whole) const {
   if (static_cast<int64_t>(mine.size()) != Held(i).size() ||
       static_cast<int64_t>(whole.size()) != specs_[i].numel()) {
-    Fail("internal error: gathering tensor '{}' from {} of its {} elements into {}",
+    LOCKSTEP_INTERNAL("gathering tensor '{}' from {} of its {} elements into {}",
          specs_[i].name, mine.size(), specs_[i].numel(), whole.size());
   }
   comm_.Allgather(std::as_bytes(mine), std::as_writable_bytes(whole));

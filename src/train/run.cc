@@ -438,11 +438,12 @@ int RunTraining(const TrainOptions& options) {
     // Every rank's error reaches the terminal, with its rank. mpirun stops the whole job as soon
     // as one rank exits non-zero, so a rank that fails lingers a moment after reporting: ranks
     // that fail together (a verdict every rank reached) all get their message out.
-    std::fprintf(stderr, "lockstep: error: rank %d of %d: %s\n", comm->rank(), comm->size(),
-                 e.what());
+    const bool internal = dynamic_cast<const InternalError*>(&e) != nullptr;
+    std::fprintf(stderr, "lockstep: %s: rank %d of %d: %s\n", internal ? "internal error" : "error",
+                 comm->rank(), comm->size(), e.what());
     std::fflush(stderr);
     std::this_thread::sleep_for(std::chrono::seconds(1));
-    return 2;
+    return internal ? kInternalErrorExit : 2;
   }
 }
 

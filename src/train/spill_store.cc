@@ -294,7 +294,7 @@ class SpillStore final : public StateStore {
 
   void Release(const Piece& piece, bool store, std::span<const Digest> hash_chunks) override {
     const auto it = buffers_.find(piece.data.data());
-    if (it == buffers_.end()) Fail("SpillStore: a piece released twice or never acquired");
+    if (it == buffers_.end()) LOCKSTEP_INTERNAL("SpillStore: a piece released twice or never acquired");
     if (store) {
       CancelReadsAhead([&](const AheadKey& other) {
         return Overlaps(other, {piece.array, piece.tensor, piece.begin,
@@ -420,7 +420,7 @@ class SpillStore final : public StateStore {
   }
 
   StateHash FinishAttach(FileDigests digests) override {
-    if (!attached_) Fail("SpillStore: FinishAttach without a checkpoint attached");
+    if (!attached_) LOCKSTEP_INTERNAL("SpillStore: FinishAttach without a checkpoint attached");
     // The chunks no step read, from the checkpoint.
     struct Unread {
       size_t array, tensor;

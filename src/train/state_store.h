@@ -70,7 +70,7 @@ class StateStore : public TensorAccess {
   // overwritten since), then checks the files and recomputes the state hash from the chunks'
   // digests as Load does (CheckpointHashOfDigests), and returns it.
   virtual StateHash FinishAttach(FileDigests /*digests*/) {
-    Fail("StateStore: FinishAttach without a checkpoint attached");
+    LOCKSTEP_INTERNAL("StateStore: FinishAttach without a checkpoint attached");
   }
   // The host memory that holds each array whole while the store lives (indexed by StateArray),
   // which an OpExecutor may keep copies of; empty spans for a store on disk.

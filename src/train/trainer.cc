@@ -767,7 +767,7 @@ class ShardedAccess final : public TensorAccess {
   }
   void CloseParam(size_t i) override { open_.erase(i); }
   std::span<float> OpenGrad(size_t i, bool accumulate) override {
-    if (accumulate) Fail("internal error: a fully sharded group accumulates no microbatches");
+    if (accumulate) LOCKSTEP_INTERNAL("a fully sharded group accumulates no microbatches");
     grad_.resize(static_cast<size_t>(exchange_.specs()[i].numel()));
     return grad_;
   }

@@ -87,6 +87,17 @@ TEST_F(Hostile, CommandLineValuesOutOfRange) {
   }
 }
 
+// A bug in lockstep is told apart from bad input: "internal error at FILE:LINE", exit status 70,
+// where every refusal of input exits 2.
+TEST_F(Hostile, AnInternalErrorHasItsOwnExitStatus) {
+  const Result r = Lockstep("selftest --test-internal-error");
+  EXPECT_EQ(r.exit_code, kInternalErrorExit) << r.output;
+  EXPECT_NE(r.output.find("lockstep: internal error at tools/lockstep/selftest.cc:"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("a bug in lockstep, not in its input"), std::string::npos) << r.output;
+}
+
 TEST_F(Hostile, HostileJsonInAChainLineIsRefused) {
   fs::copy(dir_ / "run", dir_ / "deep", fs::copy_options::recursive);
   AppendFileSynced(dir_ / "deep/state_hashes.jsonl",

@@ -98,6 +98,9 @@ int Run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return lockstep::cli::Run(argc, argv);
+  } catch (const lockstep::InternalError& e) {
+    std::fprintf(stderr, "lockstep: %s\n", e.what());
+    return lockstep::kInternalErrorExit;
   } catch (const lockstep::Error& e) {
     std::fprintf(stderr, "lockstep: error: %s\n", e.what());
     return 2;

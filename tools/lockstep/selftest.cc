@@ -301,7 +301,13 @@ void AddSelftestCommand(CLI::App& app, int* exit_code) {
                   "with --device opencl: time the device GEMM (y = x·wᵀ, N x N x N, operands on "
                   "the device, best of 3) and print it as a JSON line with TFLOP/s")
       ->check(CLI::Range(int64_t{1}, int64_t{32768}));
-  cmd->final_callback([options, exit_code] {
+  auto internal = std::make_shared<bool>(false);
+  cmd->add_flag("--test-internal-error", *internal,
+                "test-only: fail an internal invariant, to show how lockstep reports its own bugs "
+                "(exit status 70, never 2)")
+      ->group("Test faults");
+  cmd->final_callback([options, exit_code, internal] {
+    LOCKSTEP_CHECK(!*internal, "--test-internal-error was given");
     const std::optional<device::DeviceChoice> choice = device::ParseDeviceFlag(options->device);
     if (!choice && (!options->dump_programs.empty() || options->time_gemm > 0)) {
       Fail("--dump-programs and --time-gemm need --device opencl[:P:D]");
