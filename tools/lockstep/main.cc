@@ -1,4 +1,5 @@
-// lockstep: one binary, one subcommand per file (see docs/cli.md).
+// lockstep: one binary, one subcommand per file; the README lists the commands and their exit
+// statuses, and each has a complete --help.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
