@@ -38,7 +38,8 @@ class InternalError : public Error {
 };
 inline constexpr int kInternalErrorExit = 70;
 [[noreturn]] void FailInternal(std::string_view file, int line, const std::string& what);
-#define LOCKSTEP_INTERNAL(...) ::lockstep::FailInternal(__FILE__, __LINE__, fmt::format(__VA_ARGS__))
+#define LOCKSTEP_INTERNAL(...) \
+  ::lockstep::FailInternal(__FILE__, __LINE__, fmt::format(__VA_ARGS__))
 #define LOCKSTEP_CHECK(condition, ...)                                                     \
   do {                                                                                     \
     if (!(condition)) LOCKSTEP_INTERNAL("{} (broken: {})", fmt::format(__VA_ARGS__), #condition); \

@@ -300,13 +300,15 @@ void Model::ForwardLayer(const OpHooks& obs, int64_t l,
                     int64_t out, int64_t in) {
     ObservedOp(obs, rk::Op::kGemmXWt, l,
                {{"m", double(n)}, {"n", double(out)}, {"k", double(in)}, {"accumulate", 0}},
-               {{"x", x}, {"w", weight}}, {{"y", y}}, [&] { rk::GemmXWt(x, weight, y, n, out, in); });
+               {{"x", x}, {"w", weight}}, {{"y", y}},
+               [&] { rk::GemmXWt(x, weight, y, n, out, in); });
   };
   auto rope = [&](std::span<float> x, int64_t heads) {
     ObservedOp(obs, rk::Op::kRopeFwd, l,
                {{"batch", double(batch_)}, {"seq", double(seq_)}, {"heads", double(heads)},
                 {"head_dim", double(hd)}, {"table_seq", double(c.seq_len)}, {"theta", theta}},
-               {{"x", x}}, {{"y", x}}, [&] { rk::RopeForward(x, x, rope_, batch_, seq_, heads, hd); });
+               {{"x", x}}, {{"y", x}},
+               [&] { rk::RopeForward(x, x, rope_, batch_, seq_, heads, hd); });
   };
   // Attention block: x_mid = x_in + attn(RMSNorm(x_in)) · Woᵀ.
   RmsNorm(obs, l, A(a.x_in), w[kAttnNorm], A(a.h), A(a.attn_rstd), n, d);  // h[N,d]

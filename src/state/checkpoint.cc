@@ -415,7 +415,9 @@ void Commit(const fs::path& temp_dir, const fs::path& final_dir, const std::stri
     }
     std::error_code ec;
     fs::rename(final_dir, aside, ec);
-    if (ec) Fail("{}: has no COMPLETE and cannot be moved aside: {}", final_dir.string(), ec.message());
+    if (ec) {
+      Fail("{}: has no COMPLETE and cannot be moved aside: {}", final_dir.string(), ec.message());
+    }
     std::fprintf(stderr, "%s: had no COMPLETE (not a committed checkpoint): moved to %s\n",
                  final_dir.c_str(), aside.c_str());
   }

@@ -62,7 +62,9 @@ class MpiComm final : public Comm {
     std::vector<char> names(static_cast<size_t>(size_) * MPI_MAX_PROCESSOR_NAME);
     MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME,
                   MPI_CHAR, MPI_COMM_WORLD);
-    for (int r = 0; r < size_; ++r) hosts_.emplace_back(&names[static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME]);
+    for (int r = 0; r < size_; ++r) {
+      hosts_.emplace_back(&names[static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME]);
+    }
     watchdog_ = std::thread([this] { Watch(); });
   }
   ~MpiComm() override {
@@ -197,7 +199,9 @@ class MpiComm final : public Comm {
   // "rank R (HOST)" for one peer; with kAll, every other rank ("rank 1 (HOST)" when there is
   // one, else "the other ranks (R on HOST, ...)").
   std::string Peers(int peer) const {
-    const auto one = [&](int r) { return fmt::format("rank {} ({})", r, hosts_[static_cast<size_t>(r)]); };
+    const auto one = [&](int r) {
+      return fmt::format("rank {} ({})", r, hosts_[static_cast<size_t>(r)]);
+    };
     if (peer != kAll) return one(peer);
     if (size_ == 2) return one(1 - rank_);
     std::vector<std::string> others;

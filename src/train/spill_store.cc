@@ -294,7 +294,9 @@ class SpillStore final : public StateStore {
 
   void Release(const Piece& piece, bool store, std::span<const Digest> hash_chunks) override {
     const auto it = buffers_.find(piece.data.data());
-    if (it == buffers_.end()) LOCKSTEP_INTERNAL("SpillStore: a piece released twice or never acquired");
+    if (it == buffers_.end()) {
+      LOCKSTEP_INTERNAL("SpillStore: a piece released twice or never acquired");
+    }
     if (store) {
       CancelReadsAhead([&](const AheadKey& other) {
         return Overlaps(other, {piece.array, piece.tensor, piece.begin,

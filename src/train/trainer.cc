@@ -1,17 +1,17 @@
 // The training step: docs/training.md gives the exact order of everything below.
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <bit>
 #include <array>
+#include <bit>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <set>
-#include <map>
-#include <cstring>
-#include <nlohmann/json.hpp>
 
 #include "lockstep/kernels.h"
 #include "lockstep/train.h"
@@ -121,8 +121,8 @@ Trainer::Trainer(const RunConfig& config, const data::Dataset& dataset, std::str
   exchange_ = std::make_unique<Exchange>(comm_, specs_, OwnershipUnit(storage));
   if (storage.spill_dir) {
     // Each rank its own files: under the path given, a directory per rank.
-    store_ = MakeSpillStore(specs_, ranks_ == 1 ? *storage.spill_dir
-                                                : *storage.spill_dir / fmt::format("rank-{}", rank_));
+    const fs::path& dir = *storage.spill_dir;
+    store_ = MakeSpillStore(specs_, ranks_ == 1 ? dir : dir / fmt::format("rank-{}", rank_));
   } else {
     sharded_ = FullySharded(config, ranks_, storage);
     store_ = MakeMemoryStore(specs_, exchange_->HeldHere(), /*params_held=*/sharded_);
@@ -277,7 +277,8 @@ void PlanDeviceMemory(const RunConfig& config, const Storage& storage, int ranks
   for (size_t i = 0; i < specs.size(); ++i) {
     largest = std::max(largest, specs[i].numel());
     const auto r = static_cast<size_t>(rank);
-    // The parameters whole; the moments and the gradient of the range this rank holds.
+    // The parameters whole (fully sharded: the range this rank holds); the moments and the
+    // gradient of that range.
     const int64_t held = bounds[i][r + 1] - bounds[i][r];
     const int64_t params = sharded ? held : specs[i].numel();
     if (!storage.spill_dir) state += sizeof(float) * static_cast<uint64_t>(params + 3 * held);
@@ -287,17 +288,17 @@ void PlanDeviceMemory(const RunConfig& config, const Storage& storage, int ranks
       Model::AllocatedBytes(m, config.train.vocab_chunk, config.train.microbatch, m.seq_len,
                             storage.activations));
   // One op's temporaries: the head's logits, and for a state on disk one update's pieces.
-  const uint64_t pieces = storage.spill_dir ? kStateArrayCount * sizeof(float) *
-                                                  static_cast<uint64_t>(std::min(largest, kSpillPieceFloats))
-                                            : 0;
+  const auto floats = [](int64_t n) { return sizeof(float) * static_cast<uint64_t>(n); };
+  const uint64_t pieces =
+      storage.spill_dir ? kStateArrayCount * floats(std::min(largest, kSpillPieceFloats)) : 0;
   // Sharded, the gathered parameters and the open gradient are copied in with each op.
-  const uint64_t gathered = sharded ? 2 * sizeof(float) * static_cast<uint64_t>(largest) : 0;
-  const uint64_t scratch = sizeof(float) * static_cast<uint64_t>(rows * m.vocab) + pieces + gathered;
+  const uint64_t gathered = sharded ? 2 * floats(largest) : 0;
+  const uint64_t scratch = floats(rows * m.vocab) + pieces + gathered;
   const auto size = [](uint64_t b) {
     return b >= (uint64_t{1} << 30) ? fmt::format("{:.2f} GiB", static_cast<double>(b) / (1 << 30))
                                     : fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20));
   };
-  executor.Plan(state + group + activations + scratch, sizeof(float) * static_cast<uint64_t>(largest),
+  executor.Plan(state + group + activations + scratch, floats(largest),
                 fmt::format("state {}, group gradients {}, activations {}, one op's temporaries {}",
                             size(state), size(group), size(activations), size(scratch)));
 }
@@ -513,7 +514,9 @@ void CheckScalars(const StepState& s, const RunConfig& config, const std::vector
     refuse("data_cursor", std::to_string(s.data_cursor),
            fmt::format("step {} has consumed step x train.microbatches x train.microbatch = {} "
                        "windows",
-                       s.step, s.step > UINT64_MAX / per_step ? "more than 2^64" : std::to_string(s.step * per_step)));
+                       s.step,
+                       s.step > UINT64_MAX / per_step ? "more than 2^64"
+                                                      : std::to_string(s.step * per_step)));
   }
   if (s.optimizer_step > s.step || s.optimizer_step + s.spike.total_skips != s.step) {
     refuse("optimizer_step", std::to_string(s.optimizer_step),
@@ -524,7 +527,8 @@ void CheckScalars(const StepState& s, const RunConfig& config, const std::vector
   const float lr = s.step == 0 ? 0.0f : LearningRate(tc, static_cast<int64_t>(s.step));
   if (bits(s.lr) != bits(lr)) {
     refuse("lr_bits", fmt::format("{:08x}", bits(s.lr)),
-           fmt::format("the schedule's learning rate at step {} has bits {:08x}", s.step, bits(lr)));
+           fmt::format("the schedule's learning rate at step {} has bits {:08x}", s.step,
+                       bits(lr)));
   }
   const float clip = s.skipped || s.step == 0
                          ? 1.0f
@@ -551,8 +555,8 @@ void CheckScalars(const StepState& s, const RunConfig& config, const std::vector
     }
   }
   const bool last_is_this = !recent.empty() && recent.back() == s.step;
-  if (recent.size() > s.spike.total_skips || recent.size() > static_cast<size_t>(tc.spike_max_skips) ||
-      last_is_this != s.skipped) {
+  if (recent.size() > s.spike.total_skips ||
+      recent.size() > static_cast<size_t>(tc.spike_max_skips) || last_is_this != s.skipped) {
     refuse("spike.recent_skips", fmt::format("[{}]", fmt::join(recent, ", ")),
            fmt::format("step {} was {}skipped, total_skips is {} and train.spike_max_skips {}",
                        s.step, s.skipped ? "" : "not ", s.spike.total_skips, tc.spike_max_skips));
@@ -780,7 +784,8 @@ class ShardedAccess final : public TensorAccess {
             executor_->HostWrites(total.data);
           }
           for (int r = 0; r < exchange_.ranks(); ++r) {
-            const auto part = parts.subspan(static_cast<size_t>(r * count), static_cast<size_t>(count));
+            const auto part =
+                parts.subspan(static_cast<size_t>(r * count), static_cast<size_t>(count));
             if (round_ == 0 && r == 0) {
               std::ranges::copy(part, total.data.begin());
             } else {

@@ -20,7 +20,8 @@ namespace {
 namespace fs = std::filesystem;
 
 TEST(ForgedScalars, AResealedCheckpointThatTrainingCannotReachIsRefused) {
-  const fs::path dir = fs::temp_directory_path() / ("lockstep_forged_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("lockstep_forged_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   data::WriteSynthCorpus(dir / "data", 7, 100000);
   const data::Dataset dataset = data::OpenDataset(dir / "data");

@@ -54,7 +54,8 @@ CLI::Validator NumberAtLeast(bool strictly_positive) {
         double value = 0;
         if (!CLI::detail::lexical_cast(text, value)) return "must be a number, not " + text;
         const bool ok = strictly_positive ? value > 0 : value >= 0;
-        return ok ? std::string() : fmt::format("must be {} 0, not {}", strictly_positive ? ">" : ">=", text);
+        if (ok) return std::string();
+        return fmt::format("must be {} 0, not {}", strictly_positive ? ">" : ">=", text);
       },
       strictly_positive ? "POSITIVE" : "NONNEGATIVE");
 }
