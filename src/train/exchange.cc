@@ -157,14 +157,11 @@ void Exchange::ShareParameters(StateStore& store, const ChunkTable& chunks, uint
       }
     }
   }
-  std::vector<std::vector<Digest>> params;
-  for (size_t i = 0; i < specs_.size(); ++i) params.push_back(param_chunks(i));
-  StopOnDivergedCopies(diverged, params, step);
+  StopOnDivergedCopies(diverged, param_chunks, step);
 }
 
 void Exchange::StopOnDivergedCopies(const std::array<int64_t, 3>& diverged,
-                                    const std::vector<std::vector<Digest>>& param_chunks,
-                                    uint64_t step) const {
+                                    const ParamChunks& param_chunks, uint64_t step) const {
   const std::vector<int64_t> verdicts = AllgatherInRankOrder(
       std::vector<int64_t>(diverged.begin(), diverged.end()), 3 * static_cast<size_t>(ranks_));
   for (int r = 0; r < ranks_; ++r) {
@@ -176,7 +173,7 @@ void Exchange::StopOnDivergedCopies(const std::array<int64_t, 3>& diverged,
          "the {} its owner, rank {}, updated them to: the replicas diverged (a faulty node or "
          "transfer); the run stops before committing the step",
          step, r, v[2], end, specs_[i].name,
-         ToHex(param_chunks[i][static_cast<size_t>(v[2] / kHashChunkFloats)]), v[1]);
+         ToHex(param_chunks(i)[static_cast<size_t>(v[2] / kHashChunkFloats)]), v[1]);
   }
 }
 

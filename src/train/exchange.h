@@ -74,12 +74,12 @@ class Exchange {
                        bool corrupt) const;
 
   // The verdicts of every rank on the parameter copies it received: `diverged` is this rank's
-  // first chunk that did not hash to its owner's digest in `param_chunks` (per tensor), as
+  // first chunk that did not hash to its owner's digest in `param_chunks(tensor)`, as
   // {tensor, owner, first element}, or all -1. A divergence anywhere stops every rank, naming
   // the rank, the step, the tensor and the elements.
+  using ParamChunks = std::function<const std::vector<Digest>&(size_t tensor)>;
   void StopOnDivergedCopies(const std::array<int64_t, 3>& diverged,
-                            const std::vector<std::vector<Digest>>& param_chunks,
-                            uint64_t step) const;
+                            const ParamChunks& param_chunks, uint64_t step) const;
 
   // A checkpoint written by rank 0 from every owner's pieces. Rank 0 asks for a piece with
   // RequestPiece and ends with EndPieceRequests; every other rank answers in ServePieceRequests,

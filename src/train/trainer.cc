@@ -962,7 +962,9 @@ StepReport Trainer::Step() {
                            faults_.replica && faults_.replica->rank == rank_ &&
                                faults_.replica->step == report.step && round == 0);
       group_sums = RunGroup(group, cursor, access, tokens);
-      exchange_->StopOnDivergedCopies(access.diverged(), param_chunks_, report.step);
+      exchange_->StopOnDivergedCopies(
+          access.diverged(),
+          [&](size_t i) -> const std::vector<Digest>& { return param_chunks_[i]; }, report.step);
     } else {
       GroupAccess access(*store_, *group_);
       group_sums = RunGroup(group, cursor, access, tokens);
