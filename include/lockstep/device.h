@@ -36,6 +36,10 @@ struct DeviceInfo {
   uint64_t max_work_group = 0;
   // The single-precision config bits the contract needs (CL_DEVICE_SINGLE_FP_CONFIG).
   bool denorm = false, fma = false, correctly_rounded_divide_sqrt = false;
+  // Whether the device has binary64 as the norm sums need it (cl_khr_fp64, its double config
+  // with CL_FP_FMA, CL_FP_DENORM, CL_FP_INF_NAN and CL_FP_ROUND_TO_NEAREST): without it,
+  // block_squares runs on the CPU (docs/devices.md, "What runs where").
+  bool fp64 = false;
   // Empty when the device meets the contract; else what it lacks, e.g. "CL_FP_DENORM".
   std::string Missing() const;
 };
@@ -70,6 +74,7 @@ struct TensorIn {
 struct TensorOut {
   std::string_view role;
   std::span<float> f32;
+  std::span<double> f64 = {};  // the norm's block sums
 };
 // Bytes copied from the host to the device and back.
 struct Traffic {
@@ -86,8 +91,8 @@ class Device {
   virtual ~Device() = default;
   const DeviceInfo& info() const { return info_; }
 
-  // Whether the device runs `op` (the fp64 norm sums, block_squares and global_norm, run on the
-  // CPU for now).
+  // Whether the device runs `op`: every op but global_norm (a sum of the block sums, which the
+  // host holds after the ranks share them), and block_squares only on a device with fp64.
   virtual bool Implements(rk::Op op) const = 0;
   // The op of the op table on `in`, on the device: every output, with the bits of spec.run.
   // Copies in and out; for the tests and the selftest.

@@ -148,6 +148,11 @@ DeviceInfo Describe(cl_platform_id platform, cl_device_id id, int p, int d) {
   info.denorm = (fp & CL_FP_DENORM) != 0;
   info.fma = (fp & CL_FP_FMA) != 0;
   info.correctly_rounded_divide_sqrt = (fp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) != 0;
+  const cl_device_fp_config fp64_needs =
+      CL_FP_FMA | CL_FP_DENORM | CL_FP_INF_NAN | CL_FP_ROUND_TO_NEAREST;
+  info.fp64 = DeviceString(id, CL_DEVICE_EXTENSIONS).find("cl_khr_fp64") != std::string::npos &&
+              (DeviceValue<cl_device_fp_config>(id, CL_DEVICE_DOUBLE_FP_CONFIG) & fp64_needs) ==
+                  fp64_needs;
   return info;
 }
 
@@ -223,8 +228,9 @@ class Binding {
   std::span<const uint32_t> U(std::string_view role) const { return Input(role).u32; }
   const Buffer& In(std::string_view role);
   const Buffer& InU(std::string_view role);
-  // Output `role` of `elements` floats.
+  // Output `role` of `elements` floats, or doubles (never kept: read back when the op is done).
   const Buffer& Out(std::string_view role, int64_t elements);
+  const Buffer& OutF64(std::string_view role, int64_t elements);
   // A zeroed device buffer for the op's own use.
   const Buffer& Scratch(int64_t floats);
   // Every output to where it goes: the kept copies marked newer than the host, the others read
@@ -242,6 +248,7 @@ class Binding {
   struct OutTensor {
     std::string_view role;
     std::span<float> target;
+    std::span<double> f64 = {};  // an fp64 output's target instead
     const Buffer* buffer = nullptr;
     Copy* copy = nullptr;    // the kept copy the output ends in
     bool via_temp = false;   // written to a temporary, then copied into `copy`
@@ -271,13 +278,21 @@ class OpenClDevice final : public Device {
     Check(status, "clCreateContext");
     queue_ = clCreateCommandQueue(context_, id_, 0, &status);
     Check(status, "clCreateCommandQueue");
-    // One program of every source but the GEMM's (built per tiling), dmath.cl first: the others
-    // call its exp and log. scripts/ptx-check.sh compiles the same two programs.
+    // One program of every source but the GEMM's (built per tiling) and the fp64 norm's (built
+    // where the device has fp64), dmath.cl first: the others call its exp and log.
+    // scripts/ptx-check.sh compiles the same three programs.
     std::vector<std::string_view> main_sources = {"dmath.cl"};
     for (const KernelSource& source : kKernelSources) {
-      if (source.name != "dmath.cl" && source.name != "gemm.cl") main_sources.push_back(source.name);
+      if (source.name != "dmath.cl" && source.name != "gemm.cl" && source.name != "norm.cl") {
+        main_sources.push_back(source.name);
+      }
     }
     main_ = Build(main_sources, "");
+    if (info_.fp64) norm_ = Build({"norm.cl"}, NormDefines());
+  }
+  // norm.cl's constants, the contract's.
+  static std::string NormDefines() {
+    return fmt::format("-DBLOCK={} -DLANES={}", rk::kNormBlock, rk::kReductionLanes);
   }
   ~OpenClDevice() override {
     copies_.clear();
@@ -285,6 +300,7 @@ class OpenClDevice final : public Device {
     for (auto& [key, kernel] : kernels_) clReleaseKernel(kernel);
     for (auto& [key, program] : gemm_) clReleaseProgram(program);
     if (main_ != nullptr) clReleaseProgram(main_);
+    if (norm_ != nullptr) clReleaseProgram(norm_);
     if (queue_ != nullptr) clReleaseCommandQueue(queue_);
     if (context_ != nullptr) clReleaseContext(context_);
   }
@@ -292,6 +308,7 @@ class OpenClDevice final : public Device {
   bool Implements(rk::Op op) const override {
     switch (op) {
       case rk::Op::kBlockSquares:
+        return norm_ != nullptr;
       case rk::Op::kGlobalNorm:
       case rk::Op::kCount:
         return false;
@@ -372,6 +389,7 @@ class OpenClDevice final : public Device {
       binaries.emplace_back(std::move(name), std::move(bytes));
     };
     add(main_, "main");
+    if (norm_ != nullptr) add(norm_, "norm");
     const GemmTiling& t = tiling_;
     add(GemmProgram(),
         fmt::format("gemm-{}x{}-{}x{}-{}", t.tile_m, t.tile_n, t.reg_m, t.reg_n, t.k_tile));
@@ -533,17 +551,17 @@ class OpenClDevice final : public Device {
           "clEnqueueWriteBuffer");
     traffic_.to_device += bytes.size();
   }
-  void Download(const Buffer& b, std::span<float> to) {
-    if (to.size_bytes() != b.bytes()) {
-      LOCKSTEP_INTERNAL("reading {} bytes of a device buffer into {}", b.bytes(),
-           to.size_bytes());
+  void Download(const Buffer& b, std::span<std::byte> to) {
+    if (to.size() != b.bytes()) {
+      LOCKSTEP_INTERNAL("reading {} bytes of a device buffer into {}", b.bytes(), to.size());
     }
     if (to.empty()) return;
-    Check(clEnqueueReadBuffer(queue_, b.get(), CL_TRUE, 0, to.size_bytes(), to.data(), 0, nullptr,
+    Check(clEnqueueReadBuffer(queue_, b.get(), CL_TRUE, 0, to.size(), to.data(), 0, nullptr,
                               nullptr),
           "clEnqueueReadBuffer");
-    traffic_.to_host += to.size_bytes();
+    traffic_.to_host += to.size();
   }
+  void Download(const Buffer& b, std::span<float> to) { Download(b, std::as_writable_bytes(to)); }
   Buffer Upload(std::span<const std::byte> bytes) {
     Buffer b(context_, bytes.size());
     Write(b, bytes);
@@ -611,6 +629,7 @@ class OpenClDevice final : public Device {
   cl_context context_ = nullptr;
   cl_command_queue queue_ = nullptr;
   cl_program main_ = nullptr;
+  cl_program norm_ = nullptr;  // norm.cl, on a device with fp64
   std::map<std::array<int, 5>, cl_program> gemm_;
   std::map<std::pair<cl_program, std::string>, cl_kernel> kernels_;
   std::map<std::tuple<int64_t, int64_t, uint32_t>, std::pair<Buffer, Buffer>> rope_tables_;
@@ -713,12 +732,34 @@ const Buffer& Binding::Out(std::string_view role, int64_t elements) {
   return *bound_.emplace_back(o).buffer;
 }
 
+const Buffer& Binding::OutF64(std::string_view role, int64_t elements) {
+  OutTensor o{role, {}};
+  if (values_out_ != nullptr) {
+    std::vector<double>& v = values_out_->f64[std::string(role)];
+    v.resize(static_cast<size_t>(elements));
+    o.f64 = v;
+  } else {
+    const auto it = std::ranges::find(outputs_, role, &TensorOut::role);
+    if (it == outputs_.end() || it->f64.size() != static_cast<size_t>(elements)) {
+      LOCKSTEP_INTERNAL("the op call on the device has no fp64 output '{}' of {} values", role,
+                        elements);
+    }
+    o.f64 = it->f64;
+  }
+  o.buffer = &Scratch(2 * elements);  // a double is two floats' bytes
+  return *bound_.emplace_back(o).buffer;
+}
+
 const Buffer& Binding::Scratch(int64_t floats) {
   return temporaries_.emplace_back(device_.Zeros(floats));
 }
 
 void Binding::Finish() {
   for (const OutTensor& o : bound_) {
+    if (!o.f64.empty()) {
+      device_.Download(*o.buffer, std::as_writable_bytes(o.f64));
+      continue;
+    }
     if (o.copy == nullptr) {
       device_.Download(*o.buffer, o.target);
       continue;
@@ -805,6 +846,14 @@ void OpenClDevice::RunBound(rk::Op op, Binding& io) {
       if (!std::isfinite(factor)) Fail("{}: factor = {} (must be finite)", name, factor);
       const int64_t n = io.Size("x");
       Launch(main_, "scale", n, io.Out("x", n), factor, n);
+      break;
+    }
+    case rk::Op::kBlockSquares: {
+      const int64_t n = io.Size("x"), blocks = (n + rk::kNormBlock - 1) / rk::kNormBlock;
+      const Buffer& lanes = io.Scratch(2 * blocks * rk::kReductionLanes);
+      Launch(norm_, "block_square_lanes", blocks * rk::kReductionLanes, io.In("x"), n, lanes,
+             blocks);
+      Launch(norm_, "block_square_fold", blocks, lanes, io.OutF64("sums", blocks), blocks);
       break;
     }
     case rk::Op::kCanonicalizeNaNs: {

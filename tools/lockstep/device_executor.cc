@@ -4,7 +4,6 @@
 // CPU kernels.
 #include <fmt/format.h>
 
-
 #include "lockstep/device.h"
 #include "lockstep/model.h"
 #include "tools/lockstep/commands.h"
@@ -25,7 +24,7 @@ class DeviceExecutor final : public OpExecutor {
     std::vector<device::TensorIn> in;
     for (const OpTensor& t : inputs) in.push_back({t.role, t.f32, t.u32});
     std::vector<device::TensorOut> out;
-    for (const OpOutput& o : outputs) out.push_back({o.role, o.f32});
+    for (const OpOutput& o : outputs) out.push_back({o.role, o.f32, o.f64});
     device_->Run(op, values, in, out);
     return true;
   }

@@ -43,7 +43,10 @@ void PrintDevices() {
     const std::string missing = d.Missing();
     fmt::print("  opencl:{}:{}  {} ({}; {}, {:.1f} GiB): {}\n", d.platform, d.device, d.name,
                d.platform_name, d.c_version, static_cast<double>(d.global_memory) / (1 << 30),
-               missing.empty() ? "meets the contract" : "refused, lacks " + missing);
+               !missing.empty() ? "refused, lacks " + missing
+               : d.fp64         ? std::string("meets the contract")
+                                : std::string("meets the contract (no fp64: the norm's block sums "
+                                              "run on the CPU)"));
   }
 }
 

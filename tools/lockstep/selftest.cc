@@ -173,7 +173,7 @@ int RunDeviceSelftest(const device::DeviceChoice& choice, const SelftestOptions&
   for (const rk::OpSpec& spec : rk::OpTable()) {
     const std::string name = fmt::format("op {} ({})", spec.name, spec.kernel);
     if (!dev->Implements(spec.op)) {
-      fmt::print("{:<52} on the CPU: not on the device yet\n", name);
+      fmt::print("{:<52} on the CPU (docs/devices.md, \"What runs where\")\n", name);
       continue;
     }
     ++on_device;
