@@ -14,9 +14,7 @@
 // steps from the same state, so their final state hashes -- which cover every parameter,
 // moment and gradient -- must be equal: that is the bitwise check across thread counts.
 //
-// MFU: the model FLOPs of a step (the standard count, no recomputation: 6 per matmul parameter
-// per token -- every 2-D weight but the embedding table, which is a lookup -- plus 12·head_dim
-// per visible (query, key) pair per head: QKᵀ and PV forward, four products backward) divided by
+// MFU: the model FLOPs of a step (lockstep::ModelFlopsPerStep: the standard count) divided by
 // the step time, as a fraction of lockstep's own GEMM rate measured in the same process at the
 // same thread count on the step's largest linear-layer shape (tokens of a microbatch × the FFN's
 // gate/up rows × d_model). It says how much of the step runs at GEMM speed.
@@ -99,27 +97,6 @@ double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Model FLOPs of one training step (see the header).
-double StepFlops(const RunConfig& config) {
-  const lockstep::ModelConfig& m = config.model;
-  double matmul_params = 0;
-  for (const lockstep::ParamSpec& spec : lockstep::ParameterSpecs(m)) {
-    if (spec.shape.size() == 2 && spec.name != "tok_embeddings.weight") {
-      matmul_params += static_cast<double>(spec.numel());
-    }
-  }
-  const double sequences = static_cast<double>(config.train.microbatch * config.train.microbatches);
-  double pairs = 0;  // visible (query, key) pairs of one sequence, summed over layers
-  for (int64_t layer = 0; layer < m.n_layers; ++layer) {
-    const int64_t window = lockstep::LayerWindow(m, layer);
-    for (int64_t q = 0; q < m.seq_len; ++q) {
-      pairs += static_cast<double>(window > 0 ? std::min(q + 1, window) : q + 1);
-    }
-  }
-  return 6.0 * matmul_params * sequences * static_cast<double>(m.seq_len) +
-         12.0 * static_cast<double>(m.head_dim * m.n_heads) * pairs * sequences;
 }
 
 // lockstep's GEMM rate (GFLOP/s) on the step's largest linear-layer shape, best of a few runs.
@@ -210,6 +187,7 @@ int RunThroughput(const RunConfig& config, int steps, bool json) {
   const TempDir tmp;
   const data::Dataset dataset = SynthDataset(tmp);
   const std::string isa = lockstep::rk::ActiveIsa().name;
+  const double step_flops = lockstep::ModelFlopsPerStep(config);
   int64_t parameters = 0;
   for (const lockstep::ParamSpec& spec : lockstep::ParameterSpecs(config.model)) {
     parameters += spec.numel();
@@ -223,7 +201,7 @@ int RunThroughput(const RunConfig& config, int steps, bool json) {
                config.train.microbatch, config.model.seq_len, config.train.microbatches,
                config.train.microbatch * config.model.seq_len * config.train.microbatches, isa,
                steps);
-    fmt::print("model FLOPs per step: {:.2f} GFLOP\n", StepFlops(config) * 1e-9);
+    fmt::print("model FLOPs per step: {:.2f} GFLOP\n", step_flops * 1e-9);
     fmt::print("{:>3} {:>12} {:>12} {:>10} {:>8} {:>9} {:>6}\n", "thr", "best s/step",
                "median s/st", "tokens/s", "hash s", "GEMM GF/s", "MFU");
     std::fflush(stdout);
@@ -236,7 +214,7 @@ int RunThroughput(const RunConfig& config, int steps, bool json) {
       fmt::print("{:>3} {:>12.3f} {:>12.3f} {:>10.0f} {:>8.3f} {:>9.1f} {:>6.3f}\n", m.threads,
                  m.best_seconds, m.median_seconds,
                  static_cast<double>(m.tokens_per_step) / m.best_seconds, m.hash_seconds,
-                 m.gemm_gflops, StepFlops(config) / m.best_seconds * 1e-9 / m.gemm_gflops);
+                 m.gemm_gflops, step_flops / m.best_seconds * 1e-9 / m.gemm_gflops);
       std::fflush(stdout);
     }
   }
@@ -258,8 +236,8 @@ int RunThroughput(const RunConfig& config, int steps, bool json) {
                  "\"bitwise_same_across_threads\": {}, \"lockstep_variant\": \"{}\"}}{}\n",
                  config.name, m.threads, m.tokens_per_step, m.best_seconds, m.median_seconds,
                  static_cast<double>(m.tokens_per_step) / m.best_seconds, m.hash_seconds,
-                 StepFlops(config) * 1e-9, StepFlops(config) / m.best_seconds * 1e-9,
-                 m.gemm_gflops, StepFlops(config) / m.best_seconds * 1e-9 / m.gemm_gflops, same,
+                 step_flops * 1e-9, step_flops / m.best_seconds * 1e-9,
+                 m.gemm_gflops, step_flops / m.best_seconds * 1e-9 / m.gemm_gflops, same,
                  isa, i + 1 < results.size() ? "," : "");
     }
     fmt::print("]\n");
@@ -383,7 +361,8 @@ int RunPeakRss(RunConfig config, int threads, bool json) {
 // (for a config too large to hold: bench/replay_open1b.sh sets its step's compute limit by it).
 int RunFlops(const RunConfig& config, int threads) {
   fmt::print("{{\"config\": \"{}\", \"threads\": {}, \"step_flops\": {:.6e}, \"gemm_gflops\": {:.1f}}}\n",
-             config.name, threads, StepFlops(config), GemmGflops(config, threads));
+             config.name, threads, lockstep::ModelFlopsPerStep(config),
+             GemmGflops(config, threads));
   return 0;
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The static check of what a GPU compiler makes of the device sources (docs/devices.md): the three
-# programs the runtime builds from src/device/kernels/*.cl -- gemm.cl at its default tiling,
-# norm.cl (fp64), and every other source after dmath.cl -- compiled by Debian's clang-15 with
+# The static check of what a GPU compiler makes of the device sources (docs/devices.md): the
+# programs the runtime builds from src/device/kernels/*.cl -- gemm.cl at the default tiling with
+# one and two slice buffers, norm.cl (fp64), and every other source after dmath.cl -- compiled by Debian's clang-15 with
 # libclc-15 for NVIDIA's OpenCL target (nvptx64-nvidia-nvcl) with the contract's build options.
 # In the PTX, every f32 and f64 add, sub, mul, fma, div, sqrt and reciprocal must carry .rn (a PTX
 # mul or add without it may be fused by the assembler), and nothing may flush subnormals (.ftz)
@@ -37,15 +37,18 @@ kernels=src/device/kernels
 cat "$kernels/dmath.cl" $(ls "$kernels"/*.cl |
   grep -v -e '/dmath.cl$' -e '/gemm.cl$' -e '/norm.cl$') > "$tmp/main.cl"
 cp "$kernels/gemm.cl" "$tmp/gemm.cl"
+cp "$kernels/gemm.cl" "$tmp/gemm-db.cl"
 cp "$kernels/norm.cl" "$tmp/norm.cl"
 # norm.cl's constants, as the runtime passes them (rk::kNormBlock, rk::kReductionLanes).
 block=$(grep -oP 'kNormBlock = \K\d+' include/lockstep/kernels.h)
 lanes=$(grep -oP 'kReductionLanes = \K\d+' include/lockstep/kernels.h)
-for name in main gemm norm; do
+for name in main gemm gemm-db norm; do
+  double_buffer=0
+  [[ $name == gemm-db ]] && double_buffer=1
   clang-15 -cl-std=CL1.2 -target nvptx64-nvidia-nvcl -Xclang -mlink-bitcode-file -Xclang "$clc" \
     -Wno-linker-warnings -cl-fp32-correctly-rounded-divide-sqrt -O2 -S \
-    -DTILE_M=32 -DTILE_N=32 -DREG_M=2 -DREG_N=2 -DK_TILE=16 -DBLOCK="$block" -DLANES="$lanes" \
-    -o "$tmp/$name.ptx" "$tmp/$name.cl"
+    -DTILE_M=32 -DTILE_N=32 -DREG_M=2 -DREG_N=2 -DK_TILE=16 -DDOUBLE_BUFFER=$double_buffer \
+    -DBLOCK="$block" -DLANES="$lanes" -o "$tmp/$name.ptx" "$tmp/$name.cl"
   check "$tmp/$name.ptx" "program $name (PTX, clang-15 + libclc)" || status=1
 done
 exit $status

@@ -34,6 +34,8 @@ struct DeviceInfo {
   uint64_t global_memory = 0;
   uint64_t max_allocation = 0;  // the largest single buffer (CL_DEVICE_MAX_MEM_ALLOC_SIZE)
   uint64_t max_work_group = 0;
+  uint64_t local_memory = 0;  // bytes per work-group (CL_DEVICE_LOCAL_MEM_SIZE)
+  bool gpu = false;           // CL_DEVICE_TYPE_GPU or _ACCELERATOR: the GEMM tiling is measured
   // The single-precision config bits the contract needs (CL_DEVICE_SINGLE_FP_CONFIG).
   bool denorm = false, fma = false, correctly_rounded_divide_sqrt = false;
   // Whether the device has binary64 as the norm sums need it (cl_khr_fp64, its double config
@@ -57,11 +59,18 @@ std::optional<DeviceChoice> ParseDeviceFlag(std::string_view text);
 
 // The GEMM's tiling (src/device/kernels/gemm.cl): a work-group computes a tile_m x tile_n block
 // of outputs, each work-item reg_m x reg_n of them, through k-slices of k_tile terms held in
-// local memory. Speed only: every output is the same FMA chain in the contract's chunk order
-// whatever the tiling, which the tests check at several.
+// local memory, in two buffers with double_buffer (the next slice read while this one is
+// computed) or one. Speed only: every output is the same FMA chain in the contract's chunk order
+// whatever the tiling, which the tests check at several. The default suits a CPU device (PoCL);
+// on a GPU the executor measures the candidates (GemmCandidates) and takes the fastest.
 struct GemmTiling {
-  int tile_m = 32, tile_n = 32, reg_m = 2, reg_n = 2, k_tile = 16;
+  int tile_m = 32, tile_n = 32, reg_m = 2, reg_n = 2, k_tile = 16, double_buffer = 0;
+  // E.g. "64x64/4x4/16/db": tile, registers, k-slice, and "/db" when double-buffered.
+  std::string Name() const;
 };
+// The tilings worth measuring on a GPU (256 or 64 work-items, 16 to 64 outputs each, double-
+// buffered or not), the default among them.
+std::span<const GemmTiling> GemmCandidates();
 
 // An op call's scalar arguments by name, and its tensors where the caller holds them, by role:
 // fp32, or uint32 ids (never kept on the device: they are copied in with every op).
@@ -123,10 +132,14 @@ class Device {
   // GEMM's tiling. Speed only; the tests vary both and demand the same bits.
   virtual void set_work_group(size_t size) = 0;
   virtual void set_gemm_tiling(const GemmTiling& tiling) = 0;
+  virtual const GemmTiling& gemm_tiling() const = 0;
 
   // The programs as the driver built them (PTX text on NVIDIA) as (name, bytes): what
   // scripts/ptx-check.sh inspects.
   virtual std::vector<std::pair<std::string, std::string>> ProgramBinaries() = 0;
+  // Whether the device can run `tiling` (work-group size, local memory), and set it; set fails
+  // naming the limit a tiling exceeds.
+  virtual bool Fits(const GemmTiling& tiling) const = 0;
   // The best wall time, in seconds, of `repeats` GEMMs y = x·wᵀ of n x n by n x n held on the
   // device (kernel time only: no transfers), at the current tiling.
   virtual double TimeGemm(int64_t n, int repeats) = 0;
@@ -139,6 +152,14 @@ class Device {
   explicit Device(DeviceInfo info) : info_(std::move(info)) {}
   DeviceInfo info_;
 };
+
+// Every candidate tiling the device fits, timed by TimeGemm(n, repeats); the device is left at
+// the fastest. What `--device` does at start-up on a GPU, and `selftest --time-gemm` reports.
+struct GemmTiming {
+  GemmTiling tiling;
+  double seconds = 0;
+};
+std::vector<GemmTiming> TuneGemm(Device& device, int64_t n, int repeats);
 
 // Opens device `choice`, refusing (an error naming the device and the missing bit) one that does
 // not meet the contract, and building every program with the contract's options.

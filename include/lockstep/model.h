@@ -95,6 +95,13 @@ struct ParamSpec {
 // ffn.w_down}.weight, then final_norm.weight, output.weight.
 std::vector<ParamSpec> ParameterSpecs(const ModelConfig& config);
 
+// The model FLOPs of one training step of `config` (train.microbatches × train.microbatch
+// sequences): the standard count, without recomputation -- 6 per matmul parameter per token
+// (every 2-D weight but the embedding table, which is a lookup) plus 12·head_dim per visible
+// (query, key) pair per head (QKᵀ and PV forward, four products backward). `lockstep model
+// describe` prints it; throughput in TFLOP/s is this over the step's seconds.
+double ModelFlopsPerStep(const RunConfig& config);
+
 // Allocates buffers whose start is 64-byte aligned.
 template <typename T>
 struct CacheLineAllocator {

@@ -66,6 +66,34 @@ std::span<const std::string_view> ForbiddenBuildOptions() {
 
 std::span<const KernelSource> KernelSources() { return kKernelSources; }
 
+std::string GemmTiling::Name() const {
+  return fmt::format("{}x{}/{}x{}/{}{}", tile_m, tile_n, reg_m, reg_n, k_tile,
+                     double_buffer != 0 ? "/db" : "");
+}
+
+std::span<const GemmTiling> GemmCandidates() {
+  static constexpr GemmTiling kCandidates[] = {
+      {},                                // the default: 256 work-items, 4 outputs each
+      {64, 64, 4, 4, 16, 0},  {64, 64, 4, 4, 16, 1},  {64, 64, 8, 8, 16, 1},
+      {128, 64, 8, 4, 16, 1}, {64, 128, 4, 8, 16, 1}, {128, 128, 8, 8, 16, 0},
+      {128, 128, 8, 8, 16, 1}, {128, 128, 8, 8, 8, 1},
+  };
+  return kCandidates;
+}
+
+std::vector<GemmTiming> TuneGemm(Device& device, int64_t n, int repeats) {
+  std::vector<GemmTiming> timings;
+  for (const GemmTiling& t : GemmCandidates()) {
+    if (!device.Fits(t)) continue;
+    device.set_gemm_tiling(t);
+    timings.push_back({t, device.TimeGemm(n, repeats)});
+  }
+  if (timings.empty()) Fail("{}: no GEMM tiling fits the device", device.info().name);
+  device.set_gemm_tiling(
+      std::ranges::min(timings, {}, &GemmTiming::seconds).tiling);
+  return timings;
+}
+
 #ifndef LOCKSTEP_WITH_OPENCL
 
 bool OpenClBuiltIn() { return false; }
@@ -144,6 +172,9 @@ DeviceInfo Describe(cl_platform_id platform, cl_device_id id, int p, int d) {
   info.global_memory = DeviceValue<cl_ulong>(id, CL_DEVICE_GLOBAL_MEM_SIZE);
   info.max_allocation = DeviceValue<cl_ulong>(id, CL_DEVICE_MAX_MEM_ALLOC_SIZE);
   info.max_work_group = DeviceValue<size_t>(id, CL_DEVICE_MAX_WORK_GROUP_SIZE);
+  info.local_memory = DeviceValue<cl_ulong>(id, CL_DEVICE_LOCAL_MEM_SIZE);
+  info.gpu = (DeviceValue<cl_device_type>(id, CL_DEVICE_TYPE) &
+              (CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR)) != 0;
   const auto fp = DeviceValue<cl_device_fp_config>(id, CL_DEVICE_SINGLE_FP_CONFIG);
   info.denorm = (fp & CL_FP_DENORM) != 0;
   info.fma = (fp & CL_FP_FMA) != 0;
@@ -323,19 +354,11 @@ class OpenClDevice final : public Device {
     }
     work_group_ = size;
   }
+  bool Fits(const GemmTiling& t) const override { return TilingProblem(t).empty(); }
+  const GemmTiling& gemm_tiling() const override { return tiling_; }
   void set_gemm_tiling(const GemmTiling& t) override {
-    const bool valid = t.tile_m > 0 && t.tile_n > 0 && t.reg_m > 0 && t.reg_n > 0 &&
-                       t.k_tile > 0 && t.tile_m % t.reg_m == 0 && t.tile_n % t.reg_n == 0 &&
-                       256 % t.k_tile == 0 &&
-                       static_cast<uint64_t>(t.tile_m / t.reg_m * (t.tile_n / t.reg_n)) <=
-                           info_.max_work_group;
-    if (!valid) {
-      Fail("GEMM tiling {}x{} (registers {}x{}, k-slice {}): tiles must be multiples of the "
-           "register blocks, the k-slice must divide 256, and the work-group ({} items) fit the "
-           "device's {}",
-           t.tile_m, t.tile_n, t.reg_m, t.reg_n, t.k_tile,
-           (t.tile_m / std::max(t.reg_m, 1)) * (t.tile_n / std::max(t.reg_n, 1)),
-           info_.max_work_group);
+    if (const std::string problem = TilingProblem(t); !problem.empty()) {
+      Fail("GEMM tiling {}: {}", t.Name(), problem);
     }
     tiling_ = t;
   }
@@ -391,8 +414,8 @@ class OpenClDevice final : public Device {
     add(main_, "main");
     if (norm_ != nullptr) add(norm_, "norm");
     const GemmTiling& t = tiling_;
-    add(GemmProgram(),
-        fmt::format("gemm-{}x{}-{}x{}-{}", t.tile_m, t.tile_n, t.reg_m, t.reg_n, t.k_tile));
+    add(GemmProgram(), fmt::format("gemm-{}x{}-{}x{}-{}{}", t.tile_m, t.tile_n, t.reg_m, t.reg_n,
+                                   t.k_tile, t.double_buffer != 0 ? "-db" : ""));
     return binaries;
   }
 
@@ -425,6 +448,28 @@ class OpenClDevice final : public Device {
  private:
   friend class Binding;
   using CopyMap = std::map<const float*, std::unique_ptr<Copy>>;
+
+  // Empty when the device can run tiling `t`, else why not.
+  std::string TilingProblem(const GemmTiling& t) const {
+    if (t.tile_m <= 0 || t.tile_n <= 0 || t.reg_m <= 0 || t.reg_n <= 0 || t.k_tile <= 0 ||
+        t.tile_m % t.reg_m != 0 || t.tile_n % t.reg_n != 0 || 256 % t.k_tile != 0 ||
+        (t.double_buffer != 0 && t.double_buffer != 1)) {
+      return "tiles must be positive multiples of the register blocks, the k-slice must divide "
+             "256, and double_buffer be 0 or 1";
+    }
+    const auto items = static_cast<uint64_t>(t.tile_m / t.reg_m * (t.tile_n / t.reg_n));
+    if (items > info_.max_work_group) {
+      return fmt::format("its work-group of {} items exceeds the device's {}", items,
+                         info_.max_work_group);
+    }
+    const auto local = static_cast<uint64_t>((1 + t.double_buffer) * t.k_tile *
+                                             (t.tile_m + t.tile_n)) * sizeof(float);
+    if (local > info_.local_memory) {
+      return fmt::format("its {} bytes of local memory exceed the device's {}", local,
+                         info_.local_memory);
+    }
+    return "";
+  }
 
   void RunBound(rk::Op op, Binding& io);
 
@@ -519,11 +564,11 @@ class OpenClDevice final : public Device {
 
   cl_program GemmProgram() {
     const GemmTiling& t = tiling_;
-    const auto key = std::array{t.tile_m, t.tile_n, t.reg_m, t.reg_n, t.k_tile};
+    const auto key = std::array{t.tile_m, t.tile_n, t.reg_m, t.reg_n, t.k_tile, t.double_buffer};
     if (const auto it = gemm_.find(key); it != gemm_.end()) return it->second;
-    const std::string defines =
-        fmt::format("-DTILE_M={} -DTILE_N={} -DREG_M={} -DREG_N={} -DK_TILE={}", t.tile_m,
-                    t.tile_n, t.reg_m, t.reg_n, t.k_tile);
+    const std::string defines = fmt::format(
+        "-DTILE_M={} -DTILE_N={} -DREG_M={} -DREG_N={} -DK_TILE={} -DDOUBLE_BUFFER={}", t.tile_m,
+        t.tile_n, t.reg_m, t.reg_n, t.k_tile, t.double_buffer);
     return gemm_[key] = Build({"gemm.cl"}, defines);
   }
   // RoPE's cos and sin tables (rk::MakeRopeTable) on the device, made once per shape.
@@ -630,7 +675,7 @@ class OpenClDevice final : public Device {
   cl_command_queue queue_ = nullptr;
   cl_program main_ = nullptr;
   cl_program norm_ = nullptr;  // norm.cl, on a device with fp64
-  std::map<std::array<int, 5>, cl_program> gemm_;
+  std::map<std::array<int, 6>, cl_program> gemm_;
   std::map<std::pair<cl_program, std::string>, cl_kernel> kernels_;
   std::map<std::tuple<int64_t, int64_t, uint32_t>, std::pair<Buffer, Buffer>> rope_tables_;
   GemmTiling tiling_;

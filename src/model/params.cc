@@ -42,6 +42,26 @@ std::vector<ParamSpec> ParameterSpecs(const ModelConfig& c) {
   return specs;
 }
 
+double ModelFlopsPerStep(const RunConfig& config) {
+  const ModelConfig& m = config.model;
+  double matmul_params = 0;
+  for (const ParamSpec& spec : ParameterSpecs(m)) {
+    if (spec.shape.size() == 2 && spec.name != "tok_embeddings.weight") {
+      matmul_params += static_cast<double>(spec.numel());
+    }
+  }
+  const auto sequences = static_cast<double>(config.train.microbatch * config.train.microbatches);
+  double pairs = 0;  // visible (query, key) pairs of one sequence, summed over layers
+  for (int64_t layer = 0; layer < m.n_layers; ++layer) {
+    const int64_t window = LayerWindow(m, layer);
+    for (int64_t q = 0; q < m.seq_len; ++q) {
+      pairs += static_cast<double>(window > 0 ? std::min(q + 1, window) : q + 1);
+    }
+  }
+  return 6.0 * matmul_params * sequences * static_cast<double>(m.seq_len) +
+         12.0 * static_cast<double>(m.head_dim * m.n_heads) * pairs * sequences;
+}
+
 ParamStore::ParamStore(std::vector<ParamSpec> specs) : specs_(std::move(specs)) {
   constexpr int64_t kAlignFloats = 64 / sizeof(float);
   int64_t end = 0;

@@ -103,10 +103,16 @@ TEST_F(DeviceTest, EveryOpItRunsGivesTheReferenceBitsAtEveryWorkGroupSize) {
 }
 
 TEST_F(DeviceTest, TheGemmGivesTheReferenceBitsAtEveryTilingOnRaggedShapes) {
+  // One and two slice buffers; k-slices of 1 (no float4 reads along k) to 64.
   const device::GemmTiling tilings[] = {
-      {8, 8, 1, 1, 8}, {32, 32, 2, 2, 16}, {64, 32, 4, 2, 32}, {16, 64, 2, 8, 64}, {4, 128, 1, 4, 1}};
-  // (m, n, k): one element, a reduced length of 0, lengths across chunk ends, edges of every tile.
-  const int64_t shapes[][3] = {{1, 1, 1}, {3, 5, 0}, {67, 45, 531}, {33, 17, 257}, {130, 9, 512}};
+      {8, 8, 1, 1, 8, 0},     {32, 32, 2, 2, 16, 0}, {64, 32, 4, 2, 32, 0},
+      {16, 64, 2, 8, 64, 0},  {4, 128, 1, 4, 1, 0},  {8, 8, 1, 1, 8, 1},
+      {32, 32, 2, 2, 16, 1},  {64, 64, 4, 4, 16, 1}, {16, 64, 2, 8, 64, 1},
+      {4, 128, 1, 4, 1, 1}};
+  // (m, n, k): one element, a reduced length of 0, lengths across chunk ends, edges of every
+  // tile; the last two with every stride a multiple of 4 (float4 reads), one ending mid-slice.
+  const int64_t shapes[][3] = {{1, 1, 1},     {3, 5, 0},    {67, 45, 531},
+                               {33, 17, 257}, {130, 9, 512}, {68, 36, 516}, {64, 128, 256}};
   for (const rk::Op op : {rk::Op::kGemmXWt, rk::Op::kGemmDyW, rk::Op::kGemmDytX}) {
     const rk::OpSpec& spec = rk::Spec(op);
     for (const auto& [m, n, k] : shapes) {
@@ -131,8 +137,7 @@ TEST_F(DeviceTest, TheGemmGivesTheReferenceBitsAtEveryTilingOnRaggedShapes) {
           dev_->Run(op, in, got);
           EXPECT_TRUE(SameBits(spec, want, got))
               << spec.name << " " << m << "x" << n << "x" << k << " accumulate " << accumulate
-              << ", tiling " << t.tile_m << "x" << t.tile_n << "/" << t.reg_m << "x" << t.reg_n
-              << "/" << t.k_tile;
+              << ", tiling " << t.Name();
         }
       }
     }
@@ -142,6 +147,28 @@ TEST_F(DeviceTest, TheGemmGivesTheReferenceBitsAtEveryTilingOnRaggedShapes) {
 // Attention across key tiles (130 keys), with sliding windows inside a tile, across tiles and
 // wider than the sequence, at group sizes 1, 2 and 4 and an odd head size; the cross-entropy with
 // a vocabulary that is no multiple of 16 and without z-loss.
+// The start-up measurement on a GPU: every candidate the device fits is timed, the device is left
+// at the fastest, and a candidate that does not fit is refused by name when set.
+TEST_F(DeviceTest, TheGemmTilingIsChosenByMeasurementAmongTheCandidatesThatFit) {
+  const std::vector<device::GemmTiming> timings = device::TuneGemm(*dev_, 64, 1);
+  ASSERT_FALSE(timings.empty());
+  size_t fitting = 0;
+  for (const device::GemmTiling& t : device::GemmCandidates()) fitting += dev_->Fits(t) ? 1 : 0;
+  EXPECT_EQ(timings.size(), fitting);
+  const auto fastest = std::ranges::min(timings, {}, &device::GemmTiming::seconds);
+  EXPECT_EQ(dev_->gemm_tiling().Name(), fastest.tiling.Name());
+  for (const device::GemmTiming& t : timings) EXPECT_GT(t.seconds, 0.0) << t.tiling.Name();
+  const device::GemmTiling too_wide{4096, 4096, 1, 1, 16, 1};
+  EXPECT_FALSE(dev_->Fits(too_wide));
+  try {
+    dev_->set_gemm_tiling(too_wide);
+    ADD_FAILURE() << "a tiling the device cannot run was set";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("4096x4096/1x1/16/db"), std::string::npos) << e.what();
+  }
+  dev_->set_gemm_tiling({});
+}
+
 TEST_F(DeviceTest, AttentionAndTheCrossEntropyGiveTheReferenceBitsAcrossShapes) {
   for (const auto& [q_heads, kv_heads, window] :
        {std::tuple{4, 4, 0}, {4, 2, 5}, {4, 1, 70}, {2, 1, 200}}) {

@@ -31,6 +31,24 @@ TEST(Config, EveryEmbeddedConfigLoads) {
   }
 }
 
+// The model FLOPs of a step, counted by hand from the config: bench-8x512 (8 layers, d 512,
+// 8 query heads and 2 kv heads of 64, FFN 1408, vocab 8192, 8 sequences of 256, full attention)
+// and a sliding window, which counts only the visible pairs.
+TEST(Config, ModelFlopsPerStepCountsMatmulsAndVisiblePairs) {
+  RunConfig config = LoadRunConfig("bench-8x512");
+  const double layer_matmul = 512.0 * 512 + 2 * 128.0 * 512 + 512.0 * 512 + 2816.0 * 512 +
+                              512.0 * 1408;
+  const double matmul = 8 * layer_matmul + 8192.0 * 512;  // the head; the table is a lookup
+  const double tokens = 8 * 256;
+  const double pairs = 8 * (256.0 * 257 / 2);  // per sequence, over the layers
+  EXPECT_DOUBLE_EQ(ModelFlopsPerStep(config), 6 * matmul * tokens + 12 * 64 * 8 * pairs * 8);
+  config.model.window = 16;  // with full attention every 8th layer: layers 0-6 windowed
+  config.model.full_attention_every = 8;
+  const double windowed = 16.0 * 17 / 2 + 16.0 * (256 - 16);  // q < 16 see q + 1, then 16
+  EXPECT_DOUBLE_EQ(ModelFlopsPerStep(config),
+                   6 * matmul * tokens + 12 * 64 * 8 * (7 * windowed + 256.0 * 257 / 2) * 8);
+}
+
 TEST(Config, SizesOfTheNamedModels) {
   EXPECT_EQ(CountParameters(LoadRunConfig("open-1b").model), 1607569408);  // "1.61B"
   const int64_t tiny = CountParameters(LoadRunConfig("tiny").model);

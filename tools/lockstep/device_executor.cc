@@ -4,6 +4,9 @@
 // CPU kernels.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "lockstep/device.h"
 #include "lockstep/model.h"
 #include "tools/lockstep/commands.h"
@@ -75,6 +78,14 @@ std::unique_ptr<OpExecutor> MakeExecutor(const std::string& flag, std::string* n
              "ops on {} ({}): {} of the step's {} ops, the state and the activations kept on the "
              "device; the rest on the CPU (docs/devices.md)\n",
              *name, device->info().name, ops, rk::OpTable().size());
+  if (device->info().gpu) {  // a second or so: each candidate built and timed once
+    constexpr int64_t kTuneN = 2048;
+    const std::vector<device::GemmTiming> timings = device::TuneGemm(*device, kTuneN, 2);
+    fmt::print(stderr, "GEMM tiling on {}: {}, the fastest of {} at {}³ ({:.2f} TFLOP/s)\n",
+               *name, device->gemm_tiling().Name(), timings.size(), kTuneN,
+               2.0 * std::pow(double(kTuneN), 3) /
+                   std::ranges::min(timings, {}, &device::GemmTiming::seconds).seconds * 1e-12);
+  }
   return std::make_unique<DeviceExecutor>(std::move(device), *name);
 }
 

@@ -42,6 +42,9 @@ int Describe(const std::string& config_name) {
   fmt::print("parameters: {} ({})\n", total, Abbreviated(total));
   fmt::print("embedding parameters (tok_embeddings + output): {}\n", embedding);
   fmt::print("non-embedding parameters: {}\n", total - embedding);
+  fmt::print("model FLOPs per step: {:.1f} GFLOP ({} sequences of {} tokens)\n",
+             ModelFlopsPerStep(config) * 1e-9,
+             config.train.microbatches * config.train.microbatch, config.model.seq_len);
   return 0;
 }
 

@@ -166,7 +166,8 @@ int RunDeviceSelftest(const device::DeviceChoice& choice, const SelftestOptions&
   for (const size_t w : {size_t{0}, size_t{1}, size_t{7}, size_t{64}, size_t{256}}) {
     if (w <= info.max_work_group) work_groups.push_back(w);
   }
-  const device::GemmTiling tilings[] = {{8, 8, 1, 1, 8}, {32, 32, 2, 2, 16}, {64, 32, 4, 2, 32}};
+  const device::GemmTiling tilings[] = {
+      {8, 8, 1, 1, 8, 0}, {32, 32, 2, 2, 16, 1}, {64, 32, 4, 2, 32, 0}, {64, 64, 4, 4, 16, 1}};
   int failures = 0, on_device = 0;
   rk::SetIsa(rk::ReferenceIsa());  // the reference's outputs, at one thread
   SetThreads(1);
@@ -204,8 +205,10 @@ int RunDeviceSelftest(const device::DeviceChoice& choice, const SelftestOptions&
     };
     if (gemm) {
       for (const device::GemmTiling& t : tilings) {
-        dev->set_gemm_tiling(t);
-        check(fmt::format("{}x{}/{}x{}/{}", t.tile_m, t.tile_n, t.reg_m, t.reg_n, t.k_tile));
+        if (dev->Fits(t)) {
+          dev->set_gemm_tiling(t);
+          check(t.Name());
+        }
       }
     } else {
       for (const size_t w : work_groups) {
@@ -232,15 +235,21 @@ int RunDeviceSelftest(const device::DeviceChoice& choice, const SelftestOptions&
                  ptx ? ", PTX" : "");
     }
   }
-  if (options.time_gemm > 0) {
+  if (options.time_gemm > 0) {  // one JSON line: every candidate tiling's time, the fastest
     const int64_t n = options.time_gemm;
-    const double seconds = dev->TimeGemm(n, 3);
-    const device::GemmTiling t;
-    fmt::print("{{\"gemm\": \"xwt\", \"m\": {}, \"n\": {}, \"k\": {}, \"tiling\": "
-               "\"{}x{}/{}x{}/{}\", \"seconds\": {:.6f}, \"tflops\": {:.3f}}}\n",
-               n, n, n, t.tile_m, t.tile_n, t.reg_m, t.reg_n, t.k_tile, seconds,
-               2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) /
-                   seconds * 1e-12);
+    const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) *
+                         static_cast<double>(n);
+    const std::vector<device::GemmTiming> timings = device::TuneGemm(*dev, n, 3);
+    std::string tilings;
+    for (const device::GemmTiming& t : timings) {
+      tilings += fmt::format("{}{{\"tiling\": \"{}\", \"seconds\": {:.6f}, \"tflops\": {:.3f}}}",
+                             tilings.empty() ? "" : ", ", t.tiling.Name(), t.seconds,
+                             flops / t.seconds * 1e-12);
+    }
+    const device::GemmTiming& best = std::ranges::min(timings, {}, &device::GemmTiming::seconds);
+    fmt::print("{{\"gemm\": \"xwt\", \"m\": {}, \"n\": {}, \"k\": {}, \"tiling\": \"{}\", "
+               "\"seconds\": {:.6f}, \"tflops\": {:.3f}, \"tilings\": [{}]}}\n",
+               n, n, n, best.tiling.Name(), best.seconds, flops / best.seconds * 1e-12, tilings);
   }
   return failures == 0 ? 0 : 1;
 }
