@@ -240,17 +240,51 @@ class File {
   void Write(std::span<const uint8_t> bytes);
   void Write(std::string_view text);
   void WriteAt(uint64_t offset, std::span<const uint8_t> bytes);
-  void Sync();
+  void Sync() const;
   // Closes now, failing naming the path when the OS reports an error (a write may only fail
   // there, e.g. on NFS); the destructor closes silently.
   void Close();
 
  private:
+  friend class Directory;
   File(int fd, std::filesystem::path path) : fd_(fd), path_(std::move(path)) {}
   static File Open(const std::filesystem::path& path, int flags, unsigned permissions,
                    const char* what);
   int fd_ = -1;
   std::filesystem::path path_;
+};
+
+// A directory held open, under which files are made, opened, renamed and removed relative to its
+// descriptor (openat and the like), never through a symbolic link, and never a file with a second
+// hard link: what a download into a destination uses (kit fetch), so that no link placed inside
+// the destination, before or during the download, redirects a write to a file outside it.
+// Errors name the path.
+class Directory {
+ public:
+  // `path` itself (made, with its parents, when `create` and absent); refused when it is a
+  // symbolic link or not a directory.
+  static Directory Open(const std::filesystem::path& path, bool create);
+  // The subdirectory `relative` (no "..", no root): each component made when absent and opened
+  // without following a link; a link among them is refused.
+  Directory Subdirectory(const std::filesystem::path& relative) const;
+  const std::filesystem::path& path() const { return dir_.path(); }
+  // Whether `name` exists here, as anything (a link is not followed).
+  bool Contains(std::string_view name) const;
+  // Regular file `name` with a single link, read-only, or for appending (made 0644 if absent).
+  // A symbolic link, a FIFO, a directory or a file with another hard link is refused.
+  File OpenForReading(std::string_view name) const;
+  File OpenForAppend(std::string_view name) const;
+  // `text` as file `name`: written and fsynced under a fresh temporary name, renamed over `name`
+  // (which replaces a link there, never writes through it), the directory fsynced.
+  void WriteFileSynced(std::string_view name, std::string_view text) const;
+  void Rename(std::string_view from, std::string_view to) const;
+  void Remove(std::string_view name) const;  // a file; nothing when absent
+  void Sync() const { dir_.Sync(); }
+
+ private:
+  explicit Directory(File dir) : dir_(std::move(dir)) {}
+  File OpenRegular(std::string_view name, int flags, const char* what) const;
+  File dir_;
 };
 
 // Whole-file read; fails naming the path and the OS error.

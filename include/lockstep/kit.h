@@ -38,9 +38,11 @@ struct FetchOptions {
   std::string url;            // the kit's base: file://..., http://..., https://...
   std::filesystem::path dest;  // created if missing
   bool progress = true;       // progress bars on stderr (when it is a terminal)
-  // A server that does not connect, or sends under a byte per second, this long fails the
-  // transfer (the .part is kept for a resume).
+  // A server that does not connect within stall_seconds, or sends under min_rate bytes per
+  // second for that long, fails the transfer, and so does a transfer of N bytes that takes more
+  // than stall_seconds + N / min_rate seconds in all (the .part is kept for a resume).
   long stall_seconds = 60;
+  long min_rate = 1024;
 };
 
 struct FetchReport {

@@ -362,6 +362,24 @@ enum class TornLine { kRefuse, kDrop };
 std::vector<StateHashLine> ReadStateHashLines(const std::filesystem::path& path,
                                               TornLine torn = TornLine::kRefuse);
 
+// Where a checkpoint anchors the chain: its step, state hash and prev_hash, as meta.json holds
+// them (OpenCheckpoint checks meta.json's seal).
+struct ChainAnchor {
+  std::filesystem::path checkpoint;
+  uint64_t step = 0;
+  Digest hash{}, prev_hash{};
+};
+// The anchors of run_dir's complete checkpoints at steps up to `last_step`, in step order.
+std::vector<ChainAnchor> CheckpointAnchors(const std::filesystem::path& run_dir,
+                                           uint64_t last_step);
+// Checks `lines` (of `path`) as the ancestry the checkpoints attest: one line per step from 0
+// without a gap, and for each anchor the line of its step holding its hash and the line of the
+// step before holding its prev_hash (zeros for step 0). Fails naming the file, the step and the
+// checkpoint. A line between two checkpoints is anchored by neither: only a replay of the
+// interval verifies it (docs/audit.md).
+void CheckChainAncestry(const std::filesystem::path& path, std::span<const StateHashLine> lines,
+                        std::span<const ChainAnchor> anchors);
+
 // ---- signed commitments: keys and signatures.jsonl (docs/formats/signatures.md) -------------
 // KEY holds an Ed25519 seed ({"format": "lockstep-signing-key", ...}), KEY.pub its public key.
 // WriteSigningKey creates both (KEY with mode 0600; an existing file is refused).
@@ -449,6 +467,7 @@ KitManifest ReadManifest(const std::filesystem::path& kit_dir);
 // The size and sha256 of a file, hashed through a read-only mapping so that even a file of many
 // GiB needs no buffer of its size.
 KitFile DescribeFile(const std::filesystem::path& file, std::string relative_path);
+KitFile DescribeFile(const File& file, std::string relative_path);  // an open file
 
 // Checks a kit directory against its kit.json: the exact file set (a file kit.json does not list,
 // or a listed file that is missing, is an error; so is anything that is not a regular file), and

@@ -109,9 +109,12 @@ Trajectory BuildKit(const BuildOptions& options) {
          options.out_dir.string());
   }
   const fs::path hashes_path = options.run_dir / "state_hashes.jsonl";
+  const std::vector<StateHashLine> lines = ReadStateHashLines(hashes_path);
+  if (lines.empty()) Fail("{}: no line for step 0 (the init)", hashes_path.string());
+  // Every checkpoint must attest the chain it is published with (its hash and prev_hash).
+  CheckChainAncestry(hashes_path, lines, CheckpointAnchors(options.run_dir, UINT64_MAX));
   std::map<uint64_t, Digest> chain;
-  for (const StateHashLine& line : ReadStateHashLines(hashes_path)) chain[line.step] = line.hash;
-  if (!chain.contains(0)) Fail("{}: no line for step 0 (the init)", hashes_path.string());
+  for (const StateHashLine& line : lines) chain[line.step] = line.hash;
   // A signed run's signatures go into the kit; they must verify and sign this very chain.
   const fs::path signatures = options.run_dir / kSignaturesName;
   if (fs::exists(signatures)) {

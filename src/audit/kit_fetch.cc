@@ -30,11 +30,13 @@ std::string JoinUrl(std::string_view base, std::string_view path) {
 }
 
 // One easy handle per transfer; curl_global_init runs once per process. A server that does not
-// connect, or sends less than a byte per second, for `stall_seconds` ends the transfer with an
-// error (a dead or hostile server must not hold a fetch forever; the .part stays for a resume).
+// connect within `stall_seconds`, or sends less than `min_rate` bytes per second for that long,
+// ends the transfer with an error, and so does one whose transfer outlasts `deadline_seconds`
+// (a dead, trickling or hostile server must not hold a fetch forever; the .part stays for a
+// resume).
 class CurlHandle {
  public:
-  explicit CurlHandle(long stall_seconds) {
+  CurlHandle(const FetchOptions& options, long deadline_seconds) {
     static std::once_flag once;
     std::call_once(once, [] {
       if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) Fail("libcurl: global init failed");
@@ -47,9 +49,10 @@ class CurlHandle {
     curl_easy_setopt(handle_, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(handle_, CURLOPT_FOLLOWLOCATION, 1L);
     curl_easy_setopt(handle_, CURLOPT_FAILONERROR, 1L);  // an HTTP status >= 400 is an error
-    curl_easy_setopt(handle_, CURLOPT_CONNECTTIMEOUT, stall_seconds);
-    curl_easy_setopt(handle_, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(handle_, CURLOPT_LOW_SPEED_TIME, stall_seconds);
+    curl_easy_setopt(handle_, CURLOPT_CONNECTTIMEOUT, options.stall_seconds);
+    curl_easy_setopt(handle_, CURLOPT_LOW_SPEED_LIMIT, options.min_rate);
+    curl_easy_setopt(handle_, CURLOPT_LOW_SPEED_TIME, options.stall_seconds);
+    curl_easy_setopt(handle_, CURLOPT_TIMEOUT, deadline_seconds);
   }
   ~CurlHandle() { curl_easy_cleanup(handle_); }
   CurlHandle(const CurlHandle&) = delete;
@@ -70,8 +73,14 @@ class CurlHandle {
   char error_[CURL_ERROR_SIZE];
 };
 
-std::string FetchText(std::string_view url, long stall_seconds) {
-  CurlHandle curl(stall_seconds);
+// What a transfer of `bytes` may take in all: the stall allowance, then the bytes at the minimum
+// rate.
+long DeadlineSeconds(const FetchOptions& options, uint64_t bytes) {
+  return options.stall_seconds + static_cast<long>(bytes / static_cast<uint64_t>(options.min_rate));
+}
+
+std::string FetchText(std::string_view url, const FetchOptions& options) {
+  CurlHandle curl(options, DeadlineSeconds(options, kMaxManifestBytes));
   std::string body;
   curl_easy_setopt(curl.get(), CURLOPT_WRITEDATA, &body);
   curl_easy_setopt(curl.get(), CURLOPT_WRITEFUNCTION,
@@ -135,18 +144,19 @@ int OnProgress(void* context, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
   return 0;
 }
 
-// Appends the source's bytes from `offset` on to `part`. Returns false when the source sent more
-// than the listed size. Fails on a transfer error, leaving the .part for a later resume.
-bool DownloadPart(const std::string& url, const fs::path& part, uint64_t offset,
-                  const KitFile& file, bool progress, long stall_seconds) {
+// Appends the source's bytes from `offset` on to `part` in `dir`. Returns false when the source
+// sent more than the listed size. Fails on a transfer error, leaving the .part for a resume.
+bool DownloadPart(const std::string& url, const Directory& dir, const std::string& part,
+                  uint64_t offset, const KitFile& file, const FetchOptions& options,
+                  bool progress) {
   Transfer t;
   t.offset = offset;
   t.expected = file.size;
   t.label = file.path;
   t.show_progress = progress && file.size >= kProgressMinBytes;
-  t.out.emplace(offset > 0 ? File::OpenForAppend(part) : File::Create(part));
+  t.out.emplace(dir.OpenForAppend(part));
 
-  CurlHandle curl(stall_seconds);
+  CurlHandle curl(options, DeadlineSeconds(options, file.size - offset));
   curl_easy_setopt(curl.get(), CURLOPT_WRITEFUNCTION, WriteToPart);
   curl_easy_setopt(curl.get(), CURLOPT_WRITEDATA, &t);
   // With an offset, HTTP sends "Range: bytes=offset-" and libcurl refuses a server that answers
@@ -174,14 +184,16 @@ bool DownloadPart(const std::string& url, const fs::path& part, uint64_t offset,
     DrawProgress(t);
     std::fputc('\n', stderr);
   }
-  if (!error.empty()) Fail("{} (partial download kept in {} for a resume)", error, part.string());
+  if (!error.empty()) {
+    Fail("{} (partial download kept in {} for a resume)", error, (dir.path() / part).string());
+  }
   if (!sync_error.empty()) Fail("{}", sync_error);
   return !t.oversize;
 }
 
-// Empty when `path` has the listed size and sha256, else what differs.
-std::string Mismatch(const fs::path& path, const KitFile& expected) {
-  const KitFile actual = DescribeFile(path, expected.path);
+// Empty when file `name` of `dir` has the listed size and sha256, else what differs.
+std::string Mismatch(const Directory& dir, const std::string& name, const KitFile& expected) {
+  const KitFile actual = DescribeFile(dir.OpenForReading(name), expected.path);
   if (actual.size != expected.size) {
     return fmt::format("size {} bytes, kit.json says {}", actual.size, expected.size);
   }
@@ -192,30 +204,12 @@ std::string Mismatch(const fs::path& path, const KitFile& expected) {
   return {};
 }
 
-void RemoveFile(const fs::path& path) {
-  std::error_code ec;
-  fs::remove(path, ec);
-  if (ec) Fail("{}: cannot delete: {}", path.string(), ec.message());
-}
-
-// Nothing between DEST and a kit file, nor the file or its .part, may be a symbolic link: a link
-// already in DEST would make the fetch write outside it.
-void RefuseLinksUnder(const fs::path& dest, const std::string& kit_path) {
-  fs::path at = dest;
-  const fs::path relative(kit_path);
-  for (auto it = relative.begin(); it != relative.end(); ++it) {
-    at /= *it;
-    for (const fs::path& p : {at, fs::path(at.string() + ".part")}) {
-      if (fs::is_symlink(p)) {
-        Fail("{}: a symbolic link inside the destination: refusing to write through it",
-             p.string());
-      }
-    }
-  }
-}
-
 }  // namespace
 
+// Every file is written inside DEST through a descriptor of its directory (lockstep::Directory):
+// no symbolic link is followed, no file with a second hard link is written, and kit.json is
+// renamed into place from a fresh temporary name, so nothing prepared inside DEST redirects a
+// write outside it.
 FetchReport Fetch(const FetchOptions& options) {
   RequireSupportedUrl(options.url);
   const bool progress = options.progress && ::isatty(STDERR_FILENO);
@@ -225,66 +219,66 @@ FetchReport Fetch(const FetchOptions& options) {
   if (!(options.stall_seconds >= 1)) {
     Fail("--stall-timeout {} (must be at least 1 second)", options.stall_seconds);
   }
+  if (!(options.min_rate >= 1)) Fail("--min-rate {} (must be at least 1 byte/s)", options.min_rate);
   if (fs::exists(options.dest) && (fs::is_symlink(options.dest) || !fs::is_directory(options.dest))) {
     Fail("{}: exists and is not a directory", options.dest.string());
   }
-  const std::string manifest_text = FetchText(manifest_url, options.stall_seconds);
+  const std::string manifest_text = FetchText(manifest_url, options);
   report.manifest_sha256 = Sha256({reinterpret_cast<const uint8_t*>(manifest_text.data()),
                                    manifest_text.size()});
   const KitManifest manifest = ParseManifest(manifest_text, manifest_url);
-  const fs::path manifest_path = options.dest / kManifestName;
-  if (fs::exists(manifest_path)) {
-    if (ReadFileText(manifest_path) != manifest_text) {
+  const Directory dest = Directory::Open(options.dest, /*create=*/true);
+  if (dest.Contains(kManifestName)) {
+    const std::vector<uint8_t> held = dest.OpenForReading(kManifestName).ReadAll();
+    if (std::string_view(reinterpret_cast<const char*>(held.data()), held.size()) !=
+        manifest_text) {
       Fail("{}: holds a different kit.json than {}: fetch into an empty directory",
-           manifest_path.string(), manifest_url);
+           (options.dest / kManifestName).string(), manifest_url);
     }
   } else {
-    fs::create_directories(options.dest);
-    WriteFileSynced(manifest_path, manifest_text);
+    dest.WriteFileSynced(kManifestName, manifest_text);
   }
 
   for (const KitFile& file : manifest.files) {
+    const fs::path relative(file.path);  // ValidateKitPath: relative, no "..", no empty part
+    const Directory dir = dest.Subdirectory(relative.parent_path());
+    const std::string name = relative.filename().string(), part = name + ".part";
     const fs::path final_path = options.dest / file.path;
-    const fs::path part = final_path.string() + ".part";
-    RefuseLinksUnder(options.dest, file.path);
-    if (fs::exists(final_path)) {
-      const std::string mismatch = Mismatch(final_path, file);
+    if (dir.Contains(name)) {
+      const std::string mismatch = Mismatch(dir, name, file);
       if (mismatch.empty()) {
         report.present.push_back(file.path);
       } else {
-        RemoveFile(final_path);
+        dir.Remove(name);
         report.failed.push_back(
             fmt::format("{}: already present but {}; deleted", final_path.string(), mismatch));
       }
       continue;
     }
-    fs::create_directories(final_path.parent_path());
-    uint64_t offset = fs::exists(part) ? fs::file_size(part) : 0;
+    uint64_t offset = dir.Contains(part) ? dir.OpenForReading(part).Size() : 0;
     if (offset > file.size) {
-      std::fprintf(stderr, "%s: %llu bytes, more than the %llu kit.json lists: starting over\n",
-                   part.c_str(), static_cast<unsigned long long>(offset),
+      std::fprintf(stderr, "%s.part: %llu bytes, more than the %llu kit.json lists: starting over\n",
+                   final_path.c_str(), static_cast<unsigned long long>(offset),
                    static_cast<unsigned long long>(file.size));
-      RemoveFile(part);
+      dir.Remove(part);
       offset = 0;
     }
     bool complete_source = true;
-    if (offset < file.size || !fs::exists(part)) {
-      complete_source = DownloadPart(JoinUrl(options.url, file.path), part, offset, file, progress,
-                                     options.stall_seconds);
+    if (offset < file.size || !dir.Contains(part)) {
+      complete_source = DownloadPart(JoinUrl(options.url, file.path), dir, part, offset, file,
+                                     options, progress);
     }
     const std::string mismatch =
-        complete_source ? Mismatch(part, file)
+        complete_source ? Mismatch(dir, part, file)
                         : fmt::format("the source sent more than the {} bytes kit.json lists",
                                       file.size);
     if (!mismatch.empty()) {
-      RemoveFile(part);
+      dir.Remove(part);
       report.failed.push_back(fmt::format("{}: {}; deleted", final_path.string(), mismatch));
       continue;
     }
-    std::error_code ec;
-    fs::rename(part, final_path, ec);
-    if (ec) Fail("renaming {} to {}: {}", part.string(), final_path.string(), ec.message());
-    SyncDirectory(final_path.parent_path());
+    dir.Rename(part, name);
+    dir.Sync();
     report.fetched.push_back(file.path);
     if (offset > 0) report.resumed.push_back(file.path);
   }

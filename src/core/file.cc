@@ -173,7 +173,7 @@ void File::WriteAt(uint64_t offset, std::span<const uint8_t> bytes) {
   }
 }
 
-void File::Sync() {
+void File::Sync() const {
   if (::fsync(fd_) != 0) Fail("{}: fsync failed: {}", path_.string(), std::strerror(errno));
 }
 
@@ -240,5 +240,143 @@ std::vector<std::string> LogLines(const std::filesystem::path& path, bool drop_t
 }
 
 void SyncDirectory(const std::filesystem::path& dir) { File::OpenDirectory(dir).Sync(); }
+
+namespace {
+
+constexpr std::string_view kLinkRefusal =
+    "a symbolic link inside the destination: refusing to write through it";
+
+// openat, retried on EINTR; -1 with errno set on failure.
+int OpenAt(int dir, const std::string& name, int flags, unsigned permissions = 0) {
+  int fd;
+  do {
+    fd = ::openat(dir, name.c_str(), flags | O_CLOEXEC | O_NOFOLLOW, permissions);
+  } while (fd < 0 && errno == EINTR);
+  return fd;
+}
+
+// Whether `name` in directory `dir` (a descriptor, or AT_FDCWD) is a symbolic link: what an
+// open with O_NOFOLLOW met when it failed with ELOOP, or with ENOTDIR under O_DIRECTORY.
+bool IsLink(int dir, const std::string& name) {
+  struct stat st {};
+  return ::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode);
+}
+
+// A name directly in a directory: not empty, ".", "..", nor holding '/'.
+void CheckName(const std::filesystem::path& dir, std::string_view name) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string_view::npos) {
+    LOCKSTEP_INTERNAL("{}: '{}' is not a file name in the directory", dir.string(), name);
+  }
+}
+
+}  // namespace
+
+Directory Directory::Open(const std::filesystem::path& path, bool create) {
+  if (create) {
+    std::error_code ec;
+    std::filesystem::create_directories(path, ec);  // an existing link fails below, by name
+  }
+  const int fd = OpenAt(AT_FDCWD, path.string(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) {
+    if (IsLink(AT_FDCWD, path.string())) {
+      Fail("{}: a symbolic link: refusing to write through it", path.string());
+    }
+    if (errno == ENOTDIR) Fail("{}: exists and is not a directory", path.string());
+    Fail("{}: cannot open as a directory: {}", path.string(), std::strerror(errno));
+  }
+  return Directory(File(fd, path));
+}
+
+Directory Directory::Subdirectory(const std::filesystem::path& relative) const {
+  const int self = ::fcntl(dir_.fd(), F_DUPFD_CLOEXEC, 0);
+  if (self < 0) Fail("{}: cannot duplicate its descriptor: {}", path().string(), std::strerror(errno));
+  File at(self, path());
+  for (const std::filesystem::path& component : relative) {
+    const std::string name = component.string();
+    if (name.empty() || name == ".") continue;
+    CheckName(at.path(), name);
+    const std::filesystem::path sub = at.path() / name;
+    if (::mkdirat(at.fd(), name.c_str(), 0755) != 0 && errno != EEXIST) {
+      Fail("{}: cannot make the directory: {}", sub.string(), std::strerror(errno));
+    }
+    const int fd = OpenAt(at.fd(), name, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) {
+      if (IsLink(at.fd(), name)) Fail("{}: {}", sub.string(), kLinkRefusal);
+      Fail("{}: cannot open as a directory: {}", sub.string(), std::strerror(errno));
+    }
+    at = File(fd, sub);
+  }
+  return Directory(std::move(at));
+}
+
+bool Directory::Contains(std::string_view name) const {
+  CheckName(path(), name);
+  struct stat st {};
+  return ::fstatat(dir_.fd(), std::string(name).c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
+}
+
+File Directory::OpenRegular(std::string_view name, int flags, const char* what) const {
+  CheckName(path(), name);
+  const std::filesystem::path full = path() / name;
+  // O_NONBLOCK: a FIFO is refused below instead of waited on.
+  const int fd = OpenAt(dir_.fd(), std::string(name), flags | O_NONBLOCK, 0644);
+  if (fd < 0) {
+    if (IsLink(dir_.fd(), std::string(name))) Fail("{}: {}", full.string(), kLinkRefusal);
+    Fail("{}: cannot open {}: {}", full.string(), what, std::strerror(errno));
+  }
+  File file(fd, full);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) Fail("{}: not a regular file", full.string());
+  if (st.st_nlink > 1) {
+    Fail("{}: has {} hard links: refusing to use a file that is also elsewhere (delete it)",
+         full.string(), st.st_nlink);
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return file;
+}
+
+File Directory::OpenForReading(std::string_view name) const {
+  return OpenRegular(name, O_RDONLY, "for reading");
+}
+
+File Directory::OpenForAppend(std::string_view name) const {
+  return OpenRegular(name, O_WRONLY | O_APPEND | O_CREAT, "for appending");
+}
+
+void Directory::WriteFileSynced(std::string_view name, std::string_view text) const {
+  CheckName(path(), name);
+  // A fresh name: O_EXCL refuses anything already there, a link included.
+  std::string temp;
+  int fd = -1;
+  for (int attempt = 0; fd < 0; ++attempt) {
+    temp = fmt::format(".{}.{}-{}.tmp", name, ::getpid(), attempt);
+    fd = OpenAt(dir_.fd(), temp, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0 && (errno != EEXIST || attempt >= 100)) {
+      Fail("{}: cannot create: {}", (path() / temp).string(), std::strerror(errno));
+    }
+  }
+  File file(fd, path() / temp);
+  file.Write(text);
+  file.Sync();
+  file.Close();
+  Rename(temp, name);
+  Sync();
+}
+
+void Directory::Rename(std::string_view from, std::string_view to) const {
+  CheckName(path(), from);
+  CheckName(path(), to);
+  if (::renameat(dir_.fd(), std::string(from).c_str(), dir_.fd(), std::string(to).c_str()) != 0) {
+    Fail("renaming {} to {}: {}", (path() / from).string(), (path() / to).string(),
+         std::strerror(errno));
+  }
+}
+
+void Directory::Remove(std::string_view name) const {
+  CheckName(path(), name);
+  if (::unlinkat(dir_.fd(), std::string(name).c_str(), 0) != 0 && errno != ENOENT) {
+    Fail("{}: cannot delete: {}", (path() / name).string(), std::strerror(errno));
+  }
+}
 
 }  // namespace lockstep

@@ -45,4 +45,46 @@ std::vector<StateHashLine> ReadStateHashLines(const std::filesystem::path& path,
   return lines;
 }
 
+std::vector<ChainAnchor> CheckpointAnchors(const std::filesystem::path& run_dir,
+                                           uint64_t last_step) {
+  std::vector<ChainAnchor> anchors;
+  for (const uint64_t step : CompleteCheckpointSteps(run_dir)) {
+    if (step > last_step) break;
+    const std::filesystem::path dir = CheckpointDir(run_dir, step);
+    const CheckpointIndex index = OpenCheckpoint(dir);
+    anchors.push_back({dir, index.state.step, index.state_hash, index.state.prev_hash});
+  }
+  return anchors;
+}
+
+void CheckChainAncestry(const std::filesystem::path& path, std::span<const StateHashLine> lines,
+                        std::span<const ChainAnchor> anchors) {
+  for (size_t n = 0; n < lines.size(); ++n) {
+    if (lines[n].step != n) {
+      Fail("{}: line {} is step {}, expected step {}: a line is missing (the chain has one line "
+           "per step from 0)",
+           path.string(), n + 1, lines[n].step, n);
+    }
+  }
+  for (const ChainAnchor& a : anchors) {
+    const auto line_hash = [&](uint64_t step) -> std::string {
+      return step < lines.size() ? ToHex(lines[step].hash) : "no line";
+    };
+    if (a.step >= lines.size() || lines[a.step].hash != a.hash) {
+      Fail("{}: step {} holds {}, but checkpoint {} has state hash {}: the chain was edited, or "
+           "is not this run's",
+           path.string(), a.step, line_hash(a.step), a.checkpoint.string(), ToHex(a.hash));
+    }
+    const Digest expected_prev = a.step == 0 ? Digest{} : lines[a.step - 1].hash;
+    if (a.prev_hash != expected_prev) {
+      Fail("{}: step {} holds {}, but checkpoint {} has prev_hash {}: the chain was edited, or "
+           "is not this run's",
+           path.string(), a.step == 0 ? 0 : a.step - 1,
+           a.step == 0 ? std::string("nothing (the init has no previous step)")
+                       : line_hash(a.step - 1),
+           a.checkpoint.string(), ToHex(a.prev_hash));
+    }
+  }
+}
+
 }  // namespace lockstep

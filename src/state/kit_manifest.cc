@@ -93,7 +93,10 @@ KitManifest ReadManifest(const fs::path& kit_dir) {
 }
 
 KitFile DescribeFile(const fs::path& file, std::string relative_path) {
-  const File in = File::OpenForReading(file);
+  return DescribeFile(File::OpenForReading(file), std::move(relative_path));
+}
+
+KitFile DescribeFile(const File& in, std::string relative_path) {
   KitFile result{std::move(relative_path), in.Size(), {}};
   if (result.size == 0) {
     result.sha256 = Sha256({});
@@ -101,7 +104,7 @@ KitFile DescribeFile(const fs::path& file, std::string relative_path) {
   }
   const auto size = static_cast<size_t>(result.size);
   void* mapped = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, in.fd(), 0);
-  if (mapped == MAP_FAILED) Fail("{}: cannot map: {}", file.string(), std::strerror(errno));
+  if (mapped == MAP_FAILED) Fail("{}: cannot map: {}", in.path().string(), std::strerror(errno));
   ::madvise(mapped, size, MADV_SEQUENTIAL);
   result.sha256 = Sha256({static_cast<const uint8_t*>(mapped), size});
   ::munmap(mapped, size);

@@ -312,14 +312,12 @@ int Train(const TrainOptions& options, Comm& comm) {
       trainer.Restore(OpenCheckpoint(*latest));
       if (!writer) return;  // the logs are rank 0's
       // The logs may run past the checkpoint (a crash after it): keep what the checkpoint covers,
-      // and insist that the chain recorded there is the checkpoint's.
+      // and insist that the chain kept is the one the checkpoints (this one and every earlier
+      // one) record: an edited or deleted line is not carried forward.
       lines = ReadStateHashLines(hashes_path, TornLine::kDrop);
       std::erase_if(lines, [&](const StateHashLine& l) { return l.step > trainer.state().step; });
-      if (lines.empty() || lines.back().step != trainer.state().step ||
-          lines.back().hash != trainer.hash()) {
-        Fail("{}: its line for step {} does not hold the checkpoint's hash {}",
-             hashes_path.string(), trainer.state().step, ToHex(trainer.hash()));
-      }
+      CheckChainAncestry(hashes_path, lines,
+                         CheckpointAnchors(options.run_dir, trainer.state().step));
       if (!signer && fs::exists(signatures_path)) {
         Fail("{}: this run's chain is signed: resume it with --sign-key", signatures_path.string());
       }

@@ -89,6 +89,39 @@ TEST_F(FileTest, LogLinesRefuseOrDropATornLastLine) {
   EXPECT_TRUE(LogLines(log, false).empty());
 }
 
+// A Directory never reaches outside itself: a symbolic link on the way or at the name, and a
+// file with a second hard link, are refused by name; WriteFileSynced replaces a link at its name
+// instead of writing through it; Subdirectory makes what is missing.
+TEST_F(FileTest, ADirectoryNeverReachesOutsideItself) {
+  const fs::path outside = dir_ / "outside.txt";
+  WriteFileSynced(outside, "theirs");
+  const Directory dest = Directory::Open(dir_ / "dest", /*create=*/true);
+  const Directory sub = dest.Subdirectory("a/b");
+  EXPECT_TRUE(fs::is_directory(dir_ / "dest/a/b"));
+  sub.OpenForAppend("new").Write(std::string_view("x"));
+  EXPECT_EQ(ReadFileText(dir_ / "dest/a/b/new"), "x");
+
+  fs::create_hard_link(outside, dir_ / "dest/a/b/linked");
+  EXPECT_THROW(sub.OpenForAppend("linked"), Error);
+  EXPECT_THROW(sub.OpenForReading("linked"), Error);
+  fs::create_symlink(outside, dir_ / "dest/a/b/symlinked");
+  EXPECT_TRUE(sub.Contains("symlinked"));
+  EXPECT_THROW(sub.OpenForAppend("symlinked"), Error);
+  fs::create_directory_symlink(dir_, dir_ / "dest/up");
+  EXPECT_THROW(dest.Subdirectory("up/x"), Error);
+  EXPECT_FALSE(fs::exists(dir_ / "x"));
+  EXPECT_THROW(Directory::Open(dir_ / "dest/up", false), Error);
+
+  sub.WriteFileSynced("symlinked", "mine");
+  EXPECT_FALSE(fs::is_symlink(dir_ / "dest/a/b/symlinked"));
+  EXPECT_EQ(ReadFileText(dir_ / "dest/a/b/symlinked"), "mine");
+  EXPECT_EQ(ReadFileText(outside), "theirs");
+  sub.Rename("new", "renamed");
+  sub.Remove("renamed");
+  sub.Remove("renamed");  // absent: nothing
+  EXPECT_FALSE(sub.Contains("renamed"));
+}
+
 TEST(Lines, SplitsAsGetlineDoes) {
   EXPECT_EQ(Lines(""), std::vector<std::string>{});
   EXPECT_EQ(Lines("a"), std::vector<std::string>{"a"});

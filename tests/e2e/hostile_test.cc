@@ -117,6 +117,36 @@ TEST_F(Hostile, ATornChainLineIsDroppedOnResume) {
             ReadFileText(dir_ / "straight6/state_hashes.jsonl"));
 }
 
+// The chain a resume carries forward, and a kit publishes, is the one the checkpoints attest:
+// "run" has checkpoints at steps 0 and 4, so step 3's line must be step 4's prev_hash, and no
+// line may be missing. An edited or a deleted line is refused by both, naming the step.
+TEST_F(Hostile, AnEditedOrDeletedChainLineIsNeitherResumedNorPublished) {
+  const std::vector<std::string> lines = Lines(ReadFileText(dir_ / "run/state_hashes.jsonl"));
+  ASSERT_EQ(lines.size(), 5u);
+  const auto with_lines = [&](const std::string& run, std::vector<std::string> kept) {
+    fs::copy(dir_ / "run", dir_ / run, fs::copy_options::recursive);
+    std::string text;
+    for (const std::string& line : kept) text += line + "\n";
+    WriteFileSynced(dir_ / run / "state_hashes.jsonl", text);
+  };
+  std::vector<std::string> edited = lines;
+  edited[3] = "{\"step\": 3, " + lines[2].substr(lines[2].find("\"hash\""));  // step 2's hash
+  with_lines("edited", edited);
+  ExpectRefused(Lockstep(Train("edited", "--steps 5 --resume")), "has prev_hash");
+  ExpectRefused(Lockstep("kit build --run " + Path("edited") + " --data " + Path("data") +
+                         " --out " + Path("edited-kit")),
+                "has prev_hash");
+  EXPECT_FALSE(fs::exists(dir_ / "edited-kit"));
+
+  std::vector<std::string> deleted = lines;
+  deleted.erase(deleted.begin() + 2);
+  with_lines("deleted", deleted);
+  ExpectRefused(Lockstep(Train("deleted", "--steps 5 --resume")), "a line is missing");
+  ExpectRefused(Lockstep("kit build --run " + Path("deleted") + " --data " + Path("data") +
+                         " --out " + Path("deleted-kit")),
+                "a line is missing");
+}
+
 TEST_F(Hostile, ARunStoppedBeforeItsFirstCheckpointSaysWhatToDo) {
   fs::create_directories(dir_ / "early/checkpoints/.tmp-step_000000000");
   WriteFileSynced(dir_ / "early/state_hashes.jsonl",
@@ -163,6 +193,65 @@ TEST_F(Hostile, KitsWithoutUnitsOrWithLinksAndStalledServers) {
   ExpectRefused(r, "Operation too slow");
   EXPECT_LT(seconds, 30.0);
   ::pclose(pipe);
+
+  // A server that answers, then trickles a byte every half second (2 bytes/s, above the old
+  // "nothing at all" stall rule): stopped by the minimum rate within --stall-timeout.
+  WriteFileSynced(dir_ / "trickler.py", R"py(
+import socket, time
+s = socket.socket()
+s.bind(('127.0.0.1', 0))
+s.listen(1)
+print(s.getsockname()[1], flush=True)
+c = s.accept()[0]
+c.recv(4096)
+try:
+    c.sendall(b'HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n')
+    while True:
+        c.sendall(b'{')
+        time.sleep(0.5)
+except OSError:
+    pass
+)py");
+  const std::string trickler = "python3 " + Path("trickler.py");
+  pipe = ::popen(trickler.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  ASSERT_EQ(std::fscanf(pipe, "%d", &port), 1);
+  const auto trickle_start = std::chrono::steady_clock::now();
+  r = Lockstep("kit fetch http://127.0.0.1:" + std::to_string(port) + "/kit " + Path("dest3") +
+               " --stall-timeout 2 --no-progress");
+  ExpectRefused(r, "Operation too slow");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - trickle_start).count(),
+            30.0);
+  ::pclose(pipe);
+}
+
+// Links prepared inside DEST never carry a fetch's bytes outside it: a .part that is a hard link
+// to a file elsewhere, a kit.json that is a dangling symbolic link. Each is refused by name and
+// the file outside is unchanged (or, for the dangling link, never made).
+TEST_F(Hostile, AFetchNeverWritesOutsideItsDestination) {
+  ASSERT_EQ(Lockstep("kit build --run " + Path("run") + " --data " + Path("data") + " --out " +
+                     Path("kit2")).exit_code, 0);
+  const std::string precious = "someone else's file\n";
+  WriteFileSynced(dir_ / "outside.txt", precious);
+  fs::create_directories(dir_ / "hard");
+  fs::create_hard_link(dir_ / "outside.txt", dir_ / "hard/trajectory.json.part");
+  ExpectRefused(Lockstep("kit fetch file://" + Path("kit2") + " " + Path("hard") +
+                         " --no-progress"),
+                "has 2 hard links");
+  EXPECT_EQ(ReadFileText(dir_ / "outside.txt"), precious);
+
+  fs::create_directories(dir_ / "dangling");
+  fs::create_symlink(dir_ / "nowhere.json", dir_ / "dangling/kit.json");
+  ExpectRefused(Lockstep("kit fetch file://" + Path("kit2") + " " + Path("dangling") +
+                         " --no-progress"),
+                "a symbolic link inside the destination");
+  EXPECT_FALSE(fs::exists(dir_ / "nowhere.json"));
+
+  // Nothing prepared: the kit arrives whole and verifies.
+  const Result r = Lockstep("kit fetch file://" + Path("kit2") + " " + Path("clean") +
+                            " --no-progress");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(Lockstep("kit verify " + Path("clean")).exit_code, 0);
 }
 
 }  // namespace

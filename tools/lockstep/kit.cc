@@ -206,10 +206,15 @@ void AddKitCommands(CLI::App& app, int* exit_code) {
   fetch_cmd->add_option("URL", fetch->url, "the kit's base URL (holding kit.json)")->required();
   fetch_cmd->add_option("DEST", fetch->dest, "destination directory")->required();
   fetch_cmd->add_option("--stall-timeout", fetch->stall_seconds,
-                        "seconds a server may fail to connect or send anything before the fetch "
-                        "stops with an error (run it again to resume)")
+                        "seconds a server may fail to connect, or send under --min-rate, before "
+                        "the fetch stops with an error (run it again to resume)")
       ->capture_default_str()
       ->check(CLI::Range(1L, 86400L));
+  fetch_cmd->add_option("--min-rate", fetch->min_rate,
+                        "bytes per second a transfer must keep up (over --stall-timeout); a file "
+                        "of N bytes must also arrive within stall-timeout + N / min-rate seconds")
+      ->capture_default_str()
+      ->check(CLI::Range(1L, 1L << 40));
   fetch_cmd->add_flag("--progress,!--no-progress", fetch->progress,
                       "show (default, on a terminal) or hide progress bars on stderr");
   fetch_cmd->final_callback([fetch, exit_code] { *exit_code = RunFetch(*fetch); });
