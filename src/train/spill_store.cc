@@ -32,7 +32,6 @@ static_assert(kSpillPieceFloats % kSpillChunkFloats == 0, "pieces are whole chun
 // The streamed global norm continues a tensor's sum piece by piece from block boundaries.
 static_assert(kSpillChunkFloats % rk::kNormBlock == 0, "chunks are whole norm blocks");
 
-constexpr const char* kArrayNames[kStateArrayCount] = {"param", "m", "v", "grad"};
 constexpr int64_t kChunkBytes = kSpillChunkFloats * int64_t{sizeof(float)};
 static_assert(kSpillChunkFloats % kHashChunkFloats == 0, "a chunk is whole hash chunks");
 
@@ -52,10 +51,11 @@ double Seconds(Clock::time_point start) {
 
 // Reads ranges of files opened with O_DIRECT on threads of its own: the disk works while the
 // caller computes, and the bytes go from the disk into the caller's buffer, with no page cache
-// and no copy. Read through the page cache, an open-1b replay spent more CPU in the kernel's
-// copy of file pages than in hashing (perf: 31 % of samples; `dd` of a cold file costs 0.33 s
-// of system time per GB buffered and 0.04 s direct). Threads blocked in pread cost no CPU and
-// need no library (io_uring would do the same with liburing and a ring to manage).
+// and no copy. Read through the page cache, the kernel's copy of file pages into the process
+// cost a spilled replay more CPU than hashing the same bytes (docs/performance.md, "Checkpoints
+// and spilled state"; bench/replay_open1b.sh measures the replay). Threads blocked in pread
+// cost no CPU and need no library (io_uring would do the same with liburing and a ring to
+// manage).
 class DirectReader {
  public:
   // The reads of one range: done when `left` is zero; `error` is the first failure's message.
@@ -107,9 +107,9 @@ class DirectReader {
   }
 
  private:
-  // Two threads, each with one transfer of 8 MiB under way: on this project's machines two
-  // sequential streams of direct reads reached the disk's bandwidth (dd: 1.9 GB/s, against
-  // 1.4 GB/s for one stream of 4 MiB reads and for four streams).
+  // Two threads, each with one transfer of 8 MiB under way: two sequential streams of direct
+  // reads reach a disk's read bandwidth where one stream of smaller reads, or four streams,
+  // fall short (`dd` with iflag=direct; docs/performance.md, "Checkpoints and spilled state").
   static constexpr size_t kThreads = 2;
   static constexpr size_t kTransferBytes = size_t{8} << 20;
 
@@ -168,7 +168,7 @@ class SpillStore final : public StateStore {
       floats += Chunks(spec.numel()) * kSpillChunkFloats;
     }
     for (int a = 0; a < kStateArrayCount; ++a) {
-      const fs::path path = dir / fmt::format("{}.spill", kArrayNames[a]);
+      const fs::path path = dir / fmt::format("{}.spill", kStateArrayNames[a]);
       // Exclusive: a spill file of another run (or a crashed one) is never silently reused.
       std::optional<File> file;
       try {
@@ -176,14 +176,13 @@ class SpillStore final : public StateStore {
       } catch (const Error& e) {
         Fail("{} (remove it, or give another --spill-dir)", e.what());
       }
-      // Gradients bypass the page cache where the filesystem allows (see Release): written by
-      // the backward while it streams the parameters from disk, as dirty pages they made the
-      // kernel flush in bursts that stalled those reads (dd: 6.4 GB written through the page
-      // cache slowed a concurrent read of a checkpoint file from 2.6 to 0.7 GB/s; O_DIRECT did
-      // not). An open-1b replay that wrote its gradients through the page cache took 40-58 s,
-      // and 44-45 s in six runs this way, where the update pass reads them from the disk. The
-      // new state is written through the page cache: the next step reads it back, and training
-      // steps 0 and 1 of open-1b took 132-134 s writing it directly against 119-123 s so.
+      // Gradients bypass the page cache where the filesystem allows (see Release): the
+      // backward writes them while it streams the parameters from disk, and as dirty pages
+      // they would make the kernel flush in bursts that stall those reads. The price is that
+      // the update pass reads them back from the disk, not from the page cache. The new
+      // parameters and moments go through the page cache: the next step reads them back, and
+      // written directly they made a spilled training step slower. (docs/performance.md,
+      // "Checkpoints and spilled state"; bench/replay_open1b.sh measures both sides.)
       std::shared_ptr<File> direct;
       if (a == static_cast<int>(StateArray::kGrad)) {
         if (std::optional<File> opened = File::OpenDirect(path)) {
@@ -239,7 +238,7 @@ class SpillStore final : public StateStore {
       try {
         if (ahead && !ahead->request.error.empty()) {
           Fail("reading chunks {} to {} of {} of '{}': {}", begin / kSpillChunkFloats,
-               Chunks(begin + count) - 1, kArrayNames[static_cast<int>(array)],
+               Chunks(begin + count) - 1, kStateArrayNames[static_cast<size_t>(array)],
                specs_[tensor].name, ahead->request.error);
         }
         ForChunks(piece, [&](int64_t c, std::span<float> data) {
@@ -304,8 +303,8 @@ class SpillStore final : public StateStore {
       });
       const auto start = Clock::now();
       // The chunks are digested in parallel and written in one call: the piece's slots follow
-      // one another in its file, and writers of one file on several threads only queue on its
-      // lock (perf: 10 % of a spilled replay's CPU spinning there).
+      // one another in its file, and writers of one file on several threads would only spin on
+      // its lock.
       const int64_t first = piece.begin / kSpillChunkFloats;
       std::vector<Digest> digests(static_cast<size_t>(Chunks(piece.data.size())));
       const auto count = static_cast<int64_t>(piece.data.size());
@@ -339,7 +338,7 @@ class SpillStore final : public StateStore {
       } catch (const Error& e) {
         Fail("writing chunks {} to {} of {} of '{}': {}", first,
              first + static_cast<int64_t>(digests.size()) - 1,
-             kArrayNames[static_cast<int>(piece.array)], specs_[piece.tensor].name, e.what());
+             kStateArrayNames[static_cast<size_t>(piece.array)], specs_[piece.tensor].name, e.what());
       }
       for (size_t k = 0; k < digests.size(); ++k) {
         const int64_t c = first + static_cast<int64_t>(k);
@@ -469,12 +468,13 @@ class SpillStore final : public StateStore {
     std::vector<TensorDigest> tensors;
     for (size_t i = 0; i < specs_.size(); ++i) {
       TensorDigest& t = tensors.emplace_back(TensorDigest{specs_[i].name, specs_[i].shape});
-      Digest* fields[kStateArrayCount] = {&t.param, &t.m, &t.v, &t.grad};
       for (size_t a = 0; a < pending_.size(); ++a) {
         if (pending_[a].empty()) continue;  // not in the checkpoint
         std::vector<Digest> chunks;
-        for (const InPlace& c : pending_[a][i]) chunks.insert(chunks.end(), c.hash_chunks.begin(), c.hash_chunks.end());
-        *fields[a] = ArrayDigestFromChunks(static_cast<uint64_t>(specs_[i].numel()), chunks);
+        for (const InPlace& c : pending_[a][i]) {
+          chunks.insert(chunks.end(), c.hash_chunks.begin(), c.hash_chunks.end());
+        }
+        t.*kDigestArrays[a] = ArrayDigestFromChunks(static_cast<uint64_t>(specs_[i].numel()), chunks);
       }
     }
     const CheckpointIndex checkpoint = std::move(*attached_);
@@ -562,7 +562,7 @@ class SpillStore final : public StateStore {
   }
 
   std::string Describe(size_t array, size_t tensor, int64_t c) const {
-    return fmt::format("chunk {} of {} of '{}'", c, kArrayNames[array], specs_[tensor].name);
+    return fmt::format("chunk {} of {} of '{}'", c, kStateArrayNames[array], specs_[tensor].name);
   }
   std::string Describe(const Piece& piece, int64_t c) const {
     return Describe(static_cast<size_t>(piece.array), piece.tensor, c);
