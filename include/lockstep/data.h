@@ -209,6 +209,9 @@ class TokenStream {
  public:
   TokenStream(const Dataset& dataset, uint64_t seed, uint32_t seq_len);
   ~TokenStream();
+  // Epochs kept shuffled (each: its document order and packed starts, 12 bytes per document):
+  // a window spanning an epoch boundary touches two.
+  static constexpr size_t kCachedEpochs = 2;
 
   uint32_t seq_len() const { return seq_len_; }
   uint64_t seed() const { return seed_; }

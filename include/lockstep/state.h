@@ -152,6 +152,9 @@ struct TensorDigest {
   std::vector<int64_t> shape;
   Digest param{}, m{}, v{}, grad{};
 };
+// A TensorDigest's array digests in StateArray order: t.*kDigestArrays[a].
+inline constexpr std::array<Digest TensorDigest::*, kStateArrayCount> kDigestArrays = {
+    &TensorDigest::param, &TensorDigest::m, &TensorDigest::v, &TensorDigest::grad};
 
 struct StateHash {
   Digest hash{};
@@ -194,7 +197,27 @@ inline int CheckpointArrays(Gradients gradients) {
   return gradients == Gradients::kFull ? kStateArrayCount : kStateArrayCount - 1;
 }
 
-// `run_dir/checkpoints/step_%09d` for `step`.
+// The run directory's layout (docs/training.md, "The run directory"): the one place the names of
+// a run's files and of a checkpoint's are composed.
+struct RunLayout {
+  std::filesystem::path dir;
+  std::filesystem::path hashes() const { return dir / "state_hashes.jsonl"; }
+  std::filesystem::path metrics() const { return dir / "metrics.jsonl"; }
+  std::filesystem::path signatures() const { return dir / kSignaturesName; }
+  std::filesystem::path checkpoints() const { return dir / "checkpoints"; }
+  // checkpoints/step_%09d for `step`.
+  std::filesystem::path checkpoint(uint64_t step) const;
+
+  static constexpr char kSignaturesName[] = "signatures.jsonl";
+  // A checkpoint directory's files (docs/formats/checkpoint.md).
+  static constexpr char kModel[] = "model.safetensors";
+  static constexpr char kOptimizer[] = "optimizer.safetensors";
+  static constexpr char kGrads[] = "grads.safetensors";
+  static constexpr char kMeta[] = "meta.json";
+  static constexpr char kComplete[] = "COMPLETE";
+};
+
+// `run_dir/checkpoints/step_%09d` for `step` (RunLayout{run_dir}.checkpoint(step)).
 std::filesystem::path CheckpointDir(const std::filesystem::path& run_dir, uint64_t step);
 
 // Writes run_dir/checkpoints/step_%09d/ (model and optimizer safetensors, with kFull grads
@@ -483,7 +506,7 @@ std::vector<std::string> VerifyKit(const std::filesystem::path& kit_dir);
 std::vector<std::string> VerifyKitSignatures(const std::filesystem::path& kit_dir,
                                              const Ed25519PublicKey& trusted,
                                              std::span<const std::filesystem::path> known_histories);
-inline constexpr std::string_view kSignaturesName = "signatures.jsonl";
+inline constexpr std::string_view kSignaturesName = RunLayout::kSignaturesName;  // in a kit too
 
 // ---- trajectory.json -------------------------------------------------------------------------
 enum class UnitKind { kInit, kInterval };

@@ -62,6 +62,11 @@ struct MetricsLine {
   double step_seconds = 0, tokens_per_second = 0, comm_seconds = 0;
   uint64_t comm_bytes = 0;
 };
+// The one writer of a step's JSON line (no newline): metrics.jsonl's 13 fields of `r` and
+// `state` (the step just done), "tokens" counting every step up to r.step; with `state_hash`,
+// also "state_hash" (replay's --loss-log). Keys sorted, compact, non-finite floats null.
+std::string MetricsLineJson(const StepReport& r, const StepState& state,
+                            const Digest* state_hash = nullptr);
 // Every line, strictly: exactly the documented fields with their types, steps increasing. A last
 // line without its newline (a crash mid-append) is an error, or with TornLine::kDrop dropped.
 // Errors name the file, the line and the field.

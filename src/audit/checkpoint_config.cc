@@ -20,12 +20,12 @@ RunConfig ConfigOfDescriptor(std::string_view descriptor, const std::string& sou
 
 RunConfig ConfigOfCheckpoint(const Checkpoint& checkpoint) {
   return ConfigOfDescriptor(checkpoint.state.descriptor,
-                            (checkpoint.dir / "meta.json").string() + " descriptor");
+                            (checkpoint.dir / RunLayout::kMeta).string() + " descriptor");
 }
 
 RunConfig ConfigOfCheckpoint(const CheckpointIndex& checkpoint) {
   return ConfigOfDescriptor(checkpoint.state.descriptor,
-                            (checkpoint.dir / "meta.json").string() + " descriptor");
+                            (checkpoint.dir / RunLayout::kMeta).string() + " descriptor");
 }
 
 }  // namespace lockstep::audit

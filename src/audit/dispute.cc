@@ -15,14 +15,14 @@ using Json = nlohmann::json;
 std::map<uint64_t, Digest> ReadChain(const fs::path& path) {
   std::map<uint64_t, Digest> chain;
   if (fs::is_directory(path) && fs::exists(path / "trajectory.json") &&
-      !fs::exists(path / "state_hashes.jsonl")) {
+      !fs::exists(RunLayout{path}.hashes())) {
     // A kit: the hashes its units commit to (the init's step 0 and each interval's end).
     for (const kit::Unit& unit : kit::ReadTrajectory(path).units) {
       chain[unit.until_step] = unit.expected_hash;
     }
     return chain;
   }
-  const fs::path file = fs::is_directory(path) ? path / "state_hashes.jsonl" : path;
+  const fs::path file = fs::is_directory(path) ? RunLayout{path}.hashes() : path;
   if (!fs::exists(file)) {
     Fail("{}: neither a state_hashes.jsonl, a run directory holding one, nor a kit", path.string());
   }

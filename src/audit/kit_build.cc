@@ -15,7 +15,6 @@ using state_internal::Json;
 
 constexpr std::string_view kConfigName = "config.yaml";
 constexpr std::string_view kDataDir = "data";
-constexpr std::string_view kCheckpointsDir = "checkpoints";
 
 struct PublishedCheckpoint {
   uint64_t step = 0;
@@ -32,15 +31,15 @@ struct PublishedCheckpoint {
 PublishedCheckpoint ReadPublishedCheckpoint(const fs::path& dir, uint64_t expected_step) {
   const CheckpointIndex index = OpenCheckpoint(dir);
   if (index.state.step != expected_step) {
-    Fail("{}: field \"step\" is {} but the directory is step {}", (dir / "meta.json").string(),
+    Fail("{}: field \"step\" is {} but the directory is step {}", (dir / RunLayout::kMeta).string(),
          index.state.step, expected_step);
   }
   PublishedCheckpoint c{index.state.step, dir, index.state_hash, index.state.descriptor, {}};
   for (const CheckpointIndex::File& f : index.files) {
     if (!f.path.empty()) c.files.push_back(f.path.filename().string());  // grads: with kFull only
   }
-  c.files.push_back("meta.json");
-  c.files.push_back("COMPLETE");
+  c.files.emplace_back(RunLayout::kMeta);
+  c.files.emplace_back(RunLayout::kComplete);
   return c;
 }
 
@@ -108,7 +107,7 @@ Trajectory BuildKit(const BuildOptions& options) {
     Fail("--out {}: already exists (a kit is built into a new directory)",
          options.out_dir.string());
   }
-  const fs::path hashes_path = options.run_dir / "state_hashes.jsonl";
+  const fs::path hashes_path = RunLayout{options.run_dir}.hashes();
   const std::vector<StateHashLine> lines = ReadStateHashLines(hashes_path);
   if (lines.empty()) Fail("{}: no line for step 0 (the init)", hashes_path.string());
   // Every checkpoint must attest the chain it is published with (its hash and prev_hash).
@@ -116,7 +115,7 @@ Trajectory BuildKit(const BuildOptions& options) {
   std::map<uint64_t, Digest> chain;
   for (const StateHashLine& line : lines) chain[line.step] = line.hash;
   // A signed run's signatures go into the kit; they must verify and sign this very chain.
-  const fs::path signatures = options.run_dir / kSignaturesName;
+  const fs::path signatures = RunLayout{options.run_dir}.signatures();
   if (fs::exists(signatures)) {
     const SignedChain signed_chain = ReadSignedChain(signatures);
     if (const auto problems = VerifySignedChain(signed_chain, nullptr); !problems.empty()) {
@@ -154,7 +153,7 @@ Trajectory BuildKit(const BuildOptions& options) {
          options.run_dir.string());
   }
   const std::string& descriptor = checkpoints.front().descriptor;
-  const std::string descriptor_what = (checkpoints.front().dir / "meta.json").string() +
+  const std::string descriptor_what = (checkpoints.front().dir / RunLayout::kMeta).string() +
                                       ": field \"descriptor\"";
   const Json descriptor_json = state_internal::ParseJsonStrict(descriptor, descriptor_what);
   if (!descriptor_json.is_object()) Fail("{}: not a JSON object", descriptor_what);
@@ -184,13 +183,13 @@ Trajectory BuildKit(const BuildOptions& options) {
          train::RunDescriptor(config, dataset), descriptor);
   }
 
-  const std::map<uint64_t, double> step_seconds = ReadStepSeconds(options.run_dir / "metrics.jsonl");
+  const std::map<uint64_t, double> step_seconds = ReadStepSeconds(RunLayout{options.run_dir}.metrics());
   auto interval_seconds = [&](uint64_t start, uint64_t until) {
     double total = 0;
     for (uint64_t s = start + 1; s <= until; ++s) {
       const auto it = step_seconds.find(s);
       if (it == step_seconds.end()) {
-        Fail("{}: no line for step {}", (options.run_dir / "metrics.jsonl").string(), s);
+        Fail("{}: no line for step {}", RunLayout{options.run_dir}.metrics().string(), s);
       }
       total += it->second;
     }
@@ -208,7 +207,7 @@ Trajectory BuildKit(const BuildOptions& options) {
   init.expected_hash = chain.at(0);
   trajectory.units.push_back(init);
   auto kit_checkpoint = [](const PublishedCheckpoint& c) {
-    return fmt::format("{}/{}", kCheckpointsDir, c.dir.filename().string());
+    return RunLayout{}.checkpoint(c.step).generic_string();  // the kit keeps the run's layout
   };
   for (size_t i = 0; i + 1 < checkpoints.size(); ++i) {
     const PublishedCheckpoint &from = checkpoints[i], &to = checkpoints[i + 1];

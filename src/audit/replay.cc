@@ -40,17 +40,17 @@ uint64_t LargestTensorBytes(const ModelConfig& model) {
 // order and packed starts), one microbatch of tokens, and the fused cross-entropy's logit
 // chunk with its per-row lane states.
 uint64_t StepScratchBytes(const RunConfig& config, const data::Dataset& dataset) {
-  constexpr uint64_t kCachedEpochs = 2, kLanes = 16;
   const uint64_t rows = static_cast<uint64_t>(config.train.microbatch * config.model.seq_len);
   // The head's logit chunk, unless the model keeps all the logits in its arena.
   const uint64_t chunk =
       KeepsLogits(static_cast<int64_t>(rows), config.model.vocab)
           ? 0
           : static_cast<uint64_t>(std::min(config.train.vocab_chunk, config.model.vocab));
-  return kCachedEpochs * dataset.num_documents() * (sizeof(uint32_t) + sizeof(uint64_t)) +
+  return data::TokenStream::kCachedEpochs * dataset.num_documents() *
+             (sizeof(uint32_t) + sizeof(uint64_t)) +
          static_cast<uint64_t>(config.train.microbatch * (config.model.seq_len + 1)) *
              sizeof(uint32_t) +
-         rows * (chunk + 2 * kLanes) * sizeof(float);
+         rows * (chunk + 2 * rk::kReductionLanes) * sizeof(float);
 }
 
 // Prints the plan and refuses (unless forced) one the machine cannot hold now.
@@ -122,8 +122,8 @@ ReplayResult ReplayInit(const ReplayOptions& o) {
 std::optional<fs::path> ChainOfCheckpoint(const fs::path& checkpoint) {
   fs::path dir = fs::absolute(checkpoint).lexically_normal();
   if (dir.filename().empty()) dir = dir.parent_path();  // "…/step_000000010/"
-  if (dir.parent_path().filename() != "checkpoints") return std::nullopt;
-  const fs::path chain = dir.parent_path().parent_path() / "state_hashes.jsonl";
+  if (dir.parent_path().filename() != RunLayout{}.checkpoints()) return std::nullopt;
+  const fs::path chain = RunLayout{dir.parent_path().parent_path()}.hashes();
   if (!fs::is_regular_file(chain)) return std::nullopt;
   return chain;
 }
@@ -326,16 +326,7 @@ ReplayResult ReplayInterval(const ReplayOptions& o) {
     }
     Note(fmt::format("step {}/{}  loss {:.6f}  grad_norm {:.6f}  {:.2f} s{}", r.step, o.until_step,
                      r.loss, r.grad_norm, r.seconds, r.skipped ? "  SKIPPED (spike)" : ""));
-    if (loss_log) {
-      const nlohmann::ordered_json line = {{"step", r.step},
-                                           {"loss", r.loss},
-                                           {"zloss", r.zloss},
-                                           {"grad_norm", r.grad_norm},
-                                           {"lr", r.lr},
-                                           {"skipped", r.skipped},
-                                           {"state_hash", ToHex(trainer.hash())}};
-      loss_log->Write(line.dump() + "\n");
-    }
+    if (loss_log) loss_log->Write(train::MetricsLineJson(r, trainer.state(), &trainer.hash()) + "\n");
     if (r.halt && r.step < o.until_step) {
       Fail("the spike protocol halts the run at step {} ({} skips within {} steps), before "
            "--until-step {}: the published run cannot have continued past it",

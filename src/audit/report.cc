@@ -195,14 +195,14 @@ Source ReadSource(const fs::path& dir) {
     }
     return s;
   }
-  if (!fs::exists(dir / "state_hashes.jsonl")) {
+  if (!fs::exists(RunLayout{dir}.hashes())) {
     Fail("{}: neither a run directory (state_hashes.jsonl) nor a kit (kit.json)", dir.string());
   }
   s.kind = "run";
   // A run killed mid-append may end in a torn line: the page shows the steps before it.
-  s.chain = ReadStateHashLines(dir / "state_hashes.jsonl", TornLine::kDrop);
-  if (fs::exists(dir / "metrics.jsonl")) {
-    s.metrics = train::ReadMetrics(dir / "metrics.jsonl", TornLine::kDrop);
+  s.chain = ReadStateHashLines(RunLayout{dir}.hashes(), TornLine::kDrop);
+  if (fs::exists(RunLayout{dir}.metrics())) {
+    s.metrics = train::ReadMetrics(RunLayout{dir}.metrics(), TornLine::kDrop);
   }
   for (const uint64_t step : CompleteCheckpointSteps(dir)) {
     const CheckpointIndex index = OpenCheckpoint(CheckpointDir(dir, step));

@@ -10,7 +10,6 @@ namespace {
 // Philox counter word 3 of every shuffle draw: separates these draws from any other Philox
 // stream keyed by the same seed. ASCII "shuf", little-endian.
 constexpr uint32_t kShuffleTag = 0x66756873;
-constexpr size_t kCachedEpochs = 2;  // a window spanning an epoch boundary touches two
 }  // namespace
 
 struct TokenStream::Epoch {

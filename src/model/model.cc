@@ -8,14 +8,16 @@
 #include "lockstep/core.h"
 #include "lockstep/kernels.h"
 #include "lockstep/model.h"
+#include "model/layer_tensors.h"
 
 namespace lockstep {
 namespace {
 
-// Index of each tensor in ParameterSpecs order.
-constexpr size_t kAttnNorm = 0, kWq = 1, kWk = 2, kWv = 3, kWo = 4, kFfnNorm = 5, kWGateUp = 6,
-                 kWDown = 7, kTensorsPerLayer = 8;
+using model_internal::kAttnNorm, model_internal::kWq, model_internal::kWk, model_internal::kWv,
+    model_internal::kWo, model_internal::kFfnNorm, model_internal::kWGateUp,
+    model_internal::kWDown, model_internal::kTensorsPerLayer;
 
+// Index of each tensor in ParameterSpecs order.
 struct ParamIndex {
   size_t tok, emb_norm, first_layer, final_norm, output;
   explicit ParamIndex(const ModelConfig& c)
@@ -76,6 +78,22 @@ Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int6
          config.seq_len);
   }
   rope_ = rk::MakeRopeTable(config.seq_len, config.head_dim, static_cast<float>(config.rope_theta));
+  // ParamIndex's positions are ParameterSpecs's order, tensor by tensor.
+  const ParamIndex P(config);
+  const auto at = [&](size_t i, std::string_view name) {
+    LOCKSTEP_CHECK(i < specs_.size() && specs_[i].name == name, "ParamIndex: {} at {}", name, i);
+  };
+  at(P.tok, "tok_embeddings.weight");
+  if (config.embedding_norm) at(P.emb_norm, "emb_norm.weight");
+  for (int64_t l = 0; l < config.n_layers; ++l) {
+    for (size_t which = 0; which < kTensorsPerLayer; ++which) {
+      at(P.Layer(l, which),
+         fmt::format("layers.{}.{}", l, model_internal::kLayerTensorNames[which]));
+    }
+  }
+  at(P.final_norm, "final_norm.weight");
+  at(P.output, "output.weight");
+  LOCKSTEP_CHECK(P.output + 1 == specs_.size(), "ParamIndex: {} tensors", specs_.size());
 
   // Plan the arena: every buffer starts on a 64-byte boundary.
   int64_t end = 0;

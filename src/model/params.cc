@@ -8,6 +8,7 @@
 #include "lockstep/core.h"
 #include "lockstep/kernels.h"
 #include "lockstep/model.h"
+#include "model/layer_tensors.h"
 
 namespace lockstep {
 
@@ -27,15 +28,19 @@ std::vector<ParamSpec> ParameterSpecs(const ModelConfig& c) {
   matrix("tok_embeddings.weight", c.vocab, d, /*decay=*/false);
   if (c.embedding_norm) gain("emb_norm.weight");
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    gain(p + "attn_norm.weight");
-    matrix(p + "attn.wq.weight", q_dim, d);
-    matrix(p + "attn.wk.weight", kv_dim, d);
-    matrix(p + "attn.wv.weight", kv_dim, d);
-    matrix(p + "attn.wo.weight", d, q_dim);
-    gain(p + "ffn_norm.weight");
-    matrix(p + "ffn.w_gate_up.weight", 2 * c.ffn_hidden, d);  // gate rows, then up rows
-    matrix(p + "ffn.w_down.weight", d, c.ffn_hidden);
+    for (size_t which = 0; which < model_internal::kTensorsPerLayer; ++which) {
+      const std::string name = fmt::format("layers.{}.{}", l, model_internal::kLayerTensorNames[which]);
+      switch (static_cast<model_internal::LayerTensor>(which)) {
+        case model_internal::kAttnNorm:
+        case model_internal::kFfnNorm: gain(name); break;
+        case model_internal::kWq: matrix(name, q_dim, d); break;
+        case model_internal::kWk:
+        case model_internal::kWv: matrix(name, kv_dim, d); break;
+        case model_internal::kWo: matrix(name, d, q_dim); break;
+        case model_internal::kWGateUp: matrix(name, 2 * c.ffn_hidden, d); break;  // gate, then up
+        case model_internal::kWDown: matrix(name, d, c.ffn_hidden); break;
+      }
+    }
   }
   gain("final_norm.weight");
   matrix("output.weight", c.vocab, d);

@@ -21,13 +21,13 @@
 namespace lockstep {
 namespace {
 namespace fs = std::filesystem;
-using state_internal::Json, state_internal::kDigestArrays, state_internal::kStateArrays;
+using state_internal::Json, state_internal::kStateArrays;
 
-constexpr char kModelFile[] = "model.safetensors";
-constexpr char kOptimizerFile[] = "optimizer.safetensors";
-constexpr char kGradsFile[] = "grads.safetensors";
-constexpr char kMetaFile[] = "meta.json";
-constexpr char kCompleteFile[] = "COMPLETE";
+constexpr const char* kModelFile = RunLayout::kModel;
+constexpr const char* kOptimizerFile = RunLayout::kOptimizer;
+constexpr const char* kGradsFile = RunLayout::kGrads;
+constexpr const char* kMetaFile = RunLayout::kMeta;
+constexpr const char* kCompleteFile = RunLayout::kComplete;
 constexpr char kMetaFormat[] = "lockstep-checkpoint";
 constexpr char kCompleteFormat[] = "lockstep-checkpoint-complete";
 constexpr char kTempPrefix[] = ".tmp-";
@@ -442,8 +442,10 @@ void Commit(const fs::path& temp_dir, const fs::path& final_dir, const std::stri
 }
 }  // namespace
 
+fs::path RunLayout::checkpoint(uint64_t step) const { return checkpoints() / StepDirName(step); }
+
 fs::path CheckpointDir(const fs::path& run_dir, uint64_t step) {
-  return run_dir / "checkpoints" / StepDirName(step);
+  return RunLayout{run_dir}.checkpoint(step);
 }
 
 WrittenCheckpoint WriteCheckpointStreamed(const fs::path& run_dir, const StepState& state,
@@ -856,7 +858,7 @@ StateHash VerifyStreamedHash(const CheckpointIndex& index, StateHash recomputed)
 }
 
 std::vector<uint64_t> CompleteCheckpointSteps(const fs::path& run_dir) {
-  const fs::path parent = run_dir / "checkpoints";
+  const fs::path parent = RunLayout{run_dir}.checkpoints();
   std::vector<uint64_t> steps;
   if (!fs::is_directory(parent)) return steps;
   std::error_code list_error;
@@ -877,7 +879,7 @@ std::vector<uint64_t> CompleteCheckpointSteps(const fs::path& run_dir) {
 std::optional<fs::path> LatestCompleteCheckpoint(const fs::path& run_dir) {
   const std::vector<uint64_t> steps = CompleteCheckpointSteps(run_dir);
   if (steps.empty()) return std::nullopt;
-  return run_dir / "checkpoints" / StepDirName(steps.back());
+  return CheckpointDir(run_dir, steps.back());
 }
 
 }  // namespace lockstep

@@ -51,8 +51,6 @@ uint64_t ElementCount(const std::vector<int64_t>& shape, std::string_view what);
 static_assert(static_cast<int>(StateArray::kGrad) + 1 == kStateArrayCount);
 inline constexpr std::array<std::span<const float> TensorState::*, kStateArrayCount>
     kStateArrays = {&TensorState::param, &TensorState::m, &TensorState::v, &TensorState::grad};
-inline constexpr std::array<Digest TensorDigest::*, kStateArrayCount> kDigestArrays = {
-    &TensorDigest::param, &TensorDigest::m, &TensorDigest::v, &TensorDigest::grad};
 
 // Fails naming the tensor when its name is empty or an array's size does not match its shape
 // (a gradient may instead be known by its grad_digest alone).

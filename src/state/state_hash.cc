@@ -18,7 +18,6 @@ namespace {
 constexpr std::string_view kStateHashTag{"lockstep/state-hash/v2\0", 23};
 static_assert(kStateHashFormatVersion == 2, "the tag names the layout's version");
 
-using state_internal::kDigestArrays;
 using state_internal::kStateArrays;
 
 Digest DigestOf(std::string_view text) { return Blake2b().Update(text).Final(); }

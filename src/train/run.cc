@@ -48,22 +48,9 @@ class MetricsLog {
     fs::rename(tmp, path_);
   }
 
-  void Append(const StepReport& r, const StepState& state, uint64_t total_tokens) {
-    const nlohmann::json j = {{"step", r.step},
-                              {"loss", r.loss},
-                              {"zloss", r.zloss},
-                              {"grad_norm", r.grad_norm},
-                              {"clip_factor", r.clip_factor},
-                              {"lr", r.lr},
-                              {"skipped", r.skipped},
-                              {"tokens", total_tokens},
-                              {"tokens_blake2b", ToHex(state.tokens_digest)},
-                              {"step_seconds", r.seconds},
-                              {"tokens_per_second", r.tokens / r.seconds},
-                              {"comm_seconds", r.comm_seconds},
-                              {"comm_bytes", r.comm_bytes}};
+  void Append(const StepReport& r, const StepState& state) {
     File log = File::OpenForAppend(path_);
-    log.Write(j.dump() + "\n");
+    log.Write(MetricsLineJson(r, state) + "\n");
     log.Close();
   }
 
@@ -115,6 +102,24 @@ void PrintLossCurve(const fs::path& metrics_path, double unigram_entropy) {
 }
 
 }  // namespace
+
+std::string MetricsLineJson(const StepReport& r, const StepState& state, const Digest* state_hash) {
+  nlohmann::json j = {{"step", r.step},
+                      {"loss", r.loss},
+                      {"zloss", r.zloss},
+                      {"grad_norm", r.grad_norm},
+                      {"clip_factor", r.clip_factor},
+                      {"lr", r.lr},
+                      {"skipped", r.skipped},
+                      {"tokens", r.step * static_cast<uint64_t>(r.tokens)},
+                      {"tokens_blake2b", ToHex(state.tokens_digest)},
+                      {"step_seconds", r.seconds},
+                      {"tokens_per_second", static_cast<double>(r.tokens) / r.seconds},
+                      {"comm_seconds", r.comm_seconds},
+                      {"comm_bytes", r.comm_bytes}};
+  if (state_hash != nullptr) j["state_hash"] = ToHex(*state_hash);
+  return j.dump();
+}
 
 std::vector<MetricsLine> ReadMetrics(const fs::path& path, TornLine torn) {
   const std::vector<std::string> lines = LogLines(path, torn == TornLine::kDrop);
@@ -248,8 +253,8 @@ int Train(const TrainOptions& options, Comm& comm) {
              {"--spill-dir", options.spill_dir ? "given" : "not given"},
              {"--test-fault-* flags", FaultsText(options.faults)}});
   const Storage storage{options.spill_dir, options.activations};
-  const fs::path hashes_path = options.run_dir / "state_hashes.jsonl";
-  const fs::path metrics_path = options.run_dir / "metrics.jsonl";
+  const fs::path hashes_path = RunLayout{options.run_dir}.hashes();
+  const fs::path metrics_path = RunLayout{options.run_dir}.metrics();
   if (options.executor != nullptr) {
     AgreeOrFail(comm, [&] {
       PlanDeviceMemory(config, storage, comm.size(), comm.rank(),
@@ -292,7 +297,7 @@ int Train(const TrainOptions& options, Comm& comm) {
                        "gradients and moments (docs/distributed.md)");
   }
   MetricsLog metrics(metrics_path);
-  const fs::path signatures_path = options.run_dir / "signatures.jsonl";
+  const fs::path signatures_path = RunLayout{options.run_dir}.signatures();
   std::optional<ChainSigner> signer;
   AgreeOrFail(comm, [&] {
     if (options.sign_key && writer) signer.emplace(signatures_path, *options.sign_key);
@@ -334,7 +339,7 @@ int Train(const TrainOptions& options, Comm& comm) {
   } else {
     AgreeOrFail(comm, [&] {
       if (!writer) return;
-      if (fs::exists(hashes_path) || fs::exists(options.run_dir / "checkpoints")) {
+      if (fs::exists(hashes_path) || fs::exists(RunLayout{options.run_dir}.checkpoints())) {
         Fail("{} already holds a run (state_hashes.jsonl or checkpoints/): {}",
              options.run_dir.string(),
              LatestCompleteCheckpoint(options.run_dir)
@@ -360,15 +365,13 @@ int Train(const TrainOptions& options, Comm& comm) {
   const uint64_t first = trainer.state().step;
   const OpExecutor::Traffic device_before =
       options.executor != nullptr ? options.executor->traffic() : OpExecutor::Traffic{};
-  uint64_t tokens = trainer.state().step * static_cast<uint64_t>(trainer.tokens_per_step());
   int exit_code = 0;
   while (trainer.state().step < target) {
     const StepReport r = trainer.Step();
-    tokens += static_cast<uint64_t>(r.tokens);
     if (writer) {
       AppendStateHashLine(hashes_path, {r.step, trainer.hash()});
       if (signer) signer->Line(r.step, trainer.hash());
-      metrics.Append(r, trainer.state(), tokens);
+      metrics.Append(r, trainer.state());
     }
     const bool last = r.step == target || r.halt;
     if (last || (config.train.ckpt_every > 0 && r.step % config.train.ckpt_every == 0)) {

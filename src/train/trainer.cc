@@ -435,9 +435,9 @@ uint64_t Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_templat
   std::vector<TensorDigest> digests;
   for (size_t i = 0; i < specs_.size(); ++i) {
     TensorDigest t{specs_[i].name, specs_[i].shape};
-    Digest* fields[kStateArrayCount] = {&t.param, &t.m, &t.v, &t.grad};
     for (int a = 0; a < kStateArrayCount; ++a) {
-      *fields[a] = ArrayDigestFromChunks(static_cast<uint64_t>(specs_[i].numel()), chunks[i][a]);
+      t.*kDigestArrays[a] =
+          ArrayDigestFromChunks(static_cast<uint64_t>(specs_[i].numel()), chunks[i][a]);
     }
     digests.push_back(std::move(t));
   }
@@ -572,7 +572,7 @@ void Trainer::CheckRestorable(const CheckpointIndex& checkpoint) const {
          "checkpoint was trained with)\n  checkpoint: {}\n  this run:   {}",
          where, checkpoint.state.descriptor, state_.descriptor);
   }
-  CheckScalars(checkpoint.state, config_, specs_, checkpoint.dir / "meta.json");
+  CheckScalars(checkpoint.state, config_, specs_, checkpoint.dir / RunLayout::kMeta);
   if (checkpoint.tensors.size() != specs_.size()) {
     Fail("{}: holds {} tensors, the model has {}", where, checkpoint.tensors.size(),
          specs_.size());

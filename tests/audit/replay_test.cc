@@ -181,6 +181,21 @@ TEST_F(Audit, IntervalReplayMatchesTheChainAtOneAndTwoThreads) {
     }
     const std::string log = ReadFileText(losses);
     EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 10);
+    // Its lines are the run's metrics.jsonl lines, timings aside, with the step's state hash.
+    const std::vector<std::string> published = Lines(ReadFileText(Run() / "metrics.jsonl"));
+    for (const std::string& line : Lines(log)) {
+      Json got = Json::parse(line);
+      const auto step = got.at("step").get<uint64_t>();
+      ASSERT_LE(step, published.size());
+      Json want = Json::parse(published[step - 1]);
+      EXPECT_EQ(got.at("state_hash"), ChainHash(Run(), step));
+      for (const char* other : {"step_seconds", "tokens_per_second", "comm_seconds",
+                                "state_hash"}) {
+        got.erase(other);
+        want.erase(other);
+      }
+      EXPECT_EQ(got, want) << "step " << step;
+    }
   }
 }
 
