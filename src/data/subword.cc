@@ -4,6 +4,7 @@
 #include <sentencepiece_trainer.h>
 
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,27 @@ class SentencePieceTokenizer final : public Tokenizer {
   Vocabulary vocabulary_;
 };
 
+// SentencePiece's training errors name its own source lines and options; the two a user meets,
+// a vocabulary the inputs cannot hold or cannot fill, are told in --vocab terms with the sizes
+// that work (the numbers are in its message), the rest passed on as they are.
+[[noreturn]] void FailTraining(const std::string& message, uint64_t vocab,
+                               std::string_view model_type) {
+  static const std::regex too_small(R"(smaller than required_chars\. \d+ vs (\d+))");
+  static const std::regex too_large(R"(too high \(\d+\)\. Please set it to a value <= (\d+))");
+  std::smatch m;
+  if (std::regex_search(message, m, too_small)) {
+    Fail("tokenizer train: --vocab {} is too small for these inputs: their distinct characters, "
+         "the 256 byte pieces and the special pieces need at least {}; use --vocab {} or more",
+         vocab, m[1].str(), m[1].str());
+  }
+  if (std::regex_search(message, m, too_large)) {
+    Fail("tokenizer train: --vocab {} is more pieces than these inputs can fill with --model {}: "
+         "at most {}; use --vocab {} or less, or give more text",
+         vocab, model_type, m[1].str(), m[1].str());
+  }
+  Fail("tokenizer train: SentencePiece failed: {}", message);
+}
+
 }  // namespace
 
 std::unique_ptr<Tokenizer> OpenTokenizer(const fs::path& path) {
@@ -126,7 +148,7 @@ fs::path TrainTokenizer(std::span<const fs::path> inputs, uint64_t vocab, std::s
   std::string model;
   const sentencepiece::util::Status status =
       sentencepiece::SentencePieceTrainer::Train(options, &sentences, &model);
-  if (!status.ok()) Fail("tokenizer train: SentencePiece failed: {}", status.ToString());
+  if (!status.ok()) FailTraining(status.ToString(), vocab, model_type);
   fs::create_directories(out_dir);
   const fs::path path = out_dir / kModelName;
   WriteFileSynced(path, std::span(reinterpret_cast<const uint8_t*>(model.data()), model.size()));
