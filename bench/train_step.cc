@@ -171,7 +171,7 @@ Measurement Measure(const RunConfig& config, const data::Dataset& dataset, int t
   }
   for (size_t i = 0; i < arrays.size(); ++i) {
     tensors.push_back({trainer.tensors()[i].name, trainer.tensors()[i].shape, arrays[i][0],
-                       arrays[i][1], arrays[i][2], arrays[i][3]});
+                       arrays[i][1], arrays[i][2], arrays[i][3], {}});
   }
   const auto start = std::chrono::steady_clock::now();
   m.final_hash = lockstep::ComputeStateHash(trainer.state(), tensors);

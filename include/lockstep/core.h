@@ -167,11 +167,16 @@ uint64_t MemAvailableBytes();  // MemAvailable of /proc/meminfo
 std::string MiB(uint64_t bytes);
 
 // ---- progress -------------------------------------------------------------------------------
-// A progress line on stderr for long work ("label: 37% (2.4 / 6.4 GiB, 12 s)"): on a terminal
-// one line redrawn at most every 0.2 s, in a log a line per 10 %. Disabled: prints nothing.
+// A progress line on stderr for long work ("label: 37% (2.4 / 6.4 GiB, 12 s, 20 s left)"): on a
+// terminal one line redrawn at most every 0.2 s, in a log a line per 10 %. Disabled: prints
+// nothing.
 class ProgressLine {
  public:
   ProgressLine(std::string label, uint64_t total_bytes, bool enabled);
+  // Counting `unit` (e.g. "microbatches") instead of bytes, and drawing nothing before
+  // `delay_seconds` have passed: work that ends sooner prints nothing.
+  ProgressLine(std::string label, uint64_t total, bool enabled, std::string unit,
+               double delay_seconds);
   void Add(uint64_t bytes);  // thread-compatible, not thread-safe
   void Finish();             // the final line; also done by the destructor if not called
 
@@ -181,11 +186,11 @@ class ProgressLine {
 
  private:
   void Draw(bool final);
-  std::string label_;
+  std::string label_, unit_;  // unit_ empty: bytes
   uint64_t total_, done_ = 0;
-  bool enabled_, terminal_, finished_ = false;
+  bool enabled_, terminal_, finished_ = false, drawn_ = false;
   int last_decile_ = -1;
-  double start_, last_draw_ = -1;
+  double start_, delay_ = 0, last_draw_ = -1;
 };
 
 // ---- files ----------------------------------------------------------------------------------

@@ -241,8 +241,9 @@ class Trainer {
                         std::optional<std::span<const size_t>> tensors = std::nullopt);
   // Microbatch group g (its microbatches' windows from `cursor`) forward and backward into
   // `access`; returns each microbatch's (loss, zloss) sums and appends its tokens to `tokens`.
+  // Each microbatch done is added to `progress`.
   std::vector<float> RunGroup(int64_t g, uint64_t cursor, TensorAccess& access,
-                              std::vector<uint32_t>& tokens);
+                              std::vector<uint32_t>& tokens, ProgressLine& progress);
   // Adds the gradients of round j's groups (in the group buffer of each rank) into the owners'
   // gradients, in group order.
   void FoldRound(int64_t round);

@@ -159,7 +159,11 @@ void RunAdamW(const OpValues& in, OpValues& out) {
 
 // ---- samples: small ragged shapes with the special values ---------------------------------------
 
-OpValues With(std::map<std::string, double, std::less<>> args) { return {.args = std::move(args)}; }
+OpValues With(std::map<std::string, double, std::less<>> args) {
+  OpValues v;
+  v.args = std::move(args);
+  return v;
+}
 
 OpValues SampleEmbeddingFwd() {
   OpValues v = With({{"vocab", 50}, {"d", 37}});

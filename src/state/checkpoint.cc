@@ -654,7 +654,9 @@ CheckpointIndex OpenCheckpoint(const fs::path& dir) {
                         .state_hash = meta.state_hash,
                         .tensors = {},
                         .grad_digests = std::move(meta.grad_digests),
-                        .gradients = listing.gradients};
+                        .gradients = listing.gradients,
+                        .files = {},
+                        .offsets = {}};
   std::array<std::vector<state_internal::SafetensorsEntry>, 3> entries;
   std::array<std::vector<TensorShape>, 3> shapes;
   for (size_t f = 0; f < kTensorFiles.size(); ++f) {

@@ -836,7 +836,7 @@ class ShardedAccess final : public TensorAccess {
 }  // namespace
 
 std::vector<float> Trainer::RunGroup(int64_t group, uint64_t cursor, TensorAccess& access,
-                                     std::vector<uint32_t>& tokens) {
+                                     std::vector<uint32_t>& tokens, ProgressLine& progress) {
   const TrainConfig& tc = config_.train;
   const int64_t seq = config_.model.seq_len, per_group = tc.microbatches / tc.grad_groups;
   const float inv_tokens = 1.0f / static_cast<float>(tokens_per_step());
@@ -857,6 +857,7 @@ std::vector<float> Trainer::RunGroup(int64_t group, uint64_t cursor, TensorAcces
     const LossSums s = model_.ForwardBackward(access, tokens_, inv_tokens, k > 0);
     sums.push_back(s.loss);
     sums.push_back(s.zloss);
+    progress.Add(1);
   }
   return sums;
 }
@@ -926,7 +927,6 @@ StepReport Trainer::Step() {
   const auto start = std::chrono::steady_clock::now();
   const Comm::Traffic traffic = comm_.traffic();
   const TrainConfig& tc = config_.train;
-  const int64_t seq = config_.model.seq_len, batch = tc.microbatch;
   StepReport report;
   report.step = state_.step + 1;
   report.lr = LearningRate(tc, static_cast<int64_t>(report.step));
@@ -946,6 +946,10 @@ StepReport Trainer::Step() {
   // one process, one round: nothing changes a gradient after the Model closes it).
   std::vector<std::vector<double>> squares(specs_.size());
   const bool spilled = store_->location() == StateStore::Location::kDisk;
+  // A long step shows its microbatches going by; one done within 2 s prints nothing.
+  ProgressLine microbatches(fmt::format("step {}: forward and backward", report.step),
+                            static_cast<uint64_t>(rounds * per_group), progress_, "microbatches",
+                            /*delay_seconds=*/2);
   for (int64_t round = 0; round < rounds; ++round) {
     const int64_t group = round * ranks_ + rank_;
     comm_.set_phase(fmt::format("step {}: microbatch group {}", report.step, group));
@@ -953,21 +957,21 @@ StepReport Trainer::Step() {
     std::vector<float> group_sums;
     if (ranks_ == 1 && rounds == 1 && spilled) {
       SquaringAccess access(*store_, specs_.size());
-      group_sums = RunGroup(group, cursor, access, tokens);  // accumulates in place
+      group_sums = RunGroup(group, cursor, access, tokens, microbatches);  // adds in place
       squares = access.TakeSquares();
     } else if (ranks_ == 1 && round == 0) {
-      group_sums = RunGroup(group, cursor, *store_, tokens);  // accumulates in place
+      group_sums = RunGroup(group, cursor, *store_, tokens, microbatches);  // adds in place
     } else if (sharded_) {
       ShardedAccess access(*store_, *exchange_, hooks_.executor, round, param_chunks_,
                            faults_.replica && faults_.replica->rank == rank_ &&
                                faults_.replica->step == report.step && round == 0);
-      group_sums = RunGroup(group, cursor, access, tokens);
+      group_sums = RunGroup(group, cursor, access, tokens, microbatches);
       exchange_->StopOnDivergedCopies(
           access.diverged(),
           [&](size_t i) -> const std::vector<Digest>& { return param_chunks_[i]; }, report.step);
     } else {
       GroupAccess access(*store_, *group_);
-      group_sums = RunGroup(group, cursor, access, tokens);
+      group_sums = RunGroup(group, cursor, access, tokens, microbatches);
     }
     const std::vector<uint32_t> round_tokens = exchange_->AllgatherInRankOrder(
         tokens, tokens.size() * static_cast<size_t>(ranks_));
@@ -991,6 +995,7 @@ StepReport Trainer::Step() {
   //    kNormBlock blocks it holds; the block sums are shared and added in parameter order. A NaN
   //    gradient (whose bits the kernels do not fix) is made the canonical NaN here, before
   //    anything hashes or writes it; the scan runs only in a piece whose sums hold a NaN.
+  microbatches.Finish();
   phases.Start("global norm");
   comm_.set_phase(fmt::format("step {}: global norm", report.step));
   if (hooks_.observer != nullptr) hooks_.observer->Context(report.step, -1);

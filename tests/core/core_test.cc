@@ -73,6 +73,28 @@ TEST(ParallelForEachThread, RunsEachThreadIndexOnceOnTheSameThreadEveryCall) {
   SetThreads(1);
 }
 
+// A progress line in units (stderr is not a terminal here: a line per tenth): the count, the
+// unit, the time left; with a delay, work that ends sooner prints nothing at all.
+TEST(ProgressLine, CountsUnitsWithTheTimeLeftAndStaysQuietForShortWork) {
+  ::testing::internal::CaptureStderr();
+  {
+    ProgressLine line("step 7: forward and backward", 4, true, "microbatches", 0);
+    for (int i = 0; i < 4; ++i) line.Add(1);
+  }
+  const std::string shown = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(shown.find("step 7: forward and backward:  25% (1 / 4 microbatches, "),
+            std::string::npos)
+      << shown;
+  EXPECT_NE(shown.find("s left)"), std::string::npos) << shown;
+  EXPECT_NE(shown.find("100% (4 / 4 microbatches, "), std::string::npos) << shown;
+  ::testing::internal::CaptureStderr();
+  {
+    ProgressLine quiet("short", 4, true, "microbatches", 3600);
+    for (int i = 0; i < 4; ++i) quiet.Add(1);
+  }
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+}
+
 TEST(FloatingPoint, IeeeByDefault) { EXPECT_NO_THROW(RequireIeeeFloatingPoint()); }
 
 #if defined(__x86_64__)

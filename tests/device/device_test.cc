@@ -277,7 +277,9 @@ TEST_F(DeviceTest, BadInputIsRefusedBeforeAnythingRuns) {
   EXPECT_THROW(dev_->set_gemm_tiling({32, 32, 3, 2, 16}), Error);  // 32 is not a multiple of 3
   EXPECT_THROW(dev_->set_gemm_tiling({32, 32, 2, 2, 24}), Error);  // 24 does not divide 256
   for (const rk::OpSpec& spec : rk::OpTable()) {
-    if (!dev_->Implements(spec.op)) EXPECT_THROW(dev_->Run(spec.op, spec.sample(), out), Error);
+    if (!dev_->Implements(spec.op)) {
+      EXPECT_THROW(dev_->Run(spec.op, spec.sample(), out), Error);
+    }
   }
 }
 

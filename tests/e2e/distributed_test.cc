@@ -303,7 +303,7 @@ TEST_F(Distributed, AHungRankStopsTheRunWithinTheTimeout) {
 // In both layouts: a copy gathered in a fully sharded forward, and a replica broadcast after the
 // update (spilled ranks keep every parameter on every rank).
 TEST_F(Distributed, ADivergentReplicaIsNamedWithItsRankStepAndTensor) {
-  for (const std::string layout : {std::string(), " --spill-dir " + Run("spill")}) {
+  for (const std::string& layout : {std::string(), " --spill-dir " + Run("spill")}) {
     SCOPED_TRACE(layout);
     fs::remove_all(dir_ / "faulty");
     const Result r = Mpi(2, TrainArgs("faulty", "--test-corrupt-replica 1:3" + layout));

@@ -100,7 +100,7 @@ struct SampleState {
 
   std::vector<TensorState> Tensors() const {
     std::vector<TensorState> tensors;
-    for (const Arrays& a : arrays) tensors.push_back({a.name, a.shape, a.param, a.m, a.v, a.grad});
+    for (const Arrays& a : arrays) tensors.push_back({a.name, a.shape, a.param, a.m, a.v, a.grad, {}});
     return tensors;
   }
 

@@ -76,7 +76,7 @@ class SpillStoreTest : public ::testing::Test {
       for (int a = 0; a < kStateArrayCount; ++a) {
         d[a] = Random(specs[i].numel(), seed * static_cast<uint32_t>(i) + a);
       }
-      c.tensors.push_back({specs[i].name, specs[i].shape, d[0], d[1], d[2], d[3]});
+      c.tensors.push_back({specs[i].name, specs[i].shape, d[0], d[1], d[2], d[3], {}});
     }
     c.state.step = step;
     c.state.descriptor = "{}";
