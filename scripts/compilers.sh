@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The numerics contract across compilers: builds the lockstep binary with Clang (build-clang)
-# beside the GCC build (build), trains `tiny` 20 steps with each, and requires both chains to equal
+# The numerics contract across compilers: builds the lockstep binary with Clang (build-clang,
+# -Wall -Wextra -Werror: every source of the library and the CLI) beside the GCC build (build), trains `tiny` 20 steps with each, and requires both chains to equal
 # the pinned golden chain (tests/fixtures/tiny_chain.jsonl) bit for bit. Also runs Clang's
 # selftest (every kernel on every usable SIMD variant vs the reference). Run by scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v clang++ >/dev/null || { echo "clang++ not found (apt-get install clang)" >&2; exit 1; }
 cmake -S . -B build-clang -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=clang \
-  -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+  -DCMAKE_CXX_COMPILER=clang++ -DLOCKSTEP_WERROR=ON >/dev/null
 cmake --build build-clang -j"$(nproc)" --target lockstep
 build-clang/lockstep selftest | tail -1
 tmp=$(mktemp -d)

@@ -5,7 +5,8 @@
 # screenshot; pocl-opencl-icd, ocl-icd-opencl-dev, opencl-headers, clinfo: the OpenCL device
 # backend, tested on the CPU through PoCL; clang-15, libclc-15: the static check of the PTX a GPU
 # compiler makes of the device sources, scripts/ptx-check.sh; iproute2, procps: the two-host test,
-# tests/e2e/two_hosts.sh, makes network namespaces and watches its ranks.)
+# tests/e2e/two_hosts.sh, makes network namespaces and watches its ranks; clang-format: the check
+# that changed lines follow .clang-format, scripts/format-check.sh.)
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git python3 clang
@@ -13,7 +14,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev libmpfr-dev libgmp-dev libopenblas-dev
   libcurl4-openssl-dev libopenmpi-dev openmpi-bin openssh-client libsentencepiece-dev libpcre2-dev chromium
   pocl-opencl-icd ocl-icd-opencl-dev opencl-headers clinfo clang-15 libclc-15
-  iproute2 procps
+  iproute2 procps clang-format
 )
 missing=()
 for p in "${packages[@]}"; do
