@@ -4,9 +4,10 @@
 // guard against.
 #include <gtest/gtest.h>
 
-#include <bit>
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <map>
 #include <regex>
 #include <string>
 #include <tuple>
@@ -32,43 +33,38 @@ rk::OpValues Reference(const rk::OpSpec& spec, const rk::OpValues& in) {
   return out;
 }
 
-// Whether two outputs are the same bits (NaNs compared as NaN where the contract leaves their
-// bits open: every op but AdamW's, docs/numerics.md "NaN"). Names the first difference.
-::testing::AssertionResult SameBits(const rk::OpSpec& spec, const rk::OpValues& want,
-                                    const rk::OpValues& got) {
-  const bool exact_nans = spec.op == rk::Op::kAdamW;
-  for (const auto& [role, w] : want.f32) {
-    const auto it = got.f32.find(role);
-    if (it == got.f32.end()) return ::testing::AssertionFailure() << "no output " << role;
-    const std::vector<float>& g = it->second;
+// Whether every output of `want` of one element type (`Bits` its bit pattern) is in `got` with
+// the same bits, NaNs compared as NaN unless `exact_nans`. Names the first difference.
+template <typename Bits, typename T>
+::testing::AssertionResult SameOutputs(
+    const std::map<std::string, std::vector<T>, std::less<>>& want,
+    const std::map<std::string, std::vector<T>, std::less<>>& got, bool exact_nans) {
+  for (const auto& [role, w] : want) {
+    const auto it = got.find(role);
+    if (it == got.end()) return ::testing::AssertionFailure() << "no output " << role;
+    const std::vector<T>& g = it->second;
     if (g.size() != w.size()) {
-      return ::testing::AssertionFailure() << role << ": " << g.size() << " elements, not " << w.size();
+      return ::testing::AssertionFailure()
+             << role << ": " << g.size() << " values, not " << w.size();
     }
     for (size_t i = 0; i < w.size(); ++i) {
-      const bool both_nan = std::isnan(w[i]) && std::isnan(g[i]);
-      if (both_nan && !exact_nans) continue;
-      if (std::bit_cast<uint32_t>(w[i]) != std::bit_cast<uint32_t>(g[i])) {
-        return ::testing::AssertionFailure() << role << "[" << i << "]: reference " << w[i]
-                                             << ", device " << g[i];
-      }
-    }
-  }
-  for (const auto& [role, w] : want.f64) {
-    const auto it = got.f64.find(role);
-    if (it == got.f64.end()) return ::testing::AssertionFailure() << "no fp64 output " << role;
-    const std::vector<double>& g = it->second;
-    if (g.size() != w.size()) {
-      return ::testing::AssertionFailure() << role << ": " << g.size() << " values, not " << w.size();
-    }
-    for (size_t i = 0; i < w.size(); ++i) {
-      if (std::isnan(w[i]) && std::isnan(g[i])) continue;
-      if (std::bit_cast<uint64_t>(w[i]) != std::bit_cast<uint64_t>(g[i])) {
+      if (std::isnan(w[i]) && std::isnan(g[i]) && !exact_nans) continue;
+      if (std::bit_cast<Bits>(w[i]) != std::bit_cast<Bits>(g[i])) {
         return ::testing::AssertionFailure() << role << "[" << i << "]: reference " << w[i]
                                              << ", device " << g[i];
       }
     }
   }
   return ::testing::AssertionSuccess();
+}
+
+// Whether two outputs are the same bits (NaNs compared as NaN where the contract leaves their
+// bits open: every op but AdamW's, docs/numerics.md "NaN").
+::testing::AssertionResult SameBits(const rk::OpSpec& spec, const rk::OpValues& want,
+                                    const rk::OpValues& got) {
+  const bool exact_nans = spec.op == rk::Op::kAdamW;
+  const ::testing::AssertionResult f32 = SameOutputs<uint32_t>(want.f32, got.f32, exact_nans);
+  return f32 ? SameOutputs<uint64_t>(want.f64, got.f64, exact_nans) : f32;
 }
 
 class DeviceTest : public ::testing::Test {
