@@ -78,7 +78,7 @@ std::unique_ptr<OpExecutor> MakeExecutor(const std::string& flag, std::string* n
              "ops on {} ({}): {} of the step's {} ops, the state and the activations kept on the "
              "device; the rest on the CPU (docs/devices.md)\n",
              *name, device->info().name, ops, rk::OpTable().size());
-  if (device->info().gpu) {  // a second or so: each candidate built and timed once
+  if (device->info().gpu) {  // seconds: each candidate built once and timed
     constexpr int64_t kTuneN = 2048;
     const std::vector<device::GemmTiming> timings = device::TuneGemm(*device, kTuneN, 2);
     fmt::print(stderr, "GEMM tiling on {}: {}, the fastest of {} at {}³ ({:.2f} TFLOP/s)\n",
