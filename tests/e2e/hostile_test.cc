@@ -76,11 +76,13 @@ TEST_F(Hostile, CommandLineValuesOutOfRange) {
   ExpectRefused(Lockstep("data synth --out " + Path("s") + " --seed +1 --tokens 10"),
                 "--seed +1: expected an integer");
   // A range error says what is wanted, not the 309 digits of the largest double.
-  for (const std::string& command :
-       {Train("t0", "--comm-timeout 0"), "data synth --out " + Path("s") + " --tokens 0"}) {
+  for (const auto& [command, wanted] :
+       {std::pair{Train("t0", "--comm-timeout 0"), std::string(": must be > 0, not 0")},
+        {"data synth --out " + Path("s") + " --tokens 0",
+         ": expected an integer from 1 to 18446744073709551615, not 0"}}) {
     const Result r = Lockstep(command);
     EXPECT_EQ(r.exit_code, 2) << r.output;
-    EXPECT_NE(r.output.find(": must be > 0, not 0"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(wanted), std::string::npos) << r.output;
     EXPECT_EQ(r.output.find("179769313486231570814527423731704356798070567525844996598917476803"),
               std::string::npos)
         << r.output;

@@ -42,6 +42,10 @@ void AddTestFaultOptions(CLI::App* cmd, train::TestFaults* faults, bool replica)
 // and NonNegativeNumber print their range's upper end, DBL_MAX, in 300-odd digits.)
 const CLI::Validator& PositiveNumber();
 const CLI::Validator& NonNegativeNumber();
+// A decimal integer from `min` to `max` (no sign, no other notation), refused as "expected an
+// integer from MIN to MAX, not X" when the command line is parsed: for an integer option, whose
+// value would otherwise wrap (-1 as 2^64 - 1) or saturate (2^64 as 2^64 - 1) in conversion.
+CLI::Validator IntegerIn(uint64_t min, uint64_t max);
 // The most steps a run or a replay may name (2^40): --steps, --until-step, trace --step.
 inline constexpr uint64_t kMaxSteps = uint64_t{1} << 40;
 

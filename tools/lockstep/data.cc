@@ -147,10 +147,10 @@ void AddDataCommands(CLI::App& app, int* exit_code) {
                 "exact number of byte tokens, end-of-document not "
                 "counted")
       ->capture_default_str()
-      ->check(PositiveNumber());
+      ->check(IntegerIn(1, UINT64_MAX));
   s->add_option("--shard-tokens", synth->shard_tokens, "at most this many tokens per shard")
       ->capture_default_str()
-      ->check(PositiveNumber());
+      ->check(IntegerIn(1, UINT64_MAX));
   s->final_callback([synth, exit_code] { *exit_code = RunSynth(*synth); });
 
   auto tokenize = std::make_shared<TokenizeOptions>();
@@ -167,7 +167,7 @@ void AddDataCommands(CLI::App& app, int* exit_code) {
       ->required();
   t->add_option("--shard-tokens", tokenize->shard_tokens, "at most this many tokens per shard")
       ->capture_default_str()
-      ->check(PositiveNumber());
+      ->check(IntegerIn(1, UINT64_MAX));
   t->add_option("--tokenizer", tokenize->tokenizer,
                 "a SentencePiece model (lockstep tokenizer train), a Hugging Face tokenizer.json "
                 "of byte-level BPE, or a directory holding tokenizer.model or tokenizer.json; its "
@@ -192,16 +192,18 @@ void AddDataCommands(CLI::App& app, int* exit_code) {
       ->required()
       ->check(CLI::ExistingFile);
   m->add_option("--vocab", import->vocab, "the tokenizer's vocabulary size (ids 0 .. N-1)")
-      ->required();
+      ->required()
+      ->check(IntegerIn(0, UINT64_MAX));
   m->add_option("--eod", import->eod,
                 "the tokenizer's end-of-document id (it ends every document in the stream and "
                 "may not appear inside one)")
-      ->required();
+      ->required()
+      ->check(IntegerIn(0, UINT64_MAX));
   m->add_option("--out", import->out, "output directory (must not exist or be empty)")
       ->required();
   m->add_option("--shard-tokens", import->shard_tokens, "at most this many tokens per shard")
       ->capture_default_str()
-      ->check(PositiveNumber());
+      ->check(IntegerIn(1, UINT64_MAX));
   m->final_callback([import, exit_code] { *exit_code = RunImport(*import); });
 
   auto inspect = std::make_shared<InspectOptions>();
@@ -212,7 +214,8 @@ void AddDataCommands(CLI::App& app, int* exit_code) {
       "everything verifies");
   i->add_option("dir", inspect->dir, "dataset directory (holding manifest.json)")->required();
   i->add_option("--show", inspect->show_tokens, "tokens of document 0 to print")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(IntegerIn(0, UINT64_MAX));
   i->final_callback([inspect, exit_code] { *exit_code = RunInspect(*inspect); });
 }
 
@@ -233,7 +236,9 @@ void AddTokenizerCommands(CLI::App& app, int* exit_code) {
       ->required()
       ->expected(1, -1)
       ->check(CLI::ExistingFile);
-  t->add_option("--vocab", train->vocab, "pieces in the vocabulary")->required();
+  t->add_option("--vocab", train->vocab, "pieces in the vocabulary")
+      ->required()
+      ->check(IntegerIn(0, UINT64_MAX));
   t->add_option("--model", train->model, "unigram or bpe")->capture_default_str();
   t->add_option("--out", train->out, "output directory (must not exist or be empty)")->required();
   t->final_callback([train, exit_code] {

@@ -34,7 +34,7 @@ void AddTraceCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--dump-op", *dump_ops,
                   "also write op K's input and output tensors to OUT/op_K.safetensors (what a "
                   "party reveals to the referee); may be given more than once")
-      ->check(NonNegativeNumber());
+      ->check(IntegerIn(0, INT64_MAX));
   cmd->add_option("--threads", o->threads, "worker threads (results do not depend on it)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
@@ -143,7 +143,9 @@ void AddDisputeSubcommands(CLI::App& app, int* exit_code) {
       "print record K of a trace with its Merkle inclusion proof against the trace's root, so "
       "one record can be shown without the others. Exit 0, 2 on bad input");
   reveal->add_option("TRACE", *reveal_trace, "the trace directory")->required();
-  reveal->add_option("--op", *reveal_op, "the record's index")->required();
+  reveal->add_option("--op", *reveal_op, "the record's index")
+      ->required()
+      ->check(IntegerIn(0, INT64_MAX));
   reveal->final_callback([reveal_trace, reveal_op, exit_code] {
     const dispute::Trace t = dispute::ReadTrace(*reveal_trace);
     if (*reveal_op < 0 || *reveal_op >= t.header.records) {
@@ -193,7 +195,9 @@ void AddRefereeCommand(CLI::App& app, int* exit_code) {
       "input");
   cmd->add_option("--trace-a", o->trace_a, "party A's trace directory")->required();
   cmd->add_option("--trace-b", o->trace_b, "party B's trace directory")->required();
-  cmd->add_option("--op", o->op, "the disputed record (dispute ops names it)")->required();
+  cmd->add_option("--op", o->op, "the disputed record (dispute ops names it)")
+      ->required()
+      ->check(IntegerIn(0, INT64_MAX));
   cmd->add_option("--dump-a", o->dump_a, "party A's op dump (trace --dump-op)")->required();
   cmd->add_option("--dump-b", o->dump_b, "party B's op dump")->required();
   cmd->final_callback([o, exit_code] {

@@ -61,6 +61,20 @@ CLI::Validator NumberAtLeast(bool strictly_positive) {
 }
 }  // namespace
 
+CLI::Validator IntegerIn(uint64_t min, uint64_t max) {
+  return CLI::Validator(
+      [min, max](std::string& text) -> std::string {
+        uint64_t v = 0;
+        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (!text.empty() && error == std::errc() && end == text.data() + text.size() && v >= min &&
+            v <= max) {
+          return std::string();
+        }
+        return fmt::format("expected an integer from {} to {}, not {}", min, max, text);
+      },
+      fmt::format("INT in [{} - {}]", min, max));
+}
+
 const CLI::Validator& PositiveNumber() {
   static const CLI::Validator validator = NumberAtLeast(true);
   return validator;
