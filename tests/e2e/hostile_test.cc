@@ -94,7 +94,7 @@ TEST_F(Hostile, CommandLineValuesOutOfRange) {
 TEST_F(Hostile, AnInternalErrorHasItsOwnExitStatus) {
   const Result r = Lockstep("selftest --test-internal-error");
   EXPECT_EQ(r.exit_code, kInternalErrorExit) << r.output;
-  EXPECT_NE(r.output.find("lockstep: internal error at tools/lockstep/selftest.cc:"),
+  EXPECT_NE(r.output.find("lockstep: internal error at tools/lockstep/cmd_selftest.cc:"),
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("a bug in lockstep, not in its input"), std::string::npos) << r.output;

@@ -15,15 +15,23 @@
 
 namespace lockstep::cli {
 
-void AddSelftestCommand(CLI::App& app, int* exit_code);  // selftest.cc
-void AddDataCommands(CLI::App& app, int* exit_code);     // data.cc: data synth|tokenize|import|inspect
-void AddTokenizerCommands(CLI::App& app, int* exit_code);  // data.cc: tokenizer train
-void AddModelCommands(CLI::App& app, int* exit_code);    // model.cc: model describe
-void AddTrainCommand(CLI::App& app, int* exit_code);     // train.cc
-void AddForwardCommand(CLI::App& app, int* exit_code);   // forward.cc
-void AddReplayCommands(CLI::App& app, int* exit_code);   // replay.cc: replay, verify-handoff
-void AddKitCommands(CLI::App& app, int* exit_code);      // kit.cc: kit build|inspect|verify|fetch, audit, report
-void AddDisputeCommands(CLI::App& app, int* exit_code);  // dispute.cc: trace, dispute, referee, keygen
+// cmd_selftest.cc: selftest
+void AddSelftestCommand(CLI::App& app, int* exit_code);
+// cmd_data.cc: data synth|tokenize|import|inspect, tokenizer train
+void AddDataCommands(CLI::App& app, int* exit_code);
+void AddTokenizerCommands(CLI::App& app, int* exit_code);
+// cmd_model.cc: model describe
+void AddModelCommands(CLI::App& app, int* exit_code);
+// cmd_train.cc: train
+void AddTrainCommand(CLI::App& app, int* exit_code);
+// cmd_forward.cc: forward
+void AddForwardCommand(CLI::App& app, int* exit_code);
+// cmd_replay.cc: replay, verify-handoff
+void AddReplayCommands(CLI::App& app, int* exit_code);
+// cmd_kit.cc: kit build|inspect|verify|fetch, audit, report
+void AddKitCommands(CLI::App& app, int* exit_code);
+// cmd_dispute.cc: trace, dispute steps|ops|reveal, referee, keygen
+void AddDisputeCommands(CLI::App& app, int* exit_code);
 
 // device_executor.cc: --device cpu|opencl[:P:D] into `flag`; the executor it names (null for
 // cpu, after a line on stderr describing the device) and its name, e.g. "opencl:0:0".
