@@ -143,7 +143,6 @@ class Dataset {
 // and every .idx against its .bin and the manifest. Fails naming the file, the field and the
 // value (for a digest mismatch: the shard file, the manifest's digest and the actual one).
 Dataset OpenDataset(const std::filesystem::path& dir);
-inline Digest ManifestDigest(const Dataset& dataset) { return dataset.manifest_digest(); }
 
 // ---- building corpora ------------------------------------------------------------------------
 inline constexpr uint64_t kDefaultSynthTokens = 4'000'000;

@@ -128,7 +128,6 @@ class ParamStore {
   const std::vector<ParamSpec>& Specs() const { return specs_; }
   std::span<float> Tensor(size_t i);
   std::span<const float> Tensor(size_t i) const;
-  int64_t Offset(size_t i) const { return offsets_.at(i); }  // in floats
   // Index of the tensor called `name`; fails naming it when there is none.
   size_t Find(std::string_view name) const;
   // The whole buffer, padding included.
