@@ -991,11 +991,12 @@ StepReport Trainer::Step() {
   report.loss = loss_sum * inv_tokens;
   report.zloss = zloss_sum * inv_tokens;
 
+  microbatches.Finish();
+
   // 2. Global norm over every gradient in parameter order: each rank sums the squares of the
   //    kNormBlock blocks it holds; the block sums are shared and added in parameter order. A NaN
   //    gradient (whose bits the kernels do not fix) is made the canonical NaN here, before
   //    anything hashes or writes it; the scan runs only in a piece whose sums hold a NaN.
-  microbatches.Finish();
   phases.Start("global norm");
   comm_.set_phase(fmt::format("step {}: global norm", report.step));
   if (hooks_.observer != nullptr) hooks_.observer->Context(report.step, -1);

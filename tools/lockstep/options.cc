@@ -14,19 +14,30 @@
 namespace lockstep::cli {
 namespace {
 
+// `text` as a decimal integer from `min` to `max`, or nothing: from_chars takes no sign for an
+// unsigned type, so "-1" is refused, never wrapped, and 2^64 is out of range, never saturated.
+std::optional<uint64_t> StrictUnsigned(std::string_view text, uint64_t min, uint64_t max) {
+  uint64_t v = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size() || v < min ||
+      v > max) {
+    return std::nullopt;
+  }
+  return v;
+}
+
 // "A:B", two non-negative decimal integers.
 std::pair<uint64_t, uint64_t> ParsePair(const std::string& text, const std::string& flag) {
   const size_t colon = text.find(':');
-  uint64_t a = 0, b = 0;
-  const auto number = [&](std::string_view s, uint64_t& out) {
-    const auto [end, error] = std::from_chars(s.data(), s.data() + s.size(), out);
-    return !s.empty() && error == std::errc() && end == s.data() + s.size();
-  };
-  if (colon == std::string::npos || !number(std::string_view(text).substr(0, colon), a) ||
-      !number(std::string_view(text).substr(colon + 1), b) || b > uint64_t{1} << 62) {
-    Fail("{} {}: expected two non-negative integers A:B", flag, text);
-  }
-  return {a, b};
+  const std::string_view all(text);
+  const std::optional<uint64_t> a = colon == std::string::npos
+                                        ? std::nullopt
+                                        : StrictUnsigned(all.substr(0, colon), 0, UINT64_MAX);
+  const std::optional<uint64_t> b =
+      colon == std::string::npos ? std::nullopt
+                                 : StrictUnsigned(all.substr(colon + 1), 0, uint64_t{1} << 62);
+  if (!a || !b) Fail("{} {}: expected two non-negative integers A:B", flag, text);
+  return {*a, *b};
 }
 
 }  // namespace
@@ -36,13 +47,9 @@ CLI::Option* AddUnsignedOption(CLI::App* cmd, const std::string& name, uint64_t*
   return cmd->add_option_function<std::string>(
       name,
       [name, value, max](const std::string& text) {
-        // from_chars takes no sign for an unsigned type: "-1" is refused, never wrapped.
-        uint64_t v = 0;
-        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), v);
-        if (text.empty() || error != std::errc() || end != text.data() + text.size() || v > max) {
-          Fail("{} {}: expected an integer from 0 to {}", name, text, max);
-        }
-        *value = v;
+        const std::optional<uint64_t> v = StrictUnsigned(text, 0, max);
+        if (!v) Fail("{} {}: expected an integer from 0 to {}", name, text, max);
+        *value = *v;
       },
       fmt::format("{} (an integer from 0 to {})", help, max));
 }
@@ -64,12 +71,7 @@ CLI::Validator NumberAtLeast(bool strictly_positive) {
 CLI::Validator IntegerIn(uint64_t min, uint64_t max) {
   return CLI::Validator(
       [min, max](std::string& text) -> std::string {
-        uint64_t v = 0;
-        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), v);
-        if (!text.empty() && error == std::errc() && end == text.data() + text.size() && v >= min &&
-            v <= max) {
-          return std::string();
-        }
+        if (StrictUnsigned(text, min, max)) return std::string();
         return fmt::format("expected an integer from {} to {}, not {}", min, max, text);
       },
       fmt::format("INT in [{} - {}]", min, max));
