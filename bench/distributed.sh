@@ -2,8 +2,9 @@
 # Data-parallel training measured (docs/distributed.md). Prints one JSON object:
 #  - throughput: bench-8x512 (as 2 microbatches of 4 sequences in 2 gradient groups, so that two
 #    processes can share a step) trained by one process with 2 threads and by 2 processes with
-#    1 thread each, side by side: median tokens/s, rank 0's seconds per step in blocking
-#    exchanges and bytes sent per step, and the ratio (target >= 0.9); the two chains must match;
+#    1 thread each, side by side: median tokens/s, rank 0's seconds per step of exchanges, the
+#    part of them hidden behind the compute, bytes sent per step, and the ratio (target >= 0.95);
+#    the two chains must match;
 #  - memory: open-100m with microbatch 1 x seq 256, 1 step, at N = 1, 2, 4 in both layouts
 #    (docs/distributed.md): fully sharded (4 microbatches in 4 groups) and replicated (8
 #    microbatches in 4 groups): every rank's peak RSS, and the N = 4 rank's ratio to N = 1.
@@ -22,7 +23,7 @@ while (($#)); do
     --build) build=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --skip-memory) memory=0; shift ;;
-    *) sed -n '11,13p' "$0" >&2; exit 2 ;;
+    *) sed -n '12,14p' "$0" >&2; exit 2 ;;
   esac
 done
 lockstep=$build/lockstep
@@ -78,12 +79,14 @@ def summary(run, processes, threads):
             "tokens_per_second": statistics.median(r["tokens_per_second"] for r in rows),
             "step_seconds": statistics.median(r["step_seconds"] for r in rows),
             "comm_seconds_per_step": statistics.median(r["comm_seconds"] for r in rows),
+            "comm_hidden_seconds_per_step":
+                statistics.median(r.get("comm_hidden_seconds", 0) for r in rows),
             "comm_bytes_per_step_rank0": statistics.median(r["comm_bytes"] for r in rows)}
 one, two = summary("n1", 1, 2), summary("n2", 2, 1)
 out = {"config": "bench-8x512 as 2 microbatches x 4 sequences, grad_groups 2",
        "one_process": one, "two_processes": two,
        "ratio_two_processes_over_one": two["tokens_per_second"] / one["tokens_per_second"],
-       "target_ratio": 0.9, "chains_equal": same}
+       "target_ratio": 0.95, "chains_equal": same}
 if memory:
     for layout in ("sharded", "replicated"):
         rss = {}

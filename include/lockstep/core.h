@@ -51,6 +51,11 @@ inline constexpr int kInternalErrorExit = 70;
 void SetThreads(int threads);
 int Threads();
 
+// From now on, every ParallelFor and ParallelForEachThread made by the calling thread runs its
+// tasks inline, on that thread: for a thread that works beside the one that drives the worker
+// pool (the exchange's thread of a distributed run), which must not take the pool's workers.
+void KeepThisThreadSerial();
+
 // Runs body(i) for i in [0, count) on up to Threads() threads. Tasks must write disjoint
 // outputs; which thread runs which task is unspecified. body must not throw.
 void ParallelFor(int64_t count, void (*body)(int64_t, void*), void* context);

@@ -42,8 +42,9 @@ struct StepReport {
   bool halt = false;  // the spike protocol saw spike_max_skips skips within spike_window steps
   int64_t tokens = 0;  // tokens this step consumed
   double seconds = 0;
-  // Distributed runs: this rank's seconds in blocking exchanges and bytes sent during the step.
-  double comm_seconds = 0;
+  // Distributed runs, during the step: the seconds this rank's exchanges ran, the part of them
+  // that ran while it computed (the rest it waited for), and the bytes it sent.
+  double comm_seconds = 0, comm_hidden_seconds = 0;
   uint64_t comm_bytes = 0;
   // "forward and backward" (the microbatch groups and their gradient sums), "global norm",
   // "update and hash", in that order; then "verify checkpoint" in the first step after
@@ -59,10 +60,10 @@ struct MetricsLine {
   bool skipped = false;
   uint64_t tokens = 0;  // cumulative
   Digest tokens_blake2b{};
-  double step_seconds = 0, tokens_per_second = 0, comm_seconds = 0;
+  double step_seconds = 0, tokens_per_second = 0, comm_seconds = 0, comm_hidden_seconds = 0;
   uint64_t comm_bytes = 0;
 };
-// The one writer of a step's JSON line (no newline): metrics.jsonl's 13 fields of `r` and
+// The one writer of a step's JSON line (no newline): metrics.jsonl's 14 fields of `r` and
 // `state` (the step just done), "tokens" counting every step up to r.step; with `state_hash`,
 // also "state_hash" (replay's --loss-log). Keys sorted, compact, non-finite floats null.
 std::string MetricsLineJson(const StepReport& r, const StepState& state,

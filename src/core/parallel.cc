@@ -21,6 +21,7 @@ namespace {
 
 std::atomic<int> g_threads{1};
 thread_local bool t_in_parallel_loop = false;  // a nested ParallelFor runs inline
+thread_local bool t_serial = false;            // KeepThisThreadSerial
 
 class Pool {
  public:
@@ -143,9 +144,11 @@ void SetThreads(int threads) {
 
 int Threads() { return g_threads.load(); }
 
+void KeepThisThreadSerial() { t_serial = true; }
+
 void ParallelFor(int64_t count, void (*body)(int64_t, void*), void* context) {
   const int threads = Threads();
-  if (threads == 1 || count <= 1 || t_in_parallel_loop) {
+  if (threads == 1 || count <= 1 || t_in_parallel_loop || t_serial) {
     for (int64_t i = 0; i < count; ++i) body(i, context);
     return;
   }
@@ -155,7 +158,7 @@ void ParallelFor(int64_t count, void (*body)(int64_t, void*), void* context) {
 
 void ParallelForEachThread(void (*body)(int64_t, void*), void* context) {
   const int threads = Threads();
-  if (threads == 1 || t_in_parallel_loop) {
+  if (threads == 1 || t_in_parallel_loop || t_serial) {
     for (int64_t t = 0; t < threads; ++t) body(t, context);
     return;
   }

@@ -5,9 +5,12 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <exception>
 #include <thread>
 #include <vector>
 
@@ -26,18 +29,28 @@ class SoloComm final : public Comm {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  void Gather(std::span<const std::byte> send, std::span<std::byte> recv, int) override {
-    std::ranges::copy(send, recv.begin());
+  Ticket StartGather(std::span<const std::byte> send, int, AtRoot at_root) override {
+    at_root(send);
+    return 0;
   }
-  void Allgather(std::span<const std::byte> send, std::span<std::byte> recv) override {
+  Ticket StartAllgather(std::span<const std::byte> send, std::span<std::byte> recv) override {
+    if (send.size() != recv.size()) {
+      LOCKSTEP_INTERNAL("Comm::Allgather: {} bytes sent, {} expected", send.size(), recv.size());
+    }
+    std::ranges::copy(send, recv.begin());
+    return 0;
+  }
+  void Wait(Ticket) override {}
+  bool Done(Ticket) override { return true; }
+  void Gather(std::span<const std::byte> send, std::span<std::byte> recv, int) override {
     std::ranges::copy(send, recv.begin());
   }
   void Broadcast(std::span<std::byte>, int) override {}
   void Send(std::span<const std::byte>, int to) override {
-    Fail("Comm: send to rank {} in a single-process run", to);
+    LOCKSTEP_INTERNAL("Comm: send to rank {} in a single-process run", to);
   }
   void Receive(std::span<std::byte>, int from) override {
-    Fail("Comm: receive from rank {} in a single-process run", from);
+    LOCKSTEP_INTERNAL("Comm: receive from rank {} in a single-process run", from);
   }
 };
 
@@ -46,12 +59,202 @@ class SoloComm final : public Comm {
 // MPI counts are int: larger transfers go in pieces of this many bytes.
 constexpr size_t kMpiPiece = size_t{1} << 30;
 
+// Every MPI call is made by one thread, the exchange's: it runs the transfers in the order they
+// were started (every rank starts the same collectives in the same order, so they match), while
+// the thread that started them computes. It waits for a transfer by polling MPI_Test, which is
+// what moves the transfer on (Open MPI has no progress thread of its own), and sleeps between
+// polls so that it takes little of a core the compute needs.
 class MpiComm final : public Comm {
  public:
   explicit MpiComm(double timeout_seconds) : timeout_(timeout_seconds) {
+    thread_ = std::thread([this] { Run(); });
+    Wait(Submit(kAll, 0, [this] { Init(); }));
+    watchdog_ = std::thread([this] { Watch(); });
+  }
+  ~MpiComm() override {
+    Submit(kAll, 0, {});  // the thread's last act: MPI_Finalize
+    thread_.join();
+    stop_ = true;
+    watchdog_.join();
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  Ticket StartGather(std::span<const std::byte> send, int root, AtRoot at_root) override {
+    CheckPiece("Gather", send.size());
+    const bool here = rank_ == root;
+    return Submit(here ? kAll : root, here ? 0 : send.size(),
+                  [this, send, root, here, at_root = std::move(at_root)] {
+                    received_.resize(here ? send.size() * static_cast<size_t>(size_) : 0);
+                    GatherInto(send, received_, root);
+                    if (here) at_root(received_);
+                  });
+  }
+
+  Ticket StartAllgather(std::span<const std::byte> send, std::span<std::byte> recv) override {
+    return Submit(kAll, send.size() * static_cast<size_t>(size_ - 1), [this, send, recv] {
+      std::vector<int64_t> lengths(static_cast<size_t>(size_));
+      const auto mine = static_cast<int64_t>(send.size());
+      MPI_Request request;
+      Check(MPI_Iallgather(&mine, 1, MPI_INT64_T, lengths.data(), 1, MPI_INT64_T, MPI_COMM_WORLD,
+                           &request),
+            "MPI_Iallgather");
+      Complete(request, "MPI_Iallgather");
+      std::vector<int> counts, displacements;
+      int64_t total = 0;
+      for (const int64_t n : lengths) {
+        displacements.push_back(static_cast<int>(total));
+        counts.push_back(static_cast<int>(n));
+        total += n;
+        if (total > INT_MAX) Fail("Comm::Allgather: {} bytes in all (at most {})", total, INT_MAX);
+      }
+      if (total != static_cast<int64_t>(recv.size())) {
+        LOCKSTEP_INTERNAL("Comm::Allgather: the ranks sent {} bytes, the receiver expects {}",
+                          total, recv.size());
+      }
+      Check(
+          MPI_Iallgatherv(send.data(), static_cast<int>(send.size()), MPI_BYTE, recv.data(),
+                          counts.data(), displacements.data(), MPI_BYTE, MPI_COMM_WORLD, &request),
+          "MPI_Iallgatherv");
+      Complete(request, "MPI_Iallgatherv");
+    });
+  }
+
+  void Wait(Ticket ticket) override {
+    const auto start = std::chrono::steady_clock::now();
+    std::unique_lock lock(mutex_);
+    finished_cv_.wait(lock, [&] { return finished_ >= ticket; });
+    traffic_.waited_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (failure_ && failed_ticket_ <= ticket) std::rethrow_exception(failure_);
+  }
+
+  bool Done(Ticket ticket) override {
+    std::lock_guard lock(mutex_);
+    return finished_ >= ticket;
+  }
+
+  void Gather(std::span<const std::byte> send, std::span<std::byte> recv, int root) override {
+    CheckPiece("Gather", send.size());
+    const bool here = rank_ == root;
+    Wait(Submit(here ? kAll : root, here ? 0 : send.size(),
+                [this, send, recv, root] { GatherInto(send, recv, root); }));
+  }
+
+  void Broadcast(std::span<std::byte> bytes, int root) override {
+    const bool here = rank_ == root;
+    Wait(Submit(here ? kAll : root, here ? bytes.size() * static_cast<size_t>(size_ - 1) : 0,
+                [this, bytes, root] {
+                  for (size_t at = 0; at < bytes.size(); at += kMpiPiece) {
+                    const size_t n = std::min(kMpiPiece, bytes.size() - at);
+                    MPI_Request request;
+                    Check(MPI_Ibcast(bytes.data() + at, static_cast<int>(n), MPI_BYTE, root,
+                                     MPI_COMM_WORLD, &request),
+                          "MPI_Ibcast");
+                    Complete(request, "MPI_Ibcast");
+                  }
+                }));
+  }
+
+  void Send(std::span<const std::byte> bytes, int to) override {
+    Wait(Submit(to, bytes.size(), [this, bytes, to] {
+      for (size_t at = 0; at < bytes.size() || at == 0; at += kMpiPiece) {
+        const size_t n = std::min(kMpiPiece, bytes.size() - at);
+        MPI_Request request;
+        Check(MPI_Isend(bytes.data() + at, static_cast<int>(n), MPI_BYTE, to, 0, MPI_COMM_WORLD,
+                        &request),
+              "MPI_Isend");
+        Complete(request, "MPI_Isend");
+        if (bytes.empty()) break;
+      }
+    }));
+  }
+
+  void Receive(std::span<std::byte> bytes, int from) override {
+    Wait(Submit(from, 0, [this, bytes, from] {
+      for (size_t at = 0; at < bytes.size() || at == 0; at += kMpiPiece) {
+        const size_t n = std::min(kMpiPiece, bytes.size() - at);
+        MPI_Request request;
+        Check(MPI_Irecv(bytes.data() + at, static_cast<int>(n), MPI_BYTE, from, 0, MPI_COMM_WORLD,
+                        &request),
+              "MPI_Irecv");
+        Complete(request, "MPI_Irecv");
+        if (bytes.empty()) break;
+      }
+    }));
+  }
+
+  Traffic traffic() const override {
+    std::lock_guard lock(mutex_);
+    return traffic_;
+  }
+
+ private:
+  static constexpr int kAll = -1;  // a transfer that waits for every other rank
+
+  // A transfer waiting for the thread: `run` makes its MPI calls (empty: the thread's end);
+  // `peer` is the rank it waits for, or kAll; `bytes_sent` as Traffic counts them.
+  struct Transfer {
+    Ticket ticket = 0;
+    std::function<void()> run;
+    int peer = kAll;
+    size_t bytes_sent = 0;
+    std::string phase;
+  };
+
+  Ticket Submit(int peer, size_t bytes_sent, std::function<void()> run) {
+    std::lock_guard lock(mutex_);
+    queue_.push_back({++started_, std::move(run), peer, bytes_sent, phase()});
+    queued_cv_.notify_one();
+    return started_;
+  }
+
+  // The exchange's thread: initialises MPI, runs the transfers in order, finalises MPI.
+  void Run() {
+    KeepThisThreadSerial();  // a transfer's at_root may call kernels: not on the worker pool
+    for (;;) {
+      Transfer transfer;
+      {
+        std::unique_lock lock(mutex_);
+        queued_cv_.wait(lock, [&] { return !queue_.empty(); });
+        transfer = std::move(queue_.front());
+        queue_.pop_front();
+        if (!transfer.run) break;
+        running_ = {transfer.peer, transfer.phase};
+        since_.store(std::chrono::steady_clock::now().time_since_epoch().count());
+      }
+      const auto start = std::chrono::steady_clock::now();
+      std::exception_ptr error;
+      if (!failure_) {  // after a failure the rest are not run: their Wait fails with it
+        try {
+          transfer.run();
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }
+      {
+        std::lock_guard lock(mutex_);
+        since_.store(0);
+        traffic_.seconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        traffic_.bytes_sent += transfer.bytes_sent;
+        if (error && !failure_) {
+          failure_ = error;
+          failed_ticket_ = transfer.ticket;
+        }
+        finished_ = transfer.ticket;
+      }
+      finished_cv_.notify_all();
+    }
+    if (initialised_) MPI_Finalize();
+  }
+
+  void Init() {
     int provided = 0;
-    // Only the main thread calls MPI (the worker pool never does).
+    // This thread is MPI's main thread, the one that calls it.
     MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    initialised_ = true;
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
@@ -60,119 +263,57 @@ class MpiComm final : public Comm {
     int length = 0;
     MPI_Get_processor_name(name, &length);
     std::vector<char> names(static_cast<size_t>(size_) * MPI_MAX_PROCESSOR_NAME);
-    MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME,
-                  MPI_CHAR, MPI_COMM_WORLD);
+    Check(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(),
+                        MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD),
+          "MPI_Allgather");
     for (int r = 0; r < size_; ++r) {
       hosts_.emplace_back(&names[static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME]);
     }
-    watchdog_ = std::thread([this] { Watch(); });
-  }
-  ~MpiComm() override {
-    stop_ = true;
-    watchdog_.join();
-    MPI_Finalize();
   }
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-
-  void Gather(std::span<const std::byte> send, std::span<std::byte> recv, int root) override {
-    if (send.size() > kMpiPiece) Fail("Comm::Gather: {} bytes (at most {})", send.size(), kMpiPiece);
-    const Waiting waiting(this, rank_ == root ? 0 : send.size(), rank_ == root ? kAll : root);
-    Check(MPI_Gather(send.data(), static_cast<int>(send.size()), MPI_BYTE, recv.data(),
-                     static_cast<int>(send.size()), MPI_BYTE, root, MPI_COMM_WORLD),
-          "MPI_Gather");
-  }
-
-  void Allgather(std::span<const std::byte> send, std::span<std::byte> recv) override {
-    const Waiting waiting(this, send.size() * static_cast<size_t>(size_ - 1), kAll);
-    std::vector<int64_t> lengths(static_cast<size_t>(size_));
-    const auto mine = static_cast<int64_t>(send.size());
-    Check(MPI_Allgather(&mine, 1, MPI_INT64_T, lengths.data(), 1, MPI_INT64_T, MPI_COMM_WORLD),
-          "MPI_Allgather");
-    std::vector<int> counts, displacements;
-    int64_t total = 0;
-    for (const int64_t n : lengths) {
-      displacements.push_back(static_cast<int>(total));
-      counts.push_back(static_cast<int>(n));
-      total += n;
-      if (total > INT_MAX) Fail("Comm::Allgather: {} bytes in all (at most {})", total, INT_MAX);
-    }
-    if (total != static_cast<int64_t>(recv.size())) {
-      Fail("Comm::Allgather: the ranks sent {} bytes, the receiver expects {}", total, recv.size());
-    }
-    Check(MPI_Allgatherv(send.data(), static_cast<int>(send.size()), MPI_BYTE, recv.data(),
-                         counts.data(), displacements.data(), MPI_BYTE, MPI_COMM_WORLD),
-          "MPI_Allgatherv");
-  }
-
-  void Broadcast(std::span<std::byte> bytes, int root) override {
-    const Waiting waiting(this, rank_ == root ? bytes.size() * static_cast<size_t>(size_ - 1) : 0,
-                          rank_ == root ? kAll : root);
-    for (size_t at = 0; at < bytes.size(); at += kMpiPiece) {
-      const size_t n = std::min(kMpiPiece, bytes.size() - at);
-      Check(MPI_Bcast(bytes.data() + at, static_cast<int>(n), MPI_BYTE, root, MPI_COMM_WORLD),
-            "MPI_Bcast");
+  void CheckPiece(const char* call, size_t bytes) const {
+    if (bytes > kMpiPiece) {
+      LOCKSTEP_INTERNAL("Comm::{}: {} bytes in one piece (at most {})", call, bytes, kMpiPiece);
     }
   }
 
-  void Send(std::span<const std::byte> bytes, int to) override {
-    const Waiting waiting(this, bytes.size(), to);
-    for (size_t at = 0; at < bytes.size() || at == 0; at += kMpiPiece) {
-      const size_t n = std::min(kMpiPiece, bytes.size() - at);
-      Check(MPI_Send(bytes.data() + at, static_cast<int>(n), MPI_BYTE, to, 0, MPI_COMM_WORLD),
-            "MPI_Send");
-      if (bytes.empty()) break;
-    }
+  void GatherInto(std::span<const std::byte> send, std::span<std::byte> recv, int root) {
+    MPI_Request request;
+    Check(MPI_Igather(send.data(), static_cast<int>(send.size()), MPI_BYTE, recv.data(),
+                      static_cast<int>(send.size()), MPI_BYTE, root, MPI_COMM_WORLD, &request),
+          "MPI_Igather");
+    Complete(request, "MPI_Igather");
   }
 
-  void Receive(std::span<std::byte> bytes, int from) override {
-    const Waiting waiting(this, 0, from);
-    for (size_t at = 0; at < bytes.size() || at == 0; at += kMpiPiece) {
-      const size_t n = std::min(kMpiPiece, bytes.size() - at);
-      MPI_Status status;
-      Check(MPI_Recv(bytes.data() + at, static_cast<int>(n), MPI_BYTE, from, 0, MPI_COMM_WORLD,
-                     &status),
-            "MPI_Recv");
-      if (bytes.empty()) break;
+  // Polls until `request` is done: at once for a while (a transfer between ranks that are both
+  // ready finishes within microseconds), then every kPollSleep, which hands the core to the
+  // compute between polls.
+  void Complete(MPI_Request& request, const char* call) const {
+    static constexpr int kEagerPolls = 200;
+    static constexpr auto kPollSleep = std::chrono::microseconds(50);
+    for (int polls = 0;; ++polls) {
+      int done = 0;
+      Check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), call);
+      if (done) return;
+      if (polls >= kEagerPolls) std::this_thread::sleep_for(kPollSleep);
     }
   }
-
- private:
-  // Marks the span of one blocking call for the watchdog, and counts its time and the bytes
-  // this rank sends in it (as the ring or tree inside MPI may differ, the bytes are those a
-  // direct exchange would send: a broadcast root's to every other rank, and so on).
-  static constexpr int kAll = -1;  // a collective that waits for every other rank
-  class Waiting {
-   public:
-    // `peer`: the rank the call waits for, or kAll.
-    Waiting(MpiComm* comm, size_t bytes_sent, int peer)
-        : comm_(comm), start_(std::chrono::steady_clock::now()) {
-      comm_->peer_.store(peer);
-      comm_->since_.store(start_.time_since_epoch().count());
-      comm_->traffic_.bytes_sent += bytes_sent;
-    }
-    ~Waiting() {
-      comm_->since_.store(0);
-      comm_->traffic_.seconds +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    }
-
-   private:
-    MpiComm* comm_;
-    std::chrono::steady_clock::time_point start_;
-  };
 
   void Check(int code, const char* call) const {
     if (code == MPI_SUCCESS) return;
     char text[MPI_MAX_ERROR_STRING];
     int length = 0;
     MPI_Error_string(code, text, &length);
-    Fail("rank {}: {} failed during {}: {}", rank_, call, phase(), std::string(text, length));
+    std::string phase;
+    {
+      std::lock_guard lock(mutex_);
+      phase = running_.second;
+    }
+    Fail("rank {}: {} failed during {}: {}", rank_, call, phase, std::string(text, length));
   }
 
-  // A blocking call that has waited longer than the timeout means another rank died or hangs:
-  // say so and end this process (mpirun then stops the rest), rather than wait forever.
+  // A transfer that has waited longer than the timeout means another rank died or hangs: say so
+  // and end this process (mpirun then stops the rest), rather than wait forever.
   void Watch() {
     while (!stop_) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -183,13 +324,18 @@ class MpiComm final : public Comm {
                                 std::chrono::steady_clock::duration(since))
                                 .count();
       if (waited > timeout_) {
-        const std::string peers = Peers(peer_.load());
+        std::pair<int, std::string> running;
+        {
+          std::lock_guard lock(mutex_);
+          running = running_;
+        }
+        const std::string peers = Peers(running.first);
         std::fprintf(stderr,
                      "lockstep: error: rank %d of %d (%s): waited %.0f s for %s during %s "
                      "(--comm-timeout %.0f): it died or hangs, or the network to it is down; "
                      "stopping\n",
                      rank_, size_, hosts_[static_cast<size_t>(rank_)].c_str(), waited,
-                     peers.c_str(), phase().c_str(), timeout_);
+                     peers.c_str(), running.second.c_str(), timeout_);
         std::fflush(stderr);
         std::_Exit(3);
       }
@@ -212,12 +358,23 @@ class MpiComm final : public Comm {
   }
 
   double timeout_;
+  // Set by Init on the exchange's thread, read after the constructor's Wait.
   int rank_ = 0, size_ = 1;
+  bool initialised_ = false;
   std::vector<std::string> hosts_;
-  std::atomic<int> peer_{kAll};
-  std::atomic<int64_t> since_{0};
+  std::vector<std::byte> received_;  // StartGather's buffer at the root (the exchange's thread)
+
+  mutable std::mutex mutex_;  // guards what follows but since_ and stop_
+  std::condition_variable queued_cv_, finished_cv_;
+  std::deque<Transfer> queue_;
+  Ticket started_ = 0, finished_ = 0;
+  std::exception_ptr failure_;  // the first transfer's that failed, ticket failed_ticket_
+  Ticket failed_ticket_ = 0;
+  std::pair<int, std::string> running_{kAll, "start-up"};  // the running transfer's peer, phase
+  Traffic traffic_;
+  std::atomic<int64_t> since_{0};  // when the running transfer started; 0: none runs
   std::atomic<bool> stop_{false};
-  std::thread watchdog_;
+  std::thread thread_, watchdog_;
 };
 
 bool LaunchedByMpi() {

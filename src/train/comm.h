@@ -21,26 +21,51 @@ class Comm {
   virtual ~Comm() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+
+  // Transfers run one at a time in the order they are started, on every rank, so that every
+  // rank's n-th transfer is the same collective. A Start* call returns at once with a ticket;
+  // Wait(ticket) returns when that transfer and every one started before it have finished, or
+  // fails with the first failure among them. What a transfer reads or writes stays valid, and
+  // untouched by the caller, until its ticket is waited for. The other calls wait for their own
+  // transfer. With MPI the transfers run on the exchange's own thread, beside the compute.
+  using Ticket = uint64_t;
+  // Every rank's `send` (all of one length) concatenated in rank order and given to `at_root` at
+  // `root`, valid during that call only. `at_root` runs on the thread that transfers, beside the
+  // caller's work: it may touch only what the caller leaves alone until the ticket is waited for
+  // (views into RAM, not an OpExecutor), and its ParallelFor loops run inline.
+  using AtRoot = std::function<void(std::span<const std::byte> all)>;
+  virtual Ticket StartGather(std::span<const std::byte> send, int root, AtRoot at_root) = 0;
+  // Every rank's `send` (lengths may differ) concatenated in rank order into `recv` everywhere;
+  // recv.size() must be the sum of the lengths.
+  virtual Ticket StartAllgather(std::span<const std::byte> send, std::span<std::byte> recv) = 0;
+  virtual void Wait(Ticket ticket) = 0;
+  // Whether Wait(ticket) would return at once.
+  virtual bool Done(Ticket ticket) = 0;
+
+  void Allgather(std::span<const std::byte> send, std::span<std::byte> recv) {
+    Wait(StartAllgather(send, recv));
+  }
   // Every rank's `send` (all of one length) concatenated in rank order into `recv` at `root`
   // (recv has size() * send.size() bytes there; it is not touched elsewhere).
   virtual void Gather(std::span<const std::byte> send, std::span<std::byte> recv, int root) = 0;
-  // Every rank's `send` (lengths may differ) concatenated in rank order into `recv` everywhere;
-  // recv.size() must be the sum of the lengths.
-  virtual void Allgather(std::span<const std::byte> send, std::span<std::byte> recv) = 0;
   // `bytes` of `root` copied into `bytes` of every other rank.
   virtual void Broadcast(std::span<std::byte> bytes, int root) = 0;
   // Point to point, for the checkpoint writer's requests (rank 0 asks an owner for a piece).
   virtual void Send(std::span<const std::byte> bytes, int to) = 0;
   virtual void Receive(std::span<std::byte> bytes, int from) = 0;
-  // Time spent in blocking exchanges and bytes this rank sent, since the start (for metrics).
+
+  // Since the start: the seconds transfers ran (`seconds`), the seconds the caller spent waiting
+  // for them (`waited_seconds`, at most `seconds`: the rest ran while the caller computed), and
+  // the bytes this rank sent (those a direct exchange would send: a broadcast root's to every
+  // other rank, and so on, whatever ring or tree MPI uses).
   struct Traffic {
-    double seconds = 0;
+    double seconds = 0, waited_seconds = 0;
     uint64_t bytes_sent = 0;
   };
-  Traffic traffic() const { return traffic_; }
+  virtual Traffic traffic() const { return {}; }
 
-  // What the process is doing, for the message of a collective that waits too long.
-  // (Read by the watchdog thread, hence the lock.)
+  // What the process is doing, for the message of a transfer that waits too long: each transfer
+  // keeps the phase it was started in. (Read by other threads, hence the lock.)
   void set_phase(std::string phase) {
     std::lock_guard lock(phase_mutex_);
     phase_ = std::move(phase);
@@ -49,9 +74,6 @@ class Comm {
     std::lock_guard lock(phase_mutex_);
     return phase_;
   }
-
- protected:
-  Traffic traffic_;
 
  private:
   mutable std::mutex phase_mutex_;
@@ -77,7 +99,8 @@ void RequireSameOnEveryRank(Comm& comm,
 // (OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_SIZE in the environment), a solo Comm otherwise. A
 // collective that waits more than `timeout_seconds` for the other ranks (one died or hangs)
 // prints an error naming this rank and the phase, then ends the process with exit code 3, which
-// makes mpirun stop the others.
+// makes mpirun stop the others. Transfers run on a thread of their own, the only one that calls
+// MPI; the caller computes while they run.
 std::unique_ptr<Comm> MakeWorldComm(double timeout_seconds);
 
 // Whether this binary was built with MPI (cmake -DLOCKSTEP_WITH_MPI=ON, the default).

@@ -70,33 +70,51 @@ std::vector<ElementRange> Exchange::HeldHere() const {
 }
 
 void Exchange::GatherToOwners(const ParamStore& group, const PartsAtOwner& at_owner) const {
-  for (size_t i = 0; i < specs_.size(); ++i) GatherTensorToOwners(i, group.Tensor(i), at_owner);
+  std::vector<float> received;
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    ForEachOwnerPiece(i, [&](int owner, int64_t begin, int64_t count) {
+      received.resize(owner == rank_ ? static_cast<size_t>(count * ranks_) : 0);
+      comm_.Gather(
+          Bytes(group.Tensor(i).subspan(static_cast<size_t>(begin), static_cast<size_t>(count))),
+          Bytes(std::span(received)), owner);
+      if (owner == rank_) at_owner(i, begin, count, received);
+    });
+  }
 }
 
-void Exchange::GatherTensorToOwners(size_t i, std::span<const float> tensor,
-                                    const PartsAtOwner& at_owner) const {
-  std::vector<float> received;
+Comm::Ticket Exchange::StartGatherTensorToOwners(size_t i, std::span<const float> tensor,
+                                                 const PartsAtOwner& at_owner) const {
+  Comm::Ticket last = 0;
+  ForEachOwnerPiece(i, [&](int owner, int64_t begin, int64_t count) {
+    last = comm_.StartGather(
+        Bytes(tensor.subspan(static_cast<size_t>(begin), static_cast<size_t>(count))), owner,
+        [i, begin, count, at_owner](std::span<const std::byte> all) {
+          at_owner(
+              i, begin, count,
+              std::span(reinterpret_cast<const float*>(all.data()), all.size() / sizeof(float)));
+        });
+  });
+  return last;
+}
+
+void Exchange::ForEachOwnerPiece(size_t i,
+                                 const std::function<void(int, int64_t, int64_t)>& piece) const {
   for (int owner = 0; owner < ranks_; ++owner) {
     const ElementRange held = Held(i, owner);
     for (int64_t begin = held.begin; begin < held.end; begin += kExchangePieceFloats) {
-      const int64_t count = std::min(kExchangePieceFloats, held.end - begin);
-      const std::span<const float> send =
-          tensor.subspan(static_cast<size_t>(begin), static_cast<size_t>(count));
-      received.resize(owner == rank_ ? static_cast<size_t>(count * ranks_) : 0);
-      comm_.Gather(Bytes(send), Bytes(std::span(received)), owner);
-      if (owner == rank_) at_owner(i, begin, count, received);
+      piece(owner, begin, std::min(kExchangePieceFloats, held.end - begin));
     }
   }
 }
 
-void Exchange::GatherParameter(size_t i, std::span<const float> mine,
-                               std::span<float> whole) const {
+Comm::Ticket Exchange::StartGatherParameter(size_t i, std::span<const float> mine,
+                                            std::span<float> whole) const {
   if (static_cast<int64_t>(mine.size()) != Held(i).size() ||
       static_cast<int64_t>(whole.size()) != specs_[i].numel()) {
     LOCKSTEP_INTERNAL("gathering tensor '{}' from {} of its {} elements into {}",
          specs_[i].name, mine.size(), specs_[i].numel(), whole.size());
   }
-  comm_.Allgather(std::as_bytes(mine), std::as_writable_bytes(whole));
+  return comm_.StartAllgather(std::as_bytes(mine), std::as_writable_bytes(whole));
 }
 
 ChunkTable Exchange::ShareChunkDigests(const ChunkTable& held) const {

@@ -58,13 +58,16 @@ class Exchange {
   // Held(i) in order) made into the whole table, on every rank.
   ChunkTable ShareChunkDigests(const ChunkTable& held) const;
 
-  // Tensor i's gradient of this round's group on this rank (`tensor`, whole) sent to the owners
-  // of its elements: GatherToOwners for one tensor.
-  void GatherTensorToOwners(size_t i, std::span<const float> tensor,
-                            const PartsAtOwner& at_owner) const;
-  // Full sharding: tensor i's parameters whole in `whole`, from every rank's range of it (`mine`
-  // is this rank's, Held(i)), concatenated in rank order.
-  void GatherParameter(size_t i, std::span<const float> mine, std::span<float> whole) const;
+  // Full sharding, beside the compute (Comm's tickets: the spans stay valid and untouched until
+  // the ticket is waited for). Tensor i's gradient of this round's group on this rank (`tensor`,
+  // whole) sent to the owners of its elements, as GatherToOwners does for every tensor; here
+  // `at_owner` runs on the exchange's thread (Comm::AtRoot says what it may touch).
+  Comm::Ticket StartGatherTensorToOwners(size_t i, std::span<const float> tensor,
+                                         const PartsAtOwner& at_owner) const;
+  // Tensor i's parameters whole in `whole`, from every rank's range of it (`mine` is this
+  // rank's, Held(i)), concatenated in rank order.
+  Comm::Ticket StartGatherParameter(size_t i, std::span<const float> mine,
+                                    std::span<float> whole) const;
 
   // Each owner's updated parameters sent to every rank, in `store`. Every received chunk is
   // checked against its owner's digest in `chunks`; a replica that differs (a faulty node, a
@@ -92,6 +95,10 @@ class Exchange {
   void EndPieceRequests() const;
 
  private:
+  // piece(owner, begin, count) for each owner of tensor i's elements in rank order, and each
+  // piece of its range in order: the exchange's unit of gradient transfers.
+  void ForEachOwnerPiece(size_t i, const std::function<void(int, int64_t, int64_t)>& piece) const;
+
   Comm& comm_;
   std::vector<ParamSpec> specs_;
   int rank_, ranks_;

@@ -116,6 +116,7 @@ std::string MetricsLineJson(const StepReport& r, const StepState& state, const D
                       {"step_seconds", r.seconds},
                       {"tokens_per_second", static_cast<double>(r.tokens) / r.seconds},
                       {"comm_seconds", r.comm_seconds},
+                      {"comm_hidden_seconds", r.comm_hidden_seconds},
                       {"comm_bytes", r.comm_bytes}};
   if (state_hash != nullptr) j["state_hash"] = ToHex(*state_hash);
   return j.dump();
@@ -127,15 +128,28 @@ std::vector<MetricsLine> ReadMetrics(const fs::path& path, TornLine torn) {
   for (size_t n = 0; n < lines.size(); ++n) {
     const std::string what = fmt::format("{}: line {}", path.string(), n + 1);
     const nlohmann::json j = ParseJsonStrict(lines[n], what);
-    static const std::set<std::string> kFields = {
-        "step", "loss", "zloss", "grad_norm", "clip_factor", "lr", "skipped", "tokens",
-        "tokens_blake2b", "step_seconds", "tokens_per_second", "comm_seconds", "comm_bytes"};
+    static const std::set<std::string> kFields = {"step",
+                                                  "loss",
+                                                  "zloss",
+                                                  "grad_norm",
+                                                  "clip_factor",
+                                                  "lr",
+                                                  "skipped",
+                                                  "tokens",
+                                                  "tokens_blake2b",
+                                                  "step_seconds",
+                                                  "tokens_per_second",
+                                                  "comm_seconds",
+                                                  "comm_hidden_seconds",
+                                                  "comm_bytes"};
+    // A line of an older lockstep's lacks it: absent, it reads as 0.
+    static const std::string kLater = "comm_hidden_seconds";
     if (!j.is_object()) Fail("{}: not a JSON object", what);
     for (const auto& [key, value] : j.items()) {
       if (!kFields.contains(key)) Fail("{}: unknown field \"{}\"", what, key);
     }
     for (const std::string& key : kFields) {
-      if (!j.contains(key)) Fail("{}: missing field \"{}\"", what, key);
+      if (!j.contains(key) && key != kLater) Fail("{}: missing field \"{}\"", what, key);
     }
     MetricsLine m;
     m.step = UnsignedField(j, "step", what);
@@ -156,6 +170,7 @@ std::vector<MetricsLine> ReadMetrics(const fs::path& path, TornLine torn) {
     m.step_seconds = NumberOrNull(j, "step_seconds", what);
     m.tokens_per_second = NumberOrNull(j, "tokens_per_second", what);
     m.comm_seconds = NumberOrNull(j, "comm_seconds", what);
+    if (j.contains(kLater)) m.comm_hidden_seconds = NumberOrNull(j, kLater.c_str(), what);
     m.comm_bytes = UnsignedField(j, "comm_bytes", what);
     metrics.push_back(m);
   }

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <numeric>
 #include <optional>
@@ -738,68 +739,145 @@ class GroupAccess final : public TensorAccess {
   ParamStore& grads_;
 };
 
-
 // Full sharding (docs/distributed.md, "Full sharding"): each parameter gathered whole from its
-// owners when the Model opens it -- in the forward, and again in the backward -- and dropped
-// when it closes it; each gradient, final when the Model closes it (a group is one microbatch),
-// sent to the owners of its elements at once and added there into G in group order (round 0's
-// first group copied, every later one added), as FoldRound adds a round's group buffers.
+// owners when the Model says it will open it (WillOpenParam: the next layer's while this one
+// computes) and dropped when it closes it, in the forward and again in the backward; each
+// gradient, final when the Model closes it (a group is one microbatch), sent to the owners of
+// its elements at once, and added there, on the exchange's thread, into G in group order (round
+// 0's first group copied, every later one added), as FoldRound adds a round's group buffers.
 // The parameters gathered in the forward are checked against their owners' chunk digests of the
-// last step (when this process has them: not in the first step after a restore).
+// last step (when this process has them: not in the first step after a restore). Finish waits
+// for every transfer; the gradients are in G after it.
 class ShardedAccess final : public TensorAccess {
  public:
-  ShardedAccess(StateStore& store, const Exchange& exchange, OpExecutor* executor,
-                int64_t round, const std::vector<std::vector<Digest>>& param_chunks,
-                bool corrupt)
+  ShardedAccess(StateStore& store, const Exchange& exchange, OpExecutor* executor, int64_t round,
+                const std::vector<std::vector<Digest>>& param_chunks, bool corrupt)
       : store_(store),
         exchange_(exchange),
         executor_(executor),
-        round_(round),
         param_chunks_(param_chunks),
-        corrupt_(corrupt) {}
-
-  std::span<const float> OpenParam(size_t i) override {
-    const ElementRange held = exchange_.Held(i);
-    const Piece mine = store_.Acquire(StateArray::kParam, i, held.begin, held.size(), true);
-    if (executor_ != nullptr) executor_->ToHost(mine.data);
-    std::vector<float>& whole = open_[i];
-    whole.resize(static_cast<size_t>(exchange_.specs()[i].numel()));
-    exchange_.GatherParameter(i, mine.data, whole);
-    store_.Release(mine, /*store=*/false);
-    if (checked_.insert(i).second && !param_chunks_.empty()) Check(i, whole);
-    return whole;
+        corrupt_(corrupt),
+        first_group_(round == 0) {
+    LOCKSTEP_CHECK(store.location() == StateStore::Location::kRam, "a fully sharded store in RAM");
+    // This rank's G, written on the exchange's thread: views into RAM, made current on the host
+    // here (an OpExecutor is called from this thread only).
+    for (size_t i = 0; i < exchange.specs().size(); ++i) {
+      const ElementRange held = exchange.Held(i);
+      grads_.push_back(store.Acquire(StateArray::kGrad, i, held.begin, held.size(), round > 0));
+      if (executor_ != nullptr) {
+        if (round > 0) executor_->ToHost(grads_.back().data);
+        executor_->HostWrites(grads_.back().data);
+      }
+    }
   }
-  void CloseParam(size_t i) override { open_.erase(i); }
+  ShardedAccess(const ShardedAccess&) = delete;
+  ShardedAccess& operator=(const ShardedAccess&) = delete;
+  ~ShardedAccess() override {
+    // Unwinding: the exchange's thread may still use the buffers below.
+    try {
+      WaitForAll();
+    } catch (...) {  // the error that unwinds is the one to report
+    }
+  }
+
+  void WillOpenParam(size_t i) override {
+    if (params_.contains(i)) return;
+    OpenParamState& p = params_[i];
+    const ElementRange held = exchange_.Held(i);
+    p.mine = store_.Acquire(StateArray::kParam, i, held.begin, held.size(), /*load=*/true);
+    if (executor_ != nullptr) executor_->ToHost(p.mine.data);
+    p.whole.resize(static_cast<size_t>(exchange_.specs()[i].numel()));
+    last_ = p.ticket = exchange_.StartGatherParameter(i, p.mine.data, p.whole);
+  }
+  std::span<const float> OpenParam(size_t i) override {
+    WillOpenParam(i);
+    OpenParamState& p = params_.at(i);
+    exchange_.comm().Wait(p.ticket);
+    if (checked_.insert(i).second && !param_chunks_.empty()) Check(i, p.whole);
+    return p.whole;
+  }
+  void CloseParam(size_t i) override {
+    const auto it = params_.find(i);
+    LOCKSTEP_CHECK(it != params_.end(), "parameter {} closed, not open", i);
+    store_.Release(it->second.mine, /*store=*/false);
+    params_.erase(it);
+  }
   std::span<float> OpenGrad(size_t i, bool accumulate) override {
-    if (accumulate) LOCKSTEP_INTERNAL("a fully sharded group accumulates no microbatches");
+    LOCKSTEP_CHECK(!accumulate, "a fully sharded group accumulates no microbatches");
+    grad_.swap(spare_);  // a buffer a finished send left, if any
     grad_.resize(static_cast<size_t>(exchange_.specs()[i].numel()));
     return grad_;
   }
   void CloseGrad(size_t i) override {
-    exchange_.GatherTensorToOwners(
-        i, grad_, [&](size_t t, int64_t begin, int64_t count, std::span<const float> parts) {
-          const Piece total = store_.Acquire(StateArray::kGrad, t, begin, count, round_ > 0);
-          if (executor_ != nullptr) {
-            executor_->ToHost(total.data);
-            executor_->HostWrites(total.data);
-          }
-          for (int r = 0; r < exchange_.ranks(); ++r) {
-            const auto part =
-                parts.subspan(static_cast<size_t>(r * count), static_cast<size_t>(count));
-            if (round_ == 0 && r == 0) {
-              std::ranges::copy(part, total.data.begin());
-            } else {
-              rk::AddInto(part, total.data);
-            }
-          }
-          store_.Release(total, /*store=*/true);
+    // At most kSendsInFlight gradients on their way at once (and one open): the memory bound.
+    while (!sends_.empty() && exchange_.comm().Done(sends_.front().ticket)) Retire();
+    if (sends_.size() == kSendsInFlight) {
+      exchange_.comm().Wait(sends_.front().ticket);
+      Retire();
+    }
+    sends_.push_back({std::move(grad_), 0});
+    grad_ = {};
+    Send& send = sends_.back();
+    send.ticket = exchange_.StartGatherTensorToOwners(
+        i, send.tensor,
+        [this](size_t t, int64_t begin, int64_t count, std::span<const float> parts) {
+          Fold(t, begin, count, parts);
         });
+    last_ = send.ticket;
+  }
+
+  // Every transfer done: the group's gradients are in G, and G's pieces released.
+  void Finish() {
+    WaitForAll();
+    for (const Piece& g : grads_) store_.Release(g, /*store=*/true);
+    grads_.clear();
   }
   // This rank's first received chunk that differs from its owner's digest, as {tensor, owner,
   // first element}, or all -1 (Exchange::StopOnDivergedCopies).
   const std::array<int64_t, 3>& diverged() const { return diverged_; }
 
  private:
+  static constexpr size_t kSendsInFlight = 2;
+
+  struct OpenParamState {
+    Piece mine;                // this rank's range of it, in the store
+    std::vector<float> whole;  // gathered
+    Comm::Ticket ticket = 0;
+  };
+  struct Send {
+    std::vector<float> tensor;
+    Comm::Ticket ticket = 0;
+  };
+
+  void WaitForAll() {
+    exchange_.comm().Wait(last_);
+    sends_.clear();
+    spare_ = {};
+  }
+  // The oldest send is done: its buffer is kept for the next gradient (no fresh pages to fault
+  // in), the larger of the two if one is kept already.
+  void Retire() {
+    std::vector<float>& done = sends_.front().tensor;
+    if (done.capacity() > spare_.capacity()) spare_.swap(done);
+    sends_.pop_front();
+  }
+
+  // On the exchange's thread: every rank's part of [begin, begin + count) of tensor t's
+  // gradient, in rank order, added into this rank's G in that order.
+  void Fold(size_t t, int64_t begin, int64_t count, std::span<const float> parts) {
+    const Piece& g = grads_[t];
+    const std::span<float> total =
+        g.data.subspan(static_cast<size_t>(begin - g.begin), static_cast<size_t>(count));
+    for (int r = 0; r < exchange_.ranks(); ++r) {
+      const auto part = parts.subspan(static_cast<size_t>(r * count), static_cast<size_t>(count));
+      if (first_group_ && r == 0) {
+        std::ranges::copy(part, total.begin());
+      } else {
+        rk::AddInto(part, total);
+      }
+    }
+  }
+
   void Check(size_t i, std::span<float> whole) {
     for (int r = 0; r < exchange_.ranks(); ++r) {
       const ElementRange range = exchange_.Held(i, r);
@@ -824,12 +902,16 @@ class ShardedAccess final : public TensorAccess {
   StateStore& store_;
   const Exchange& exchange_;
   OpExecutor* executor_;
-  int64_t round_;
   const std::vector<std::vector<Digest>>& param_chunks_;
   bool corrupt_;
-  std::map<size_t, std::vector<float>> open_;  // the gathered parameters the Model holds open
-  std::vector<float> grad_;                    // the one gradient open
-  std::set<size_t> checked_;                   // tensors checked (in the forward)
+  const bool first_group_;
+  std::vector<Piece> grads_;                 // this rank's range of G, per tensor
+  std::map<size_t, OpenParamState> params_;  // gathered or on their way, by tensor
+  std::vector<float> grad_;                  // the one gradient open
+  std::vector<float> spare_;                 // a finished send's buffer
+  std::deque<Send> sends_;                   // gradients on their way to their owners
+  Comm::Ticket last_ = 0;                    // the last transfer started
+  std::set<size_t> checked_;                 // tensors checked (in the forward)
   std::array<int64_t, 3> diverged_{-1, -1, -1};
 };
 
@@ -966,6 +1048,7 @@ StepReport Trainer::Step() {
                            faults_.replica && faults_.replica->rank == rank_ &&
                                faults_.replica->step == report.step && round == 0);
       group_sums = RunGroup(group, cursor, access, tokens, microbatches);
+      access.Finish();
       exchange_->StopOnDivergedCopies(
           access.diverged(),
           [&](size_t i) -> const std::vector<Digest>& { return param_chunks_[i]; }, report.step);
@@ -1083,8 +1166,11 @@ StepReport Trainer::Step() {
   discarded_ = discard_next_;
   discard_next_ = false;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  report.comm_seconds = comm_.traffic().seconds - traffic.seconds;
-  report.comm_bytes = comm_.traffic().bytes_sent - traffic.bytes_sent;
+  const Comm::Traffic after = comm_.traffic();
+  report.comm_seconds = after.seconds - traffic.seconds;
+  report.comm_hidden_seconds =
+      std::max(0.0, report.comm_seconds - (after.waited_seconds - traffic.waited_seconds));
+  report.comm_bytes = after.bytes_sent - traffic.bytes_sent;
   return report;
 }
 

@@ -16,6 +16,7 @@
 
 #include "common/run_lockstep.h"
 #include "lockstep/core.h"
+#include "lockstep/train.h"
 
 namespace lockstep {
 namespace {
@@ -89,6 +90,26 @@ TEST_F(Distributed, OneTwoAndFourProcessesCommitTheSameChainAndCheckpoints) {
   EXPECT_EQ(Text("n1/metrics.jsonl").find("\"skipped\":true"), std::string::npos);
   ExpectSameCheckpoints("n1", "n2");
   ExpectSameCheckpoints("n1", "n4");
+
+  // Every step reports its exchanges: none in one process; with several, the part hidden behind
+  // the compute (the next layer's parameters gathered while this one computes) is within the
+  // exchanges' time, and over the run more than nothing.
+  for (const train::MetricsLine& m : train::ReadMetrics(dir_ / "n1/metrics.jsonl")) {
+    EXPECT_EQ(m.comm_seconds, 0.0) << m.step;
+    EXPECT_EQ(m.comm_hidden_seconds, 0.0) << m.step;
+    EXPECT_EQ(m.comm_bytes, 0u) << m.step;
+  }
+  for (const char* run : {"n2", "n4"}) {
+    double hidden = 0;
+    for (const train::MetricsLine& m : train::ReadMetrics(dir_ / run / "metrics.jsonl")) {
+      EXPECT_GT(m.comm_seconds, 0.0) << run << " step " << m.step;
+      EXPECT_GT(m.comm_bytes, 0u) << run << " step " << m.step;
+      EXPECT_GE(m.comm_hidden_seconds, 0.0) << run << " step " << m.step;
+      EXPECT_LE(m.comm_hidden_seconds, m.comm_seconds) << run << " step " << m.step;
+      hidden += m.comm_hidden_seconds;
+    }
+    EXPECT_GT(hidden, 0.0) << run;
+  }
 }
 
 // Ranks that disagree on what they run are refused at start, every rank naming the rank and the
