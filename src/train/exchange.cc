@@ -11,9 +11,9 @@
 namespace lockstep::train {
 namespace {
 
-// Gradients and parameters travel between ranks in pieces of this many floats (16 MiB, whole
+// Gradients and parameters travel between ranks in pieces of this many floats (4 MiB, whole
 // hash chunks): an owner gathering a piece holds N of them at once.
-constexpr int64_t kExchangePieceFloats = int64_t{1} << 22;
+constexpr int64_t kExchangePieceFloats = int64_t{1} << 20;
 static_assert(kExchangePieceFloats % kHashChunkFloats == 0);
 
 // A checkpoint piece request from rank 0 to an owner: tensor, array, begin, count; tensor -1

@@ -745,9 +745,10 @@ class GroupAccess final : public TensorAccess {
 // gradient, final when the Model closes it (a group is one microbatch), sent to the owners of
 // its elements at once, and added there, on the exchange's thread, into G in group order (round
 // 0's first group copied, every later one added), as FoldRound adds a round's group buffers.
-// The parameters gathered in the forward are checked against their owners' chunk digests of the
-// last step (when this process has them: not in the first step after a restore). Finish waits
-// for every transfer; the gradients are in G after it.
+// A parameter the Model closes and asks for again at once (the head, from the forward into the
+// backward) is kept, not gathered again. The parameters gathered in the forward are checked
+// against their owners' chunk digests of the last step (when this process has them: not in the
+// first step after a restore). Finish waits for every transfer; the gradients are in G after it.
 class ShardedAccess final : public TensorAccess {
  public:
   ShardedAccess(StateStore& store, const Exchange& exchange, OpExecutor* executor, int64_t round,
@@ -781,10 +782,16 @@ class ShardedAccess final : public TensorAccess {
   }
 
   void WillOpenParam(size_t i) override {
+    if (closed_ && closed_->first != i) closed_.reset();
     if (params_.contains(i)) return;
     OpenParamState& p = params_[i];
     const ElementRange held = exchange_.Held(i);
     p.mine = store_.Acquire(StateArray::kParam, i, held.begin, held.size(), /*load=*/true);
+    if (closed_) {  // closed by the call before: still whole here
+      p.whole = std::move(closed_->second);
+      closed_.reset();
+      return;
+    }
     if (executor_ != nullptr) executor_->ToHost(p.mine.data);
     p.whole.resize(static_cast<size_t>(exchange_.specs()[i].numel()));
     last_ = p.ticket = exchange_.StartGatherParameter(i, p.mine.data, p.whole);
@@ -800,15 +807,18 @@ class ShardedAccess final : public TensorAccess {
     const auto it = params_.find(i);
     LOCKSTEP_CHECK(it != params_.end(), "parameter {} closed, not open", i);
     store_.Release(it->second.mine, /*store=*/false);
+    closed_.emplace(i, std::move(it->second.whole));
     params_.erase(it);
   }
   std::span<float> OpenGrad(size_t i, bool accumulate) override {
     LOCKSTEP_CHECK(!accumulate, "a fully sharded group accumulates no microbatches");
+    closed_.reset();
     grad_.swap(spare_);  // a buffer a finished send left, if any
     grad_.resize(static_cast<size_t>(exchange_.specs()[i].numel()));
     return grad_;
   }
   void CloseGrad(size_t i) override {
+    closed_.reset();
     // At most kSendsInFlight gradients on their way at once (and one open): the memory bound.
     while (!sends_.empty() && exchange_.comm().Done(sends_.front().ticket)) Retire();
     if (sends_.size() == kSendsInFlight) {
@@ -853,6 +863,7 @@ class ShardedAccess final : public TensorAccess {
     exchange_.comm().Wait(last_);
     sends_.clear();
     spare_ = {};
+    closed_.reset();
   }
   // The oldest send is done: its buffer is kept for the next gradient (no fresh pages to fault
   // in), the larger of the two if one is kept already.
@@ -907,6 +918,8 @@ class ShardedAccess final : public TensorAccess {
   const bool first_group_;
   std::vector<Piece> grads_;                 // this rank's range of G, per tensor
   std::map<size_t, OpenParamState> params_;  // gathered or on their way, by tensor
+  // The parameter the last call closed, whole, while no other call has come.
+  std::optional<std::pair<size_t, std::vector<float>>> closed_;
   std::vector<float> grad_;                  // the one gradient open
   std::vector<float> spare_;                 // a finished send's buffer
   std::deque<Send> sends_;                   // gradients on their way to their owners
