@@ -920,11 +920,11 @@ class ShardedAccess final : public TensorAccess {
   std::map<size_t, OpenParamState> params_;  // gathered or on their way, by tensor
   // The parameter the last call closed, whole, while no other call has come.
   std::optional<std::pair<size_t, std::vector<float>>> closed_;
-  std::vector<float> grad_;                  // the one gradient open
-  std::vector<float> spare_;                 // a finished send's buffer
-  std::deque<Send> sends_;                   // gradients on their way to their owners
-  Comm::Ticket last_ = 0;                    // the last transfer started
-  std::set<size_t> checked_;                 // tensors checked (in the forward)
+  std::vector<float> grad_;   // the one gradient open
+  std::vector<float> spare_;  // a finished send's buffer
+  std::deque<Send> sends_;    // gradients on their way to their owners
+  Comm::Ticket last_ = 0;     // the last transfer started
+  std::set<size_t> checked_;  // tensors checked (in the forward)
   std::array<int64_t, 3> diverged_{-1, -1, -1};
 };
 
