@@ -24,7 +24,9 @@ namespace lockstep::dispute {
 // (The Merkle tree over the records is core's: MerkleRoot, InclusionProof, VerifyInclusion.)
 
 // ---- traces ----------------------------------------------------------------------------------
-struct TensorDigest {
+// One tensor of an op in a trace record: its role in the op (docs/disputes.md), element type and
+// count, and the BLAKE2b of its bytes. (The state hash's per-tensor digests are TensorDigest.)
+struct OpTensorDigest {
   std::string role;
   std::string dtype;  // "f32", "u32" or "f64"
   int64_t elements = 0;
@@ -38,7 +40,7 @@ struct TraceRecord {
   std::string op;
   int64_t layer = -1;
   std::vector<std::pair<std::string, double>> args;  // in the op's order
-  std::vector<TensorDigest> inputs, outputs;
+  std::vector<OpTensorDigest> inputs, outputs;
   std::string line;  // the record exactly as written (its leaf hashes these bytes)
 
   double Arg(std::string_view name) const;  // fails naming the record when absent

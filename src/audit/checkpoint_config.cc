@@ -1,8 +1,8 @@
 // The run config a checkpoint was trained with, rebuilt from the run descriptor it records.
 #include <nlohmann/json.hpp>
 
-#include "core/json.h"
 #include "lockstep/audit.h"
+#include "lockstep/json.h"
 
 namespace lockstep::audit {
 

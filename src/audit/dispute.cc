@@ -128,14 +128,14 @@ std::string Describe(const TraceRecord& r) {
 
 // The tensors of two records that differ, by role (a missing role shows as "-").
 std::vector<std::tuple<std::string, std::string, std::string>> Differing(
-    const std::vector<TensorDigest>& a, const std::vector<TensorDigest>& b) {
+    const std::vector<OpTensorDigest>& a, const std::vector<OpTensorDigest>& b) {
   std::vector<std::tuple<std::string, std::string, std::string>> out;
   std::set<std::string> roles;
   for (const auto* list : {&a, &b}) {
-    for (const TensorDigest& t : *list) roles.insert(t.role);
+    for (const OpTensorDigest& t : *list) roles.insert(t.role);
   }
-  auto find = [](const std::vector<TensorDigest>& list, const std::string& role) {
-    for (const TensorDigest& t : list) {
+  auto find = [](const std::vector<OpTensorDigest>& list, const std::string& role) {
+    for (const OpTensorDigest& t : list) {
       if (t.role == role) return fmt::format("{}[{}] {}", t.dtype, t.elements, ToHex(t.blake2b));
     }
     return std::string("-");

@@ -4,14 +4,14 @@
 #include <map>
 
 #include "lockstep/build_info.h"
+#include "lockstep/json.h"
 #include "lockstep/kit.h"
 #include "lockstep/train.h"
-#include "state/internal.h"
 
 namespace lockstep::kit {
 namespace {
 namespace fs = std::filesystem;
-using state_internal::Json;
+using Json = nlohmann::json;
 
 constexpr std::string_view kConfigName = "config.yaml";
 constexpr std::string_view kDataDir = "data";
@@ -70,7 +70,7 @@ std::string ConfigYaml(const Json& descriptor, std::string_view what) {
     for (const auto& [key, value] : descriptor[section].items()) {
       if (value.is_structured()) {
         Fail("{}: descriptor field {}.{} = {} is not a scalar", what, section, key,
-             state_internal::Shown(value));
+             ShownJson(value));
       }
       yaml += fmt::format("  {}: {}\n", key, value.dump());
     }
@@ -155,7 +155,7 @@ Trajectory BuildKit(const BuildOptions& options) {
   const std::string& descriptor = checkpoints.front().descriptor;
   const std::string descriptor_what = (checkpoints.front().dir / RunLayout::kMeta).string() +
                                       ": field \"descriptor\"";
-  const Json descriptor_json = state_internal::ParseJsonStrict(descriptor, descriptor_what);
+  const Json descriptor_json = ParseJsonStrict(descriptor, descriptor_what);
   if (!descriptor_json.is_object()) Fail("{}: not a JSON object", descriptor_what);
   auto recorded = [&](const char* key) {
     return descriptor_json.contains(key) ? descriptor_json[key] : Json();
@@ -166,15 +166,15 @@ Trajectory BuildKit(const BuildOptions& options) {
   const data::Dataset dataset = data::OpenDataset(options.data_dir);
   const std::string manifest_hex = ToHex(dataset.manifest_digest());
   if (recorded("data_manifest_blake2b") != Json(manifest_hex)) {
-    Fail("--data {}: manifest.json has BLAKE2b {}, but the run trained on data_manifest_blake2b "
-         "{} ({})",
-         options.data_dir.string(), manifest_hex,
-         state_internal::Shown(recorded("data_manifest_blake2b")), descriptor_what);
+    Fail(
+        "--data {}: manifest.json has BLAKE2b {}, but the run trained on data_manifest_blake2b "
+        "{} ({})",
+        options.data_dir.string(), manifest_hex, ShownJson(recorded("data_manifest_blake2b")),
+        descriptor_what);
   }
   if (recorded("contract_version") != Json(build::kContractVersion)) {
-    Fail("{}: contract_version {}, this lockstep implements numerics contract v{}",
-         descriptor_what, state_internal::Shown(recorded("contract_version")),
-         build::kContractVersion);
+    Fail("{}: contract_version {}, this lockstep implements numerics contract v{}", descriptor_what,
+         ShownJson(recorded("contract_version")), build::kContractVersion);
   }
   const std::string config_yaml = ConfigYaml(descriptor_json, descriptor_what);
   const RunConfig config = ParseRunConfig(config_yaml, "the kit's config.yaml");

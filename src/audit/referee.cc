@@ -18,7 +18,7 @@ namespace {
 // An op's tensors by role, in their dtypes (rk::OpValues), and their digests.
 using OpData = rk::OpValues;
 
-Digest DigestOf(const OpData& data, const TensorDigest& t) {
+Digest DigestOf(const OpData& data, const OpTensorDigest& t) {
   auto bytes = [](const auto& v) {
     return std::span(reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(v[0]));
   };
@@ -73,8 +73,8 @@ OpData Recompute(const TraceRecord& r, OpData in) {
 }
 
 // Whether `data` holds every tensor of `expected`, each with its digest.
-bool SameDigests(const OpData& data, const std::vector<TensorDigest>& expected) {
-  for (const TensorDigest& t : expected) {
+bool SameDigests(const OpData& data, const std::vector<OpTensorDigest>& expected) {
+  for (const OpTensorDigest& t : expected) {
     const bool present = t.dtype == "u32"   ? data.u32.contains(t.role)
                          : t.dtype == "f64" ? data.f64.contains(t.role)
                                             : data.f32.contains(t.role);
@@ -104,7 +104,7 @@ RefereeVerdict Referee(const RefereeOptions& o) {
   }
   if (ra.inputs.size() != rb.inputs.size() ||
       !std::equal(ra.inputs.begin(), ra.inputs.end(), rb.inputs.begin(),
-                  [](const TensorDigest& x, const TensorDigest& y) {
+                  [](const OpTensorDigest& x, const OpTensorDigest& y) {
                     return x.role == y.role && x.dtype == y.dtype && x.elements == y.elements &&
                            x.blake2b == y.blake2b;
                   })) {
@@ -139,7 +139,8 @@ RefereeVerdict Referee(const RefereeOptions& o) {
                       {"layer", ra.layer},
                       {"microbatch", ra.microbatch}};
   nlohmann::json recomputed_digests = nlohmann::json::object();
-  for (const TensorDigest& t : ra.outputs) recomputed_digests[t.role] = ToHex(DigestOf(recomputed, t));
+  for (const OpTensorDigest& t : ra.outputs)
+    recomputed_digests[t.role] = ToHex(DigestOf(recomputed, t));
   j["recomputed"] = recomputed_digests;
   // A party is right when its committed outputs equal the recomputation; a party whose dump
   // does not match its own record has not revealed what it committed to.

@@ -18,9 +18,9 @@
 #include <tuple>
 #include <vector>
 
-#include "core/json.h"
 #include "lockstep/audit.h"
 #include "lockstep/build_info.h"
+#include "lockstep/json.h"
 #include "lockstep/kit.h"
 #include "lockstep/train.h"
 

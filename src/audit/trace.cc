@@ -12,12 +12,12 @@
 #include "lockstep/audit.h"
 #include "lockstep/data.h"
 #include "lockstep/dispute.h"
+#include "lockstep/json.h"
 #include "lockstep/train.h"
-#include "state/internal.h"
 
 namespace lockstep::dispute {
 namespace fs = std::filesystem;
-using state_internal::Json;
+using Json = nlohmann::json;
 
 // ---- records ---------------------------------------------------------------------------------
 
@@ -176,39 +176,38 @@ class TraceRecorder final : public OpObserver {
   std::map<int64_t, Dump> dumps_;
 };
 
-std::vector<TensorDigest> TensorsOf(const Json& list, const std::string& what) {
+std::vector<OpTensorDigest> TensorsOf(const Json& list, const std::string& what) {
   if (!list.is_array()) Fail("{}: not an array", what);
-  std::vector<TensorDigest> out;
+  std::vector<OpTensorDigest> out;
   for (const Json& t : list) {
-    state_internal::RequireKeys(t, {"role", "dtype", "elements", "blake2b"}, what);
-    TensorDigest d;
-    d.role = state_internal::StringField(t, "role", what);
-    d.dtype = state_internal::StringField(t, "dtype", what);
+    RequireKeys(t, {"role", "dtype", "elements", "blake2b"}, what);
+    OpTensorDigest d;
+    d.role = StringField(t, "role", what);
+    d.dtype = StringField(t, "dtype", what);
     if (d.dtype != "f32" && d.dtype != "u32" && d.dtype != "f64") {
       Fail("{}: dtype '{}' (expected f32, u32 or f64)", what, d.dtype);
     }
-    const uint64_t elements = state_internal::U64Field(t, "elements", what);
+    const uint64_t elements = U64Field(t, "elements", what);
     if (elements > (uint64_t{1} << 60)) Fail("{}: elements = {} is too large", what, elements);
     d.elements = static_cast<int64_t>(elements);
-    d.blake2b = state_internal::DigestField(t, "blake2b", what);
+    d.blake2b = DigestField(t, "blake2b", what);
     out.push_back(std::move(d));
   }
   return out;
 }
 
 TraceRecord ParseRecord(const std::string& line, const std::string& what) {
-  const Json j = state_internal::ParseJsonStrict(line, what);
-  state_internal::RequireKeys(
-      j, {"index", "step", "microbatch", "op", "layer", "args", "inputs", "outputs"}, what);
+  const Json j = ParseJsonStrict(line, what);
+  RequireKeys(j, {"index", "step", "microbatch", "op", "layer", "args", "inputs", "outputs"}, what);
   TraceRecord r;
-  r.index = static_cast<int64_t>(state_internal::U64Field(j, "index", what));
-  r.step = state_internal::U64Field(j, "step", what);
+  r.index = static_cast<int64_t>(U64Field(j, "index", what));
+  r.step = U64Field(j, "step", what);
   for (const char* key : {"microbatch", "layer"}) {
     if (!j[key].is_number_integer()) Fail("{}: {} is not an integer", what, key);
   }
   r.microbatch = j["microbatch"].get<int64_t>();
   r.layer = j["layer"].get<int64_t>();
-  r.op = state_internal::StringField(j, "op", what);
+  r.op = StringField(j, "op", what);
   if (!j["args"].is_object()) Fail("{}: args is not an object", what);
   for (const auto& [key, value] : j["args"].items()) {
     if (!value.is_number()) Fail("{}: args.{} is not a number", what, key);
@@ -221,9 +220,9 @@ TraceRecord ParseRecord(const std::string& line, const std::string& what) {
   if (spec == nullptr) Fail("{}: op '{}' is not an op lockstep records", what, r.op);
   std::vector<std::string_view> names;
   for (const auto& [name, value] : r.args) names.push_back(name);
-  const auto roles = [](const std::vector<TensorDigest>& tensors) {
+  const auto roles = [](const std::vector<OpTensorDigest>& tensors) {
     std::vector<rk::RoleAndDtype> out;
-    for (const TensorDigest& t : tensors) {
+    for (const OpTensorDigest& t : tensors) {
       out.emplace_back(t.role, t.dtype == "u32"   ? rk::Dtype::kU32
                                : t.dtype == "f64" ? rk::Dtype::kF64
                                                   : rk::Dtype::kF32);
@@ -305,21 +304,20 @@ Trace WriteTrace(const TraceOptions& o) {
 
 Trace ReadTrace(const fs::path& dir) {
   const std::string header_what = (dir / "trace.json").string();
-  const Json h = state_internal::ParseJsonStrict(ReadFileText(dir / "trace.json"), header_what);
-  state_internal::RequireKeys(h,
-                              {"format", "format_version", "step", "checkpoint_step",
-                               "checkpoint_hash", "state_hash", "records", "merkle_root"},
-                              header_what);
-  state_internal::RequireFormat(h, kTraceFormat, kTraceVersion, header_what);
+  const Json h = ParseJsonStrict(ReadFileText(dir / "trace.json"), header_what);
+  RequireKeys(h,
+              {"format", "format_version", "step", "checkpoint_step", "checkpoint_hash",
+               "state_hash", "records", "merkle_root"},
+              header_what);
+  RequireFormat(h, kTraceFormat, kTraceVersion, header_what);
   Trace trace;
   trace.dir = dir;
-  trace.header.step = state_internal::U64Field(h, "step", header_what);
-  trace.header.checkpoint_step = state_internal::U64Field(h, "checkpoint_step", header_what);
-  trace.header.checkpoint_hash = state_internal::DigestField(h, "checkpoint_hash", header_what);
-  trace.header.state_hash = state_internal::DigestField(h, "state_hash", header_what);
-  trace.header.records =
-      static_cast<int64_t>(state_internal::U64Field(h, "records", header_what));
-  trace.header.merkle_root = state_internal::DigestField(h, "merkle_root", header_what);
+  trace.header.step = U64Field(h, "step", header_what);
+  trace.header.checkpoint_step = U64Field(h, "checkpoint_step", header_what);
+  trace.header.checkpoint_hash = DigestField(h, "checkpoint_hash", header_what);
+  trace.header.state_hash = DigestField(h, "state_hash", header_what);
+  trace.header.records = static_cast<int64_t>(U64Field(h, "records", header_what));
+  trace.header.merkle_root = DigestField(h, "merkle_root", header_what);
 
   const fs::path records = dir / "records.jsonl";
   const std::string text = ReadFileText(records);

@@ -1,4 +1,6 @@
-#include "core/json.h"
+#include "lockstep/json.h"
+
+#include <fmt/format.h>
 
 #include <set>
 #include <vector>
@@ -64,6 +66,54 @@ std::string ShownJson(const nlohmann::json& value) {
   std::string text = value.dump();
   if (text.size() > 80) text = text.substr(0, 77) + "...";
   return text;
+}
+
+void RequireKeys(const nlohmann::json& value, std::initializer_list<std::string_view> keys,
+                 std::string_view what) {
+  if (!value.is_object()) Fail("{}: expected a JSON object, got {}", what, ShownJson(value));
+  for (std::string_view key : keys) {
+    if (!value.contains(key)) Fail("{}: missing field \"{}\"", what, key);
+  }
+  for (const auto& [key, unused] : value.items()) {
+    bool known = false;
+    for (std::string_view k : keys) known = known || k == key;
+    if (!known) Fail("{}: unknown field \"{}\"", what, key);
+  }
+}
+
+uint64_t AsU64(const nlohmann::json& value, std::string_view what) {
+  // nlohmann parses every non-negative integer literal as number_unsigned; anything else
+  // (negative, fractional, string) would otherwise be converted silently.
+  if (!value.is_number_unsigned()) {
+    Fail("{}: expected an unsigned integer, got {}", what, ShownJson(value));
+  }
+  return value.get<uint64_t>();
+}
+
+void RequireFormat(const nlohmann::json& object, std::string_view format, uint64_t version,
+                   std::string_view what) {
+  const std::string got = StringField(object, "format", what);
+  if (got != format) Fail("{}: field \"format\" is '{}', expected '{}'", what, got, format);
+  const uint64_t got_version = U64Field(object, "format_version", what);
+  if (got_version != version) {
+    Fail("{}: field \"format_version\" is {}, this build reads version {}", what, got_version,
+         version);
+  }
+}
+
+uint64_t U64Field(const nlohmann::json& object, const char* key, std::string_view what) {
+  return AsU64(object.at(key), fmt::format("{}: field \"{}\"", what, key));
+}
+
+std::string StringField(const nlohmann::json& object, const char* key, std::string_view what) {
+  const nlohmann::json& value = object.at(key);
+  if (!value.is_string())
+    Fail("{}: field \"{}\": expected a string, got {}", what, key, ShownJson(value));
+  return value.get<std::string>();
+}
+
+Digest DigestField(const nlohmann::json& object, const char* key, std::string_view what) {
+  return DigestFromHex(StringField(object, key, what), fmt::format("{}: field \"{}\"", what, key));
 }
 
 }  // namespace lockstep

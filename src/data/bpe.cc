@@ -18,8 +18,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/json.h"
 #include "data/tokenizers.h"
+#include "lockstep/json.h"
 
 namespace lockstep::data {
 namespace {

@@ -5,8 +5,8 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "core/json.h"
 #include "lockstep/data.h"
+#include "lockstep/json.h"
 
 namespace lockstep::data {
 namespace {

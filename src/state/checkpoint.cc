@@ -83,7 +83,7 @@ std::map<std::string, std::string> FileMetadata(std::string_view content, uint64
 std::string FloatBits(float value) { return fmt::format("{:08x}", std::bit_cast<uint32_t>(value)); }
 
 float FloatFromBits(const Json& meta, const char* key, std::string_view what) {
-  const std::string text = state_internal::StringField(meta, key, what);
+  const std::string text = StringField(meta, key, what);
   uint32_t bits = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), bits, 16);
   const bool lowercase_hex = std::all_of(text.begin(), text.end(), [](char c) {
@@ -140,15 +140,13 @@ struct Meta {
 };
 
 Meta ParseMeta(std::string_view text, const std::string& what) {
-  const Json meta = state_internal::ParseJsonStrict(text, what);
-  state_internal::RequireKeys(
-      meta,
-      {"format", "format_version", "step", "optimizer_step", "lr_bits", "grad_norm_bits",
-       "clip_factor_bits", "skipped", "tokens_digest", "rng_seed", "rng_counter", "data_cursor",
-       "spike", "prev_hash", "descriptor", "grad_digests", "state_hash"},
-      what);
-  state_internal::RequireFormat(meta, kMetaFormat, kCheckpointFormatVersion, what);
-  using state_internal::U64Field, state_internal::DigestField;
+  const Json meta = ParseJsonStrict(text, what);
+  RequireKeys(meta,
+              {"format", "format_version", "step", "optimizer_step", "lr_bits", "grad_norm_bits",
+               "clip_factor_bits", "skipped", "tokens_digest", "rng_seed", "rng_counter",
+               "data_cursor", "spike", "prev_hash", "descriptor", "grad_digests", "state_hash"},
+              what);
+  RequireFormat(meta, kMetaFormat, kCheckpointFormatVersion, what);
   StepState s;
   s.step = U64Field(meta, "step", what);
   s.optimizer_step = U64Field(meta, "optimizer_step", what);
@@ -156,8 +154,7 @@ Meta ParseMeta(std::string_view text, const std::string& what) {
   s.grad_norm = FloatFromBits(meta, "grad_norm_bits", what);
   s.clip_factor = FloatFromBits(meta, "clip_factor_bits", what);
   if (!meta["skipped"].is_boolean()) {
-    Fail("{}: field \"skipped\": expected true or false, got {}", what,
-         state_internal::Shown(meta["skipped"]));
+    Fail("{}: field \"skipped\": expected true or false, got {}", what, ShownJson(meta["skipped"]));
   }
   s.skipped = meta["skipped"].get<bool>();
   s.tokens_digest = DigestField(meta, "tokens_digest", what);
@@ -166,27 +163,26 @@ Meta ParseMeta(std::string_view text, const std::string& what) {
   s.data_cursor = U64Field(meta, "data_cursor", what);
   const Json& spike = meta["spike"];
   const std::string spike_what = what + ": spike";
-  state_internal::RequireKeys(spike, {"total_skips", "recent_skips"}, spike_what);
+  RequireKeys(spike, {"total_skips", "recent_skips"}, spike_what);
   s.spike.total_skips = U64Field(spike, "total_skips", spike_what);
   if (!spike["recent_skips"].is_array()) {
     Fail("{}: field \"recent_skips\": expected an array, got {}", spike_what,
-         state_internal::Shown(spike["recent_skips"]));
+         ShownJson(spike["recent_skips"]));
   }
   for (const Json& step : spike["recent_skips"]) {
-    s.spike.recent_skips.push_back(state_internal::AsU64(step, spike_what + ": recent_skips"));
+    s.spike.recent_skips.push_back(AsU64(step, spike_what + ": recent_skips"));
   }
   s.prev_hash = DigestField(meta, "prev_hash", what);
-  s.descriptor = state_internal::StringField(meta, "descriptor", what);
+  s.descriptor = StringField(meta, "descriptor", what);
   const Json& grads = meta["grad_digests"];
   if (!grads.is_array()) {
-    Fail("{}: field \"grad_digests\": expected an array, got {}", what,
-         state_internal::Shown(grads));
+    Fail("{}: field \"grad_digests\": expected an array, got {}", what, ShownJson(grads));
   }
   std::vector<Digest> grad_digests;
   for (size_t i = 0; i < grads.size(); ++i) {
     const std::string element = fmt::format("{}: field \"grad_digests\"[{}]", what, i);
     if (!grads[i].is_string()) {
-      Fail("{}: expected a string, got {}", element, state_internal::Shown(grads[i]));
+      Fail("{}: expected a string, got {}", element, ShownJson(grads[i]));
     }
     grad_digests.push_back(DigestFromHex(grads[i].get<std::string>(), element));
   }
@@ -215,26 +211,25 @@ Listing ReadListing(const fs::path& dir) {
     Fail("{}: no COMPLETE file: an unfinished write, or not a checkpoint directory", dir.string());
   }
   const std::string what = complete_path.string();
-  const Json complete = state_internal::ParseJsonStrict(ReadFileText(complete_path), what);
-  state_internal::RequireKeys(complete, {"format", "format_version", "files"}, what);
-  state_internal::RequireFormat(complete, kCompleteFormat, kCheckpointFormatVersion, what);
+  const Json complete = ParseJsonStrict(ReadFileText(complete_path), what);
+  RequireKeys(complete, {"format", "format_version", "files"}, what);
+  RequireFormat(complete, kCompleteFormat, kCheckpointFormatVersion, what);
   const Json& files = complete["files"];
   const Gradients gradients =
       files.is_object() && files.contains(kGradsFile) ? Gradients::kFull : Gradients::kDigests;
   if (gradients == Gradients::kFull) {
-    state_internal::RequireKeys(files, {kModelFile, kOptimizerFile, kGradsFile, kMetaFile},
-                                what + ": files");
+    RequireKeys(files, {kModelFile, kOptimizerFile, kGradsFile, kMetaFile}, what + ": files");
   } else {
-    state_internal::RequireKeys(files, {kModelFile, kOptimizerFile, kMetaFile}, what + ": files");
+    RequireKeys(files, {kModelFile, kOptimizerFile, kMetaFile}, what + ": files");
   }
   // meta.json by its BLAKE2b, a tensor file by its TensorFileDigest.
   const auto listed = [&](const char* name, const char* digest_key) {
     const std::string entry_what = fmt::format("{}: files.{}", what, name);
     const Json& entry = files[name];
-    state_internal::RequireKeys(entry, {digest_key, "size"}, entry_what);
+    RequireKeys(entry, {digest_key, "size"}, entry_what);
     return ListedFile{.path = dir / name,
-                      .size = state_internal::U64Field(entry, "size", entry_what),
-                      .digest = state_internal::DigestField(entry, digest_key, entry_what)};
+                      .size = U64Field(entry, "size", entry_what),
+                      .digest = DigestField(entry, digest_key, entry_what)};
   };
   return {.meta = listed(kMetaFile, "blake2b"),
           .tensor_files = {listed(kModelFile, "digest"), listed(kOptimizerFile, "digest"),

@@ -32,10 +32,10 @@ std::vector<StateHashLine> ReadStateHashLines(const std::filesystem::path& path,
   std::vector<StateHashLine> lines;
   for (size_t n = 0; n < text.size(); ++n) {
     const std::string what = fmt::format("{}: line {}", path.string(), n + 1);
-    const state_internal::Json value = state_internal::ParseJsonStrict(text[n], what);
-    state_internal::RequireKeys(value, {"step", "hash"}, what);
-    const StateHashLine line{.step = state_internal::U64Field(value, "step", what),
-                             .hash = state_internal::DigestField(value, "hash", what)};
+    const state_internal::Json value = ParseJsonStrict(text[n], what);
+    RequireKeys(value, {"step", "hash"}, what);
+    const StateHashLine line{.step = U64Field(value, "step", what),
+                             .hash = DigestField(value, "hash", what)};
     if (!lines.empty() && line.step <= lines.back().step) {
       Fail("{}: step {} does not follow step {} (steps must increase)", what, line.step,
            lines.back().step);

@@ -81,7 +81,8 @@ Trajectory ParseTrajectory(std::string_view text, std::string_view what) {
       ValidateKitPath(unit.start_checkpoint, unit_what + ": start_checkpoint");
       ValidateKitPath(unit.target_checkpoint, unit_what + ": target_checkpoint");
     } else {
-      Fail("{}: field \"kind\" is {}, expected \"init\" or \"interval\"", unit_what, Shown(u["kind"]));
+      Fail("{}: field \"kind\" is {}, expected \"init\" or \"interval\"", unit_what,
+           ShownJson(u["kind"]));
     }
     unit.name = StringField(u, "name", unit_what);
     unit.config = StringField(u, "config", unit_what);
@@ -100,7 +101,7 @@ Trajectory ParseTrajectory(std::string_view text, std::string_view what) {
     const Json& wall = u["publisher_wall_seconds"];
     if (!wall.is_null() && !wall.is_number()) {
       Fail("{}: field \"publisher_wall_seconds\" is {}, expected a number or null", unit_what,
-           Shown(wall));
+           ShownJson(wall));
     }
     if (!wall.is_null()) unit.publisher_wall_seconds = wall.get<double>();
     if (!u["publisher_peak_rss_bytes"].is_null()) {

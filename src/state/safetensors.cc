@@ -14,7 +14,7 @@
 
 namespace lockstep {
 namespace {
-using state_internal::Json, state_internal::ParseJsonStrict, state_internal::Shown;
+using state_internal::Json;
 using state_internal::SafetensorsEntry, state_internal::SafetensorsHeader;
 
 static_assert(std::endian::native == std::endian::little, "lockstep assumes little-endian");
@@ -51,14 +51,13 @@ std::vector<uint8_t> Serialize(std::span<const NamedTensor> tensors,
 
 std::map<std::string, std::string> ParseMetadata(const Json& value, std::string_view what) {
   if (!value.is_object()) {
-    Fail("{}: \"{}\" must be an object of strings, got {}", what, kMetadataKey,
-         Shown(value));
+    Fail("{}: \"{}\" must be an object of strings, got {}", what, kMetadataKey, ShownJson(value));
   }
   std::map<std::string, std::string> metadata;
   for (const auto& [key, entry] : value.items()) {
     if (!entry.is_string()) {
       Fail("{}: \"{}\" entry \"{}\" must be a string, got {}", what, kMetadataKey, key,
-           Shown(entry));
+           ShownJson(entry));
     }
     metadata.emplace(key, entry.get<std::string>());
   }
@@ -70,17 +69,15 @@ SafetensorsEntry ParseEntry(const std::string& name, const Json& info, uint64_t 
                             std::string_view file) {
   const std::string what = fmt::format("{}: tensor '{}'", file, name);
   if (name.empty()) Fail("{}: a tensor has an empty name", file);
-  state_internal::RequireKeys(info, {"dtype", "shape", "data_offsets"}, what);
+  RequireKeys(info, {"dtype", "shape", "data_offsets"}, what);
   if (info["dtype"] != "F32") {
-    Fail("{}: dtype {} is not supported (lockstep reads F32 only)", what,
-         Shown(info["dtype"]));
+    Fail("{}: dtype {} is not supported (lockstep reads F32 only)", what, ShownJson(info["dtype"]));
   }
   const Json& shape = info["shape"];
-  if (!shape.is_array())
-    Fail("{}: shape must be an array, got {}", what, Shown(shape));
+  if (!shape.is_array()) Fail("{}: shape must be an array, got {}", what, ShownJson(shape));
   SafetensorsEntry entry{.name = name, .shape = {}, .begin = 0, .end = 0};
   for (const Json& dim : shape) {
-    const uint64_t d = state_internal::AsU64(dim, what + ": shape entry");
+    const uint64_t d = AsU64(dim, what + ": shape entry");
     if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
       Fail("{}: shape entry {} is too large", what, d);
     }
@@ -88,10 +85,10 @@ SafetensorsEntry ParseEntry(const std::string& name, const Json& info, uint64_t 
   }
   const Json& offsets = info["data_offsets"];
   if (!offsets.is_array() || offsets.size() != 2) {
-    Fail("{}: data_offsets must be [begin, end], got {}", what, Shown(offsets));
+    Fail("{}: data_offsets must be [begin, end], got {}", what, ShownJson(offsets));
   }
-  entry.begin = state_internal::AsU64(offsets[0], what + ": data_offsets[0]");
-  entry.end = state_internal::AsU64(offsets[1], what + ": data_offsets[1]");
+  entry.begin = AsU64(offsets[0], what + ": data_offsets[0]");
+  entry.end = AsU64(offsets[1], what + ": data_offsets[1]");
   if (entry.begin > entry.end || entry.end > data_size) {
     Fail("{}: data_offsets [{}, {}] out of range (the data section holds {} bytes)", what,
          entry.begin, entry.end, data_size);
@@ -180,7 +177,8 @@ SafetensorsHeader ParseSafetensorsHeader(std::string_view json, uint64_t data_si
                                          const std::filesystem::path& path) {
   const std::string file = path.string();
   const Json header = ParseJsonStrict(json, file + ": header");
-  if (!header.is_object()) Fail("{}: header must be a JSON object, got {}", file, Shown(header));
+  if (!header.is_object())
+    Fail("{}: header must be a JSON object, got {}", file, ShownJson(header));
 
   SafetensorsHeader result{.data_start = 8 + json.size(), .entries = {}, .metadata = {}};
   for (const auto& [name, info] : header.items()) {

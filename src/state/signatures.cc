@@ -55,17 +55,17 @@ std::string PublicKeyJson(const Ed25519PublicKey& key) {
 
 Ed25519Seed ReadSigningKey(const fs::path& key_path) {
   const std::string what = key_path.string();
-  const Json j = state_internal::ParseJsonStrict(ReadFileText(key_path), what);
-  state_internal::RequireKeys(j, {"format", "format_version", "ed25519_seed"}, what);
-  state_internal::RequireFormat(j, kKeyFormat, kKeyVersion, what);
+  const Json j = ParseJsonStrict(ReadFileText(key_path), what);
+  RequireKeys(j, {"format", "format_version", "ed25519_seed"}, what);
+  RequireFormat(j, kKeyFormat, kKeyVersion, what);
   return HexField<32>(j, "ed25519_seed", what);
 }
 
 Ed25519PublicKey ReadPublicKey(const fs::path& pub_path) {
   const std::string what = pub_path.string();
-  const Json j = state_internal::ParseJsonStrict(ReadFileText(pub_path), what);
-  state_internal::RequireKeys(j, {"format", "format_version", "ed25519"}, what);
-  state_internal::RequireFormat(j, kPublicKeyFormat, kKeyVersion, what);
+  const Json j = ParseJsonStrict(ReadFileText(pub_path), what);
+  RequireKeys(j, {"format", "format_version", "ed25519"}, what);
+  RequireFormat(j, kPublicKeyFormat, kKeyVersion, what);
   return HexField<32>(j, "ed25519", what);
 }
 
@@ -123,20 +123,18 @@ SignedChain ReadSignedChain(const fs::path& path, TornLine torn) {
     const std::string what = fmt::format("{}: line {}", path.string(), number);
     const size_t end = text.find('\n', begin);
     if (end == std::string::npos) Fail("{}: no final newline (a torn append?)", what);
-    const Json j =
-        state_internal::ParseJsonStrict(std::string_view(text).substr(begin, end - begin), what);
+    const Json j = ParseJsonStrict(std::string_view(text).substr(begin, end - begin), what);
     begin = end + 1;
     const std::string kind = j.is_object() && j.contains("kind") && j["kind"].is_string()
                                  ? j["kind"].get<std::string>()
                                  : "";
     if (number == 1) {
       if (kind != "key") Fail("{}: the first line must be the key (\"kind\": \"key\")", what);
-      state_internal::RequireKeys(j, {"kind", "ed25519"}, what);
+      RequireKeys(j, {"kind", "ed25519"}, what);
       chain.key = HexField<32>(j, "ed25519", what);
     } else if (kind == "line") {
-      state_internal::RequireKeys(j, {"kind", "step", "hash", "signature"}, what);
-      const SignedLine line{state_internal::U64Field(j, "step", what),
-                            state_internal::DigestField(j, "hash", what),
+      RequireKeys(j, {"kind", "step", "hash", "signature"}, what);
+      const SignedLine line{U64Field(j, "step", what), DigestField(j, "hash", what),
                             HexField<64>(j, "signature", what)};
       if (line.step != chain.lines.size()) {
         Fail("{}: step {} where step {} comes next (signed lines are consecutive from 0)", what,
@@ -144,9 +142,8 @@ SignedChain ReadSignedChain(const fs::path& path, TornLine torn) {
       }
       chain.lines.push_back(line);
     } else if (kind == "root") {
-      state_internal::RequireKeys(j, {"kind", "steps", "root", "signature"}, what);
-      const SignedRoot root{state_internal::U64Field(j, "steps", what),
-                            state_internal::DigestField(j, "root", what),
+      RequireKeys(j, {"kind", "steps", "root", "signature"}, what);
+      const SignedRoot root{U64Field(j, "steps", what), DigestField(j, "root", what),
                             HexField<64>(j, "signature", what)};
       if (root.steps == 0 || root.steps > chain.lines.size()) {
         Fail("{}: a root over {} steps, but {} lines are signed before it", what, root.steps,

@@ -11,7 +11,7 @@
 #include <thread>
 #include <nlohmann/json.hpp>
 
-#include "core/json.h"
+#include "lockstep/json.h"
 #include "lockstep/train.h"
 #include "train/comm.h"
 

@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "core/json.h"
 #include "lockstep/core.h"
+#include "lockstep/json.h"
 
 namespace lockstep {
 namespace {
