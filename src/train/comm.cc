@@ -146,42 +146,26 @@ class MpiComm final : public Comm {
     const bool here = rank_ == root;
     Wait(Submit(here ? kAll : root, here ? bytes.size() * static_cast<size_t>(size_ - 1) : 0,
                 [this, bytes, root] {
-                  for (size_t at = 0; at < bytes.size(); at += kMpiPiece) {
-                    const size_t n = std::min(kMpiPiece, bytes.size() - at);
-                    MPI_Request request;
-                    Check(MPI_Ibcast(bytes.data() + at, static_cast<int>(n), MPI_BYTE, root,
-                                     MPI_COMM_WORLD, &request),
-                          "MPI_Ibcast");
-                    Complete(request, "MPI_Ibcast");
-                  }
+                  if (bytes.empty()) return;
+                  InPieces(bytes.size(), "MPI_Ibcast", [&](size_t at, int n, MPI_Request* r) {
+                    return MPI_Ibcast(bytes.data() + at, n, MPI_BYTE, root, MPI_COMM_WORLD, r);
+                  });
                 }));
   }
 
   void Send(std::span<const std::byte> bytes, int to) override {
     Wait(Submit(to, bytes.size(), [this, bytes, to] {
-      for (size_t at = 0; at < bytes.size() || at == 0; at += kMpiPiece) {
-        const size_t n = std::min(kMpiPiece, bytes.size() - at);
-        MPI_Request request;
-        Check(MPI_Isend(bytes.data() + at, static_cast<int>(n), MPI_BYTE, to, 0, MPI_COMM_WORLD,
-                        &request),
-              "MPI_Isend");
-        Complete(request, "MPI_Isend");
-        if (bytes.empty()) break;
-      }
+      InPieces(bytes.size(), "MPI_Isend", [&](size_t at, int n, MPI_Request* r) {
+        return MPI_Isend(bytes.data() + at, n, MPI_BYTE, to, 0, MPI_COMM_WORLD, r);
+      });
     }));
   }
 
   void Receive(std::span<std::byte> bytes, int from) override {
     Wait(Submit(from, 0, [this, bytes, from] {
-      for (size_t at = 0; at < bytes.size() || at == 0; at += kMpiPiece) {
-        const size_t n = std::min(kMpiPiece, bytes.size() - at);
-        MPI_Request request;
-        Check(MPI_Irecv(bytes.data() + at, static_cast<int>(n), MPI_BYTE, from, 0, MPI_COMM_WORLD,
-                        &request),
-              "MPI_Irecv");
-        Complete(request, "MPI_Irecv");
-        if (bytes.empty()) break;
-      }
+      InPieces(bytes.size(), "MPI_Irecv", [&](size_t at, int n, MPI_Request* r) {
+        return MPI_Irecv(bytes.data() + at, n, MPI_BYTE, from, 0, MPI_COMM_WORLD, r);
+      });
     }));
   }
 
@@ -283,6 +267,21 @@ class MpiComm final : public Comm {
                       static_cast<int>(send.size()), MPI_BYTE, root, MPI_COMM_WORLD, &request),
           "MPI_Igather");
     Complete(request, "MPI_Igather");
+  }
+
+  // A transfer of `size` bytes as calls of at most kMpiPiece bytes each (MPI counts are int), in
+  // order, each waited for: start(at, n, &request) starts the call for [at, at + n). Empty, it is
+  // one call of 0 bytes (a receiver waits for the sender's message even when it is empty).
+  template <typename Start>
+  void InPieces(size_t size, const char* call, const Start& start) const {
+    size_t at = 0;
+    do {
+      const size_t n = std::min(kMpiPiece, size - at);
+      MPI_Request request;
+      Check(start(at, static_cast<int>(n), &request), call);
+      Complete(request, call);
+      at += n;
+    } while (at < size);
   }
 
   // Polls until `request` is done: at once for a while (a transfer between ranks that are both
