@@ -151,31 +151,31 @@ void Exchange::ShareParameters(StateStore& store, const ChunkTable& chunks, uint
     return chunks[i][int(StateArray::kParam)];
   };
   for (size_t i = 0; i < specs_.size(); ++i) {
-    for (int r = 0; r < ranks_; ++r) {
-      const ElementRange held = Held(i, r);
-      for (int64_t begin = held.begin; begin < held.end; begin += kExchangePieceFloats) {
-        const int64_t count = std::min(kExchangePieceFloats, held.end - begin);
-        const Piece p = store.Acquire(StateArray::kParam, i, begin, count, /*load=*/r == rank_);
-        comm_.Broadcast(Bytes(p.data), r);
-        if (r != rank_) {
-          if (corrupt) {
-            p.data[0] = std::nextafter(p.data[0], INFINITY);
-            corrupt = false;
-          }
-          const std::vector<Digest> received = ChunkDigests(p.data);
-          const size_t first = static_cast<size_t>(begin / kHashChunkFloats);
-          for (size_t c = 0; c < received.size() && diverged[0] < 0; ++c) {
-            if (received[c] != param_chunks(i)[first + c]) {
-              diverged = {static_cast<int64_t>(i), r,
-                          static_cast<int64_t>(first + c) * kHashChunkFloats};
-            }
-          }
-        }
-        store.Release(p, /*store=*/r != rank_);
-      }
-    }
+    ForEachOwnerPiece(i, [&](int r, int64_t begin, int64_t count) {
+      const Piece p = store.Acquire(StateArray::kParam, i, begin, count, /*load=*/r == rank_);
+      comm_.Broadcast(Bytes(p.data), r);
+      if (r != rank_) CheckCopy(p.data, i, r, begin, param_chunks(i), corrupt, diverged);
+      store.Release(p, /*store=*/r != rank_);
+    });
   }
   StopOnDivergedCopies(diverged, param_chunks, step);
+}
+
+void Exchange::CheckCopy(std::span<float> copy, size_t i, int owner, int64_t begin,
+                         const std::vector<Digest>& owner_chunks, bool& corrupt,
+                         std::array<int64_t, 3>& diverged) {
+  if (corrupt) {
+    copy[0] = std::nextafter(copy[0], INFINITY);
+    corrupt = false;
+  }
+  const std::vector<Digest> received = ChunkDigests(copy);
+  const auto first = static_cast<size_t>(begin / kHashChunkFloats);
+  for (size_t c = 0; c < received.size() && diverged[0] < 0; ++c) {
+    if (received[c] != owner_chunks[first + c]) {
+      diverged = {static_cast<int64_t>(i), owner,
+                  static_cast<int64_t>(first + c) * kHashChunkFloats};
+    }
+  }
 }
 
 void Exchange::StopOnDivergedCopies(const std::array<int64_t, 3>& diverged,

@@ -76,6 +76,14 @@ class Exchange {
   void ShareParameters(StateStore& store, const ChunkTable& chunks, uint64_t step,
                        bool corrupt) const;
 
+  // A parameter copy this rank received checked against its owner's digests: `copy` holds
+  // elements [begin, begin + copy.size()) of tensor i from `owner`, whose chunk digests of the
+  // tensor are `owner_chunks`. The first chunk that differs is recorded in `diverged` as {tensor,
+  // owner, first element}, unless one is recorded already. With `corrupt` (the test-only replica
+  // fault) one element of the copy is changed first, and `corrupt` cleared.
+  static void CheckCopy(std::span<float> copy, size_t i, int owner, int64_t begin,
+                        const std::vector<Digest>& owner_chunks, bool& corrupt,
+                        std::array<int64_t, 3>& diverged);
   // The verdicts of every rank on the parameter copies it received: `diverged` is this rank's
   // first chunk that did not hash to its owner's digest in `param_chunks(tensor)`, as
   // {tensor, owner, first element}, or all -1. A divergence anywhere stops every rank, naming
@@ -96,7 +104,7 @@ class Exchange {
 
  private:
   // piece(owner, begin, count) for each owner of tensor i's elements in rank order, and each
-  // piece of its range in order: the exchange's unit of gradient transfers.
+  // piece of its range in order: the exchange's unit of gradient and parameter transfers.
   void ForEachOwnerPiece(size_t i, const std::function<void(int, int64_t, int64_t)>& piece) const;
 
   Comm& comm_;

@@ -893,20 +893,9 @@ class ShardedAccess final : public TensorAccess {
     for (int r = 0; r < exchange_.ranks(); ++r) {
       const ElementRange range = exchange_.Held(i, r);
       if (r == exchange_.rank() || range.size() == 0) continue;
-      const std::span<float> copy =
-          whole.subspan(static_cast<size_t>(range.begin), static_cast<size_t>(range.size()));
-      if (corrupt_) {  // the test-only replica fault: one received element changed
-        copy[0] = std::nextafter(copy[0], INFINITY);
-        corrupt_ = false;
-      }
-      const std::vector<Digest> received = ChunkDigests(copy);
-      const auto first = static_cast<size_t>(range.begin / kHashChunkFloats);
-      for (size_t c = 0; c < received.size() && diverged_[0] < 0; ++c) {
-        if (received[c] != param_chunks_[i][first + c]) {
-          diverged_ = {static_cast<int64_t>(i), r,
-                       static_cast<int64_t>(first + c) * kHashChunkFloats};
-        }
-      }
+      Exchange::CheckCopy(
+          whole.subspan(static_cast<size_t>(range.begin), static_cast<size_t>(range.size())), i, r,
+          range.begin, param_chunks_[i], corrupt_, diverged_);
     }
   }
 
