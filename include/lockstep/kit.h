@@ -1,9 +1,9 @@
 // lockstep kits: everything an auditor needs to replay a published run, in one directory with a
 // manifest of sha256 digests (docs/kits.md). The formats (kit.json, trajectory.json) and the
-// file check are in the state layer (state.h), which needs no compute; building, fetching and
-// auditing a kit are here. A kit holds the dataset, the run's config, the
-// complete checkpoints the units start from (and end at), trajectory.json (the units with their
-// expected hashes) and kit.json (every other file with its size and sha256).
+// file check are in the state layer (state.h, namespace lockstep::kit), which needs no compute;
+// building, fetching and auditing a kit are the audit layer's, here. A kit holds the dataset, the
+// run's config, the complete checkpoints the units start from (and end at), trajectory.json (the
+// units with their expected hashes) and kit.json (every other file with its size and sha256).
 #pragma once
 
 #include <cstdint>
@@ -17,10 +17,10 @@
 #include "lockstep/core.h"
 #include "lockstep/state.h"  // the kit.json and trajectory.json formats (namespace kit)
 
-namespace lockstep::kit {
+namespace lockstep::audit {
 
 // ---- kit build -------------------------------------------------------------------------------
-struct BuildOptions {
+struct KitBuildOptions {
   std::filesystem::path run_dir;   // a `lockstep train` run directory
   std::filesystem::path data_dir;  // the dataset it trained on
   std::filesystem::path out_dir;   // must not exist
@@ -31,10 +31,10 @@ struct BuildOptions {
 // descriptor, that the dataset's manifest is the one the descriptor names, and that the config
 // written into the kit reproduces the descriptor byte for byte. Units: the init, and one interval
 // per pair of consecutive complete checkpoints. Returns the trajectory written.
-Trajectory BuildKit(const BuildOptions& options);
+kit::Trajectory BuildKit(const KitBuildOptions& options);
 
 // ---- kit fetch -------------------------------------------------------------------------------
-struct FetchOptions {
+struct KitFetchOptions {
   std::string url;            // the kit's base: file://..., http://..., https://...
   std::filesystem::path dest;  // created if missing
   bool progress = true;       // progress bars on stderr (when it is a terminal)
@@ -45,7 +45,7 @@ struct FetchOptions {
   long min_rate = 1024;
 };
 
-struct FetchReport {
+struct KitFetchReport {
   std::vector<std::string> fetched;  // downloaded (from scratch or resumed) and verified
   std::vector<std::string> resumed;  // of those, the ones continued from a partial .part
   std::vector<std::string> present;  // already in DEST with the right size and sha256
@@ -58,10 +58,10 @@ struct FetchReport {
 // request; verifies size and sha256 and renames it to DEST/<path>. A file that fails
 // verification is deleted and reported in `failed`. Throws Error on an unusable URL, an
 // unreadable kit.json, or a transfer error.
-FetchReport Fetch(const FetchOptions& options);
+KitFetchReport FetchKit(const KitFetchOptions& options);
 
 // ---- audit -----------------------------------------------------------------------------------
-struct AuditOptions {
+struct KitAuditOptions {
   std::filesystem::path kit_dir;
   std::vector<std::string> units;  // names to replay, in this order; empty: every unit
   int threads = 1;
@@ -72,8 +72,8 @@ struct AuditOptions {
 };
 
 struct UnitOutcome {
-  Unit unit;
-  std::optional<audit::ReplayResult> result;  // absent when the replay failed with an error
+  kit::Unit unit;
+  std::optional<ReplayResult> result;  // absent when the replay failed with an error
   std::string error;
   bool match() const { return result && result->match.value_or(false); }
 };
@@ -83,11 +83,11 @@ struct UnitOutcome {
 // target checkpoint, so a mismatch is localised). A replay that fails with an error is recorded
 // in its outcome and the audit goes on. Fails (Error) on an unknown unit name or unreadable kit.
 // Does not verify the kit's files: callers run VerifyKit first.
-std::vector<UnitOutcome> AuditKit(const AuditOptions& options);
+std::vector<UnitOutcome> AuditKit(const KitAuditOptions& options);
 // A fixed-width table: unit, mode, steps, expected, got, MATCH/MISMATCH/ERROR, wall s, peak RSS.
-std::string AuditTable(const std::vector<UnitOutcome>& outcomes);
+std::string KitAuditTable(const std::vector<UnitOutcome>& outcomes);
 // A JSON array with one object per unit (the unit, the verdict, the publisher's measurements and
 // the replay's result object, or the error).
-std::string AuditJson(const std::vector<UnitOutcome>& outcomes);
+std::string KitAuditJson(const std::vector<UnitOutcome>& outcomes);
 
-}  // namespace lockstep::kit
+}  // namespace lockstep::audit

@@ -6,13 +6,24 @@
 #include "lockstep/build_info.h"
 #include "lockstep/kit.h"
 
-namespace lockstep::kit {
+namespace lockstep::audit {
+// The kit formats (the state layer's, state.h).
+using kit::KitManifest;
+using kit::kManifestName;
+using kit::kTrajectoryName;
+using kit::ReadManifest;
+using kit::ReadTrajectory;
+using kit::Trajectory;
+using kit::Unit;
+using kit::UnitKind;
+using kit::UnitKindName;
+
 namespace {
 namespace fs = std::filesystem;
 
-audit::ReplayOptions ReplayOptionsFor(const Unit& unit, const AuditOptions& options) {
+ReplayOptions ReplayOptionsFor(const Unit& unit, const KitAuditOptions& options) {
   const fs::path& kit = options.kit_dir;
-  audit::ReplayOptions replay;
+  ReplayOptions replay;
   replay.data_dir = kit / unit.data;
   replay.expect_hash = unit.expected_hash;
   replay.threads = options.threads;
@@ -42,7 +53,7 @@ std::string Steps(const Unit& unit) {
 
 }  // namespace
 
-std::vector<UnitOutcome> AuditKit(const AuditOptions& options) {
+std::vector<UnitOutcome> AuditKit(const KitAuditOptions& options) {
   const KitManifest manifest = ReadManifest(options.kit_dir);
   if (manifest.contract_version != build::kContractVersion) {
     Fail("{}: the kit was built under numerics contract v{}, this lockstep implements v{}: its "
@@ -100,7 +111,7 @@ std::vector<UnitOutcome> AuditKit(const AuditOptions& options) {
   return outcomes;
 }
 
-std::string AuditTable(const std::vector<UnitOutcome>& outcomes) {
+std::string KitAuditTable(const std::vector<UnitOutcome>& outcomes) {
   constexpr std::string_view kRow = "{:<24} {:<8} {:>11} {:<16} {:<16} {:<8} {:>9} {:>12}\n";
   std::string table = fmt::format(kRow, "unit", "mode", "steps", "expected", "got", "verdict",
                                   "wall s", "peak RSS");
@@ -115,7 +126,7 @@ std::string AuditTable(const std::vector<UnitOutcome>& outcomes) {
   return table;
 }
 
-std::string AuditJson(const std::vector<UnitOutcome>& outcomes) {
+std::string KitAuditJson(const std::vector<UnitOutcome>& outcomes) {
   nlohmann::json report = nlohmann::json::array();
   for (const UnitOutcome& o : outcomes) {
     const Unit& u = o.unit;
@@ -138,4 +149,4 @@ std::string AuditJson(const std::vector<UnitOutcome>& outcomes) {
   return report.dump(2) + "\n";
 }
 
-}  // namespace lockstep::kit
+}  // namespace lockstep::audit

@@ -8,7 +8,21 @@
 #include "lockstep/kit.h"
 #include "lockstep/train.h"
 
-namespace lockstep::kit {
+namespace lockstep::audit {
+// The kit formats (the state layer's, state.h).
+using kit::DescribeFile;
+using kit::KitFile;
+using kit::KitManifest;
+using kit::kManifestName;
+using kit::kSignaturesName;
+using kit::kTrajectoryName;
+using kit::ManifestJson;
+using kit::Trajectory;
+using kit::TrajectoryJson;
+using kit::Unit;
+using kit::UnitKind;
+using kit::ValidateKitPath;
+
 namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
@@ -102,7 +116,7 @@ std::vector<KitFile> DescribeTree(const fs::path& dir) {
 
 }  // namespace
 
-Trajectory BuildKit(const BuildOptions& options) {
+Trajectory BuildKit(const KitBuildOptions& options) {
   if (fs::exists(options.out_dir)) {
     Fail("--out {}: already exists (a kit is built into a new directory)",
          options.out_dir.string());
@@ -257,4 +271,4 @@ Trajectory BuildKit(const BuildOptions& options) {
   return trajectory;
 }
 
-}  // namespace lockstep::kit
+}  // namespace lockstep::audit

@@ -10,7 +10,15 @@
 
 #include "lockstep/kit.h"
 
-namespace lockstep::kit {
+namespace lockstep::audit {
+// The kit formats (the state layer's, state.h).
+using kit::DescribeFile;
+using kit::KitFile;
+using kit::KitManifest;
+using kit::kManifestName;
+using kit::ParseManifest;
+using kit::ValidateKitPath;
+
 namespace {
 namespace fs = std::filesystem;
 
@@ -36,7 +44,7 @@ std::string JoinUrl(std::string_view base, std::string_view path) {
 // resume).
 class CurlHandle {
  public:
-  CurlHandle(const FetchOptions& options, long deadline_seconds) {
+  CurlHandle(const KitFetchOptions& options, long deadline_seconds) {
     static std::once_flag once;
     std::call_once(once, [] {
       if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) Fail("libcurl: global init failed");
@@ -75,11 +83,11 @@ class CurlHandle {
 
 // What a transfer of `bytes` may take in all: the stall allowance, then the bytes at the minimum
 // rate.
-long DeadlineSeconds(const FetchOptions& options, uint64_t bytes) {
+long DeadlineSeconds(const KitFetchOptions& options, uint64_t bytes) {
   return options.stall_seconds + static_cast<long>(bytes / static_cast<uint64_t>(options.min_rate));
 }
 
-std::string FetchText(std::string_view url, const FetchOptions& options) {
+std::string FetchText(std::string_view url, const KitFetchOptions& options) {
   CurlHandle curl(options, DeadlineSeconds(options, kMaxManifestBytes));
   std::string body;
   curl_easy_setopt(curl.get(), CURLOPT_WRITEDATA, &body);
@@ -147,7 +155,7 @@ int OnProgress(void* context, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
 // Appends the source's bytes from `offset` on to `part` in `dir`. Returns false when the source
 // sent more than the listed size. Fails on a transfer error, leaving the .part for a resume.
 bool DownloadPart(const std::string& url, const Directory& dir, const std::string& part,
-                  uint64_t offset, const KitFile& file, const FetchOptions& options,
+                  uint64_t offset, const KitFile& file, const KitFetchOptions& options,
                   bool progress) {
   Transfer t;
   t.offset = offset;
@@ -210,10 +218,10 @@ std::string Mismatch(const Directory& dir, const std::string& name, const KitFil
 // no symbolic link is followed, no file with a second hard link is written, and kit.json is
 // renamed into place from a fresh temporary name, so nothing prepared inside DEST redirects a
 // write outside it.
-FetchReport Fetch(const FetchOptions& options) {
+KitFetchReport FetchKit(const KitFetchOptions& options) {
   RequireSupportedUrl(options.url);
   const bool progress = options.progress && ::isatty(STDERR_FILENO);
-  FetchReport report;
+  KitFetchReport report;
 
   const std::string manifest_url = JoinUrl(options.url, kManifestName);
   if (!(options.stall_seconds >= 1)) {
@@ -285,4 +293,4 @@ FetchReport Fetch(const FetchOptions& options) {
   return report;
 }
 
-}  // namespace lockstep::kit
+}  // namespace lockstep::audit

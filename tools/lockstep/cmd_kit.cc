@@ -25,8 +25,8 @@ std::string Optional(const std::optional<double>& seconds) {
   return seconds ? fmt::format("{:.2f} s", *seconds) : "not measured";
 }
 
-int RunBuild(const kit::BuildOptions& options) {
-  const kit::Trajectory trajectory = kit::BuildKit(options);
+int RunBuild(const audit::KitBuildOptions& options) {
+  const kit::Trajectory trajectory = audit::BuildKit(options);
   const kit::KitManifest manifest = kit::ReadManifest(options.out_dir);
   fmt::print("kit: {}\n", options.out_dir.string());
   fmt::print("units: {}\n", trajectory.units.size());
@@ -116,8 +116,8 @@ int RunVerify(const fs::path& kit_dir, const VerifyFlags& flags) {
   return 0;
 }
 
-int RunFetch(const kit::FetchOptions& options) {
-  const kit::FetchReport report = kit::Fetch(options);
+int RunFetch(const audit::KitFetchOptions& options) {
+  const audit::KitFetchReport report = audit::FetchKit(options);
   fmt::print("kit fetch: {} fetched ({} resumed), {} already present, {} failed\n",
              report.fetched.size(), report.resumed.size(), report.present.size(),
              report.failed.size());
@@ -127,7 +127,7 @@ int RunFetch(const kit::FetchOptions& options) {
 }
 
 struct AuditCommand {
-  kit::AuditOptions options;
+  audit::KitAuditOptions options;
   std::string device = "cpu";
   bool all = false;
   std::string json_out;
@@ -144,11 +144,11 @@ int RunAudit(const AuditCommand& command) {
     }
     fmt::print(stderr, "audit: --force: replaying a kit that does not verify\n");
   }
-  kit::AuditOptions options = command.options;
+  audit::KitAuditOptions options = command.options;
   const std::unique_ptr<OpExecutor> executor = MakeExecutor(command.device, &options.device);
   options.executor = executor.get();
-  const std::vector<kit::UnitOutcome> outcomes = kit::AuditKit(options);
-  const std::string table = kit::AuditTable(outcomes), json = kit::AuditJson(outcomes);
+  const std::vector<audit::UnitOutcome> outcomes = audit::AuditKit(options);
+  const std::string table = audit::KitAuditTable(outcomes), json = audit::KitAuditJson(outcomes);
   // stdout holds one kind of content: the JSON report, or the table when the JSON goes to a file.
   if (command.json_out.empty()) {
     fmt::print(stderr, "{}", table);
@@ -158,7 +158,7 @@ int RunAudit(const AuditCommand& command) {
     fmt::print("{}", table);
   }
   const bool all_match = std::all_of(outcomes.begin(), outcomes.end(),
-                                     [](const kit::UnitOutcome& o) { return o.match(); });
+                                     [](const audit::UnitOutcome& o) { return o.match(); });
   return all_match && problems.empty() ? 0 : 1;
 }
 
@@ -169,7 +169,7 @@ void AddKitCommands(CLI::App& app, int* exit_code) {
       "kit", "build, inspect, verify and fetch audit kits (docs/kits.md)");
   kit_cmd->require_subcommand(1);
 
-  auto build = std::make_shared<kit::BuildOptions>();
+  auto build = std::make_shared<audit::KitBuildOptions>();
   CLI::App* build_cmd = kit_cmd->add_subcommand(
       "build", "copy a run's dataset, config and checkpoints into a new kit directory with "
                "trajectory.json (the units and their expected hashes) and kit.json (sha256 of "
@@ -198,7 +198,7 @@ void AddKitCommands(CLI::App& app, int* exit_code) {
     *exit_code = RunVerify(*verify_dir, *verify_flags);
   });
 
-  auto fetch = std::make_shared<kit::FetchOptions>();
+  auto fetch = std::make_shared<audit::KitFetchOptions>();
   CLI::App* fetch_cmd = kit_cmd->add_subcommand(
       "fetch", "download a kit (file://, http://, https://): kit.json first, then every file it "
                "lists into DEST/<path>.part, resuming partial downloads, verified before it is "
