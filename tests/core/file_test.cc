@@ -7,23 +7,13 @@
 #include <functional>
 #include <string>
 
+#include "common/expect_error.h"
 #include "common/scratch_dir.h"
 #include "lockstep/core.h"
 
 namespace lockstep {
 namespace {
 namespace fs = std::filesystem;
-
-void ExpectError(const std::function<void()>& f, std::initializer_list<std::string> needles) {
-  try {
-    f();
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    for (const std::string& needle : needles) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  }
-}
 
 class FileTest : public test::ScratchDirTest {};
 
@@ -36,7 +26,7 @@ TEST_F(FileTest, EachWayOfOpeningDoesWhatItSays) {
   EXPECT_EQ(ReadFileText(path), "hello world");
 
   // Exclusive creation refuses an existing file and leaves it alone; permissions as asked.
-  ExpectError([&] { File::CreateExclusive(path, 0600); }, {path.string(), "File exists"});
+  test::ExpectError([&] { File::CreateExclusive(path, 0600); }, {path.string(), "File exists"});
   EXPECT_EQ(ReadFileText(path), "hello world");
   const fs::path secret = dir_ / "secret";
   File::CreateExclusive(secret, 0600).Close();
@@ -60,7 +50,7 @@ TEST_F(FileTest, EachWayOfOpeningDoesWhatItSays) {
   uint8_t got[3];
   rw.ReadAt(6, got);
   EXPECT_EQ(std::string(got, got + 3), "234");
-  ExpectError([&] { rw.ReadAt(12, got); }, {"rw", "ends at byte 14"});
+  test::ExpectError([&] { rw.ReadAt(12, got); }, {"rw", "ends at byte 14"});
 
   // Moved-from files are closed once; the directory can be synced.
   File moved = std::move(rw);
@@ -69,13 +59,13 @@ TEST_F(FileTest, EachWayOfOpeningDoesWhatItSays) {
 }
 
 TEST_F(FileTest, ReadingRefusesWhatIsNotARegularFileWithoutWaiting) {
-  ExpectError([&] { File::OpenForReading(dir_ / "missing"); },
-              {"missing", "cannot open for reading", "No such file"});
-  ExpectError([&] { File::OpenForReading(dir_); }, {dir_.string(), "not a regular file"});
+  test::ExpectError([&] { File::OpenForReading(dir_ / "missing"); },
+                    {"missing", "cannot open for reading", "No such file"});
+  test::ExpectError([&] { File::OpenForReading(dir_); }, {dir_.string(), "not a regular file"});
   const fs::path fifo = dir_ / "fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  ExpectError([&] { ReadFileBytes(fifo); }, {"fifo", "not a regular file"});
-  ExpectError([&] { File::OpenForAppend(dir_ / "no" / "such" / "dir"); }, {"cannot open"});
+  test::ExpectError([&] { ReadFileBytes(fifo); }, {"fifo", "not a regular file"});
+  test::ExpectError([&] { File::OpenForAppend(dir_ / "no" / "such" / "dir"); }, {"cannot open"});
 }
 
 TEST_F(FileTest, LogLinesRefuseOrDropATornLastLine) {
@@ -83,7 +73,7 @@ TEST_F(FileTest, LogLinesRefuseOrDropATornLastLine) {
   WriteFileSynced(log, "{\"a\": 1}\n{\"a\": 2}\n");
   EXPECT_EQ(LogLines(log, false), (std::vector<std::string>{"{\"a\": 1}", "{\"a\": 2}"}));
   WriteFileSynced(log, "{\"a\": 1}\n{\"a\"");
-  ExpectError([&] { LogLines(log, false); }, {log.string(), "line 2", "no final newline"});
+  test::ExpectError([&] { LogLines(log, false); }, {log.string(), "line 2", "no final newline"});
   EXPECT_EQ(LogLines(log, true), std::vector<std::string>{"{\"a\": 1}"});
   WriteFileSynced(log, "");
   EXPECT_TRUE(LogLines(log, false).empty());

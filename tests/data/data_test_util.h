@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/expect_error.h"
 #include "lockstep/data.h"
 
 namespace lockstep::data::testing {
@@ -50,20 +51,6 @@ inline void WriteDataset(const std::filesystem::path& dir,
   ShardWriter writer(dir, max_shard_tokens);
   for (const auto& d : documents) writer.AddDocument(d);
   writer.Finish(nlohmann::ordered_json::object());
-}
-
-// Expects `body` to fail with an Error whose message contains every one of `parts`.
-template <typename Body>
-void ExpectErrorMentioning(Body&& body, const std::vector<std::string>& parts) {
-  try {
-    body();
-    ADD_FAILURE() << "no error; expected one mentioning " << parts.front();
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const std::string& p : parts) {
-      EXPECT_NE(message.find(p), std::string::npos) << "'" << p << "' missing from: " << message;
-    }
-  }
 }
 
 }  // namespace lockstep::data::testing

@@ -11,7 +11,6 @@
 namespace lockstep::data {
 namespace {
 namespace fs = std::filesystem;
-using testing::ExpectErrorMentioning;
 using testing::TempDir;
 
 constexpr const char* kModuleVersion = "0.2.0";
@@ -125,8 +124,11 @@ TEST(HfBpe, DatasetsBindTheTokenizerAndUnsupportedFilesAreRefused) {
 
   // The end-of-document token inside a text cannot be part of a document.
   WriteFileSynced(tmp / "eot.txt", "one<|endoftext|>two");
-  ExpectErrorMentioning(
-      [&] { TokenizeFiles(std::vector<fs::path>{tmp / "eot.txt"}, tmp / "eot", kDefaultShardTokens, tokenizer.get()); },
+  test::ExpectError(
+      [&] {
+        TokenizeFiles(std::vector<fs::path>{tmp / "eot.txt"}, tmp / "eot", kDefaultShardTokens,
+                      tokenizer.get());
+      },
       {"end-of-document id"});
   EXPECT_FALSE(fs::exists(tmp / "eot"));
 
@@ -137,7 +139,7 @@ TEST(HfBpe, DatasetsBindTheTokenizerAndUnsupportedFilesAreRefused) {
     nlohmann::json copy = j;
     edit(copy);
     WriteFileSynced(tmp / "edited.json", copy.dump());
-    ExpectErrorMentioning([&] { OpenTokenizer(tmp / "edited.json"); }, parts);
+    test::ExpectError([&] { OpenTokenizer(tmp / "edited.json"); }, parts);
   };
   refused([](nlohmann::json& t) { t["model"]["type"] = "WordPiece"; }, {"model.type", "WordPiece"});
   refused([](nlohmann::json& t) { t["normalizer"] = {{"type", "NFKC"}}; }, {"normalizer", "NFKC"});

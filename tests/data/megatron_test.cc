@@ -10,7 +10,6 @@
 namespace lockstep::data {
 namespace {
 namespace fs = std::filesystem;
-using testing::ExpectErrorMentioning;
 using testing::TempDir;
 
 using Documents = std::vector<std::vector<std::vector<uint32_t>>>;  // documents of sequences
@@ -94,7 +93,7 @@ void ExpectRefused(const TempDir& tmp, const std::string& name, const Documents&
   WriteFileSynced(prefix.string() + ".idx", idx);
   WriteFileSynced(prefix.string() + ".bin", bin);
   const fs::path out = tmp / (name + "_out");
-  ExpectErrorMentioning([&] { ImportMegatron(prefix, out, TestVocabulary(tmp)); }, parts);
+  test::ExpectError([&] { ImportMegatron(prefix, out, TestVocabulary(tmp)); }, parts);
   EXPECT_FALSE(fs::exists(out));
 }
 
@@ -144,8 +143,8 @@ TEST(Megatron, MalformedIndexesAndTokensAreRefusedNamingTheField) {
   {
     const fs::path prefix = tmp / "long";
     WriteMegatron(prefix, "uint16", two);
-    ExpectErrorMentioning([&] { ImportMegatron(prefix, tmp / "long_out", TestVocabulary(tmp), 2); },
-                          {"document 1 has 3 tokens", "more than the 2"});
+    test::ExpectError([&] { ImportMegatron(prefix, tmp / "long_out", TestVocabulary(tmp), 2); },
+                      {"document 1 has 3 tokens", "more than the 2"});
     EXPECT_FALSE(fs::exists(tmp / "long_out"));
   }
   // An index shorter than its header.
@@ -156,15 +155,15 @@ TEST(Megatron, MalformedIndexesAndTokensAreRefusedNamingTheField) {
 TEST(Megatron, VocabulariesAreCheckedAndRecorded) {
   TempDir tmp;
   WriteFileSynced(tmp / "tok.model", "x");
-  ExpectErrorMentioning([&] { FileVocabulary(tmp / "tok.model", 1, 0); }, {"vocabulary size 1"});
-  ExpectErrorMentioning([&] { FileVocabulary(tmp / "tok.model", 10, 10); },
-                        {"end-of-document id 10", "below the vocabulary size 10"});
-  ExpectErrorMentioning([&] { FileVocabulary(tmp / "missing.model", 10, 1); }, {"missing.model"});
+  test::ExpectError([&] { FileVocabulary(tmp / "tok.model", 1, 0); }, {"vocabulary size 1"});
+  test::ExpectError([&] { FileVocabulary(tmp / "tok.model", 10, 10); },
+                    {"end-of-document id 10", "below the vocabulary size 10"});
+  test::ExpectError([&] { FileVocabulary(tmp / "missing.model", 10, 1); }, {"missing.model"});
   // A shard writer refuses an id outside its vocabulary, and the end-of-document id.
   ShardWriter writer(tmp / "ds", kDefaultShardTokens, FileVocabulary(tmp / "tok.model", 10, 3));
   const std::vector<uint32_t> outside = {1, 10}, eod = {3};
-  ExpectErrorMentioning([&] { writer.AddDocument(outside); }, {"token 1 is 10", "below 10"});
-  ExpectErrorMentioning([&] { writer.AddDocument(eod); }, {"end-of-document id 3"});
+  test::ExpectError([&] { writer.AddDocument(outside); }, {"token 1 is 10", "below 10"});
+  test::ExpectError([&] { writer.AddDocument(eod); }, {"end-of-document id 3"});
 }
 
 }  // namespace

@@ -6,7 +6,6 @@
 namespace lockstep::data {
 namespace {
 using nlohmann::ordered_json;
-using testing::ExpectErrorMentioning;
 using testing::TempDir;
 using testing::Tokens;
 using testing::WriteDataset;
@@ -54,11 +53,11 @@ TEST(Shards, SmallShardLimitSplitsDocumentsAcrossShards) {
 TEST(Shards, WriterRefusesOversizedDocumentsNonByteTokensAndEmptyDatasets) {
   TempDir tmp;
   ShardWriter writer(tmp / "a", 4);
-  ExpectErrorMentioning([&] { writer.AddDocument(Tokens("too long")); },
-                        {"document 0", "8 tokens", "4"});
+  test::ExpectError([&] { writer.AddDocument(Tokens("too long")); },
+                    {"document 0", "8 tokens", "4"});
   const std::vector<uint32_t> eod = {'a', kEodToken};
-  ExpectErrorMentioning([&] { writer.AddDocument(eod); }, {"token 1", "256"});
-  ExpectErrorMentioning([&] { writer.Finish(ordered_json::object()); }, {"no documents"});
+  test::ExpectError([&] { writer.AddDocument(eod); }, {"token 1", "256"});
+  test::ExpectError([&] { writer.Finish(ordered_json::object()); }, {"no documents"});
 }
 
 class ManifestTest : public ::testing::Test {
@@ -75,7 +74,7 @@ class ManifestTest : public ::testing::Test {
     edit(j);
     WriteManifest(dir(), j);
     parts.push_back((dir() / "manifest.json").string());
-    ExpectErrorMentioning([&] { OpenDataset(dir()); }, parts);
+    test::ExpectError([&] { OpenDataset(dir()); }, parts);
   }
   TempDir tmp_;
   std::string original_;
@@ -124,9 +123,8 @@ TEST_F(ManifestTest, WrongConstants) {
   narrow["vocab_size"] = 100;  // "first document" starts with 'f' = 102
   narrow["eod_token"] = 99;
   WriteManifest(dir(), narrow);
-  ExpectErrorMentioning([&] { OpenDataset(dir()); },
-                        {"shard_00000.bin", "token 0 is 102", "below vocab_size 100",
-                         "eod_token 99"});
+  test::ExpectError([&] { OpenDataset(dir()); },
+                    {"shard_00000.bin", "token 0 is 102", "below vocab_size 100", "eod_token 99"});
   ExpectRejected([](ordered_json& j) { j["unigram_entropy_nats"] = 9.5; },
                  {"'unigram_entropy_nats'", "9.5"});
   ExpectRejected([](ordered_json& j) { j["checksum"] = 1; }, {"unknown field 'checksum'"});
@@ -154,7 +152,7 @@ TEST_F(ManifestTest, BadDigestTextAndFileNames) {
 
 TEST_F(ManifestTest, NotJson) {
   WriteFileSynced(dir() / "manifest.json", "{\"format\": ");
-  ExpectErrorMentioning([&] { OpenDataset(dir()); }, {"manifest.json", "invalid JSON"});
+  test::ExpectError([&] { OpenDataset(dir()); }, {"manifest.json", "invalid JSON"});
 }
 
 // The manifest goes through the one strict reader: nesting, a NUL with junk after it and
@@ -162,11 +160,11 @@ TEST_F(ManifestTest, NotJson) {
 TEST_F(ManifestTest, HostileJsonIsRefused) {
   const std::string good = ReadFileText(dir() / "manifest.json");
   WriteFileSynced(dir() / "manifest.json", std::string(100000, '[') + std::string(100000, ']'));
-  ExpectErrorMentioning([&] { OpenDataset(dir()); }, {"manifest.json", "nested deeper than 64"});
+  test::ExpectError([&] { OpenDataset(dir()); }, {"manifest.json", "nested deeper than 64"});
   WriteFileSynced(dir() / "manifest.json", good + std::string("\0junk", 5));
-  ExpectErrorMentioning([&] { OpenDataset(dir()); }, {"manifest.json", "a NUL byte"});
+  test::ExpectError([&] { OpenDataset(dir()); }, {"manifest.json", "a NUL byte"});
   WriteFileSynced(dir() / "manifest.json", "{\"format\": 1, \"format\": 2}");
-  ExpectErrorMentioning([&] { OpenDataset(dir()); }, {"manifest.json", "duplicate key"});
+  test::ExpectError([&] { OpenDataset(dir()); }, {"manifest.json", "duplicate key"});
 }
 
 TEST_F(ManifestTest, FlippedByteInBinNamesShardAndBothDigests) {
@@ -175,8 +173,8 @@ TEST_F(ManifestTest, FlippedByteInBinNamesShardAndBothDigests) {
   std::vector<uint8_t> bytes = ReadFileBytes(bin);
   bytes[5] ^= 0x01;
   WriteFileSynced(bin, bytes);
-  ExpectErrorMentioning([&] { OpenDataset(dir()); },
-                        {bin.string(), expected, ToHex(Blake2b256(bytes)), "mismatch"});
+  test::ExpectError([&] { OpenDataset(dir()); },
+                    {bin.string(), expected, ToHex(Blake2b256(bytes)), "mismatch"});
 }
 
 TEST_F(ManifestTest, TruncatedOrMissingIdxIsNamed) {
@@ -184,9 +182,9 @@ TEST_F(ManifestTest, TruncatedOrMissingIdxIsNamed) {
   std::vector<uint8_t> bytes = ReadFileBytes(idx);
   bytes.resize(bytes.size() - 3);
   WriteFileSynced(idx, bytes);
-  ExpectErrorMentioning([&] { OpenDataset(dir()); }, {idx.string(), "truncated"});
+  test::ExpectError([&] { OpenDataset(dir()); }, {idx.string(), "truncated"});
   std::filesystem::remove(idx);
-  ExpectErrorMentioning([&] { OpenDataset(dir()); }, {idx.string(), "cannot open"});
+  test::ExpectError([&] { OpenDataset(dir()); }, {idx.string(), "cannot open"});
 }
 
 TEST_F(ManifestTest, IdxContentsMustMatchTheBin) {
@@ -197,18 +195,18 @@ TEST_F(ManifestTest, IdxContentsMustMatchTheBin) {
   };
   const std::filesystem::path idx = dir() / "shard_00000.idx";
   ReplaceShardFile(dir(), 0, "idx", idx_bytes({0, 15, 14}));
-  ExpectErrorMentioning([&] { OpenDataset(dir()); }, {idx.string(), "offset 2 is 14"});
+  test::ExpectError([&] { OpenDataset(dir()); }, {idx.string(), "offset 2 is 14"});
   ReplaceShardFile(dir(), 0, "idx", idx_bytes({0, 10, 13}));
-  ExpectErrorMentioning([&] { OpenDataset(dir()); }, {idx.string(), "last offset is 13", "14"});
+  test::ExpectError([&] { OpenDataset(dir()); }, {idx.string(), "last offset is 13", "14"});
   ReplaceShardFile(dir(), 0, "idx", idx_bytes({3, 10, 14}));
-  ExpectErrorMentioning([&] { OpenDataset(dir()); }, {idx.string(), "offset 0 is 3"});
+  test::ExpectError([&] { OpenDataset(dir()); }, {idx.string(), "offset 0 is 3"});
 }
 
 TEST_F(ManifestTest, BinHoldsByteTokensOnly) {
   std::vector<uint8_t> bin = ReadFileBytes(dir() / "shard_00001.bin");
   bin[4 * 2 + 1] = 0x01;  // token 2 becomes 256 + its byte
   ReplaceShardFile(dir(), 1, "bin", bin);
-  ExpectErrorMentioning([&] { OpenDataset(dir()); }, {"shard_00001.bin", "token 2 is 361"});
+  test::ExpectError([&] { OpenDataset(dir()); }, {"shard_00001.bin", "token 2 is 361"});
 }
 
 }  // namespace

@@ -11,7 +11,6 @@
 namespace lockstep::data {
 namespace {
 namespace fs = std::filesystem;
-using testing::ExpectErrorMentioning;
 using testing::TempDir;
 
 // A varied corpus: several scripts, whitespace runs, tabs, blank lines, digits and punctuation.
@@ -119,17 +118,17 @@ TEST(Subword, AVocabularyOfTheWrongSizeIsRefusedWithOneThatWorks) {
 TEST(Subword, BadInputsAreRefusedClearly) {
   TempDir tmp;
   const std::vector<fs::path> files = WriteCorpus(tmp);
-  ExpectErrorMentioning([&] { TrainTokenizer(files, 400, "wordpiece", tmp / "x"); },
-                        {"'wordpiece'", "unigram or bpe"});
+  test::ExpectError([&] { TrainTokenizer(files, 400, "wordpiece", tmp / "x"); },
+                    {"'wordpiece'", "unigram or bpe"});
   EXPECT_FALSE(fs::exists(tmp / "y"));
   WriteFileSynced(tmp / "bad.txt", std::string("ok \xff\xfe bad"));
-  ExpectErrorMentioning(
+  test::ExpectError(
       [&] { TrainTokenizer(std::vector<fs::path>{tmp / "bad.txt"}, 400, "unigram", tmp / "z"); },
       {"bad.txt", "byte"});
   WriteFileSynced(tmp / "not_a_model", "this is not a protobuf");
-  ExpectErrorMentioning([&] { OpenTokenizer(tmp / "not_a_model"); },
-                        {"not_a_model", "not a SentencePiece model"});
-  ExpectErrorMentioning([&] { OpenTokenizer(tmp.path()); }, {"tokenizer.model"});
+  test::ExpectError([&] { OpenTokenizer(tmp / "not_a_model"); },
+                    {"not_a_model", "not a SentencePiece model"});
+  test::ExpectError([&] { OpenTokenizer(tmp.path()); }, {"tokenizer.model"});
 }
 
 }  // namespace

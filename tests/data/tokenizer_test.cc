@@ -6,7 +6,6 @@
 
 namespace lockstep::data {
 namespace {
-using testing::ExpectErrorMentioning;
 using testing::TempDir;
 
 std::span<const uint8_t> Bytes(std::string_view s) {
@@ -35,8 +34,8 @@ TEST(Utf8, RejectsMalformedSequencesNamingTheOffset) {
       {"\x80", "offset 0"},                // lone continuation byte
   };
   for (const auto& c : cases) {
-    ExpectErrorMentioning([&] { ValidateUtf8(Bytes(c.text), "file.txt"); },
-                          {"file.txt", "invalid UTF-8", c.offset});
+    test::ExpectError([&] { ValidateUtf8(Bytes(c.text), "file.txt"); },
+                      {"file.txt", "invalid UTF-8", c.offset});
   }
 }
 
@@ -68,7 +67,7 @@ TEST(Tokenize, InvalidUtf8NamesFileAndOffsetAndWritesNothing) {
   WriteFileSynced(tmp / "good.txt", "fine");
   WriteFileSynced(tmp / "bad.txt", "caf\xe9 au lait");  // Latin-1, not UTF-8
   const std::vector<std::filesystem::path> files = {tmp / "good.txt", tmp / "bad.txt"};
-  ExpectErrorMentioning([&] { TokenizeFiles(files, tmp / "out"); }, {"bad.txt", "byte offset 3"});
+  test::ExpectError([&] { TokenizeFiles(files, tmp / "out"); }, {"bad.txt", "byte offset 3"});
   EXPECT_FALSE(std::filesystem::exists(tmp / "out"));
 }
 
@@ -76,8 +75,8 @@ TEST(Tokenize, RefusesANonEmptyOutputDirectory) {
   TempDir tmp;
   WriteFileSynced(tmp / "a.txt", "a");
   const std::vector<std::filesystem::path> files = {tmp / "a.txt"};
-  ExpectErrorMentioning([&] { TokenizeFiles(files, tmp.path()); },
-                        {tmp.path().string(), "not an empty directory"});
+  test::ExpectError([&] { TokenizeFiles(files, tmp.path()); },
+                    {tmp.path().string(), "not an empty directory"});
 }
 
 TEST(Tokens, DescribeEscapesControlBytesAndEod) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/expect_error.h"
 #include "lockstep/core.h"
 #include "lockstep/kernels.h"
 
@@ -63,20 +64,6 @@ inline void ExpectClose(const std::string& what, const std::vector<float>& got,
                     << want[i] << " (|err| " << err << " > " << atol << " + " << rtol
                     << "*|ref|)";
       return;
-    }
-  }
-}
-
-// Expects `call` to throw lockstep::Error whose message contains every one of `words`
-// (the op, the argument, the values).
-inline void ExpectError(const std::function<void()>& call,
-                        std::initializer_list<const char*> words) {
-  try {
-    call();
-    ADD_FAILURE() << "no lockstep::Error thrown";
-  } catch (const Error& e) {
-    for (const char* w : words) {
-      EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
     }
   }
 }

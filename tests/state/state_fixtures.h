@@ -12,24 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "common/expect_error.h"
 #include "common/scratch_dir.h"
 #include "lockstep/state.h"
 
 namespace lockstep::test {
-
-// Expects `call` to throw lockstep::Error whose message contains every one of `words`.
-inline void ExpectError(const std::function<void()>& call,
-                        std::initializer_list<std::string> words) {
-  try {
-    call();
-    ADD_FAILURE() << "no lockstep::Error thrown";
-  } catch (const Error& e) {
-    for (const std::string& w : words) {
-      EXPECT_NE(std::string(e.what()).find(w), std::string::npos)
-          << "'" << w << "' missing from: " << e.what();
-    }
-  }
-}
 
 // COMPLETE's entry for a checkpoint file holding `bytes` (docs/formats/checkpoint.md): a tensor
 // file's TensorFileDigest, meta.json's BLAKE2b. A tensor file that does not parse gets its

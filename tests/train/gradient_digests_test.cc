@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/expect_error.h"
 #include "common/scratch_dir.h"
 #include "lockstep/data.h"
 #include "lockstep/model.h"
@@ -16,15 +17,6 @@
 namespace lockstep {
 namespace {
 namespace fs = std::filesystem;
-
-void ExpectError(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one containing: " << needle;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 class GradientDigests : public test::ScratchDirTest {};
 
@@ -53,10 +45,10 @@ TEST_F(GradientDigests, RestoredStateStepsAlikeAndRefusesTheGradientsItLacks) {
     int64_t elements = 1;  // a whole tensor: a spilled store reads whole chunks
     for (const int64_t d : restored.tensors()[0].shape) elements *= d;
     std::vector<float> piece(static_cast<size_t>(elements));
-    ExpectError([&] { restored.ReadPiece(0, StateArray::kGrad, 0, piece); }, "not held");
+    test::ExpectError([&] { restored.ReadPiece(0, StateArray::kGrad, 0, piece); }, {"not held"});
     EXPECT_NO_THROW(restored.ReadPiece(0, StateArray::kM, 0, piece));
-    ExpectError([&] { restored.WriteCheckpoint(dir / "refused", Gradients::kFull); },
-                "only their digests");
+    test::ExpectError([&] { restored.WriteCheckpoint(dir / "refused", Gradients::kFull); },
+                      {"only their digests"});
     EXPECT_FALSE(fs::exists(dir / "refused" / "checkpoints" / "step_000000001"));
     // Rewriting the checkpoint it came from is a no-op (the same bytes).
     EXPECT_EQ(restored.WriteCheckpoint(dir / "digests"), digests);
