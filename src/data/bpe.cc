@@ -79,6 +79,8 @@ std::array<std::string, 256> ByteChars() {
 // A compiled pattern; matches are found left to right, each after the previous one.
 class Regex {
  public:
+  static constexpr uint32_t kMatchLimit = 10'000'000, kDepthLimit = 100'000;
+
   Regex(std::string_view pattern, const std::string& what) {
     int error = 0;
     PCRE2_SIZE offset = 0;
@@ -94,8 +96,8 @@ class Regex {
     // A bound on the work of one match, so that a hostile pattern (catastrophic backtracking)
     // is an error, not a hang.
     context_ = pcre2_match_context_create(nullptr);
-    pcre2_set_match_limit(context_, 10'000'000);
-    pcre2_set_depth_limit(context_, 100'000);
+    pcre2_set_match_limit(context_, kMatchLimit);
+    pcre2_set_depth_limit(context_, kDepthLimit);
   }
   ~Regex() {
     pcre2_match_context_free(context_);
@@ -106,8 +108,9 @@ class Regex {
   Regex& operator=(const Regex&) = delete;
 
   // The pieces of `text` (the reference's Isolated split): each match, and the text between
-  // matches. An empty match is no piece.
-  std::vector<std::string_view> Split(std::string_view text) const {
+  // matches. An empty match is no piece. `offset`: where `text` starts in the document (errors
+  // name the byte of the document).
+  std::vector<std::string_view> Split(std::string_view text, size_t offset) const {
     std::vector<std::string_view> pieces;
     size_t at = 0, last = 0;  // where the search resumes; where the last piece ended
     while (at <= text.size()) {
@@ -117,8 +120,13 @@ class Regex {
       if (rc < 0) {
         PCRE2_UCHAR message[256];
         pcre2_get_error_message(rc, message, sizeof message);
-        Fail("the pre-tokenizer's pattern failed at byte {} of the text: {}", at,
-             reinterpret_cast<const char*>(message));
+        // The limits set above (match limit, depth limit) are the errors text can cause.
+        Fail(
+            "the pre_tokenizer's Split pattern gave up searching from byte {} ({}): it backtracks "
+            "too much on this text for lockstep's bound (match limit {}, depth limit {}); simplify "
+            "the "
+            "pattern (possessive quantifiers, atomic groups) or the text",
+            offset + at, reinterpret_cast<const char*>(message), kMatchLimit, kDepthLimit);
       }
       const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data_);
       const size_t begin = ovector[0], end = ovector[1];
@@ -198,7 +206,7 @@ class HfBpeTokenizer final : public Tokenizer {
         }
       }
       if (found || at == text.size()) {
-        EncodePlain(text.substr(plain, at - plain), ids);
+        EncodePlain(text.substr(plain, at - plain), plain, ids);
         if (!found) break;
         ids.push_back(found->second);
         at += found->first;
@@ -368,10 +376,10 @@ class HfBpeTokenizer final : public Tokenizer {
   static uint64_t PairKey(uint32_t a, uint32_t b) { return uint64_t{a} << 32 | b; }
 
   // Text without added tokens: pre-tokenized, each piece's bytes as characters, then merged.
-  void EncodePlain(std::string_view text, std::vector<uint32_t>& ids) const {
+  void EncodePlain(std::string_view text, size_t offset, std::vector<uint32_t>& ids) const {
     if (text.empty()) return;
     const std::vector<std::string_view> pieces =
-        pattern_ ? pattern_->Split(text) : std::vector<std::string_view>{text};
+        pattern_ ? pattern_->Split(text, offset) : std::vector<std::string_view>{text};
     for (const std::string_view piece : pieces) {
       std::vector<uint32_t> symbols;
       std::string word;

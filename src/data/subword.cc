@@ -36,7 +36,14 @@ class SentencePieceTokenizer final : public Tokenizer {
     const std::vector<uint8_t> bytes = ReadFileBytes(model);
     const sentencepiece::util::Status status = processor_.LoadFromSerializedProto(
         std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
-    if (!status.ok()) Fail("{}: not a SentencePiece model: {}", model.string(), status.ToString());
+    // SentencePiece's message names its own source lines, nothing the user can change.
+    if (!status.ok()) {
+      Fail(
+          "{}: not a SentencePiece model (a Hugging Face tokenizer is read as one only when its "
+          "name ends in .json): give a tokenizer.model that 'lockstep tokenizer train' wrote, a "
+          "tokenizer.json, or a directory holding one",
+          model.string());
+    }
     if (processor_.eos_id() < 0) {
       Fail("{}: the model has no end-of-sentence piece (</s>), which ends documents",
            model.string());
@@ -89,6 +96,27 @@ class SentencePieceTokenizer final : public Tokenizer {
   Fail("tokenizer train: SentencePiece failed: {}", message);
 }
 
+// The longest line SentencePiece trains on (its max_sentence_length, set below).
+constexpr size_t kMaxSentenceBytes = 1000000;
+
+// SentencePiece's trainer skips, without a word, a sentence longer than max_sentence_length and
+// one holding U+2585 (the character it marks unknown pieces with): text the model would never
+// have seen. Each line is one sentence, so such a line is refused, named, instead.
+void RequireTrainableLine(std::string_view line, const fs::path& file, size_t number) {
+  if (line.size() > kMaxSentenceBytes) {
+    Fail(
+        "tokenizer train: {} line {} is {} bytes; SentencePiece trains on lines of at most {} "
+        "bytes (each line is one sentence): split it",
+        file.string(), number, line.size(), kMaxSentenceBytes);
+  }
+  if (line.find("\xE2\x96\x85") != std::string_view::npos) {
+    Fail(
+        "tokenizer train: {} line {} holds U+2585 (\xE2\x96\x85), which SentencePiece reserves "
+        "for unknown pieces and would drop the line for: remove or replace it",
+        file.string(), number);
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<Tokenizer> OpenTokenizer(const fs::path& path) {
@@ -116,7 +144,11 @@ fs::path TrainTokenizer(std::span<const fs::path> inputs, uint64_t vocab, std::s
   for (const fs::path& input : inputs) {
     const std::vector<uint8_t> bytes = ReadFileBytes(input);
     ValidateUtf8(bytes, input.string());
-    for (std::string& line : Lines(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()))) {
+    std::vector<std::string> file_lines =
+        Lines(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+    for (size_t i = 0; i < file_lines.size(); ++i) {
+      std::string& line = file_lines[i];
+      RequireTrainableLine(line, input, i + 1);
       if (!line.empty()) lines.push_back(std::move(line));
     }
   }
@@ -141,7 +173,7 @@ fs::path TrainTokenizer(std::span<const fs::path> inputs, uint64_t vocab, std::s
       {"remove_extra_whitespaces", "false"},
       {"add_dummy_prefix", "false"},
       {"allow_whitespace_only_pieces", "true"},
-      {"max_sentence_length", "1000000"},
+      {"max_sentence_length", std::to_string(kMaxSentenceBytes)},
       {"minloglevel", "2"},
   };
   LineIterator sentences(std::move(lines));

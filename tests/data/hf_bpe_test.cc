@@ -132,6 +132,28 @@ TEST(HfBpe, DatasetsBindTheTokenizerAndUnsupportedFilesAreRefused) {
       {"end-of-document id"});
   EXPECT_FALSE(fs::exists(tmp / "eot"));
 
+  // A pattern that backtracks without end on a text stops at PCRE2's bound, named as such.
+  {
+    nlohmann::json slow = nlohmann::json::parse(ReadFileText(json));
+    slow["pre_tokenizer"] = {{"type", "Sequence"},
+                             {"pretokenizers",
+                              {{{"type", "Split"},
+                                {"pattern", {{"Regex", "(a+)+$"}}},
+                                {"behavior", "Isolated"},
+                                {"invert", false}},
+                               {{"type", "ByteLevel"}, {"use_regex", false}}}}};
+    WriteFileSynced(tmp / "slow.json", slow.dump());
+    WriteFileSynced(tmp / "slow.txt", std::string(40, 'a') + "!");
+    const std::unique_ptr<Tokenizer> backtracking = OpenTokenizer(tmp / "slow.json");
+    test::ExpectError(
+        [&] {
+          TokenizeFiles(std::vector<fs::path>{tmp / "slow.txt"}, tmp / "slow", kDefaultShardTokens,
+                        backtracking.get());
+        },
+        {"slow.txt", "Split pattern gave up searching from byte 0", "match limit", "slow.json"});
+    EXPECT_FALSE(fs::exists(tmp / "slow"));
+  }
+
   // What this reader does not implement is refused naming the field.
   nlohmann::json j = nlohmann::json::parse(ReadFileText(json));
   const auto refused = [&](const std::function<void(nlohmann::json&)>& edit,

@@ -125,9 +125,20 @@ TEST(Subword, BadInputsAreRefusedClearly) {
   test::ExpectError(
       [&] { TrainTokenizer(std::vector<fs::path>{tmp / "bad.txt"}, 400, "unigram", tmp / "z"); },
       {"bad.txt", "byte"});
+  // Lines SentencePiece would skip without a word are refused, each named by file and line.
+  WriteFileSynced(tmp / "long.txt", "short line\n\n" + std::string(1000001, 'a') + "\n");
+  test::ExpectError(
+      [&] { TrainTokenizer(std::vector<fs::path>{tmp / "long.txt"}, 400, "unigram", tmp / "l"); },
+      {"long.txt line 3", "1000001 bytes", "at most 1000000", "split it"});
+  WriteFileSynced(tmp / "reserved.txt", "fine\nblock \u2585 char\n");
+  test::ExpectError(
+      [&] { TrainTokenizer(std::vector<fs::path>{tmp / "reserved.txt"}, 400, "bpe", tmp / "r"); },
+      {"reserved.txt line 2", "U+2585"});
+  EXPECT_FALSE(fs::exists(tmp / "l"));
+  EXPECT_FALSE(fs::exists(tmp / "r"));
   WriteFileSynced(tmp / "not_a_model", "this is not a protobuf");
   test::ExpectError([&] { OpenTokenizer(tmp / "not_a_model"); },
-                    {"not_a_model", "not a SentencePiece model"});
+                    {"not_a_model", "not a SentencePiece model", "ends in .json"});
   test::ExpectError([&] { OpenTokenizer(tmp.path()); }, {"tokenizer.model"});
 }
 
