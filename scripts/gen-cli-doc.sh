@@ -85,7 +85,7 @@ Every command exits with one of these statuses; a command's help says which it u
 | 0 | done; for a replay, an audit or a check: a match, accepted |
 | 1 | a verdict against the input: a mismatch, a dispute's divergence, a kit or hand-off that does not verify, a run halted by the spike protocol |
 | 2 | bad input or a failed check, named in the message (`lockstep: error: ...`); also a command line CLI11 refuses, and `lockstep` without a command (after printing its help) |
-| 3 | `lockstep train` under `mpirun`: a rank waited past `--comm-timeout` (a rank died or hangs) |
+| 3 | `lockstep train` under `mpirun`: a rank waited past `--comm-timeout` or a transfer failed (a rank died or hangs, or the network is down) |
 | 70 | an internal error (`lockstep: internal error at FILE:LINE: ...`): a bug in lockstep, never the input's fault; please report it |
 
 `lockstep referee` is the one exception: its status is its verdict (0 party A is right, 1 party

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <climits>
 #include <condition_variable>
@@ -11,7 +12,9 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <string_view>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "lockstep/core.h"
@@ -237,8 +240,18 @@ class MpiComm final : public Comm {
   void Init() {
     int provided = 0;
     // This thread is MPI's main thread, the one that calls it.
-    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+      Fail(
+          "MPI did not start (MPI_Init_thread failed; Open MPI's message above says why): check "
+          "the mpirun command line and the OMPI_MCA_* variables in the environment");
+    }
     initialised_ = true;
+    if (provided < MPI_THREAD_FUNNELED) {
+      Fail(
+          "this MPI library gives no thread support (MPI_THREAD_FUNNELED is needed: one thread "
+          "of the process calls MPI, beside others): use an MPI built with threads (Debian's "
+          "libopenmpi-dev is)");
+    }
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
@@ -303,12 +316,16 @@ class MpiComm final : public Comm {
     char text[MPI_MAX_ERROR_STRING];
     int length = 0;
     MPI_Error_string(code, text, &length);
+    int peer = kAll;
     std::string phase;
     {
       std::lock_guard lock(mutex_);
-      phase = running_.second;
+      std::tie(peer, phase) = running_;
     }
-    Fail("rank {}: {} failed during {}: {}", rank_, call, phase, std::string(text, length));
+    throw CommFailure(fmt::format(
+        "the transfer with {} during {} failed ({}: {}): it died, or the network to it is down "
+        "(its own message, if it printed one, says why)",
+        Peers(peer), phase, call, std::string(text, length)));
   }
 
   // A transfer that has waited longer than the timeout means another rank died or hangs: say so
@@ -376,14 +393,14 @@ class MpiComm final : public Comm {
   std::thread thread_, watchdog_;
 };
 
+#endif  // LOCKSTEP_WITH_MPI
+
 bool LaunchedByMpi() {
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"}) {
     if (std::getenv(name) != nullptr) return true;
   }
   return false;
 }
-
-#endif  // LOCKSTEP_WITH_MPI
 
 }  // namespace
 
@@ -444,8 +461,31 @@ std::unique_ptr<Comm> MakeWorldComm(double timeout_seconds) {
   if (!(timeout_seconds > 0)) Fail("--comm-timeout = {} (must be > 0 seconds)", timeout_seconds);
 #ifdef LOCKSTEP_WITH_MPI
   if (LaunchedByMpi()) return std::make_unique<MpiComm>(timeout_seconds);
+#else
+  if (const int size = LauncherWorldSize(); size > 1) {
+    Fail(
+        "started as one of {} processes, but this lockstep was built without MPI (lockstep "
+        "--version says so): each would train alone into the same run directory; build with "
+        "MPI (libopenmpi-dev installed, cmake -DLOCKSTEP_WITH_MPI=ON) or start one process",
+        size);
+  }
 #endif
   return MakeSoloComm();
+}
+
+int LauncherWorldSize() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    const char* value = std::getenv(name);
+    if (value == nullptr) continue;
+    int size = 0;
+    const std::string_view text(value);
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), size);
+    if (error != std::errc() || end != text.data() + text.size() || size < 1) {
+      Fail("the environment's {}={} is no number of processes", name, text);
+    }
+    return size;
+  }
+  return 1;
 }
 
 bool MpiBuiltIn() {

@@ -14,6 +14,8 @@
 #include <span>
 #include <string>
 
+#include "lockstep/core.h"
+
 namespace lockstep::train {
 
 class Comm {
@@ -80,6 +82,14 @@ class Comm {
   std::string phase_ = "start-up";
 };
 
+// A transfer that failed (a rank died, the network to it is down): not the input's fault, so
+// `lockstep train` exits 3, as when a transfer waits past the timeout.
+class CommFailure : public Error {
+ public:
+  using Error::Error;
+};
+inline constexpr int kCommFailureExit = 3;
+
 // One process: every collective is a copy.
 std::unique_ptr<Comm> MakeSoloComm();
 
@@ -99,9 +109,15 @@ void RequireSameOnEveryRank(Comm& comm,
 // (OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_SIZE in the environment), a solo Comm otherwise. A
 // collective that waits more than `timeout_seconds` for the other ranks (one died or hangs)
 // prints an error naming this rank and the phase, then ends the process with exit code 3, which
-// makes mpirun stop the others. Transfers run on a thread of their own, the only one that calls
-// MPI; the caller computes while they run.
+// makes mpirun stop the others; a transfer that fails throws CommFailure. Transfers run on a
+// thread of their own, the only one that calls MPI; the caller computes while they run. A binary
+// built without MPI refuses to start as one of several processes (LauncherWorldSize > 1): each
+// would train alone into the same run directory.
 std::unique_ptr<Comm> MakeWorldComm(double timeout_seconds);
+
+// The number of processes a launcher started this one among, from the environment
+// (OMPI_COMM_WORLD_SIZE, else PMI_SIZE); 1 when neither is set. An unreadable value fails.
+int LauncherWorldSize();
 
 // Whether this binary was built with MPI (cmake -DLOCKSTEP_WITH_MPI=ON, the default).
 bool MpiBuiltIn();

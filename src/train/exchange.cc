@@ -209,10 +209,9 @@ void Exchange::ServePieceRequests(const ReadPiece& read) const {
 
 void Exchange::RequestPiece(int owner, size_t i, StateArray array, int64_t begin,
                             std::span<float> out) const {
-  if (rank_ != 0) {
-    Fail("rank {}: elements [{}, {}) of tensor {} are held by rank {}", rank_, begin,
-         begin + static_cast<int64_t>(out.size()), i, owner);
-  }
+  // Only rank 0 asks (it writes the checkpoints); the owners serve in ServePieceRequests.
+  LOCKSTEP_CHECK(rank_ == 0, "rank {} asked rank {} for elements [{}, {}) of tensor {}", rank_,
+                 owner, begin, begin + static_cast<int64_t>(out.size()), i);
   const PieceRequest request{static_cast<int64_t>(i), static_cast<int64_t>(array), begin,
                              static_cast<int64_t>(out.size())};
   comm_.Send(std::as_bytes(std::span(request)), owner);

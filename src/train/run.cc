@@ -459,7 +459,8 @@ int RunTraining(const TrainOptions& options) {
                  comm->rank(), comm->size(), e.what());
     std::fflush(stderr);
     std::this_thread::sleep_for(std::chrono::seconds(1));
-    return internal ? kInternalErrorExit : 2;
+    if (internal) return kInternalErrorExit;
+    return dynamic_cast<const CommFailure*>(&e) != nullptr ? kCommFailureExit : 2;
   }
 }
 
