@@ -20,7 +20,6 @@
 #include "lockstep/model.h"
 #include "lockstep/state.h"
 #include "lockstep/train.h"
-#include "state/internal.h"
 #include "state/state_fixtures.h"
 
 namespace lockstep {
@@ -260,20 +259,9 @@ fs::path ForgeHugeCheckpoint(const fs::path& dir, const fs::path& model_checkpoi
                                   reinterpret_cast<const uint8_t*>(meta_text.data()),
                                   meta_text.size())))},
                   {"size", meta_text.size()}}}};
+  const uint64_t step = meta["step"].get<uint64_t>();
   auto sparse = [&](const char* name, const char* content, std::span<const TensorShape> tensors) {
-    const std::map<std::string, std::string> metadata = {{"content", content},
-                                                         {"format", "lockstep-checkpoint"},
-                                                         {"format_version", std::to_string(kCheckpointFormatVersion)},
-                                                         {"step", std::to_string(meta["step"].get<uint64_t>())}};
-    const std::string header = state_internal::SafetensorsHeaderBytes(tensors, metadata, name);
-    uint64_t size = header.size();
-    for (const TensorShape& t : tensors) {
-      uint64_t count = 4;
-      for (const int64_t d : t.shape) count *= static_cast<uint64_t>(d);
-      size += count;
-    }
-    WriteFileSynced(dir / name, header);
-    fs::resize_file(dir / name, size);
+    const uint64_t size = test::WriteSparseTensorFile(dir / name, content, step, tensors);
     files[name] = {{"digest", std::string(64, '0')}, {"size", size}};  // never read that far
   };
   sparse("model.safetensors", "model", params);

@@ -8,13 +8,16 @@
 #include <filesystem>
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "common/expect_error.h"
 #include "common/scratch_dir.h"
 #include "lockstep/state.h"
+#include "state/internal.h"  // the safetensors header, for files too large to write
 
 namespace lockstep::test {
 
@@ -106,5 +109,28 @@ struct SampleState {
     return a;
   }
 };
+
+// A checkpoint tensor file (docs/formats/checkpoint.md) of `tensors` with its header written and
+// its data never: a sparse file of the full size, for a checkpoint too large to hold. Returns the
+// file's size.
+inline uint64_t WriteSparseTensorFile(const std::filesystem::path& path, const std::string& content,
+                                      uint64_t step, std::span<const TensorShape> tensors) {
+  const std::map<std::string, std::string> metadata = {
+      {"content", content},
+      {"format", "lockstep-checkpoint"},
+      {"format_version", std::to_string(kCheckpointFormatVersion)},
+      {"step", std::to_string(step)}};
+  const std::string header =
+      state_internal::SafetensorsHeaderBytes(tensors, metadata, path.filename().string());
+  uint64_t size = header.size();
+  for (const TensorShape& t : tensors) {
+    uint64_t count = sizeof(float);
+    for (const int64_t d : t.shape) count *= static_cast<uint64_t>(d);
+    size += count;
+  }
+  WriteFileSynced(path, header);
+  std::filesystem::resize_file(path, size);
+  return size;
+}
 
 }  // namespace lockstep::test
