@@ -178,4 +178,15 @@ std::span<const std::string_view> ForbiddenBuildOptions();
 // The OpenCL C sources, by file name.
 std::span<const KernelSource> KernelSources();
 
+// The name CL/cl.h (OpenCL 3.0) gives an error code ("CL_OUT_OF_RESOURCES"), or the number where
+// it names none. Every error of a driver call carries it.
+std::string OpenClErrorName(int code);
+
+// A device that ran out of memory (a buffer, or the driver's resources for a kernel): the message
+// names the device, the driver's code and call, and what to change; the caller may add its plan.
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace lockstep::device

@@ -66,6 +66,77 @@ std::span<const std::string_view> ForbiddenBuildOptions() {
 
 std::span<const KernelSource> KernelSources() { return kKernelSources; }
 
+std::string OpenClErrorName(int code) {
+  static constexpr std::pair<int, std::string_view> kNames[] = {
+      {0, "CL_SUCCESS"},
+      {-1, "CL_DEVICE_NOT_FOUND"},
+      {-2, "CL_DEVICE_NOT_AVAILABLE"},
+      {-3, "CL_COMPILER_NOT_AVAILABLE"},
+      {-4, "CL_MEM_OBJECT_ALLOCATION_FAILURE"},
+      {-5, "CL_OUT_OF_RESOURCES"},
+      {-6, "CL_OUT_OF_HOST_MEMORY"},
+      {-7, "CL_PROFILING_INFO_NOT_AVAILABLE"},
+      {-8, "CL_MEM_COPY_OVERLAP"},
+      {-9, "CL_IMAGE_FORMAT_MISMATCH"},
+      {-10, "CL_IMAGE_FORMAT_NOT_SUPPORTED"},
+      {-11, "CL_BUILD_PROGRAM_FAILURE"},
+      {-12, "CL_MAP_FAILURE"},
+      {-13, "CL_MISALIGNED_SUB_BUFFER_OFFSET"},
+      {-14, "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST"},
+      {-15, "CL_COMPILE_PROGRAM_FAILURE"},
+      {-16, "CL_LINKER_NOT_AVAILABLE"},
+      {-17, "CL_LINK_PROGRAM_FAILURE"},
+      {-18, "CL_DEVICE_PARTITION_FAILED"},
+      {-19, "CL_KERNEL_ARG_INFO_NOT_AVAILABLE"},
+      {-30, "CL_INVALID_VALUE"},
+      {-31, "CL_INVALID_DEVICE_TYPE"},
+      {-32, "CL_INVALID_PLATFORM"},
+      {-33, "CL_INVALID_DEVICE"},
+      {-34, "CL_INVALID_CONTEXT"},
+      {-35, "CL_INVALID_QUEUE_PROPERTIES"},
+      {-36, "CL_INVALID_COMMAND_QUEUE"},
+      {-37, "CL_INVALID_HOST_PTR"},
+      {-38, "CL_INVALID_MEM_OBJECT"},
+      {-39, "CL_INVALID_IMAGE_FORMAT_DESCRIPTOR"},
+      {-40, "CL_INVALID_IMAGE_SIZE"},
+      {-41, "CL_INVALID_SAMPLER"},
+      {-42, "CL_INVALID_BINARY"},
+      {-43, "CL_INVALID_BUILD_OPTIONS"},
+      {-44, "CL_INVALID_PROGRAM"},
+      {-45, "CL_INVALID_PROGRAM_EXECUTABLE"},
+      {-46, "CL_INVALID_KERNEL_NAME"},
+      {-47, "CL_INVALID_KERNEL_DEFINITION"},
+      {-48, "CL_INVALID_KERNEL"},
+      {-49, "CL_INVALID_ARG_INDEX"},
+      {-50, "CL_INVALID_ARG_VALUE"},
+      {-51, "CL_INVALID_ARG_SIZE"},
+      {-52, "CL_INVALID_KERNEL_ARGS"},
+      {-53, "CL_INVALID_WORK_DIMENSION"},
+      {-54, "CL_INVALID_WORK_GROUP_SIZE"},
+      {-55, "CL_INVALID_WORK_ITEM_SIZE"},
+      {-56, "CL_INVALID_GLOBAL_OFFSET"},
+      {-57, "CL_INVALID_EVENT_WAIT_LIST"},
+      {-58, "CL_INVALID_EVENT"},
+      {-59, "CL_INVALID_OPERATION"},
+      {-60, "CL_INVALID_GL_OBJECT"},
+      {-61, "CL_INVALID_BUFFER_SIZE"},
+      {-62, "CL_INVALID_MIP_LEVEL"},
+      {-63, "CL_INVALID_GLOBAL_WORK_SIZE"},
+      {-64, "CL_INVALID_PROPERTY"},
+      {-65, "CL_INVALID_IMAGE_DESCRIPTOR"},
+      {-66, "CL_INVALID_COMPILER_OPTIONS"},
+      {-67, "CL_INVALID_LINKER_OPTIONS"},
+      {-68, "CL_INVALID_DEVICE_PARTITION_COUNT"},
+      {-69, "CL_INVALID_PIPE_SIZE"},
+      {-70, "CL_INVALID_DEVICE_QUEUE"},
+      {-71, "CL_INVALID_SPEC_ID"},
+      {-72, "CL_MAX_SIZE_RESTRICTION_EXCEEDED"},
+      {-1001, "CL_PLATFORM_NOT_FOUND_KHR"},  // the ICD loader's (cl_khr_icd)
+  };
+  const auto it = std::ranges::find(kNames, code, &std::pair<int, std::string_view>::first);
+  return it == std::end(kNames) ? std::to_string(code) : std::string(it->second);
+}
+
 std::string GemmTiling::Name() const {
   return fmt::format("{}x{}/{}x{}/{}{}", tile_m, tile_n, reg_m, reg_n, k_tile,
                      double_buffer != 0 ? "/db" : "");
@@ -111,8 +182,50 @@ bool OpenClBuiltIn() { return true; }
 
 namespace {
 
+// "CL_OUT_OF_RESOURCES (-5)", or "error -9999" for a code CL/cl.h does not name.
+std::string Described(cl_int status) {
+  const std::string name = OpenClErrorName(status);
+  return name.starts_with("CL_") ? fmt::format("{} ({})", name, status)
+                                 : fmt::format("error {}", status);
+}
+
 void Check(cl_int status, std::string_view what) {
-  if (status != CL_SUCCESS) Fail("OpenCL: {} failed with error {}", what, status);
+  if (status != CL_SUCCESS) Fail("OpenCL: {} failed: {}", what, Described(status));
+}
+
+// "--device opencl:P:D (NAME)": the device as the user chose it, and as the driver names it.
+std::string DeviceFlag(const DeviceInfo& device) {
+  return fmt::format("--device opencl:{}:{} ({})", device.platform, device.device, device.name);
+}
+
+// The same on an open device, naming it; running out of memory (the executor adds the run's plan:
+// tools/lockstep/device_executor.cc) and finding the device unavailable say what to change.
+void Check(cl_int status, std::string_view what, const DeviceInfo& device) {
+  const auto gib = [](uint64_t b) { return static_cast<double>(b) / (1 << 30); };
+  switch (status) {
+    case CL_SUCCESS:
+      return;
+    case CL_MEM_OBJECT_ALLOCATION_FAILURE:
+    case CL_OUT_OF_RESOURCES:
+    case CL_OUT_OF_HOST_MEMORY:
+      throw OutOfMemory(fmt::format(
+          "{} ran out of memory ({} in {}): the device has {:.2f} GiB, other processes may hold "
+          "part of it; use a smaller config or microbatch, --recompute-activations, or --device "
+          "cpu",
+          DeviceFlag(device), Described(status), what, gib(device.global_memory)));
+    case CL_INVALID_BUFFER_SIZE:
+      Fail(
+          "{} refused a buffer ({} in {}): the device allocates at most {:.2f} GiB at once "
+          "(CL_DEVICE_MAX_MEM_ALLOC_SIZE); use a smaller config or microbatch, or --device cpu",
+          DeviceFlag(device), Described(status), what, gib(device.max_allocation));
+    case CL_DEVICE_NOT_AVAILABLE:
+      Fail(
+          "{} is not available ({} in {}): another process may hold it (a GPU in an exclusive "
+          "compute mode); choose another device (`lockstep --version` lists them) or --device cpu",
+          DeviceFlag(device), Described(status), what);
+    default:
+      Fail("{}: OpenCL: {} failed: {}", DeviceFlag(device), what, Described(status));
+  }
 }
 
 std::string DeviceString(cl_device_id id, cl_device_info param) {
@@ -191,12 +304,12 @@ DeviceInfo Describe(cl_platform_id platform, cl_device_id id, int p, int d) {
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(cl_context context, size_t bytes) : bytes_(bytes) {
+  Buffer(cl_context context, size_t bytes, const DeviceInfo& device) : bytes_(bytes) {
     cl_int status = CL_SUCCESS;
     // A zero-byte buffer is invalid in OpenCL: an empty tensor gets one unused word.
     mem_ = clCreateBuffer(context, CL_MEM_READ_WRITE, std::max<size_t>(bytes, 4), nullptr,
                           &status);
-    Check(status, fmt::format("clCreateBuffer of {} bytes", bytes));
+    Check(status, fmt::format("clCreateBuffer of {} bytes", bytes), device);
   }
   Buffer(Buffer&& other) noexcept
       : mem_(std::exchange(other.mem_, nullptr)), bytes_(other.bytes_) {}
@@ -306,9 +419,9 @@ class OpenClDevice final : public Device {
       : Device(std::move(info)), id_(id), mutation_(std::move(mutation)) {
     cl_int status = CL_SUCCESS;
     context_ = clCreateContext(nullptr, 1, &id_, nullptr, nullptr, &status);
-    Check(status, "clCreateContext");
+    Check(status, "clCreateContext", info_);
     queue_ = clCreateCommandQueue(context_, id_, 0, &status);
-    Check(status, "clCreateCommandQueue");
+    Check(status, "clCreateCommandQueue", info_);
     // One program of every source but the GEMM's (built per tiling) and the fp64 norm's (built
     // where the device has fp64), dmath.cl first: the others call its exp and log.
     // scripts/ptx-check.sh compiles the same three programs.
@@ -404,18 +517,18 @@ class OpenClDevice final : public Device {
     const auto add = [&](cl_program program, std::string name) {
       size_t size = 0;
       Check(clGetProgramInfo(program, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, nullptr),
-            "clGetProgramInfo");
+            "clGetProgramInfo", info_);
       std::string bytes(size, '\0');
       unsigned char* data = reinterpret_cast<unsigned char*>(bytes.data());
       Check(clGetProgramInfo(program, CL_PROGRAM_BINARIES, sizeof data, &data, nullptr),
-            "clGetProgramInfo");
+            "clGetProgramInfo", info_);
       binaries.emplace_back(std::move(name), std::move(bytes));
     };
     add(main_, "main");
     if (norm_ != nullptr) add(norm_, "norm");
     const GemmTiling& t = tiling_;
-    add(GemmProgram(), fmt::format("gemm-{}x{}-{}x{}-{}{}", t.tile_m, t.tile_n, t.reg_m, t.reg_n,
-                                   t.k_tile, t.double_buffer != 0 ? "-db" : ""));
+    add(GemmProgram(t), fmt::format("gemm-{}x{}-{}x{}-{}{}", t.tile_m, t.tile_n, t.reg_m, t.reg_n,
+                                    t.k_tile, t.double_buffer != 0 ? "-db" : ""));
     return binaries;
   }
 
@@ -438,7 +551,7 @@ class OpenClDevice final : public Device {
     for (int r = 0; r <= repeats; ++r) {  // the first run builds and warms up, untimed
       const auto start = std::chrono::steady_clock::now();
       Gemm(x, n, 1, w, 1, n, y, n, n, n, /*accumulate=*/false);
-      Check(clFinish(queue_), "clFinish");
+      Check(clFinish(queue_), "clFinish", info_);
       const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
       if (r > 0) best = std::min(best, took.count());
     }
@@ -449,7 +562,8 @@ class OpenClDevice final : public Device {
   friend class Binding;
   using CopyMap = std::map<const float*, std::unique_ptr<Copy>>;
 
-  // Empty when the device can run tiling `t`, else why not.
+  // Empty when the device can run tiling `t`, else why not: the device's limits, then the
+  // compiler's for the GEMM built at `t` (its registers may allow fewer work-items).
   std::string TilingProblem(const GemmTiling& t) const {
     if (t.tile_m <= 0 || t.tile_n <= 0 || t.reg_m <= 0 || t.reg_n <= 0 || t.k_tile <= 0 ||
         t.tile_m % t.reg_m != 0 || t.tile_n % t.reg_n != 0 || 256 % t.k_tile != 0 ||
@@ -467,6 +581,16 @@ class OpenClDevice final : public Device {
     if (local > info_.local_memory) {
       return fmt::format("its {} bytes of local memory exceed the device's {}", local,
                          info_.local_memory);
+    }
+    size_t allowed = 0;
+    Check(clGetKernelWorkGroupInfo(Kernel(GemmProgram(t), "gemm"), id_, CL_KERNEL_WORK_GROUP_SIZE,
+                                   sizeof allowed, &allowed, nullptr),
+          "clGetKernelWorkGroupInfo", info_);
+    if (items > allowed) {
+      return fmt::format(
+          "its work-group of {} items exceeds the {} the device's compiler allows "
+          "its GEMM kernel (CL_KERNEL_WORK_GROUP_SIZE)",
+          items, allowed);
     }
     return "";
   }
@@ -512,7 +636,7 @@ class OpenClDevice final : public Device {
     auto copy = std::make_unique<Copy>();
     copy->host = data.data();
     copy->floats = data.size();
-    copy->buffer = Buffer(context_, data.size_bytes());
+    copy->buffer = Buffer(context_, data.size_bytes(), info_);
     return (copies_[data.data()] = std::move(copy)).get();
   }
   bool StillKept(const Copy* c) const {
@@ -525,7 +649,7 @@ class OpenClDevice final : public Device {
     c.device_current = true;
   }
 
-  cl_program Build(const std::vector<std::string_view>& files, const std::string& defines) {
+  cl_program Build(const std::vector<std::string_view>& files, const std::string& defines) const {
     std::vector<std::string> texts;
     for (const std::string_view file : files) {
       const auto it = std::ranges::find(kKernelSources, file, &KernelSource::name);
@@ -547,7 +671,7 @@ class OpenClDevice final : public Device {
     cl_int status = CL_SUCCESS;
     cl_program program = clCreateProgramWithSource(context_, static_cast<cl_uint>(texts.size()),
                                                    pointers.data(), lengths.data(), &status);
-    Check(status, "clCreateProgramWithSource");
+    Check(status, "clCreateProgramWithSource", info_);
     const std::string options = fmt::format("{} {}", BuildOptions(), defines);
     status = clBuildProgram(program, 1, &id_, options.c_str(), nullptr, nullptr);
     if (status != CL_SUCCESS) {
@@ -555,15 +679,23 @@ class OpenClDevice final : public Device {
       clGetProgramBuildInfo(program, id_, CL_PROGRAM_BUILD_LOG, 0, nullptr, &size);
       std::string log(size, '\0');
       clGetProgramBuildInfo(program, id_, CL_PROGRAM_BUILD_LOG, size, log.data(), nullptr);
+      while (!log.empty() && log.back() == '\0') log.pop_back();
       clReleaseProgram(program);
-      Fail("OpenCL: building {} for {} failed (error {}):\n{}", fmt::join(files, ", "),
-           info_.name, status, log);
+      if (status != CL_BUILD_PROGRAM_FAILURE && status != CL_COMPILER_NOT_AVAILABLE &&
+          status != CL_INVALID_BUILD_OPTIONS) {
+        Check(status, fmt::format("clBuildProgram of {}", fmt::join(files, ", ")), info_);
+      }
+      Fail(
+          "{}: its OpenCL compiler rejected lockstep's kernels ({}: {}): choose another device "
+          "(`lockstep --version` lists them) or --device cpu; the compiler's log follows, for a "
+          "bug report:\n{}",
+          DeviceFlag(info_), fmt::join(files, ", "), Described(status), log);
     }
     return program;
   }
 
-  cl_program GemmProgram() {
-    const GemmTiling& t = tiling_;
+  // The GEMM's program at tiling `t`, built once.
+  cl_program GemmProgram(const GemmTiling& t) const {
     const auto key = std::array{t.tile_m, t.tile_n, t.reg_m, t.reg_n, t.k_tile, t.double_buffer};
     if (const auto it = gemm_.find(key); it != gemm_.end()) return it->second;
     const std::string defines = fmt::format(
@@ -579,21 +711,21 @@ class OpenClDevice final : public Device {
     return rope_tables_[key] = {Upload(table.cos), Upload(table.sin)};
   }
   // Kernel `name` of `program`, created once.
-  cl_kernel Kernel(cl_program program, const char* name) {
+  cl_kernel Kernel(cl_program program, const char* name) const {
     const auto key = std::pair{program, std::string(name)};
     if (const auto it = kernels_.find(key); it != kernels_.end()) return it->second;
     cl_int status = CL_SUCCESS;
     cl_kernel kernel = clCreateKernel(program, name, &status);
-    Check(status, fmt::format("clCreateKernel {}", name));
+    Check(status, fmt::format("clCreateKernel {}", name), info_);
     return kernels_[key] = kernel;
   }
 
   // Host to device and back; the queue is in order, so a read sees every kernel enqueued before.
   void Write(const Buffer& b, std::span<const std::byte> bytes) {
     if (bytes.empty()) return;
-    Check(clEnqueueWriteBuffer(queue_, b.get(), CL_TRUE, 0, bytes.size(), bytes.data(), 0,
-                               nullptr, nullptr),
-          "clEnqueueWriteBuffer");
+    Check(clEnqueueWriteBuffer(queue_, b.get(), CL_TRUE, 0, bytes.size(), bytes.data(), 0, nullptr,
+                               nullptr),
+          "clEnqueueWriteBuffer", info_);
     traffic_.to_device += bytes.size();
   }
   void Download(const Buffer& b, std::span<std::byte> to) {
@@ -601,14 +733,14 @@ class OpenClDevice final : public Device {
       LOCKSTEP_INTERNAL("reading {} bytes of a device buffer into {}", b.bytes(), to.size());
     }
     if (to.empty()) return;
-    Check(clEnqueueReadBuffer(queue_, b.get(), CL_TRUE, 0, to.size(), to.data(), 0, nullptr,
-                              nullptr),
-          "clEnqueueReadBuffer");
+    Check(
+        clEnqueueReadBuffer(queue_, b.get(), CL_TRUE, 0, to.size(), to.data(), 0, nullptr, nullptr),
+        "clEnqueueReadBuffer", info_);
     traffic_.to_host += to.size();
   }
   void Download(const Buffer& b, std::span<float> to) { Download(b, std::as_writable_bytes(to)); }
   Buffer Upload(std::span<const std::byte> bytes) {
-    Buffer b(context_, bytes.size());
+    Buffer b(context_, bytes.size(), info_);
     Write(b, bytes);
     return b;
   }
@@ -617,21 +749,21 @@ class OpenClDevice final : public Device {
   void FillZeros(const Buffer& b) {
     if (b.bytes() == 0) return;
     const float zero = 0.0f;
-    Check(clEnqueueFillBuffer(queue_, b.get(), &zero, sizeof zero, 0, b.bytes(), 0, nullptr,
-                              nullptr),
-          "clEnqueueFillBuffer");
+    Check(
+        clEnqueueFillBuffer(queue_, b.get(), &zero, sizeof zero, 0, b.bytes(), 0, nullptr, nullptr),
+        "clEnqueueFillBuffer", info_);
   }
   Buffer Zeros(int64_t floats) {
-    Buffer b(context_, static_cast<size_t>(floats) * sizeof(float));
+    Buffer b(context_, static_cast<size_t>(floats) * sizeof(float), info_);
     FillZeros(b);
     return b;
   }
   void CopyBuffer(const Buffer& from, const Buffer& to) {
     if (from.bytes() != to.bytes()) LOCKSTEP_INTERNAL("copying unequal device buffers");
     if (from.bytes() == 0) return;
-    Check(clEnqueueCopyBuffer(queue_, from.get(), to.get(), 0, 0, from.bytes(), 0, nullptr,
-                              nullptr),
-          "clEnqueueCopyBuffer");
+    Check(
+        clEnqueueCopyBuffer(queue_, from.get(), to.get(), 0, 0, from.bytes(), 0, nullptr, nullptr),
+        "clEnqueueCopyBuffer", info_);
   }
 
   // Enqueues kernel `name` of `program` over `items` work-items (one-dimensional, padded up to a
@@ -647,7 +779,7 @@ class OpenClDevice final : public Device {
     if (local > 0) global = (global + local - 1) / local * local;
     Check(clEnqueueNDRangeKernel(queue_, kernel, 1, nullptr, &global, local > 0 ? &local : nullptr,
                                  0, nullptr, nullptr),
-          fmt::format("clEnqueueNDRangeKernel {}", name));
+          fmt::format("clEnqueueNDRangeKernel {}", name), info_);
   }
   static void SetArg(cl_kernel k, cl_uint i, const Buffer& b) {
     const cl_mem mem = b.get();
@@ -675,8 +807,9 @@ class OpenClDevice final : public Device {
   cl_command_queue queue_ = nullptr;
   cl_program main_ = nullptr;
   cl_program norm_ = nullptr;  // norm.cl, on a device with fp64
-  std::map<std::array<int, 6>, cl_program> gemm_;
-  std::map<std::pair<cl_program, std::string>, cl_kernel> kernels_;
+  // Caches: built or created at first use, by Fits too.
+  mutable std::map<std::array<int, 6>, cl_program> gemm_;
+  mutable std::map<std::pair<cl_program, std::string>, cl_kernel> kernels_;
   std::map<std::tuple<int64_t, int64_t, uint32_t>, std::pair<Buffer, Buffer>> rope_tables_;
   GemmTiling tiling_;
   size_t work_group_ = 0;
@@ -824,7 +957,7 @@ void OpenClDevice::Gemm(const Buffer& a, int64_t a_i, int64_t a_r, const Buffer&
                         bool accumulate) {
   if (rows <= 0 || cols <= 0) return;
   const GemmTiling& t = tiling_;
-  cl_kernel kernel = Kernel(GemmProgram(), "gemm");
+  cl_kernel kernel = Kernel(GemmProgram(t), "gemm");
   cl_uint index = 0;
   SetArg(kernel, index++, a);
   SetArg(kernel, index++, a_i);
@@ -842,7 +975,7 @@ void OpenClDevice::Gemm(const Buffer& a, int64_t a_i, int64_t a_r, const Buffer&
   const size_t global[2] = {static_cast<size_t>((cols + t.tile_n - 1) / t.tile_n) * local[0],
                             static_cast<size_t>((rows + t.tile_m - 1) / t.tile_m) * local[1]};
   Check(clEnqueueNDRangeKernel(queue_, kernel, 2, nullptr, global, local, 0, nullptr, nullptr),
-        "clEnqueueNDRangeKernel gemm");
+        "clEnqueueNDRangeKernel gemm", info_);
 }
 
 void OpenClDevice::RunBound(rk::Op op, Binding& io) {

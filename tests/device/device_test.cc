@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/expect_error.h"
 #include "lockstep/core.h"
 #include "lockstep/device.h"
 #include "lockstep/kernels.h"
@@ -310,6 +311,38 @@ TEST(DeviceRules, TheBuildOptionsAreTheContractsAndNoForbiddenOne) {
   for (const std::string_view bad : device::ForbiddenBuildOptions()) {
     EXPECT_EQ(options.find(bad), std::string::npos) << bad;
   }
+}
+
+TEST(DeviceRules, OpenClErrorsAreNamedAsClHNamesThem) {
+  EXPECT_EQ(device::OpenClErrorName(-4), "CL_MEM_OBJECT_ALLOCATION_FAILURE");
+  EXPECT_EQ(device::OpenClErrorName(-5), "CL_OUT_OF_RESOURCES");
+  EXPECT_EQ(device::OpenClErrorName(-6), "CL_OUT_OF_HOST_MEMORY");
+  EXPECT_EQ(device::OpenClErrorName(-11), "CL_BUILD_PROGRAM_FAILURE");
+  EXPECT_EQ(device::OpenClErrorName(-54), "CL_INVALID_WORK_GROUP_SIZE");
+  EXPECT_EQ(device::OpenClErrorName(-72), "CL_MAX_SIZE_RESTRICTION_EXCEEDED");
+  EXPECT_EQ(device::OpenClErrorName(-1001), "CL_PLATFORM_NOT_FOUND_KHR");
+  EXPECT_EQ(device::OpenClErrorName(-20), "-20");  // between the runtime's and the API's codes
+  EXPECT_EQ(device::OpenClErrorName(-9999), "-9999");
+}
+
+// A tensor larger than the device allocates at once (the logits of a cross-entropy whose inputs
+// are small), given to the device directly, past the executor's plan: the error names the device,
+// the code and what to change.
+TEST_F(DeviceTest, ABufferTheDeviceCannotAllocateIsRefusedNamingTheDevice) {
+  const auto side = static_cast<int64_t>(std::sqrt(double(dev_->info().max_allocation) / 4)) + 2;
+  rk::OpValues ce = rk::Spec(rk::Op::kCrossEntropyFwd).sample();
+  ce.args["rows"] = double(side);
+  ce.args["vocab"] = double(side);
+  ce.args["d"] = 1;
+  ce.f32["h"] = rk::SelftestFloats(side, 70);
+  ce.f32["w"] = rk::SelftestFloats(side, 71);
+  ce.u32["targets"] = rk::SelftestIds(side, static_cast<uint32_t>(side), 72);
+  rk::OpValues out;
+  test::ExpectError([&] { dev_->Run(rk::Op::kCrossEntropyFwd, ce, out); },
+                    {"--device opencl:0:0 (" + dev_->info().name + ")",
+                     "CL_INVALID_BUFFER_SIZE (-61) in clCreateBuffer of " +
+                         std::to_string(side * side * 4) + " bytes",
+                     "CL_DEVICE_MAX_MEM_ALLOC_SIZE", "--device cpu"});
 }
 
 TEST(DeviceRules, ADeviceIsJudgedByItsSinglePrecisionConfig) {

@@ -28,13 +28,17 @@ class DeviceExecutor final : public OpExecutor {
     for (const OpTensor& t : inputs) in.push_back({t.role, t.f32, t.u32});
     std::vector<device::TensorOut> out;
     for (const OpOutput& o : outputs) out.push_back({o.role, o.f32, o.f64});
-    device_->Run(op, values, in, out);
+    WithPlan([&] { device_->Run(op, values, in, out); });
     return true;
   }
   void Keep(std::span<const float> region) override { device_->Keep(region); }
   void Forget(std::span<const float> region) override { device_->Forget(region); }
-  void ToHost(std::span<const float> data) override { device_->ToHost(data); }
-  void HostWrites(std::span<const float> data) override { device_->HostWrites(data); }
+  void ToHost(std::span<const float> data) override {
+    WithPlan([&] { device_->ToHost(data); });
+  }
+  void HostWrites(std::span<const float> data) override {
+    WithPlan([&] { device_->HostWrites(data); });
+  }
 
   void Plan(uint64_t bytes, uint64_t largest, std::string_view detail) override {
     const device::DeviceInfo& info = device_->info();
@@ -51,6 +55,7 @@ class DeviceExecutor final : public OpExecutor {
     }
     fmt::print(stderr, "device memory on {}: {:.2f} GiB of {:.2f} GiB ({})\n", name_, gib(bytes),
                gib(info.global_memory), detail);
+    planned_ = bytes;
   }
   Traffic traffic() const override {
     const device::Traffic t = device_->traffic();
@@ -58,8 +63,22 @@ class DeviceExecutor final : public OpExecutor {
   }
 
  private:
+  // Runs `call`; the device running out of memory (src/device/opencl.cc) is told with what this
+  // run planned to hold there, the device's message kept.
+  template <typename Call>
+  void WithPlan(const Call& call) {
+    try {
+      call();
+    } catch (const device::OutOfMemory& e) {
+      if (planned_ == 0) throw;
+      Fail("{} (this run planned {:.2f} GiB on it: docs/devices.md, \"Memory\")", e.what(),
+           static_cast<double>(planned_) / (1 << 30));
+    }
+  }
+
   std::unique_ptr<device::Device> device_;
   std::string name_;
+  uint64_t planned_ = 0;  // bytes, by Plan
 };
 
 }  // namespace
