@@ -40,7 +40,7 @@ struct KitFetchOptions {
   bool progress = true;       // progress bars on stderr (when it is a terminal)
   // A server that does not connect within stall_seconds, or sends under min_rate bytes per
   // second for that long, fails the transfer, and so does a transfer of N bytes that takes more
-  // than stall_seconds + N / min_rate seconds in all (the .part is kept for a resume).
+  // than stall_seconds + N / min_rate seconds in all (a non-empty .part is kept for a resume).
   long stall_seconds = 60;
   long min_rate = 1024;
 };
@@ -55,7 +55,8 @@ struct KitFetchReport {
 
 // Fetches URL/kit.json (written to DEST/kit.json; a different kit.json already there is an
 // error), then each listed file into DEST/<path>.part, resuming a partial .part with a range
-// request; verifies size and sha256 and renames it to DEST/<path>. A file that fails
+// request (or downloading it whole from a server that cannot resume it); verifies size and
+// sha256 and renames it to DEST/<path>. A file that fails
 // verification is deleted and reported in `failed`. Throws Error on an unusable URL, an
 // unreadable kit.json, or a transfer error.
 KitFetchReport FetchKit(const KitFetchOptions& options);

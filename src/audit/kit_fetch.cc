@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <mutex>
 #include <optional>
+#include <utility>
 
 #include "lockstep/kit.h"
 
@@ -25,11 +26,103 @@ namespace fs = std::filesystem;
 constexpr size_t kMaxManifestBytes = size_t{64} << 20;
 constexpr uint64_t kProgressMinBytes = uint64_t{1} << 20;  // smaller files finish at once
 
-void RequireSupportedUrl(std::string_view url) {
-  for (std::string_view scheme : {"file://", "http://", "https://"}) {
-    if (url.starts_with(scheme)) return;
+// The host and port of `url` as libcurl reads it ("" for a part it cannot find).
+std::pair<std::string, std::string> HostAndPort(const std::string& url) {
+  std::pair<std::string, std::string> parts;
+  CURLU* parsed = curl_url();
+  if (parsed != nullptr &&
+      curl_url_set(parsed, CURLUPART_URL, url.c_str(), CURLU_NON_SUPPORT_SCHEME) == CURLUE_OK) {
+    char* part = nullptr;
+    if (curl_url_get(parsed, CURLUPART_HOST, &part, 0) == CURLUE_OK) parts.first = part;
+    curl_free(part);
+    part = nullptr;
+    if (curl_url_get(parsed, CURLUPART_PORT, &part, CURLU_DEFAULT_PORT) == CURLUE_OK) {
+      parts.second = part;
+    }
+    curl_free(part);
   }
-  Fail("URL \"{}\": only file://, http:// and https:// are supported", url);
+  curl_url_cleanup(parsed);
+  return parts;
+}
+
+void RequireSupportedUrl(const std::string& url) {
+  if (url.starts_with("file://")) return;
+  if (!url.starts_with("http://") && !url.starts_with("https://")) {
+    Fail("URL \"{}\": only file://, http:// and https:// are supported", url);
+  }
+  // Refused here, not left to libcurl: joined with "kit.json", "http://" would be
+  // "http:/kit.json", which libcurl reads as the host "kit.json".
+  CURLU* parsed = curl_url();
+  const CURLUcode rc = parsed == nullptr ? CURLUE_OUT_OF_MEMORY
+                                         : curl_url_set(parsed, CURLUPART_URL, url.c_str(),
+                                                        CURLU_NON_SUPPORT_SCHEME);
+  curl_url_cleanup(parsed);
+  if (rc == CURLUE_NO_HOST) Fail("URL \"{}\": no host", url);
+  if (rc != CURLUE_OK) {
+    Fail("URL \"{}\" is malformed: check it (libcurl: {})", url, curl_url_strerror(rc));
+  }
+}
+
+// What a transfer of `url` that ended with `rc` (and HTTP `status`, 0 when none) means for the
+// user, naming what to change; `manifest` when `url` is the kit's kit.json, `curl_text` libcurl's
+// own words (which the caller appends in brackets, for a bug report).
+std::string TransferError(CURLcode rc, long status, const std::string& url, bool manifest,
+                          const KitFetchOptions& options, std::string_view curl_text) {
+  const auto [host, port] = HostAndPort(url);
+  switch (rc) {
+    case CURLE_URL_MALFORMAT:
+      return fmt::format("URL \"{}\" is malformed: check it", url);
+    case CURLE_COULDNT_RESOLVE_HOST:
+      return fmt::format("{}: the host {} is not known (DNS): check the URL", url, host);
+    case CURLE_COULDNT_CONNECT:
+      return fmt::format("{}: nothing answers at {} port {}: check the URL's host and port", url,
+                         host, port);
+    case CURLE_PEER_FAILED_VERIFICATION:
+      return fmt::format(
+          "{}: the server's certificate was refused: it must chain to a CA in the "
+          "system store (update-ca-certificates)",
+          url);
+    case CURLE_SSL_CONNECT_ERROR:
+      if (curl_text.find("wrong version number") != std::string_view::npos) {
+        return fmt::format("{}: {}:{} does not speak TLS: is the URL http://?", url, host, port);
+      }
+      return fmt::format("{}: the TLS handshake with {}:{} failed", url, host, port);
+    case CURLE_OPERATION_TIMEDOUT:
+      return fmt::format(
+          "{}: too slow for --stall-timeout {} s and --min-rate {} bytes/s (no "
+          "connection, a stall, or past the deadline they set): raise "
+          "--stall-timeout or lower --min-rate{}",
+          url, options.stall_seconds, options.min_rate, manifest ? "" : ", or run again to resume");
+    case CURLE_WRITE_ERROR:  // kit.json's only write error: the cap (a file's are its own)
+      if (manifest) {
+        return fmt::format("{} is over {} MiB: not a kit manifest; is URL the kit's directory?",
+                           url, kMaxManifestBytes >> 20);
+      }
+      break;
+    case CURLE_FILE_COULDNT_READ_FILE:
+    case CURLE_HTTP_RETURNED_ERROR:
+      if (rc == CURLE_FILE_COULDNT_READ_FILE || status == 404) {
+        const std::string_view code = status == 404 ? " (HTTP 404)" : "";
+        if (manifest) {
+          return fmt::format(
+              "no kit.json at {}{}: URL must be the kit's directory, the one that "
+              "holds kit.json",
+              url, code);
+        }
+        return fmt::format(
+            "{}: {}, though kit.json lists it: the kit there is incomplete (tell "
+            "its publisher)",
+            url, status == 404 ? "the server has no such file (HTTP 404)" : "no such file");
+      }
+      if (status >= 500) {
+        return fmt::format("{}: the server failed (HTTP {}): run again later{}", url, status,
+                           manifest ? "" : " to resume");
+      }
+      return fmt::format("{}: the server refused it (HTTP {}): check the URL", url, status);
+    default:
+      break;
+  }
+  return fmt::format("{}: the transfer failed", url);
 }
 
 std::string JoinUrl(std::string_view base, std::string_view path) {
@@ -44,7 +137,7 @@ std::string JoinUrl(std::string_view base, std::string_view path) {
 // resume).
 class CurlHandle {
  public:
-  CurlHandle(const KitFetchOptions& options, long deadline_seconds) {
+  CurlHandle(const KitFetchOptions& options, long deadline_seconds) : options_(options) {
     static std::once_flag once;
     std::call_once(once, [] {
       if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) Fail("libcurl: global init failed");
@@ -67,17 +160,30 @@ class CurlHandle {
   CurlHandle& operator=(const CurlHandle&) = delete;
 
   CURL* get() const { return handle_; }
-  // Runs the transfer; fails naming the URL and curl's reason.
-  void Perform(std::string_view url) {
-    curl_easy_setopt(handle_, CURLOPT_URL, std::string(url).c_str());
-    const CURLcode rc = curl_easy_perform(handle_);
-    if (rc != CURLE_OK) {
-      Fail("{}: {}", url, error_[0] != '\0' ? error_ : curl_easy_strerror(rc));
-    }
+  // Runs the transfer of `url`: CURLE_OK, or the code that Explain turns into a message.
+  CURLcode Perform(const std::string& url) {
+    url_ = url;
+    curl_easy_setopt(handle_, CURLOPT_URL, url_.c_str());
+    return curl_easy_perform(handle_);
+  }
+  // The failed transfer's message (TransferError, at the URL a redirect may have led to), then
+  // `note`, then libcurl's own words in brackets.
+  std::string Explain(CURLcode rc, bool manifest, std::string_view note = {}) const {
+    long status = 0;
+    curl_easy_getinfo(handle_, CURLINFO_RESPONSE_CODE, &status);
+    const char* url = nullptr;
+    curl_easy_getinfo(handle_, CURLINFO_EFFECTIVE_URL, &url);
+    const std::string_view curl_text = error_[0] != '\0' ? error_ : curl_easy_strerror(rc);
+    return fmt::format("{}{} (libcurl: {})",
+                       TransferError(rc, status, url != nullptr && *url != '\0' ? url : url_,
+                                     manifest, options_, curl_text),
+                       note, curl_text);
   }
 
  private:
   CURL* handle_ = nullptr;
+  const KitFetchOptions& options_;
+  std::string url_;  // the last Perform's
   char error_[CURL_ERROR_SIZE];
 };
 
@@ -87,7 +193,7 @@ long DeadlineSeconds(const KitFetchOptions& options, uint64_t bytes) {
   return options.stall_seconds + static_cast<long>(bytes / static_cast<uint64_t>(options.min_rate));
 }
 
-std::string FetchText(std::string_view url, const KitFetchOptions& options) {
+std::string FetchText(const std::string& url, const KitFetchOptions& options) {
   CurlHandle curl(options, DeadlineSeconds(options, kMaxManifestBytes));
   std::string body;
   curl_easy_setopt(curl.get(), CURLOPT_WRITEDATA, &body);
@@ -98,7 +204,8 @@ std::string FetchText(std::string_view url, const KitFetchOptions& options) {
                      out->append(data, size * count);
                      return size * count;
                    });
-  curl.Perform(url);
+  const CURLcode rc = curl.Perform(url);
+  if (rc != CURLE_OK) Fail("{}", curl.Explain(rc, /*manifest=*/true));
   return body;
 }
 
@@ -152,11 +259,15 @@ int OnProgress(void* context, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
   return 0;
 }
 
-// Appends the source's bytes from `offset` on to `part` in `dir`. Returns false when the source
-// sent more than the listed size. Fails on a transfer error, leaving the .part for a resume.
-bool DownloadPart(const std::string& url, const Directory& dir, const std::string& part,
-                  uint64_t offset, const KitFile& file, const KitFetchOptions& options,
-                  bool progress) {
+enum class Downloaded { kComplete, kOversize, kNoRanges };
+
+// Appends the source's bytes from `offset` on to `part` in `dir`. kOversize: the source sent
+// more than the listed size; kNoRanges: a server that answered the range request for `offset`
+// with the whole file, or found no such range (nothing appended). Fails on any other transfer
+// error, keeping the .part for a resume (or deleting it when it is empty).
+Downloaded DownloadPart(const std::string& url, const Directory& dir, const std::string& part,
+                        uint64_t offset, const KitFile& file, const KitFetchOptions& options,
+                        bool progress) {
   Transfer t;
   t.offset = offset;
   t.expected = file.size;
@@ -168,19 +279,14 @@ bool DownloadPart(const std::string& url, const Directory& dir, const std::strin
   curl_easy_setopt(curl.get(), CURLOPT_WRITEFUNCTION, WriteToPart);
   curl_easy_setopt(curl.get(), CURLOPT_WRITEDATA, &t);
   // With an offset, HTTP sends "Range: bytes=offset-" and libcurl refuses a server that answers
-  // with the whole file instead of 206 (CURLE_RANGE_ERROR): no silent restart.
+  // with the whole file instead of 206 (CURLE_RANGE_ERROR) before writing any of it.
   curl_easy_setopt(curl.get(), CURLOPT_RESUME_FROM_LARGE, static_cast<curl_off_t>(offset));
   if (t.show_progress) {
     curl_easy_setopt(curl.get(), CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(curl.get(), CURLOPT_XFERINFOFUNCTION, OnProgress);
     curl_easy_setopt(curl.get(), CURLOPT_XFERINFODATA, &t);
   }
-  std::string error;
-  try {
-    curl.Perform(url);
-  } catch (const Error& e) {
-    if (!t.oversize) error = t.write_error.empty() ? e.what() : t.write_error;
-  }
+  const CURLcode rc = curl.Perform(url);
   std::string sync_error;
   try {
     t.out->Sync();
@@ -192,11 +298,27 @@ bool DownloadPart(const std::string& url, const Directory& dir, const std::strin
     DrawProgress(t);
     std::fputc('\n', stderr);
   }
-  if (!error.empty()) {
-    Fail("{} (partial download kept in {} for a resume)", error, (dir.path() / part).string());
+  long status = 0;
+  curl_easy_getinfo(curl.get(), CURLINFO_RESPONSE_CODE, &status);
+  // 416: the server's file ends before the .part does (it changed): start it again, and the
+  // verification names what differs.
+  if (offset > 0 &&
+      (rc == CURLE_RANGE_ERROR || (rc == CURLE_HTTP_RETURNED_ERROR && status == 416))) {
+    return Downloaded::kNoRanges;
+  }
+  if (rc != CURLE_OK && !t.oversize) {
+    std::string note;
+    if (t.offset + t.written == 0) {
+      dir.Remove(part);  // nothing to resume
+    } else {
+      note =
+          fmt::format("; partial download kept in {} for a resume", (dir.path() / part).string());
+    }
+    if (!t.write_error.empty()) Fail("{}{}", t.write_error, note);
+    Fail("{}", curl.Explain(rc, /*manifest=*/false, note));
   }
   if (!sync_error.empty()) Fail("{}", sync_error);
-  return !t.oversize;
+  return t.oversize ? Downloaded::kOversize : Downloaded::kComplete;
 }
 
 // Empty when file `name` of `dir` has the listed size and sha256, else what differs.
@@ -273,8 +395,18 @@ KitFetchReport FetchKit(const KitFetchOptions& options) {
     }
     bool complete_source = true;
     if (offset < file.size || !dir.Contains(part)) {
-      complete_source = DownloadPart(JoinUrl(options.url, file.path), dir, part, offset, file,
-                                     options, progress);
+      const std::string url = JoinUrl(options.url, file.path);
+      Downloaded got = DownloadPart(url, dir, part, offset, file, options, progress);
+      if (got == Downloaded::kNoRanges) {
+        std::fprintf(stderr,
+                     "%s: the server cannot resume it (no byte ranges, or none that far): "
+                     "downloading it whole\n",
+                     final_path.c_str());
+        dir.Remove(part);
+        offset = 0;  // fetched, not resumed
+        got = DownloadPart(url, dir, part, offset, file, options, progress);
+      }
+      complete_source = got == Downloaded::kComplete;
     }
     const std::string mismatch =
         complete_source ? Mismatch(dir, part, file)
