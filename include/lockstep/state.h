@@ -254,8 +254,9 @@ enum class FileDigests {
 // Refuses a directory without COMPLETE; checks every listed file's size and digest; parses
 // meta.json; checks that the tensor files agree in names and shapes. Does not recompute
 // the state hash (VerifyCheckpointHash does). Errors name the file and the field or digest.
-// Holds every file in memory: for large models, OpenCheckpoint and StreamCheckpoint (below)
-// make the same checks with one piece in memory.
+// Holds every file in memory: every command reads checkpoints with OpenCheckpoint and
+// StreamCheckpoint (below), which make the same checks with one piece in memory; this reader,
+// written separately, is what the tests check the streamed one against.
 Checkpoint ReadCheckpoint(const std::filesystem::path& dir,
                           FileDigests digests = FileDigests::kEnforce);
 // Recomputes the state hash from the checkpoint's contents; fails naming the directory and both

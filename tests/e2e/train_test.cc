@@ -17,7 +17,9 @@
 
 #include "common/run_lockstep.h"
 #include "lockstep/core.h"
+#include "lockstep/model.h"
 #include "lockstep/state.h"
+#include "state/state_fixtures.h"
 
 namespace lockstep {
 namespace {
@@ -453,6 +455,25 @@ TEST_F(E2e, ForwardWritesLogitsConsistentWithItsLoss) {
                               (dir_ / "x.safetensors").string());
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.output.find("COMPLETE"), std::string::npos) << bad.output;
+
+  // A descriptor whose model is not the one the tensors hold (meta.json forged, COMPLETE with
+  // it) is refused naming the first tensor that differs, before any tensor data is read.
+  const fs::path forged = dir_ / "run/checkpoints/step_000000003";
+  nlohmann::json meta = nlohmann::json::parse(ReadFileText(forged / "meta.json"));
+  meta["descriptor"] =
+      test::Replace(meta["descriptor"].get<std::string>(), "\"n_layers\":2", "\"n_layers\":3");
+  test::Forge(forged, "meta.json", meta.dump(2) + "\n");
+  const Result wrong =
+      Lockstep("forward --checkpoint " + forged.string() + " --tokens " +
+               (dir_ / "tokens.bin").string() + " --out " + (dir_ / "y.safetensors").string());
+  EXPECT_EQ(wrong.exit_code, 2) << wrong.output;
+  RunConfig three = LoadRunConfig("tiny");
+  const size_t tensors = ParameterSpecs(three.model).size();
+  three.model.n_layers = 3;
+  EXPECT_NE(wrong.output.find(fmt::format("holds {} tensors; its descriptor's model has {}",
+                                          tensors, ParameterSpecs(three.model).size())),
+            std::string::npos)
+      << wrong.output;
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // `lockstep forward`: logits and per-position loss of a token sequence under a checkpoint, for
 // cross-checking the model against another framework.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
@@ -20,8 +22,9 @@ struct ForwardOptions {
 
 int RunForward(const ForwardOptions& o) {
   SetThreads(o.threads);
-  const Checkpoint ckpt = ReadCheckpoint(o.checkpoint);
-  VerifyCheckpointHash(ckpt);
+  // Streamed: only the parameters are kept (RAM ~ the model's weights, not its moments), and
+  // nothing is used before every file's digest and the state hash have been checked.
+  const CheckpointIndex ckpt = OpenCheckpoint(o.checkpoint);
   const RunConfig config = audit::ConfigOfCheckpoint(ckpt);
   const std::vector<uint8_t> bytes = ReadFileBytes(o.tokens);
   if (bytes.size() % 4 != 0 || bytes.size() < 8) {
@@ -41,10 +44,29 @@ int RunForward(const ForwardOptions& o) {
            tokens[i], config.model.vocab);
     }
   }
-  ParamStore params(ParameterSpecs(config.model));
-  for (const TensorState& t : ckpt.tensors) {
-    std::copy(t.param.begin(), t.param.end(), params.Tensor(params.Find(t.name)).begin());
+  // The tensors must be those the recorded config makes, in its order: a descriptor that does
+  // not match them names the checkpoint, not a model of another shape.
+  const std::vector<ParamSpec> specs = ParameterSpecs(config.model);
+  if (ckpt.tensors.size() != specs.size()) {
+    Fail("{}: holds {} tensors; its descriptor's model has {}", o.checkpoint.string(),
+         ckpt.tensors.size(), specs.size());
   }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const TensorShape& t = ckpt.tensors[i];
+    if (t.name != specs[i].name || t.shape != specs[i].shape) {
+      Fail("{}: tensor {} is '{}' [{}]; its descriptor's model has '{}' [{}]",
+           o.checkpoint.string(), i, t.name, fmt::join(t.shape, ", "), specs[i].name,
+           fmt::join(specs[i].shape, ", "));
+    }
+  }
+  ParamStore params(specs);
+  VerifyStreamedHash(ckpt,
+                     StreamCheckpoint(ckpt, kCheckpointPieceFloats,
+                                      [&](size_t i, StateArray a, int64_t begin,
+                                          std::span<const float> piece, std::span<const Digest>) {
+                                        if (a != StateArray::kParam) return;
+                                        std::ranges::copy(piece, params.Tensor(i).begin() + begin);
+                                      }));
   Model model(config.model, config.train.vocab_chunk, 1, seq);
   model.Forward(params, tokens);
   std::vector<float> logits(static_cast<size_t>(seq * config.model.vocab));
