@@ -247,9 +247,8 @@ StateHash StateHashFromDigests(const StepState& state, std::span<const TensorDig
 StateHash ComputeStateHash(const StepState& state, std::span<const TensorState> tensors) {
   std::vector<TensorDigest> digests(tensors.size());
   // Every array hashed here, and where its digest goes: all their chunks are hashed together,
-  // so that the lanes fill across arrays. (One task per array left most of a small model's
-  // arrays, of one to three chunks each, to libsodium: bench-8x512's 495 MB took 0.166 s at
-  // two threads, and 0.054 s this way.)
+  // so that the lanes fill across arrays (a small model's arrays are of one to three chunks
+  // each: hashed one array at a time, they would leave the lanes mostly empty).
   std::vector<std::span<const float>> pieces;
   std::vector<Digest*> outs;
   for (size_t i = 0; i < tensors.size(); ++i) {

@@ -698,8 +698,8 @@ namespace {
 
 // The store's TensorAccess, which also sums the squares of each gradient's norm blocks
 // (rk::BlockSquares) whenever the Model closes it: the last close leaves the step's gradient,
-// so the global norm need not read the gradients back (in a spilled open-1b replay that read
-// was 6.4 GB, 7 s). squares[i] is empty until tensor i's gradient is closed.
+// so the global norm need not read the gradients back (a spilled store would read every
+// gradient from disk again). squares[i] is empty until tensor i's gradient is closed.
 class SquaringAccess final : public TensorAccess {
  public:
   SquaringAccess(TensorAccess& store, size_t tensors)
