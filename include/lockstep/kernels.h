@@ -14,6 +14,7 @@
 #include <bit>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <span>
 #include <string>
@@ -293,6 +294,10 @@ struct OpValues {
   std::map<std::string, std::vector<float>, std::less<>> f32;
   std::map<std::string, std::vector<uint32_t>, std::less<>> u32;
   std::map<std::string, std::vector<double>, std::less<>> f64;
+  // The most elements the run may allocate for one output or table. The referee sets it to the
+  // largest output the disputed records commit to, so that arguments forged to be huge are
+  // refused before anything of their size is allocated.
+  int64_t allocation_limit = std::numeric_limits<int64_t>::max();
 
   double Arg(std::string_view name) const;
   int64_t Int(std::string_view name) const;  // fails unless an integer in int64's range

@@ -49,11 +49,11 @@ OpData ReadDump(const fs::path& path, std::string_view side, int64_t op) {
     } else if (dtype->second == "u32") {
       auto& v = data.u32[role];
       v.resize(t.data.size());
-      std::memcpy(v.data(), t.data.data(), t.data.size_bytes());
+      if (!v.empty()) std::memcpy(v.data(), t.data.data(), t.data.size_bytes());
     } else if (dtype->second == "f64" && t.data.size() % 2 == 0) {
       auto& v = data.f64[role];
       v.resize(t.data.size() / 2);
-      std::memcpy(v.data(), t.data.data(), t.data.size_bytes());
+      if (!v.empty()) std::memcpy(v.data(), t.data.data(), t.data.size_bytes());
     } else {
       Fail("{}: tensor '{}': dtype '{}' with {} words", path.string(), t.name, dtype->second,
            t.data.size());
@@ -62,11 +62,19 @@ OpData ReadDump(const fs::path& path, std::string_view side, int64_t op) {
   return data;
 }
 
-// The op of record r on `in`, with the kernels of the op table: every output of the record.
-OpData Recompute(const TraceRecord& r, OpData in) {
+// The op of record r on `in`, with the kernels of the op table: every output of the record
+// (`other`: the other party's record of the same op).
+OpData Recompute(const TraceRecord& r, const TraceRecord& other, OpData in) {
   const rk::OpSpec* spec = rk::FindOp(r.op);
   if (spec == nullptr) Fail("referee: op '{}' (record {}) is not an op lockstep records", r.op, r.index);
   for (const auto& [name, value] : r.args) in.args[name] = value;
+  // No output larger than the largest either party committed to (neither could match it).
+  in.allocation_limit = 0;
+  for (const TraceRecord* record : {&r, &other}) {
+    for (const OpTensorDigest& t : record->outputs) {
+      in.allocation_limit = std::max(in.allocation_limit, t.elements);
+    }
+  }
   OpData out;
   spec->run(in, out);
   return out;
@@ -129,7 +137,7 @@ RefereeVerdict Referee(const RefereeOptions& o) {
   const int saved_threads = Threads();
   rk::SetIsa(rk::ReferenceIsa());
   SetThreads(1);
-  const OpData recomputed = Recompute(ra, std::move(*inputs));
+  const OpData recomputed = Recompute(ra, rb, std::move(*inputs));
   rk::SetIsa(saved_isa);
   SetThreads(saved_threads);
 

@@ -9,6 +9,10 @@ struct AttentionSizes {
   int64_t q, kv, lse;  // floats in q/out/dout/dq, in k/v/dk/dv, in lse
 };
 
+constexpr char kQShape[] = "batch*seq*q_heads*head_dim";
+constexpr char kKvShape[] = "batch*seq*kv_heads*head_dim";
+constexpr char kLseShape[] = "batch*q_heads*seq";
+
 AttentionSizes CheckShape(const char* op, const AttentionShape& s) {
   detail::CheckPositive(op, "batch", s.batch);
   detail::CheckPositive(op, "seq", s.seq);
@@ -21,13 +25,10 @@ AttentionSizes CheckShape(const char* op, const AttentionShape& s) {
   }
   detail::CheckFinite(op, "scale", s.scale);
   if (!(s.scale > 0)) Fail("{}: scale = {} (must be > 0)", op, s.scale);
-  return {s.batch * s.seq * s.q_heads * s.head_dim, s.batch * s.seq * s.kv_heads * s.head_dim,
-          s.batch * s.q_heads * s.seq};
+  return {detail::Elements(op, kQShape, {s.batch, s.seq, s.q_heads, s.head_dim}),
+          detail::Elements(op, kKvShape, {s.batch, s.seq, s.kv_heads, s.head_dim}),
+          detail::Elements(op, kLseShape, {s.batch, s.q_heads, s.seq})};
 }
-
-constexpr char kQShape[] = "batch*seq*q_heads*head_dim";
-constexpr char kKvShape[] = "batch*seq*kv_heads*head_dim";
-constexpr char kLseShape[] = "batch*q_heads*seq";
 
 }  // namespace
 

@@ -10,6 +10,7 @@ using detail::CheckFinite;
 using detail::CheckNonNegative;
 using detail::CheckPositive;
 using detail::CheckSize;
+using detail::Elements;
 
 #define LOCKSTEP_RK_RUN(op, ...)      \
   do {                                \
@@ -24,7 +25,7 @@ void CheckRowReduction(const char* op, std::span<const float> x, std::span<float
                        int64_t rows, int64_t cols) {
   CheckNonNegative(op, "rows", rows);
   CheckNonNegative(op, "cols", cols);
-  CheckSize(op, "x", x, rows * cols, "rows*cols");
+  CheckSize(op, "x", x, {rows, cols}, "rows*cols");
   CheckSize(op, "out", out, rows, "rows");
   CheckDisjoint(op, "out", out, "x", x);
 }
@@ -58,9 +59,9 @@ void RmsNormForward(std::span<const float> x, std::span<const float> gain, float
   CheckPositive(op, "d", d);
   CheckFinite(op, "eps", eps);
   if (eps < 0) Fail("{}: eps = {} (must be >= 0)", op, eps);
-  CheckSize(op, "x", x, rows * d, "rows*d");
+  CheckSize(op, "x", x, {rows, d}, "rows*d");
   if (!gain.empty()) CheckSize(op, "gain", gain, d, "d");
-  CheckSize(op, "y", y, rows * d, "rows*d");
+  CheckSize(op, "y", y, {rows, d}, "rows*d");
   CheckSize(op, "rstd", rstd, rows, "rows");
   CheckDisjoint(op, "y", y, "x", x, /*allow_identical=*/true);
   CheckDisjoint(op, "y", y, "gain", gain);
@@ -76,10 +77,10 @@ void RmsNormBackward(std::span<const float> dy, std::span<const float> x,
   const char* op = "RmsNormBackward";
   CheckNonNegative(op, "rows", rows);
   CheckPositive(op, "d", d);
-  CheckSize(op, "dy", dy, rows * d, "rows*d");
-  CheckSize(op, "x", x, rows * d, "rows*d");
+  CheckSize(op, "dy", dy, {rows, d}, "rows*d");
+  CheckSize(op, "x", x, {rows, d}, "rows*d");
   CheckSize(op, "rstd", rstd, rows, "rows");
-  CheckSize(op, "dx", dx, rows * d, "rows*d");
+  CheckSize(op, "dx", dx, {rows, d}, "rows*d");
   if (gain.empty() != dgain.empty()) {
     Fail("{}: gain has {} elements but dgain has {} (both empty, or both d = {})", op,
          gain.size(), dgain.size(), d);
@@ -134,7 +135,7 @@ void RunRope(const char* op, std::span<const float> x, std::span<float> y, const
     Fail("{}: table is for seq <= {} and head_dim {}, called with seq {} and head_dim {}", op,
          table.seq, 2 * table.half, seq, head_dim);
   }
-  const int64_t n = batch * seq * heads * head_dim;
+  const int64_t n = Elements(op, "batch*seq*heads*head_dim", {batch, seq, heads, head_dim});
   CheckSize(op, inverse ? "dy" : "x", x, n, "batch*seq*heads*head_dim");
   CheckSize(op, inverse ? "dx" : "y", y, n, "batch*seq*heads*head_dim");
   CheckDisjoint(op, inverse ? "dx" : "y", y, inverse ? "dy" : "x", x, /*allow_identical=*/true);

@@ -30,8 +30,8 @@ void CheckShape(const char* op, const CrossEntropyShape& s, std::span<const floa
   }
   detail::CheckFinite(op, "z_loss", s.z_loss);
   if (s.z_loss < 0) Fail("{}: z_loss = {} (must be >= 0)", op, s.z_loss);
-  detail::CheckSize(op, "h", h, s.rows * s.d, "rows*d");
-  detail::CheckSize(op, "w", w, s.vocab * s.d, "vocab*d");
+  detail::CheckSize(op, "h", h, {s.rows, s.d}, "rows*d");
+  detail::CheckSize(op, "w", w, {s.vocab, s.d}, "vocab*d");
   detail::CheckSize(op, "targets", targets, s.rows, "rows");
   for (int64_t r = 0; r < s.rows; ++r) {
     if (targets[r] >= s.vocab) {
@@ -65,7 +65,7 @@ void ForEachLogitChunk(const CrossEntropyShape& s, std::span<const float> h,
 void CheckLogits(const char* op, const CrossEntropyShape& s, std::span<const float> logits,
                  std::initializer_list<std::pair<const char*, std::span<const float>>> others) {
   if (logits.empty()) return;
-  detail::CheckSize(op, "logits", logits, s.rows * s.vocab, "rows*vocab");
+  detail::CheckSize(op, "logits", logits, {s.rows, s.vocab}, "rows*vocab");
   for (const auto& [name, other] : others) detail::CheckDisjoint(op, "logits", logits, name, other);
 }
 
@@ -127,8 +127,8 @@ void CrossEntropyBackward(const CrossEntropyShape& s, std::span<const float> h,
   CheckShape(kOp, s, h, w, targets);
   detail::CheckSize(kOp, "lse", lse, s.rows, "rows");
   detail::CheckFinite(kOp, "grad_scale", grad_scale);
-  detail::CheckSize(kOp, "dh", dh, s.rows * s.d, "rows*d");
-  detail::CheckSize(kOp, "dw", dw, s.vocab * s.d, "vocab*d");
+  detail::CheckSize(kOp, "dh", dh, {s.rows, s.d}, "rows*d");
+  detail::CheckSize(kOp, "dw", dw, {s.vocab, s.d}, "vocab*d");
   for (auto [name, out] : {std::pair{"dh", dh}, {"dw", dw}}) {
     detail::CheckDisjoint(kOp, name, out, "h", h);
     detail::CheckDisjoint(kOp, name, out, "w", w);

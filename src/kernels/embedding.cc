@@ -26,8 +26,8 @@ void EmbeddingForward(std::span<const float> table, std::span<const uint32_t> id
   const auto n = static_cast<int64_t>(ids.size());
   detail::CheckPositive(kOp, "vocab", vocab);
   detail::CheckPositive(kOp, "d", d);
-  detail::CheckSize(kOp, "table", table, vocab * d, "vocab*d");
-  detail::CheckSize(kOp, "out", out, n * d, "ids.size()*d");
+  detail::CheckSize(kOp, "table", table, {vocab, d}, "vocab*d");
+  detail::CheckSize(kOp, "out", out, {n, d}, "ids.size()*d");
   detail::CheckDisjoint(kOp, "out", out, "table", table);
   detail::CheckDisjoint(kOp, "out", out, "ids", ids);
   CheckIds(kOp, ids, vocab);
@@ -42,8 +42,8 @@ void EmbeddingBackward(std::span<const float> dout, std::span<const uint32_t> id
   const auto n = static_cast<int64_t>(ids.size());
   detail::CheckPositive(kOp, "vocab", vocab);
   detail::CheckPositive(kOp, "d", d);
-  detail::CheckSize(kOp, "dout", dout, n * d, "ids.size()*d");
-  detail::CheckSize(kOp, "dtable", dtable, vocab * d, "vocab*d");
+  detail::CheckSize(kOp, "dout", dout, {n, d}, "ids.size()*d");
+  detail::CheckSize(kOp, "dtable", dtable, {vocab, d}, "vocab*d");
   detail::CheckDisjoint(kOp, "dtable", dtable, "dout", dout);
   detail::CheckDisjoint(kOp, "dtable", dtable, "ids", ids);
   CheckIds(kOp, ids, vocab);

@@ -5,16 +5,21 @@
 namespace lockstep::rk {
 namespace {
 
-void CheckGemm(const char* op, const char* a_name, std::span<const float> a, int64_t a_size,
-               const char* a_shape, const char* b_name, std::span<const float> b,
-               int64_t b_size, const char* b_shape, const char* c_name, std::span<float> c,
-               int64_t c_size, const char* c_shape, int64_t m, int64_t n, int64_t k) {
+// Each operand's size against its shape, a product of two of m, n, k named as "m*k" and so on.
+void CheckGemm(const char* op, const char* a_name, std::span<const float> a, const char* a_shape,
+               const char* b_name, std::span<const float> b, const char* b_shape,
+               const char* c_name, std::span<float> c, const char* c_shape, int64_t m, int64_t n,
+               int64_t k) {
   detail::CheckNonNegative(op, "m", m);
   detail::CheckNonNegative(op, "n", n);
   detail::CheckNonNegative(op, "k", k);
-  detail::CheckSize(op, a_name, a, a_size, a_shape);
-  detail::CheckSize(op, b_name, b, b_size, b_shape);
-  detail::CheckSize(op, c_name, c, c_size, c_shape);
+  const auto factors = [&](const char* shape) {
+    const auto dim = [&](char c) { return c == 'm' ? m : c == 'n' ? n : k; };
+    return detail::Elements(op, shape, {dim(shape[0]), dim(shape[2])});
+  };
+  detail::CheckSize(op, a_name, a, factors(a_shape), a_shape);
+  detail::CheckSize(op, b_name, b, factors(b_shape), b_shape);
+  detail::CheckSize(op, c_name, c, factors(c_shape), c_shape);
   detail::CheckDisjoint(op, c_name, c, a_name, a);
   detail::CheckDisjoint(op, c_name, c, b_name, b);
 }
@@ -31,21 +36,19 @@ void Run(const GemmArgs& g) {
 
 void GemmXWt(std::span<const float> x, std::span<const float> w, std::span<float> y, int64_t m,
              int64_t n, int64_t k, bool accumulate) {
-  CheckGemm("GemmXWt", "x", x, m * k, "m*k", "w", w, n * k, "n*k", "y", y, m * n, "m*n", m, n, k);
+  CheckGemm("GemmXWt", "x", x, "m*k", "w", w, "n*k", "y", y, "m*n", m, n, k);
   Run({x.data(), k, 1, w.data(), 1, k, y.data(), m, n, k, accumulate});
 }
 
 void GemmDyW(std::span<const float> dy, std::span<const float> w, std::span<float> dx, int64_t m,
              int64_t n, int64_t k, bool accumulate) {
-  CheckGemm("GemmDyW", "dy", dy, m * n, "m*n", "w", w, n * k, "n*k", "dx", dx, m * k, "m*k", m, n,
-            k);
+  CheckGemm("GemmDyW", "dy", dy, "m*n", "w", w, "n*k", "dx", dx, "m*k", m, n, k);
   Run({dy.data(), n, 1, w.data(), k, 1, dx.data(), m, k, n, accumulate});
 }
 
 void GemmDytX(std::span<const float> dy, std::span<const float> x, std::span<float> dw, int64_t m,
               int64_t n, int64_t k, bool accumulate) {
-  CheckGemm("GemmDytX", "dy", dy, m * n, "m*n", "x", x, m * k, "m*k", "dw", dw, n * k, "n*k", m, n,
-            k);
+  CheckGemm("GemmDytX", "dy", dy, "m*n", "x", x, "m*k", "dw", dw, "n*k", m, n, k);
   Run({dy.data(), 1, n, x.data(), k, 1, dw.data(), n, k, m, accumulate});
 }
 

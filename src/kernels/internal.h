@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 
 #include "lockstep/core.h"
@@ -13,6 +14,18 @@ namespace lockstep::rk::detail {
 // True when the active variant is the scalar reference.
 bool UsingReference();
 
+// The elements of a shape: the product of `factors`. Fails, naming the op and the shape, on a
+// negative factor or a product past int64: an op's arguments may come from a file (a trace
+// record the referee recomputes), and a product that wrapped would pass a size check.
+inline int64_t Elements(const char* op, const char* shape, std::initializer_list<int64_t> factors) {
+  int64_t n = 1;
+  for (const int64_t f : factors) {
+    if (f < 0) Fail("{}: {} has a negative factor ({})", op, shape, f);
+    if (__builtin_mul_overflow(n, f, &n)) Fail("{}: {} is past 2^63 elements", op, shape);
+  }
+  return n;
+}
+
 template <typename T>
 void CheckSize(const char* op, const char* arg, std::span<T> s, int64_t expected,
                const char* shape) {
@@ -20,6 +33,12 @@ void CheckSize(const char* op, const char* arg, std::span<T> s, int64_t expected
     Fail("{}: {} has {} elements, expected {} = {}", op, arg, s.size(), shape, expected);
   }
   if (expected > 0 && s.data() == nullptr) Fail("{}: {} is a null buffer", op, arg);
+}
+// The same against the product of `factors` (Elements).
+template <typename T>
+void CheckSize(const char* op, const char* arg, std::span<T> s,
+               std::initializer_list<int64_t> factors, const char* shape) {
+  CheckSize(op, arg, s, Elements(op, shape, factors), shape);
 }
 
 inline void CheckPositive(const char* op, const char* arg, int64_t value) {

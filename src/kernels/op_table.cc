@@ -4,6 +4,7 @@
 #include <cmath>
 #include <iterator>
 
+#include "kernels/internal.h"
 #include "lockstep/kernels.h"
 
 namespace lockstep::rk {
@@ -11,9 +12,20 @@ namespace {
 
 using Floats = std::vector<float>;
 
-Floats Zeros(int64_t n) {
-  if (n < 0) Fail("op table: a negative size ({})", n);
-  return Floats(static_cast<size_t>(n), 0.0f);
+// The elements of an output or table of `in`'s run, the product of `factors`, checked: the args
+// may come from a file.
+int64_t Allocation(const OpValues& in, std::initializer_list<int64_t> factors) {
+  const int64_t n = detail::Elements("op table", "an output", factors);
+  if (n > in.allocation_limit) {
+    Fail(
+        "op table: the arguments ask for an output of {} elements, more than the {} of the "
+        "largest output the record commits to",
+        n, in.allocation_limit);
+  }
+  return n;
+}
+Floats Zeros(const OpValues& in, std::initializer_list<int64_t> factors) {
+  return Floats(static_cast<size_t>(Allocation(in, factors)), 0.0f);
 }
 
 AttentionShape AttentionOf(const OpValues& v) {
@@ -27,13 +39,14 @@ std::span<const float> Optional(const OpValues& v, std::string_view role) {
   return v.Has(role) ? std::span<const float>(v.F(role)) : std::span<const float>();
 }
 RopeTable RopeOf(const OpValues& v) {
+  Allocation(v, {v.Int("table_seq"), v.Int("head_dim")});
   return MakeRopeTable(v.Int("table_seq"), v.Int("head_dim"), v.Float("theta"));
 }
 
 // ---- run: each op from its recorded args and inputs --------------------------------------------
 
 void RunEmbeddingFwd(const OpValues& in, OpValues& out) {
-  Floats& o = out.f32["out"] = Zeros(static_cast<int64_t>(in.U("ids").size()) * in.Int("d"));
+  Floats& o = out.f32["out"] = Zeros(in, {static_cast<int64_t>(in.U("ids").size()), in.Int("d")});
   EmbeddingForward(in.F("table"), in.U("ids"), o, in.Int("vocab"), in.Int("d"));
 }
 void RunEmbeddingBwd(const OpValues& in, OpValues& out) {
@@ -42,59 +55,58 @@ void RunEmbeddingBwd(const OpValues& in, OpValues& out) {
 }
 void RunRmsNormFwd(const OpValues& in, OpValues& out) {
   const int64_t rows = in.Int("rows"), cols = in.Int("cols");
-  Floats& y = out.f32["y"] = Zeros(rows * cols);
-  Floats& rstd = out.f32["rstd"] = Zeros(rows);
+  Floats& y = out.f32["y"] = Zeros(in, {rows, cols});
+  Floats& rstd = out.f32["rstd"] = Zeros(in, {rows});
   RmsNormForward(in.F("x"), Optional(in, "gain"), in.Float("eps"), y, rstd, rows, cols);
 }
 void RunRmsNormBwd(const OpValues& in, OpValues& out) {
   const int64_t rows = in.Int("rows"), cols = in.Int("cols");
-  Floats& dx = out.f32["dx"] = Zeros(rows * cols);
+  Floats& dx = out.f32["dx"] = Zeros(in, {rows, cols});
   std::span<float> dgain;
-  if (in.Has("gain")) dgain = out.f32["dgain"] = Zeros(cols);
+  if (in.Has("gain")) dgain = out.f32["dgain"] = Zeros(in, {cols});
   RmsNormBackward(in.F("dy"), in.F("x"), Optional(in, "gain"), in.F("rstd"), dx, dgain, rows,
                   cols);
 }
-// The three GEMM forms: out = the accumulated input (accumulate = 1) or zeros of `size`.
-Floats& GemmOutput(const OpValues& in, OpValues& out, std::string_view role, int64_t size) {
+// The three GEMM forms: out = the accumulated input (accumulate = 1) or zeros of a × b.
+Floats& GemmOutput(const OpValues& in, OpValues& out, std::string_view role, int64_t a, int64_t b) {
   Floats& o = out.f32[std::string(role)];
-  o = in.Int("accumulate") != 0 ? in.F(role) : Zeros(size);
+  o = in.Int("accumulate") != 0 ? in.F(role) : Zeros(in, {a, b});
   return o;
 }
 void RunGemmXWt(const OpValues& in, OpValues& out) {
   const int64_t m = in.Int("m"), n = in.Int("n"), k = in.Int("k");
-  GemmXWt(in.F("x"), in.F("w"), GemmOutput(in, out, "y", m * n), m, n, k,
-          in.Int("accumulate") != 0);
+  GemmXWt(in.F("x"), in.F("w"), GemmOutput(in, out, "y", m, n), m, n, k, in.Int("accumulate") != 0);
 }
 void RunGemmDyW(const OpValues& in, OpValues& out) {
   const int64_t m = in.Int("m"), n = in.Int("n"), k = in.Int("k");
-  GemmDyW(in.F("dy"), in.F("w"), GemmOutput(in, out, "dx", m * k), m, n, k,
+  GemmDyW(in.F("dy"), in.F("w"), GemmOutput(in, out, "dx", m, k), m, n, k,
           in.Int("accumulate") != 0);
 }
 void RunGemmDytX(const OpValues& in, OpValues& out) {
   const int64_t m = in.Int("m"), n = in.Int("n"), k = in.Int("k");
-  GemmDytX(in.F("dy"), in.F("x"), GemmOutput(in, out, "dw", n * k), m, n, k,
+  GemmDytX(in.F("dy"), in.F("x"), GemmOutput(in, out, "dw", n, k), m, n, k,
            in.Int("accumulate") != 0);
 }
 void RunRopeFwd(const OpValues& in, OpValues& out) {
-  Floats& y = out.f32["y"] = Zeros(static_cast<int64_t>(in.F("x").size()));
+  Floats& y = out.f32["y"] = Zeros(in, {static_cast<int64_t>(in.F("x").size())});
   RopeForward(in.F("x"), y, RopeOf(in), in.Int("batch"), in.Int("seq"), in.Int("heads"),
               in.Int("head_dim"));
 }
 void RunRopeBwd(const OpValues& in, OpValues& out) {
-  Floats& dx = out.f32["dx"] = Zeros(static_cast<int64_t>(in.F("dy").size()));
+  Floats& dx = out.f32["dx"] = Zeros(in, {static_cast<int64_t>(in.F("dy").size())});
   RopeBackward(in.F("dy"), dx, RopeOf(in), in.Int("batch"), in.Int("seq"), in.Int("heads"),
                in.Int("head_dim"));
 }
 void RunAttentionFwd(const OpValues& in, OpValues& out) {
   const AttentionShape s = AttentionOf(in);
-  Floats& o = out.f32["out"] = Zeros(static_cast<int64_t>(in.F("q").size()));
-  Floats& lse = out.f32["lse"] = Zeros(s.batch * s.q_heads * s.seq);
+  Floats& o = out.f32["out"] = Zeros(in, {static_cast<int64_t>(in.F("q").size())});
+  Floats& lse = out.f32["lse"] = Zeros(in, {s.batch, s.q_heads, s.seq});
   AttentionForward(s, in.F("q"), in.F("k"), in.F("v"), o, lse);
 }
 void RunAttentionBwd(const OpValues& in, OpValues& out) {
-  Floats& dq = out.f32["dq"] = Zeros(static_cast<int64_t>(in.F("q").size()));
-  Floats& dk = out.f32["dk"] = Zeros(static_cast<int64_t>(in.F("k").size()));
-  Floats& dv = out.f32["dv"] = Zeros(static_cast<int64_t>(in.F("v").size()));
+  Floats& dq = out.f32["dq"] = Zeros(in, {static_cast<int64_t>(in.F("q").size())});
+  Floats& dk = out.f32["dk"] = Zeros(in, {static_cast<int64_t>(in.F("k").size())});
+  Floats& dv = out.f32["dv"] = Zeros(in, {static_cast<int64_t>(in.F("v").size())});
   AttentionBackward(AttentionOf(in), in.F("q"), in.F("k"), in.F("v"), in.F("out"), in.F("lse"),
                     in.F("dout"), dq, dk, dv);
 }
@@ -104,29 +116,29 @@ void RunAddInto(const OpValues& in, OpValues& out) {
 }
 void RunCopy(const OpValues& in, OpValues& out) { out.f32["y"] = in.F("x"); }
 void RunSwigluFwd(const OpValues& in, OpValues& out) {
-  Floats& act = out.f32["act"] = Zeros(in.Int("rows") * in.Int("f"));
+  Floats& act = out.f32["act"] = Zeros(in, {in.Int("rows"), in.Int("f")});
   SwigluForward(in.F("gu"), act, in.Int("rows"), in.Int("f"));
 }
 void RunSwigluBwd(const OpValues& in, OpValues& out) {
-  Floats& dgu = out.f32["dgu"] = Zeros(in.Int("rows") * 2 * in.Int("f"));
+  Floats& dgu = out.f32["dgu"] = Zeros(in, {in.Int("rows"), 2, in.Int("f")});
   SwigluBackward(in.F("gu"), in.F("dact"), dgu, in.Int("rows"), in.Int("f"));
 }
 void RunCrossEntropyFwd(const OpValues& in, OpValues& out) {
   const CrossEntropyShape s = CrossEntropyOf(in);
-  Floats& loss = out.f32["loss"] = Zeros(s.rows);
-  Floats& zloss = out.f32["zloss"] = Zeros(s.rows);
-  Floats& lse = out.f32["lse"] = Zeros(s.rows);
+  Floats& loss = out.f32["loss"] = Zeros(in, {s.rows});
+  Floats& zloss = out.f32["zloss"] = Zeros(in, {s.rows});
+  Floats& lse = out.f32["lse"] = Zeros(in, {s.rows});
   CrossEntropyForward(s, in.F("h"), in.F("w"), in.U("targets"), loss, zloss, lse);
 }
 void RunCrossEntropyBwd(const OpValues& in, OpValues& out) {
   const CrossEntropyShape s = CrossEntropyOf(in);
-  Floats& dh = out.f32["dh"] = Zeros(s.rows * s.d);
+  Floats& dh = out.f32["dh"] = Zeros(in, {s.rows, s.d});
   Floats& dw = out.f32["dw"] = in.F("dw");
   CrossEntropyBackward(s, in.F("h"), in.F("w"), in.U("targets"), in.F("lse"),
                        in.Float("grad_scale"), dh, dw);
 }
 void RunRowSum(const OpValues& in, OpValues& out) {
-  Floats& sum = out.f32["sum"] = Zeros(in.Int("rows"));
+  Floats& sum = out.f32["sum"] = Zeros(in, {in.Int("rows")});
   RowSum(in.F("x"), sum, in.Int("rows"), in.Int("cols"));
 }
 void RunBlockSquares(const OpValues& in, OpValues& out) {

@@ -8,8 +8,8 @@ void SwigluForward(std::span<const float> h, std::span<float> out, int64_t rows,
   constexpr const char* kOp = "SwigluForward";
   detail::CheckPositive(kOp, "rows", rows);
   detail::CheckPositive(kOp, "f", f);
-  detail::CheckSize(kOp, "h", h, rows * 2 * f, "rows*2*f");
-  detail::CheckSize(kOp, "out", out, rows * f, "rows*f");
+  detail::CheckSize(kOp, "h", h, {rows, 2, f}, "rows*2*f");
+  detail::CheckSize(kOp, "out", out, {rows, f}, "rows*f");
   detail::CheckDisjoint(kOp, "out", out, "h", h);
   const auto kernel = detail::UsingReference() ? &ref::SwigluForward : &simd::SwigluForward;
   ParallelFor(rows, [&](int64_t r) {
@@ -23,9 +23,9 @@ void SwigluBackward(std::span<const float> h, std::span<const float> dout, std::
   constexpr const char* kOp = "SwigluBackward";
   detail::CheckPositive(kOp, "rows", rows);
   detail::CheckPositive(kOp, "f", f);
-  detail::CheckSize(kOp, "h", h, rows * 2 * f, "rows*2*f");
-  detail::CheckSize(kOp, "dout", dout, rows * f, "rows*f");
-  detail::CheckSize(kOp, "dh", dh, rows * 2 * f, "rows*2*f");
+  detail::CheckSize(kOp, "h", h, {rows, 2, f}, "rows*2*f");
+  detail::CheckSize(kOp, "dout", dout, {rows, f}, "rows*f");
+  detail::CheckSize(kOp, "dh", dh, {rows, 2, f}, "rows*2*f");
   detail::CheckDisjoint(kOp, "dh", dh, "h", h);
   detail::CheckDisjoint(kOp, "dh", dh, "dout", dout);
   const auto kernel = detail::UsingReference() ? &ref::SwigluBackward : &simd::SwigluBackward;

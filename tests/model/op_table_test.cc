@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,34 @@ TEST(OpTable, EverySampleFitsItsEntryAndRunsToEveryOutput) {
         << spec.name << ": the sample has a tensor its entry does not list";
   }
   EXPECT_EQ(rk::FindOp("no_such_op"), nullptr);
+}
+
+// The referee runs ops on arguments read from a file: shapes whose products pass 2^63 (which
+// wrapped to a small count, or to 0, and passed the size checks) and outputs larger than the
+// record's are refused by name before anything of their size is allocated or touched.
+TEST(OpTable, ArgumentsForgedToOverflowOrToAllocateAreRefused) {
+  const auto refused = [](rk::Op op, std::map<std::string, double, std::less<>> args, int64_t limit,
+                          const std::string& words) {
+    rk::OpValues in = rk::Spec(op).sample();
+    for (const auto& [name, value] : args) in.args[name] = value;
+    in.allocation_limit = limit;
+    rk::OpValues out;
+    try {
+      rk::Spec(op).run(in, out);
+      ADD_FAILURE() << rk::Spec(op).name << ": ran";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  const double big = 4294967296.0;  // 2^32: any two of them make 2^64, which wraps to 0
+  refused(rk::Op::kRopeFwd, {{"batch", 1125899906842624.0}, {"heads", 1048576.0}}, INT64_MAX,
+          "batch*seq*heads*head_dim is past 2^63 elements");
+  refused(rk::Op::kGemmXWt, {{"m", big}, {"n", big}, {"k", big}}, INT64_MAX, "past 2^63");
+  refused(rk::Op::kRowSum, {{"rows", 2048.0}, {"cols", 9007199254740992.0}}, INT64_MAX,
+          "RowSum: rows*cols is past 2^63");  // 2^11 * 2^53 wrapped to 0
+  // No overflow, but an output of 2^28 elements for a record that commits to 7.
+  refused(rk::Op::kRowSum, {{"rows", 268435456.0}, {"cols", 0}}, 7,
+          "an output of 268435456 elements, more than the 7");
 }
 
 TEST(OpTable, ACallThatDoesNotFitItsEntryIsAnInternalError) {
