@@ -495,13 +495,20 @@ KitFile DescribeFile(const File& file, std::string relative_path);  // an open f
 
 // Checks a kit directory against its kit.json: the exact file set (a file kit.json does not list,
 // or a listed file that is missing, is an error; so is anything that is not a regular file), and
-// every file's size and sha256. Returns one message per problem, each naming the file; empty
-// when the kit verifies. Throws Error when kit.json itself cannot be read or parsed.
+// every file's size and sha256; then, when those hold, the units' links (VerifyKitChain).
+// Returns one message per problem, each naming the file or unit; empty when the kit verifies.
+// Throws Error when kit.json itself cannot be read or parsed.
 std::vector<std::string> VerifyKit(const std::filesystem::path& kit_dir);
+// The units chain: there is one init unit; each interval's start checkpoint is the checkpoint of
+// its start_step, and its
+// state hash is the expected_hash of every unit that ends at that step (the init ends at 0), so
+// that an interval that replays to its hash also continues what the units before it proved.
+std::vector<std::string> VerifyKitChain(const std::filesystem::path& kit_dir);
 
 // The signed commitments of a kit (docs/kits.md, "Signed kits"): KIT/signatures.jsonl must
 // exist, be signed by `trusted`, verify (every line and root), and sign each unit's
-// expected_hash at its until_step; each of `known_histories` (signatures.jsonl files obtained
+// expected_hash at its until_step and each interval's start checkpoint's state hash at its
+// start_step; each of `known_histories` (signatures.jsonl files obtained
 // earlier, e.g. from a previous publication) must not contradict it (equivocation, naming the
 // step). Returns one message per problem; empty when all holds.
 std::vector<std::string> VerifyKitSignatures(const std::filesystem::path& kit_dir,

@@ -154,6 +154,8 @@ std::vector<std::string> VerifyKit(const fs::path& kit_dir) {
     }
   }
   std::sort(problems.begin(), problems.end());
+  // The units' links, once the files they are read from are those kit.json lists.
+  if (problems.empty()) problems = VerifyKitChain(kit_dir);
   return problems;
 }
 

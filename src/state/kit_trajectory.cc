@@ -1,4 +1,6 @@
 // trajectory.json: the units of a kit, each with what its replay needs and the hash it must reach.
+#include <algorithm>
+
 #include "lockstep/state.h"
 #include "state/internal.h"
 
@@ -120,6 +122,43 @@ Trajectory ReadTrajectory(const std::filesystem::path& kit_dir) {
   return ParseTrajectory(ReadFileText(path), path.string());
 }
 
+std::vector<std::string> VerifyKitChain(const std::filesystem::path& kit_dir) {
+  const Trajectory trajectory = ReadTrajectory(kit_dir);
+  std::vector<std::string> problems;
+  const auto inits = std::ranges::count(trajectory.units, UnitKind::kInit, &Unit::kind);
+  if (inits != 1) {
+    problems.push_back(fmt::format("{}: {} init units (a kit has one: the chain starts there)",
+                                   (kit_dir / kTrajectoryName).string(), inits));
+  }
+  for (const Unit& unit : trajectory.units) {
+    if (unit.kind != UnitKind::kInterval) continue;
+    const std::filesystem::path start = kit_dir / unit.start_checkpoint;
+    CheckpointIndex index;
+    try {
+      index = OpenCheckpoint(start);
+    } catch (const Error& e) {
+      problems.push_back(fmt::format("unit {}: {}", unit.name, e.what()));
+      continue;
+    }
+    if (index.state.step != unit.start_step) {
+      problems.push_back(fmt::format("unit {}: start_step {}, but {} is the checkpoint of step {}",
+                                     unit.name, unit.start_step, start.string(), index.state.step));
+      continue;
+    }
+    for (const Unit& before : trajectory.units) {
+      if (&before == &unit || before.until_step != unit.start_step) continue;
+      if (before.expected_hash != index.state_hash) {
+        problems.push_back(fmt::format(
+            "unit {}: starts from {}, whose state hash {} is not the hash {} that unit {} ends "
+            "at (step {}): the interval does not continue the chain",
+            unit.name, start.string(), ToHex(index.state_hash), ToHex(before.expected_hash),
+            before.name, unit.start_step));
+      }
+    }
+  }
+  return problems;
+}
+
 std::vector<std::string> VerifyKitSignatures(const std::filesystem::path& kit_dir,
                                              const Ed25519PublicKey& trusted,
                                              std::span<const std::filesystem::path> known_histories) {
@@ -133,6 +172,15 @@ std::vector<std::string> VerifyKitSignatures(const std::filesystem::path& kit_di
     problems.push_back(fmt::format("{}: {}", path.string(), p));
   }
   for (const Unit& unit : ReadTrajectory(kit_dir).units) {
+    // An interval's start is signed too: its checkpoint's state hash, at start_step.
+    if (unit.kind == UnitKind::kInterval) {
+      const Digest start = OpenCheckpoint(kit_dir / unit.start_checkpoint).state_hash;
+      if (unit.start_step >= chain.lines.size() || chain.lines[unit.start_step].hash != start) {
+        problems.push_back(fmt::format(
+            "unit {}: its start checkpoint's state hash {} is not the signed hash of step {}",
+            unit.name, ToHex(start), unit.start_step));
+      }
+    }
     if (unit.until_step >= chain.lines.size()) {
       problems.push_back(fmt::format("unit {}: no signed chain line for step {}", unit.name,
                                      unit.until_step));

@@ -2,9 +2,10 @@
 // audit every unit at 1 and 2 threads; a tampered kit fails naming the file.
 #include <nlohmann/json.hpp>
 
+#include "audit/kit_test_util.h"
+#include "common/kit_edit.h"
 #include "lockstep/kit.h"
 #include "lockstep/state.h"
-#include "audit/kit_test_util.h"
 
 namespace lockstep::kit_test {
 namespace {
@@ -183,6 +184,31 @@ TEST_F(KitTest, AuditOfATamperedStartCheckpointMismatchesAndNamesTheTensor) {
   EXPECT_EQ(forced.exit_code, 1) << forced.output;
   EXPECT_NE(forced.output.find("MISMATCH"), std::string::npos) << forced.output;
   EXPECT_NE(forced.output.find("param:" + last_tensor), std::string::npos) << forced.output;
+}
+
+// Units that each replay to their own hash but do not link (an interval starting from a state
+// no earlier unit ends at) prove nothing about the run: kit verify, and so audit, refuse them.
+TEST_F(KitTest, AnIntervalThatDoesNotContinueTheChainFailsVerify) {
+  const fs::path kit = CopyKit();
+  kit::Trajectory t = kit::ReadTrajectory(kit);
+  ASSERT_EQ(t.units.size(), 3u);
+  t.units[1].expected_hash = t.units[0].expected_hash;  // interval_0_10 now "ends" elsewhere
+  WriteFileSynced(kit / kit::kTrajectoryName, kit::TrajectoryJson(t));
+  test::RelistKitFile(kit, std::string(kit::kTrajectoryName));
+  const Result r = Lockstep("kit verify " + kit.string());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("unit interval_10_20: starts from " +
+                          (kit / "checkpoints/step_000000010").string() + ", whose state hash"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("that unit interval_0_10 ends at (step 10): the interval does not "
+                          "continue the chain"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(Count(r.output, "kit verify: unit "), 1u) << r.output;  // that one link, nothing else
+  const Result audit = Lockstep("audit " + kit.string());
+  EXPECT_EQ(audit.exit_code, 1) << audit.output;
+  EXPECT_NE(audit.output.find("nothing replayed"), std::string::npos) << audit.output;
 }
 
 TEST_F(KitTest, AuditRefusesAnUnknownUnit) {

@@ -161,7 +161,7 @@ TEST_F(Hostile, KitsWithoutUnitsOrWithLinksAndStalledServers) {
   Result r = Lockstep("kit build --run " + Path("run") + " --data " + Path("data") + " --out " +
                       Path("kit"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  // No units: nothing to audit is not a pass.
+  // No units: nothing to audit is not a pass (kit verify, which audit runs first, wants the init).
   fs::copy(dir_ / "kit", dir_ / "empty", fs::copy_options::recursive);
   nlohmann::json trajectory = nlohmann::json::parse(ReadFileText(dir_ / "empty/trajectory.json"));
   trajectory["units"] = nlohmann::json::array();
@@ -169,7 +169,7 @@ TEST_F(Hostile, KitsWithoutUnitsOrWithLinksAndStalledServers) {
   test::RelistKitFile(dir_ / "empty", "trajectory.json");
   r = Lockstep("audit " + Path("empty"));
   EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("no units"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("trajectory.json: 0 init units"), std::string::npos) << r.output;
 
   // A symbolic link already inside the destination is never written through.
   fs::create_directories(dir_ / "dest");
@@ -254,6 +254,18 @@ TEST_F(Hostile, AFetchNeverWritesOutsideItsDestination) {
                             " --no-progress");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(Lockstep("kit verify " + Path("clean")).exit_code, 0);
+}
+
+// A party's command in a bisection that prints without end is cut off, not read into memory.
+TEST_F(Hostile, APartyThatAnswersWithoutEndIsCutOff) {
+  const std::string zero(64, '0'), a(64, 'a'), b(64, 'b');
+  for (const auto& [name, last] : {std::pair{"ca.jsonl", a}, std::pair{"cb.jsonl", b}}) {
+    WriteFileSynced(dir_ / name, "{\"step\": 0, \"hash\": \"" + zero + "\"}\n{\"step\": 1000, " +
+                                     "\"hash\": \"" + last + "\"}\n");
+  }
+  ExpectRefused(Lockstep("dispute steps " + Path("ca.jsonl") + " " + Path("cb.jsonl") +
+                         " --ask-a yes --ask-b echo"),
+                "'yes' printed more than 16 MiB");
 }
 
 }  // namespace

@@ -69,10 +69,20 @@ std::optional<Digest> AskParty(const std::string& command_template, uint64_t ste
   }
   std::FILE* pipe = ::popen((command + " 2>/dev/null").c_str(), "r");
   if (pipe == nullptr) Fail("cannot run '{}'", command);
+  // An answer is a hash, or a replay's JSON result: a command that prints without end is cut
+  // off (closing the pipe ends it with SIGPIPE at its next write) rather than read into memory.
+  constexpr size_t kMaxAnswerBytes = size_t{16} << 20;
   std::string output;
   std::array<char, 4096> buf;
-  for (size_t n; (n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0;) output.append(buf.data(), n);
+  for (size_t n;
+       output.size() <= kMaxAnswerBytes && (n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0;) {
+    output.append(buf.data(), n);
+  }
   ::pclose(pipe);
+  if (output.size() > kMaxAnswerBytes) {
+    Fail("'{}' printed more than {} MiB: its answer should be a state hash or a replay's result",
+         command, kMaxAnswerBytes >> 20);
+  }
   std::smatch m;
   if (std::regex_search(output, m, std::regex("\"state_hash\"\\s*:\\s*\"([0-9a-f]{64})\"")) ||
       std::regex_search(output, m, std::regex("\\b([0-9a-f]{64})\\b"))) {
@@ -104,7 +114,9 @@ void AddDisputeSubcommands(CLI::App& app, int* exit_code) {
   steps->add_option("B", s->b, "party B's chain")->required();
   steps->add_option("--ask-a", s->ask_a,
                     "a command that prints party A's state hash at step {step} (e.g. its "
-                    "`lockstep replay --checkpoint ... --until-step {step} --data ...`)");
+                    "`lockstep replay --checkpoint ... --until-step {step} --data ...`); it runs "
+                    "as long as it takes (prefix `timeout SECONDS` to bound a party that may "
+                    "not answer), and at most 16 MiB of its output is read");
   steps->add_option("--ask-b", s->ask_b, "the same for party B");
   steps->final_callback([s, exit_code] {
     dispute::AskHash ask;

@@ -91,10 +91,12 @@ std::vector<std::string> KitProblems(const fs::path& kit_dir, const VerifyFlags&
 }
 
 void AddTrustOptions(CLI::App* cmd, VerifyFlags& flags) {
-  cmd->add_option("--trusted-key", flags.trusted_key,
-                  "the publisher's public key (KEY.pub from lockstep keygen): the kit must carry "
-                  "signatures.jsonl signed by it, every signature and signed root must verify, "
-                  "and every unit's expected hash must be a signed chain line");
+  cmd->add_option(
+      "--trusted-key", flags.trusted_key,
+      "the publisher's public key (KEY.pub from lockstep keygen): the kit must carry "
+      "signatures.jsonl signed by it, every signature and signed root must verify, "
+      "and every unit's expected hash, and every interval's start checkpoint's state hash, "
+      "must be a signed chain line");
   cmd->add_option("--known-history", flags.known_histories,
                   "a signatures.jsonl obtained earlier from the same publisher (repeatable): a "
                   "kit whose signed history contradicts it is reported as equivocation, naming "
