@@ -166,7 +166,14 @@ std::vector<std::string> VerifyKitSignatures(const std::filesystem::path& kit_di
   if (!std::filesystem::exists(path)) {
     return {fmt::format("{}: missing: the kit is not signed", path.string())};
   }
-  const SignedChain chain = ReadSignedChain(path);
+  // The kit's file is what is being judged: one that does not parse is a problem found, like
+  // one that does not verify (a --known-history file that does not parse is bad input).
+  SignedChain chain;
+  try {
+    chain = ReadSignedChain(path);
+  } catch (const Error& e) {
+    return {e.what()};
+  }
   std::vector<std::string> problems;
   for (const std::string& p : VerifySignedChain(chain, &trusted)) {
     problems.push_back(fmt::format("{}: {}", path.string(), p));
@@ -174,7 +181,13 @@ std::vector<std::string> VerifyKitSignatures(const std::filesystem::path& kit_di
   for (const Unit& unit : ReadTrajectory(kit_dir).units) {
     // An interval's start is signed too: its checkpoint's state hash, at start_step.
     if (unit.kind == UnitKind::kInterval) {
-      const Digest start = OpenCheckpoint(kit_dir / unit.start_checkpoint).state_hash;
+      Digest start{};
+      try {
+        start = OpenCheckpoint(kit_dir / unit.start_checkpoint).state_hash;
+      } catch (const Error& e) {
+        problems.push_back(fmt::format("unit {}: {}", unit.name, e.what()));
+        continue;
+      }
       if (unit.start_step >= chain.lines.size() || chain.lines[unit.start_step].hash != start) {
         problems.push_back(fmt::format(
             "unit {}: its start checkpoint's state hash {} is not the signed hash of step {}",

@@ -92,6 +92,14 @@ TEST_F(Signing, AnEditedLineOrAnotherKeyFails) {
   r = Verify("unsigned");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("the kit is not signed"), std::string::npos) << r.output;
+  // A signatures.jsonl that does not parse is a kit that does not verify (1), not bad input (2).
+  fs::copy(dir_ / "KA", dir_ / "garbled", fs::copy_options::recursive);
+  WriteFileSynced(dir_ / "garbled/signatures.jsonl", std::string_view("{not json\n"));
+  test::RelistKitFile(dir_ / "garbled", "signatures.jsonl");
+  r = Verify("garbled");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find((dir_ / "garbled/signatures.jsonl").string()), std::string::npos)
+      << r.output;
 }
 
 TEST_F(Signing, ASecondHistorySignedByTheSameKeyIsEquivocation) {
