@@ -123,7 +123,12 @@ Trajectory ReadTrajectory(const std::filesystem::path& kit_dir) {
 }
 
 std::vector<std::string> VerifyKitChain(const std::filesystem::path& kit_dir) {
-  const Trajectory trajectory = ReadTrajectory(kit_dir);
+  Trajectory trajectory;
+  try {
+    trajectory = ReadTrajectory(kit_dir);
+  } catch (const Error& e) {
+    return {e.what()};  // the kit's own file: a problem found, as in VerifyKitSignatures
+  }
   std::vector<std::string> problems;
   const auto inits = std::ranges::count(trajectory.units, UnitKind::kInit, &Unit::kind);
   if (inits != 1) {
