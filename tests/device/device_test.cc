@@ -100,12 +100,15 @@ TEST_F(DeviceTest, EveryOpItRunsGivesTheReferenceBitsAtEveryWorkGroupSize) {
 }
 
 TEST_F(DeviceTest, TheGemmGivesTheReferenceBitsAtEveryTilingOnRaggedShapes) {
-  // One and two slice buffers; k-slices of 1 (no float4 reads along k) to 64.
-  const device::GemmTiling tilings[] = {
+  // One and two slice buffers; k-slices of 1 (no float4 reads along k) to 64; and every GPU
+  // candidate.
+  std::vector<device::GemmTiling> tilings = {
       {8, 8, 1, 1, 8, 0},     {32, 32, 2, 2, 16, 0}, {64, 32, 4, 2, 32, 0},
       {16, 64, 2, 8, 64, 0},  {4, 128, 1, 4, 1, 0},  {8, 8, 1, 1, 8, 1},
-      {32, 32, 2, 2, 16, 1},  {64, 64, 4, 4, 16, 1}, {16, 64, 2, 8, 64, 1},
-      {4, 128, 1, 4, 1, 1}};
+      {32, 32, 2, 2, 16, 1},  {16, 64, 2, 8, 64, 1}, {4, 128, 1, 4, 1, 1}};
+  for (const device::GemmTiling& t : device::GemmCandidates()) {
+    if (dev_->Fits(t)) tilings.push_back(t);
+  }
   // (m, n, k): one element, a reduced length of 0, lengths across chunk ends, edges of every
   // tile; the last two with every stride a multiple of 4 (float4 reads), one ending mid-slice.
   const int64_t shapes[][3] = {{1, 1, 1},     {3, 5, 0},    {67, 45, 531},
@@ -136,6 +139,59 @@ TEST_F(DeviceTest, TheGemmGivesTheReferenceBitsAtEveryTilingOnRaggedShapes) {
               << spec.name << " " << m << "x" << n << "x" << k << " accumulate " << accumulate
               << ", tiling " << t.Name();
         }
+      }
+    }
+  }
+}
+
+// Every chunk's sum starts from +0 (docs/numerics.md, "GEMM"): products that are all -0 give
+// +0, with or without accumulating onto -0 (-0 + +0 is +0). A kernel whose chunk started from the
+// first product, or that added the first chunk to a -0 output, would give -0.
+TEST_F(DeviceTest, TheGemmChunkSumsStartFromPositiveZeroAtEveryTiling) {
+  const int64_t m = 9, n = 7, k = 300;  // two chunks
+  for (const rk::Op op : {rk::Op::kGemmXWt, rk::Op::kGemmDyW, rk::Op::kGemmDytX}) {
+    const rk::OpSpec& spec = rk::Spec(op);
+    const int64_t sizes[3] = {op == rk::Op::kGemmXWt ? m * k : m * n,
+                              op == rk::Op::kGemmDytX ? m * k : n * k,
+                              op == rk::Op::kGemmXWt   ? m * n
+                              : op == rk::Op::kGemmDyW ? m * k
+                                                       : n * k};
+    for (const int accumulate : {0, 1}) {
+      rk::OpValues in = spec.sample();
+      in.args = {{"m", double(m)}, {"n", double(n)}, {"k", double(k)},
+                 {"accumulate", double(accumulate)}};
+      in.f32[std::string(spec.inputs[0].name)].assign(static_cast<size_t>(sizes[0]), -0.0f);
+      in.f32[std::string(spec.inputs[1].name)].assign(static_cast<size_t>(sizes[1]), 1.5f);
+      if (accumulate) {
+        in.f32[std::string(spec.inputs[2].name)].assign(static_cast<size_t>(sizes[2]), -0.0f);
+      } else {
+        in.f32.erase(std::string(spec.inputs[2].name));
+      }
+      const auto all_positive_zero = [&](rk::OpValues& out, const std::string& who) {
+        const std::vector<float>& y = out.f32[std::string(spec.outputs[0].name)];
+        if (y.size() != static_cast<size_t>(sizes[2])) {
+          return ::testing::AssertionFailure() << who << ": " << y.size() << " outputs";
+        }
+        for (size_t i = 0; i < y.size(); ++i) {
+          if (std::bit_cast<uint32_t>(y[i]) != 0u) {
+            return ::testing::AssertionFailure() << who << ": output " << i << " is " << y[i];
+          }
+        }
+        return ::testing::AssertionSuccess();
+      };
+      rk::OpValues want = Reference(spec, in);
+      ASSERT_TRUE(all_positive_zero(want, "the reference"))
+          << spec.name << " accumulate " << accumulate;
+      std::vector<device::GemmTiling> tilings = {{}, {8, 8, 1, 1, 8, 1}};
+      for (const device::GemmTiling& t : device::GemmCandidates()) {
+        if (dev_->Fits(t)) tilings.push_back(t);
+      }
+      for (const device::GemmTiling& t : tilings) {
+        dev_->set_gemm_tiling(t);
+        rk::OpValues got;
+        dev_->Run(op, in, got);
+        EXPECT_TRUE(all_positive_zero(got, "the device"))
+            << spec.name << " accumulate " << accumulate << ", tiling " << t.Name();
       }
     }
   }
