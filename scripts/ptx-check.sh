@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# The static check of what a GPU compiler makes of the device sources (docs/devices.md): the
-# programs the runtime builds from src/device/kernels/*.cl -- gemm.cl at the default tiling with
-# one and two slice buffers, norm.cl (fp64), and every other source after dmath.cl -- compiled by Debian's clang-15 with
-# libclc-15 for NVIDIA's OpenCL target (nvptx64-nvidia-nvcl) with the contract's build options.
-# In the PTX, every f32 and f64 add, sub, mul, fma, div, sqrt and reciprocal must carry .rn (a PTX
-# mul or add without it may be fused by the assembler), and nothing may flush subnormals (.ftz)
-# or approximate (approx, ex2, lg2, sin, cos). With PTX files as arguments (a driver's
-# program binaries, scripts/gpu-check.sh), checks those instead. Exit 0 clean, 1 otherwise.
+# The static checks of the PTX the CUDA runtime runs (docs/devices.md, "Static checks"): the PTX
+# the build made of every program of the program table (BUILD/ptx/*.ptx, scripts/ptx-build.sh:
+# clang-15 + libclc-15 for nvptx64-nvidia-nvcl, sm_80), or the PTX files given as arguments (a
+# driver's program binaries: scripts/gpu-check.sh).
+#
+# 1. Rounding. Every f32 and f64 add, sub, mul, fma, div, sqrt and reciprocal must carry .rn (a
+#    PTX mul or add without it may be fused by the assembler), and nothing may flush subnormals
+#    (.ftz) or approximate (approx, ex2, lg2, sin, cos).
+# 2. Resources, where CUDA's assembler is found ($PTXAS, ptxas on the PATH, or
+#    /usr/local/cuda/bin/ptxas; else "skipped: no ptxas", never "passed"): every program
+#    assembles for sm_80 and sm_90, and each GEMM kernel has no stack frame and no spills (its
+#    register tile in registers), at most 48 KiB of static shared memory, and at least 8 warps
+#    resident per multiprocessor. A table of registers, shared memory and occupancy per program
+#    and architecture is printed.
+# Exit 0 clean, 1 otherwise, 2 when there is nothing to check. BUILD: $LOCKSTEP_BUILD or build/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-check() {  # $1: a PTX file, $2: the name to report
+rounding() {  # $1: a PTX file, $2: the name to report
   local bad
   bad=$(grep -nE '\b(add|sub|mul|fma|mad|div|sqrt|rcp)(\.[a-z0-9]+)*\.f(32|64)\b' "$1" |
     grep -vE '\b(add|sub|mul|fma|div|sqrt|rcp)\.rn\.f(32|64)\b' || true)
@@ -23,32 +30,91 @@ check() {  # $1: a PTX file, $2: the name to report
   fi
   echo "$2: $ops rounded float operations, none unrounded, flushing or approximate"
 }
+
+# Per multiprocessor, by architecture: registers, shared memory (bytes), threads, blocks; and the
+# shared memory the runtime reserves per block (the CUDA C Programming Guide's table of compute
+# capabilities, 8.0 and 9.0).
+declare -A SM_SHARED=([sm_80]=167936 [sm_90]=233472)
+SM_REGISTERS=65536 SM_THREADS=2048 SM_BLOCKS=32 RESERVED_SHARED=1024 MIN_WARPS=8
+STATIC_SHARED_LIMIT=49152
+
+# ptxas -v of $1 for $2, as lines "kernel registers stack spill_stores spill_loads smem".
+resources() {
+  "$ptxas" -arch="$2" -v "$1" -o /dev/null 2>&1 | awk '
+    /Compiling entry function/ { match($0, /function .[^\047]*/); k = substr($0, RSTART + 10, RLENGTH - 10) }
+    /bytes stack frame/ { stack = $1; stores = $5; loads = $9 }
+    /Used [0-9]+ registers/ {
+      match($0, /Used [0-9]+ registers/); regs = substr($0, RSTART + 5, RLENGTH - 15)
+      smem = 0
+      if (match($0, /[0-9]+ bytes smem/)) smem = substr($0, RSTART, RLENGTH - 11)
+      print k, regs, stack + 0, stores + 0, loads + 0, smem + 0
+    }
+    /error/ { print "ERROR", $0 }'
+}
+
 status=0
-if (($# > 0)); then
-  for ptx in "$@"; do check "$ptx" "$ptx" || status=1; done
+files=("$@")
+if ((${#files[@]} == 0)); then
+  build=${LOCKSTEP_BUILD:-build}
+  shopt -s nullglob
+  files=("$build"/ptx/*.ptx)
+  if ((${#files[@]} == 0)); then
+    echo "no PTX in $build/ptx: build lockstep with clang-15 and libclc-15 installed" \
+      "(scripts/install-deps.sh, scripts/build.sh)" >&2
+    exit 2
+  fi
+fi
+for ptx in "${files[@]}"; do rounding "$ptx" "$(basename "$ptx" .ptx)" || status=1; done
+
+ptxas=${PTXAS:-$(command -v ptxas || true)}
+[[ -z $ptxas && -x /usr/local/cuda/bin/ptxas ]] && ptxas=/usr/local/cuda/bin/ptxas
+if [[ -z $ptxas ]]; then
+  echo "resources: skipped: no ptxas (CUDA's assembler; set PTXAS)"
   exit $status
 fi
-clc=/usr/lib/clc/nvptx64--nvidiacl.bc
-command -v clang-15 >/dev/null && [[ -e $clc ]] ||
-  { echo "needs clang-15 and libclc-15 (scripts/install-deps.sh)" >&2; exit 2; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-kernels=src/device/kernels
-cat "$kernels/dmath.cl" $(ls "$kernels"/*.cl |
-  grep -v -e '/dmath.cl$' -e '/gemm.cl$' -e '/norm.cl$') > "$tmp/main.cl"
-cp "$kernels/gemm.cl" "$tmp/gemm.cl"
-cp "$kernels/gemm.cl" "$tmp/gemm-db.cl"
-cp "$kernels/norm.cl" "$tmp/norm.cl"
-# norm.cl's constants, as the runtime passes them (rk::kNormBlock, rk::kReductionLanes).
-block=$(grep -oP 'kNormBlock = \K\d+' include/lockstep/kernels.h)
-lanes=$(grep -oP 'kReductionLanes = \K\d+' include/lockstep/kernels.h)
-for name in main gemm gemm-db norm; do
-  double_buffer=0
-  [[ $name == gemm-db ]] && double_buffer=1
-  clang-15 -cl-std=CL1.2 -target nvptx64-nvidia-nvcl -Xclang -mlink-bitcode-file -Xclang "$clc" \
-    -Wno-linker-warnings -cl-fp32-correctly-rounded-divide-sqrt -O2 -S \
-    -DTILE_M=32 -DTILE_N=32 -DREG_M=2 -DREG_N=2 -DK_TILE=16 -DDOUBLE_BUFFER=$double_buffer \
-    -DBLOCK="$block" -DLANES="$lanes" -o "$tmp/$name.ptx" "$tmp/$name.cl"
-  check "$tmp/$name.ptx" "program $name (PTX, clang-15 + libclc)" || status=1
+echo
+echo "resources ($("$ptxas" --version | tail -1)):"
+printf '%-24s %-6s %-20s %5s %6s %7s %7s %7s %9s\n' program arch kernel regs stack spills \
+  smem blocks warps/SM
+for ptx in "${files[@]}"; do
+  name=$(basename "$ptx" .ptx)
+  for arch in sm_80 sm_90; do
+    lines=$(resources "$ptx" "$arch")
+    if [[ -z $lines || $lines == *ERROR* ]]; then
+      echo "$name: FAIL: does not assemble for $arch:"
+      { "$ptxas" -arch="$arch" "$ptx" -o /dev/null 2>&1 || true; } | head -5
+      status=1
+      continue
+    fi
+    while read -r kernel regs stack stores loads smem; do
+      threads=0
+      # A GEMM program is named gemm-TMxTN-RMxRN-K[-db]: its work-group is (TM/RM)(TN/RN).
+      if [[ $kernel == gemm && $name =~ ^gemm-([0-9]+)x([0-9]+)-([0-9]+)x([0-9]+)- ]]; then
+        threads=$((BASH_REMATCH[1] / BASH_REMATCH[3] * (BASH_REMATCH[2] / BASH_REMATCH[4])))
+      fi
+      blocks=- warps=-
+      if ((threads > 0)); then
+        local_warps=$(((threads + 31) / 32))
+        per_warp=$(((regs * 32 + 255) / 256 * 256))  # registers are allocated per warp in 256s
+        by_regs=$((SM_REGISTERS / (local_warps * per_warp)))
+        by_shared=$((SM_SHARED[$arch] / (smem + RESERVED_SHARED)))
+        by_threads=$((SM_THREADS / threads))
+        blocks=$SM_BLOCKS
+        for b in $by_regs $by_shared $by_threads; do ((b < blocks)) && blocks=$b; done
+        warps=$((blocks * local_warps))
+        problem=""
+        ((stack > 0 || stores > 0 || loads > 0)) &&
+          problem+=" a ${stack}-byte stack frame, $stores/$loads bytes spilled;"
+        ((smem > STATIC_SHARED_LIMIT)) && problem+=" $smem bytes of static shared memory (48 KiB at most);"
+        ((warps < MIN_WARPS)) && problem+=" $warps warps per multiprocessor (at least $MIN_WARPS);"
+        if [[ -n $problem ]]; then
+          echo "$name: FAIL for $arch:$problem"
+          status=1
+        fi
+      fi
+      printf '%-24s %-6s %-20s %5s %6s %7s %7s %7s %9s\n' "$name" "$arch" "$kernel" "$regs" \
+        "$stack" "$((stores + loads))" "$smem" "$blocks" "$warps"
+    done <<< "$lines"
+  done
 done
 exit $status

@@ -1,12 +1,13 @@
-// lockstep device: the ops of the op table (rk::OpTable) in OpenCL C, for any OpenCL device -- a
-// GPU, or PoCL on a CPU in tests -- with the numerics contract's bits (docs/devices.md).
+// lockstep device: the ops of the op table (rk::OpTable) in OpenCL C, run on a GPU -- through
+// an OpenCL driver, or through CUDA's driver API on the PTX the build makes of the same sources --
+// or on PoCL's CPU device in tests, with the numerics contract's bits (docs/devices.md).
 //
 // One kernel source (src/device/kernels/*.cl) for every device. Every source starts with
 // `#pragma OPENCL FP_CONTRACT OFF` and writes `fma()` wherever the contract has one; programs are
 // built with -cl-fp32-correctly-rounded-divide-sqrt and never with mad, fast, unsafe or
 // denormal-flushing options; a device whose single-precision config lacks denormals, FMA or
 // correctly rounded divide and sqrt is refused, naming the missing bit. Nothing ever falls back
-// to the CPU.
+// to the CPU or to another runtime.
 #pragma once
 
 #include <cstdint>
@@ -24,38 +25,58 @@
 
 namespace lockstep::device {
 
-// Whether this binary was built with OpenCL (cmake -DLOCKSTEP_WITH_OPENCL=ON, the default).
+// Whether this binary was built with OpenCL (cmake -DLOCKSTEP_WITH_OPENCL=ON, the default), and
+// how many programs' PTX it carries for the CUDA runtime (0: built without clang-15 and libclc-15,
+// so `--device cuda` is refused).
 bool OpenClBuiltIn();
+int CudaProgramsBuiltIn();
 
-// An OpenCL device as its driver describes it.
+// --device: "cpu" (nullopt), "opencl" / "opencl:P:D" (platform P, device D of the OpenCL
+// platforms; "opencl" is 0:0) or "cuda" / "cuda:N" (CUDA device N; "cuda" is 0). Fails naming
+// the text otherwise.
+struct DeviceChoice {
+  enum class Runtime { kOpenCl, kCuda } runtime = Runtime::kOpenCl;
+  int platform = 0;  // OpenCL only
+  int device = 0;
+  // As --device takes it: "opencl:P:D" or "cuda:N".
+  std::string Flag() const;
+};
+std::optional<DeviceChoice> ParseDeviceFlag(std::string_view text);
+
+// A device as its driver describes it.
 struct DeviceInfo {
-  int platform = 0, device = 0;  // indices, as in --device opencl:P:D
+  DeviceChoice choice;
+  // OpenCL: the platform, the device's OpenCL and OpenCL C versions. CUDA: "CUDA", the compute
+  // capability ("compute capability 9.0") and the PTX ISA the driver takes ("PTX ISA 9.0").
   std::string platform_name, name, version, c_version, driver;
   uint64_t global_memory = 0;
   uint64_t max_allocation = 0;  // the largest single buffer (CL_DEVICE_MAX_MEM_ALLOC_SIZE)
   uint64_t max_work_group = 0;
-  uint64_t local_memory = 0;  // bytes per work-group (CL_DEVICE_LOCAL_MEM_SIZE)
-  bool gpu = false;           // CL_DEVICE_TYPE_GPU or _ACCELERATOR: the GEMM tiling is measured
-  // The single-precision config bits the contract needs (CL_DEVICE_SINGLE_FP_CONFIG).
+  uint64_t local_memory = 0;  // bytes per work-group (CL_DEVICE_LOCAL_MEM_SIZE; CUDA's shared)
+  bool gpu = false;  // CL_DEVICE_TYPE_GPU or _ACCELERATOR, or CUDA: the GEMM tiling is measured
+  // The single-precision config bits the contract needs (OpenCL's CL_DEVICE_SINGLE_FP_CONFIG;
+  // on CUDA, PTX's .rn instructions give all three, which scripts/ptx-check.sh checks).
   bool denorm = false, fma = false, correctly_rounded_divide_sqrt = false;
   // Whether the device has binary64 as the norm sums need it (cl_khr_fp64, its double config
-  // with CL_FP_FMA, CL_FP_DENORM, CL_FP_INF_NAN and CL_FP_ROUND_TO_NEAREST): without it,
-  // block_squares runs on the CPU (docs/devices.md, "What runs where").
+  // with CL_FP_FMA, CL_FP_DENORM, CL_FP_INF_NAN and CL_FP_ROUND_TO_NEAREST; every CUDA device):
+  // without it, block_squares runs on the CPU (docs/devices.md, "What runs where").
   bool fp64 = false;
   // Empty when the device meets the contract; else what it lacks, e.g. "CL_FP_DENORM".
   std::string Missing() const;
+  // "--device opencl:P:D (NAME)": the device as the user chose it and as the driver names it.
+  std::string Described() const;
 };
 
-// Every device of every platform; empty when no OpenCL platform is installed (or the binary was
-// built without OpenCL). Fails only on a driver error other than "no platform".
+// Every OpenCL device of every platform; empty when no OpenCL platform is installed (or the
+// binary was built without OpenCL). Fails only on a driver error other than "no platform".
 std::vector<DeviceInfo> ListDevices();
-
-// --device: "cpu" (nullopt) or "opencl" / "opencl:P:D" (platform P, device D; "opencl" is 0:0).
-// Fails naming the text otherwise.
-struct DeviceChoice {
-  int platform = 0, device = 0;
+// Every CUDA device, and when there is none, why ("no libcuda.so.1: ...", cuInit's error, no
+// PTX built in).
+struct CudaDevices {
+  std::vector<DeviceInfo> devices;
+  std::string none_because;
 };
-std::optional<DeviceChoice> ParseDeviceFlag(std::string_view text);
+CudaDevices ListCudaDevices();
 
 // The GEMM's tiling (src/device/kernels/gemm.cl): a work-group computes a tile_m x tile_n block
 // of outputs, each work-item reg_m x reg_n of them, through k-slices of k_tile terms held in
@@ -72,32 +93,14 @@ struct GemmTiling {
 // buffered or not), the default among them.
 std::span<const GemmTiling> GemmCandidates();
 
-// An op call's scalar arguments by name, and its tensors where the caller holds them, by role:
-// fp32, or uint32 ids (never kept on the device: they are copied in with every op).
-using OpArgs = std::map<std::string, double, std::less<>>;
-struct TensorIn {
-  std::string_view role;
-  std::span<const float> f32;
-  std::span<const uint32_t> u32 = {};
-};
-struct TensorOut {
-  std::string_view role;
-  std::span<float> f32;
-  std::span<double> f64 = {};  // the norm's block sums
-};
-// Bytes copied from the host to the device and back.
-struct Traffic {
-  uint64_t to_device = 0, to_host = 0;
-};
-
 // An OpenCL C source (src/device/kernels/*.cl, embedded in the binary) by file name.
 struct KernelSource {
   std::string_view name, text;
 };
-// An open device that meets the contract, with its programs built.
-class Device {
+// An open device that meets the contract, with its programs built: an OpExecutor of every op
+// of the op table it runs (the others stay on the CPU).
+class Device : public OpExecutor {
  public:
-  virtual ~Device() = default;
   const DeviceInfo& info() const { return info_; }
 
   // Whether the device runs `op`: every op but global_norm (a sum of the block sums, which the
@@ -106,39 +109,27 @@ class Device {
   // The op of the op table on `in`, on the device: every output, with the bits of spec.run.
   // Copies in and out; for the tests and the selftest.
   virtual void Run(rk::Op op, const rk::OpValues& in, rk::OpValues& out) = 0;
-  // The same op on tensors where the caller holds them: an input is read from host memory, or
-  // from the device's copy where it lies in a kept region (Keep); an output is written to host
-  // memory, or, in a kept region, to the device's copy only (ToHost brings it back). An output
-  // whose role is also an input's is that input updated in place, at the same address.
-  virtual void Run(rk::Op op, const OpArgs& args, std::span<const TensorIn> inputs,
-                   std::span<const TensorOut> outputs) = 0;
+  // OpExecutor: the op on tensors where the caller holds them (false for an op the device does
+  // not run). An input is read from host memory, or from the device's copy where it lies in a
+  // kept region (Keep); an output is written to host memory, or, in a kept region, to the
+  // device's copy only (ToHost brings it back). An output whose role is also an input's is that
+  // input updated in place, at the same address. Keep, Forget, ToHost and HostWrites as
+  // OpExecutor says; traffic() counts the bytes copied since the device was opened and those of
+  // the copies it keeps now. Plan refuses a run larger than the device's memory or its largest
+  // buffer, and the device running out of memory later is told with that plan.
+  using OpExecutor::Run;
 
-  // Host memory the device keeps copies of between ops. Keep: `region` (long-lived host memory)
-  // may have device copies, one per tensor an op reads or writes there, made at first use and
-  // kept until Forget (call it before the region is freed). The host side keeps them coherent:
-  // ToHost before the host reads `data` (the device's newer bytes are copied back), HostWrites
-  // before it writes `data` (the device's copies are dropped, bringing back first any bytes
-  // outside `data` that only the device holds).
-  virtual void Keep(std::span<const float> region) = 0;
-  virtual void Forget(std::span<const float> region) = 0;
-  virtual void ToHost(std::span<const float> data) = 0;
-  virtual void HostWrites(std::span<const float> data) = 0;
-  // Bytes copied between the host and the device since the device was opened, and the bytes of
-  // the copies it keeps now.
-  virtual Traffic traffic() const = 0;
-  virtual uint64_t KeptBytes() const = 0;
-
-  // The work-group size of the element- and row-wise kernels (0: the driver's choice), and the
+  // The work-group size of the element- and row-wise kernels (0: the runtime's choice), and the
   // GEMM's tiling. Speed only; the tests vary both and demand the same bits.
   virtual void set_work_group(size_t size) = 0;
   virtual void set_gemm_tiling(const GemmTiling& tiling) = 0;
   virtual const GemmTiling& gemm_tiling() const = 0;
 
-  // The programs as the driver built them (PTX text on NVIDIA) as (name, bytes): what
+  // The programs as the device's compiler built them (PTX text on NVIDIA) as (name, bytes): what
   // scripts/ptx-check.sh inspects.
   virtual std::vector<std::pair<std::string, std::string>> ProgramBinaries() = 0;
-  // Whether the device can run `tiling` (work-group size, local memory), and set it; set fails
-  // naming the limit a tiling exceeds.
+  // Whether the device can run `tiling` (work-group size, local memory, a program for it), and
+  // set it; set fails naming the limit a tiling exceeds.
   virtual bool Fits(const GemmTiling& tiling) const = 0;
   // The best wall time, in seconds, of `repeats` GEMMs y = x·wᵀ of n x n by n x n held on the
   // device (kernel time only: no transfers), at the current tiling.
@@ -161,15 +152,20 @@ struct GemmTiming {
 };
 std::vector<GemmTiming> TuneGemm(Device& device, int64_t n, int repeats);
 
-// Opens device `choice`, refusing (an error naming the device and the missing bit) one that does
-// not meet the contract, and building every program with the contract's options.
+// Opens device `choice`, refusing (an error naming the device and the missing bit or library)
+// one that does not meet the contract or cannot be reached, and building every program with the
+// contract's options.
 std::unique_ptr<Device> Open(const DeviceChoice& choice);
-// For the mutation test only, which shows that the rules matter: programs built with the pragma
-// removed from every source.
+// For the mutation test only, which shows that the rules matter: an OpenCL device whose programs
+// are built with the pragma removed from every source.
 struct Mutation {
   bool drop_fp_contract_pragma = false;
 };
 std::unique_ptr<Device> OpenMutated(const DeviceChoice& choice, const Mutation& mutation);
+
+// --device as train, replay, audit, dispute and trace take it: null for "cpu", else the device
+// opened, its GEMM tiling measured on a GPU (TuneGemm at 2048³), what runs where said on stderr.
+std::unique_ptr<Device> OpenForRun(std::string_view flag);
 
 // The build options every program gets, and those it must never get (docs/devices.md).
 std::string_view BuildOptions();

@@ -338,3 +338,57 @@ std::vector<float> SelftestFloats(int64_t n, uint32_t seed, bool specials = true
 std::vector<uint32_t> SelftestIds(int64_t n, uint32_t vocab, uint32_t seed);
 
 }  // namespace lockstep::rk
+
+namespace lockstep {
+
+// ---- op calls on tensors the caller holds: the executor seam (docs/devices.md) ----------------
+// An op's scalar arguments by name (integers and binary32 values are exact in a double).
+struct OpArg {
+  std::string_view name;
+  double value = 0;
+};
+// A tensor an op reads or writes, by role: fp32 data, uint32 ids (tokens, targets) or fp64
+// values (the global norm's per-tensor sums), exactly one of them set.
+struct OpTensor {
+  std::string_view role;
+  std::span<const float> f32;
+  std::span<const uint32_t> u32 = {};
+  std::span<const double> f64 = {};
+};
+struct OpOutput {
+  std::string_view role;
+  std::span<float> f32;
+  std::span<double> f64 = {};
+};
+// Runs ops of the op table somewhere other than the CPU kernels (a device: lockstep/device.h): Run
+// returns true when it ran the op -- every output set, with the bits of the op's CPU kernel -- and
+// false for an op it does not run, which the CPU kernel then runs.
+//
+// An executor may keep copies of host memory where it runs the ops (a device's memory), so that
+// tensors stay there between ops: Keep names a long-lived host region it may keep copies of
+// (the activations, the state in RAM), until Forget (called before the region is freed). An op's
+// outputs in a kept region are then written to the copy only. Whoever touches a kept region on
+// the host outside an op says so first: ToHost before reading `data` (the executor's newer bytes
+// are copied back), HostWrites before writing it (the executor's copies are dropped). ObservedOp
+// does both around an op the CPU runs and around an observer.
+class OpExecutor {
+ public:
+  virtual ~OpExecutor() = default;
+  virtual bool Run(rk::Op op, std::span<const OpArg> args, std::span<const OpTensor> inputs,
+                   std::span<const OpOutput> outputs) = 0;
+  virtual void Keep(std::span<const float> /*region*/) {}
+  virtual void Forget(std::span<const float> /*region*/) {}
+  virtual void ToHost(std::span<const float> /*data*/) {}
+  virtual void HostWrites(std::span<const float> /*data*/) {}
+  // Fails, naming the sizes, unless `bytes` in all (`detail` says of what), the largest of them
+  // one buffer of `largest` bytes, fit where the ops run. Called before anything is kept.
+  virtual void Plan(uint64_t /*bytes*/, uint64_t /*largest*/, std::string_view /*detail*/) {}
+  // Bytes copied to where the ops run and back so far, and the bytes of the copies kept there
+  // now (all zero on the CPU).
+  struct Traffic {
+    uint64_t to_device = 0, to_host = 0, kept = 0;
+  };
+  virtual Traffic traffic() const { return {}; }
+};
+
+}  // namespace lockstep

@@ -103,9 +103,9 @@ TEST_F(DeviceTest, TheGemmGivesTheReferenceBitsAtEveryTilingOnRaggedShapes) {
   // One and two slice buffers; k-slices of 1 (no float4 reads along k) to 64; and every GPU
   // candidate.
   std::vector<device::GemmTiling> tilings = {
-      {8, 8, 1, 1, 8, 0},     {32, 32, 2, 2, 16, 0}, {64, 32, 4, 2, 32, 0},
-      {16, 64, 2, 8, 64, 0},  {4, 128, 1, 4, 1, 0},  {8, 8, 1, 1, 8, 1},
-      {32, 32, 2, 2, 16, 1},  {16, 64, 2, 8, 64, 1}, {4, 128, 1, 4, 1, 1}};
+      {8, 8, 1, 1, 8, 0},    {32, 32, 2, 2, 16, 0}, {64, 32, 4, 2, 32, 0},
+      {16, 64, 2, 8, 64, 0}, {4, 128, 1, 4, 1, 0},  {8, 8, 1, 1, 8, 1},
+      {32, 32, 2, 2, 16, 1}, {16, 64, 2, 8, 64, 1}, {4, 128, 1, 4, 1, 1}};
   for (const device::GemmTiling& t : device::GemmCandidates()) {
     if (dev_->Fits(t)) tilings.push_back(t);
   }
@@ -158,8 +158,8 @@ TEST_F(DeviceTest, TheGemmChunkSumsStartFromPositiveZeroAtEveryTiling) {
                                                        : n * k};
     for (const int accumulate : {0, 1}) {
       rk::OpValues in = spec.sample();
-      in.args = {{"m", double(m)}, {"n", double(n)}, {"k", double(k)},
-                 {"accumulate", double(accumulate)}};
+      in.args = {
+          {"m", double(m)}, {"n", double(n)}, {"k", double(k)}, {"accumulate", double(accumulate)}};
       in.f32[std::string(spec.inputs[0].name)].assign(static_cast<size_t>(sizes[0]), -0.0f);
       in.f32[std::string(spec.inputs[1].name)].assign(static_cast<size_t>(sizes[1]), 1.5f);
       if (accumulate) {
@@ -410,7 +410,13 @@ TEST(DeviceRules, ADeviceIsJudgedByItsSinglePrecisionConfig) {
   EXPECT_EQ(info.Missing(), "");
   EXPECT_FALSE(device::ParseDeviceFlag("cpu").has_value());
   EXPECT_EQ(device::ParseDeviceFlag("opencl:1:2")->device, 2);
-  for (const char* bad : {"gpu", "opencl:1", "opencl:-1:0", "opencl:a:b", "opencl:1:2:3"}) {
+  EXPECT_EQ(device::ParseDeviceFlag("opencl:1:2")->Flag(), "opencl:1:2");
+  EXPECT_EQ(device::ParseDeviceFlag("opencl")->Flag(), "opencl:0:0");
+  EXPECT_EQ(device::ParseDeviceFlag("cuda")->Flag(), "cuda:0");
+  EXPECT_EQ(device::ParseDeviceFlag("cuda:3")->runtime, device::DeviceChoice::Runtime::kCuda);
+  EXPECT_EQ(device::ParseDeviceFlag("cuda:3")->device, 3);
+  for (const char* bad : {"gpu", "opencl:1", "opencl:-1:0", "opencl:a:b", "opencl:1:2:3",
+                          "cuda:", "cuda:-1", "cuda:0:0", "cuda:x", "CUDA", "cuda0"}) {
     EXPECT_THROW(device::ParseDeviceFlag(bad), Error) << bad;
   }
 }
@@ -426,23 +432,25 @@ TEST_F(DeviceTest, KeptCopiesStayOnTheDeviceUntilTheHostAsks) {
   const std::span<float> x(region.data(), n), y(region.data() + n, n);
   const std::vector<float> x0(x.begin(), x.end()), y0(y.begin(), y.end());
   const auto add_into = [&](std::span<float> into) {
-    const device::TensorIn in[] = {{"x", x}, {"y", into}};
-    const device::TensorOut out[] = {{"y", into}};
-    dev_->Run(rk::Op::kAddInto, {{"n", double(into.size())}}, in, out);
+    const OpArg args[] = {{"n", double(into.size())}};
+    const OpTensor in[] = {{"x", x}, {"y", into}};
+    const OpOutput out[] = {{"y", into}};
+    EXPECT_TRUE(dev_->Run(rk::Op::kAddInto, args, in, out));
   };
   const auto scale = [&](std::span<float> v, float factor) {
-    const device::TensorIn in[] = {{"x", v}};
-    const device::TensorOut out[] = {{"x", v}};
-    dev_->Run(rk::Op::kScale, {{"factor", factor}}, in, out);
+    const OpArg args[] = {{"factor", factor}};
+    const OpTensor in[] = {{"x", v}};
+    const OpOutput out[] = {{"x", v}};
+    EXPECT_TRUE(dev_->Run(rk::Op::kScale, args, in, out));
   };
   dev_->Keep(region);
-  const device::Traffic t0 = dev_->traffic();
+  const OpExecutor::Traffic t0 = dev_->traffic();
   add_into(y);
   scale(y, 2.0f);
   EXPECT_EQ(dev_->traffic().to_device - t0.to_device, 2 * n * sizeof(float));  // x and y, once
   EXPECT_EQ(dev_->traffic().to_host, t0.to_host) << "an output in a kept region was copied back";
   EXPECT_TRUE(std::ranges::equal(y, y0)) << "the host's bytes changed before ToHost";
-  EXPECT_EQ(dev_->KeptBytes(), 2 * n * sizeof(float));
+  EXPECT_EQ(dev_->traffic().kept, 2 * n * sizeof(float));
 
   std::vector<float> want = y0;
   rk::AddInto(x0, want);
@@ -478,16 +486,18 @@ TEST_F(DeviceTest, KeptCopiesStayOnTheDeviceUntilTheHostAsks) {
   rk::OpValues in = args, expected;
   in.f32["x"].assign(x.begin(), x.end());
   expected = Reference(rope, in);
-  const device::TensorIn rope_in[] = {{"x", x}};
-  const device::TensorOut rope_out[] = {{"y", x}};
-  dev_->Run(rope.op, args.args, rope_in, rope_out);
+  std::vector<OpArg> rope_args;
+  for (const auto& [name, value] : args.args) rope_args.push_back({name, value});
+  const OpTensor rope_in[] = {{"x", x}};
+  const OpOutput rope_out[] = {{"y", x}};
+  EXPECT_TRUE(dev_->Run(rope.op, rope_args, rope_in, rope_out));
   dev_->ToHost(x);
   EXPECT_TRUE(std::ranges::equal(x, expected.f32.at("y"), [](float a, float b) {
     return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
   }));
 
   dev_->Forget(region);
-  EXPECT_EQ(dev_->KeptBytes(), 0u);
+  EXPECT_EQ(dev_->traffic().kept, 0u);
 }
 
 // What the pragma guards against, shown: RMSNorm's `ss * inv_d + eps` is a multiply then an add

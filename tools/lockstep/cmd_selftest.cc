@@ -149,7 +149,7 @@ std::vector<Case> Cases() {
 struct SelftestOptions {
   bool verbose = false;
   std::string device = "cpu";
-  std::string dump_programs;  // a directory, with --device opencl
+  std::string dump_programs;  // a directory, with a device
   int64_t time_gemm = 0;      // n, with --device opencl
 };
 
@@ -158,16 +158,19 @@ struct SelftestOptions {
 int RunDeviceSelftest(const device::DeviceChoice& choice, const SelftestOptions& options) {
   const std::unique_ptr<device::Device> dev = device::Open(choice);
   const device::DeviceInfo& info = dev->info();
-  fmt::print("lockstep selftest: every op on opencl:{}:{} vs the scalar reference at 1 thread\n",
-             choice.platform, choice.device);
+  fmt::print("lockstep selftest: every op on {} vs the scalar reference at 1 thread\n",
+             choice.Flag());
   fmt::print("device: {} ({}; {}; driver {})\n\n", info.name, info.platform_name, info.version,
              info.driver);
   std::vector<size_t> work_groups;
   for (const size_t w : {size_t{0}, size_t{1}, size_t{7}, size_t{64}, size_t{256}}) {
     if (w <= info.max_work_group) work_groups.push_back(w);
   }
-  const device::GemmTiling tilings[] = {
-      {8, 8, 1, 1, 8, 0}, {32, 32, 2, 2, 16, 1}, {64, 32, 4, 2, 32, 0}, {64, 64, 4, 4, 16, 1}};
+  // A few small tilings (which the CUDA runtime, running the candidates' PTX only, skips) and
+  // every GPU candidate.
+  std::vector<device::GemmTiling> tilings = {
+      {8, 8, 1, 1, 8, 0}, {32, 32, 2, 2, 16, 1}, {64, 32, 4, 2, 32, 0}};
+  tilings.insert(tilings.end(), device::GemmCandidates().begin(), device::GemmCandidates().end());
   int failures = 0, on_device = 0;
   rk::SetIsa(rk::ReferenceIsa());  // the reference's outputs, at one thread
   SetThreads(1);
@@ -298,16 +301,16 @@ void AddSelftestCommand(CLI::App& app, int* exit_code) {
       "at 1, 2, 3, 4 and 7 threads; exit 0 only if every result equals the reference bit for bit");
   cmd->add_flag("--verbose", options->verbose, "name the first differing element of a mismatch");
   cmd->add_option("--device", options->device,
-                  "cpu (every SIMD variant and thread count), or opencl / opencl:P:D: the ops of "
-                  "the op table on that OpenCL device (`lockstep --version` lists them) at "
-                  "several work-group sizes and GEMM tilings, against the scalar reference; ops "
-                  "not on the device yet are listed as such")
+                  "cpu (every SIMD variant and thread count); or opencl / opencl:P:D, cuda / "
+                  "cuda:N: the ops of the op table on that device (`lockstep --version` lists "
+                  "them) at several work-group sizes and every GEMM tiling it fits, against the "
+                  "scalar reference; ops not on the device are listed as such")
       ->capture_default_str();
   cmd->add_option("--dump-programs", options->dump_programs,
-                  "with --device opencl: write the program binaries the driver built into this "
+                  "with a device: write the programs as its compiler built them into this "
                   "directory (PTX on NVIDIA, as NAME.ptx, for scripts/ptx-check.sh)");
   cmd->add_option("--time-gemm", options->time_gemm,
-                  "with --device opencl: time the device GEMM (y = x·wᵀ, N x N x N, operands on "
+                  "with a device: time the device GEMM (y = x·wᵀ, N x N x N, operands on "
                   "the device, best of 3) and print it as a JSON line with TFLOP/s")
       ->check(CLI::Range(int64_t{1}, int64_t{32768}));
   auto internal = std::make_shared<bool>(false);
@@ -319,7 +322,7 @@ void AddSelftestCommand(CLI::App& app, int* exit_code) {
     LOCKSTEP_CHECK(!*internal, "--test-internal-error was given");
     const std::optional<device::DeviceChoice> choice = device::ParseDeviceFlag(options->device);
     if (!choice && (!options->dump_programs.empty() || options->time_gemm > 0)) {
-      Fail("--dump-programs and --time-gemm need --device opencl[:P:D]");
+      Fail("--dump-programs and --time-gemm need a device: --device opencl[:P:D] or cuda[:N]");
     }
     *exit_code = choice ? RunDeviceSelftest(*choice, *options) : RunSelftest(*options);
   });

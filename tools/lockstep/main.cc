@@ -21,32 +21,46 @@ std::string IsaNames(const std::vector<rk::Isa>& isas) {
   return s;
 }
 
-// The OpenCL devices, each with whether it meets the numerics contract (docs/devices.md).
+// The OpenCL and CUDA devices, each with whether it meets the numerics contract
+// (docs/devices.md).
 void PrintDevices() {
+  const auto gib = [](uint64_t b) { return static_cast<double>(b) / (1 << 30); };
   if (!device::OpenClBuiltIn()) {
     fmt::print("OpenCL devices: none (built without OpenCL)\n");
-    return;
+  } else {
+    std::vector<device::DeviceInfo> devices;
+    try {
+      devices = device::ListDevices();
+      if (devices.empty()) fmt::print("OpenCL devices: none (no OpenCL platform installed)\n");
+    } catch (const Error& e) {
+      fmt::print("OpenCL devices: the driver failed to list them: {}\n", e.what());
+    }
+    if (!devices.empty()) fmt::print("OpenCL devices:\n");
+    for (const device::DeviceInfo& d : devices) {
+      const std::string missing = d.Missing();
+      fmt::print("  {}  {} ({}; {}, {:.1f} GiB): {}\n", d.choice.Flag(), d.name, d.platform_name,
+                 d.c_version, gib(d.global_memory),
+                 !missing.empty() ? "refused, lacks " + missing
+                 : d.fp64         ? std::string("meets the contract")
+                                  : std::string("meets the contract (no fp64: the norm's block "
+                                                        "sums run on the CPU)"));
+    }
   }
-  std::vector<device::DeviceInfo> devices;
+  device::CudaDevices cuda;
   try {
-    devices = device::ListDevices();
+    cuda = device::ListCudaDevices();
   } catch (const Error& e) {
-    fmt::print("OpenCL devices: the driver failed to list them: {}\n", e.what());
+    fmt::print("CUDA devices: the driver failed to list them: {}\n", e.what());
     return;
   }
-  if (devices.empty()) {
-    fmt::print("OpenCL devices: none (no OpenCL platform installed)\n");
+  if (cuda.devices.empty()) {
+    fmt::print("CUDA devices: none ({})\n", cuda.none_because);
     return;
   }
-  fmt::print("OpenCL devices:\n");
-  for (const device::DeviceInfo& d : devices) {
-    const std::string missing = d.Missing();
-    fmt::print("  opencl:{}:{}  {} ({}; {}, {:.1f} GiB): {}\n", d.platform, d.device, d.name,
-               d.platform_name, d.c_version, static_cast<double>(d.global_memory) / (1 << 30),
-               !missing.empty() ? "refused, lacks " + missing
-               : d.fp64         ? std::string("meets the contract")
-                                : std::string("meets the contract (no fp64: the norm's block sums "
-                                              "run on the CPU)"));
+  fmt::print("CUDA devices ({} programs' PTX built in):\n", device::CudaProgramsBuiltIn());
+  for (const device::DeviceInfo& d : cuda.devices) {
+    fmt::print("  {}  {} ({}; driver {}, {:.1f} GiB)\n", d.choice.Flag(), d.name, d.version,
+               d.driver, gib(d.global_memory));
   }
 }
 

@@ -94,6 +94,12 @@ void gemm(__global const float* A, long a_i, long a_r, __global const float* B, 
           long b_j, __global float* C, long rows, long cols, long reduced, int accumulate) {
   __local float a_tile[1 + DOUBLE_BUFFER][K_TILE * TILE_M];
   __local float b_tile[1 + DOUBLE_BUFFER][K_TILE * TILE_N];
+  // `cols` as the chunk ends read it: from local memory, written before the first barrier, so
+  // that the compiler, which cannot move a local load across a barrier, computes the outputs'
+  // addresses at each chunk's end instead of keeping REG_M x REG_N 64-bit addresses live through
+  // the k-loop (40 registers of 168 at 128x64/8x4 on sm_90).
+  __local long cols_at_chunk_end[1];
+  if (get_local_id(0) == 0 && get_local_id(1) == 0) cols_at_chunk_end[0] = cols;
   const int lx = get_local_id(0), ly = get_local_id(1);
   const int tid = ly * THREADS_N + lx;
   const long i0 = (long)get_group_id(1) * TILE_M, j0 = (long)get_group_id(0) * TILE_N;
@@ -160,8 +166,9 @@ void gemm(__global const float* A, long a_i, long a_r, __global const float* B, 
       UNROLL for (int x = 0; x < REG_M; ++x) {
         UNROLL for (int y = 0; y < REG_N; ++y) {
           const long i = i0 + ly + x * THREADS_M, j = j0 + lx + y * THREADS_N;
-          if (i < rows && j < cols) {
-            __global float* c = C + i * cols + j;
+          const long c_cols = cols_at_chunk_end[0];
+          if (i < rows && j < c_cols) {
+            __global float* c = C + i * c_cols + j;
             *c = first ? sum[x][y] : *c + sum[x][y];
           }
           sum[x][y] = 0.0f;
