@@ -222,6 +222,47 @@ TEST_F(DeviceTest, TheGemmTilingIsChosenByMeasurementAmongTheCandidatesThatFit) 
   dev_->set_gemm_tiling({});
 }
 
+// The row kernels' 16 lanes (rows.cl: whole blocks of 16 terms, then a tail without branches)
+// at lengths below, at and around multiples of 16, with and without the gain; the cross-entropy's
+// lanes at vocabularies as ragged.
+TEST_F(DeviceTest, TheRowOpsGiveTheReferenceBitsAtEveryLengthAroundTheLanes) {
+  const int64_t rows = 5;
+  for (const int64_t cols : {1, 2, 15, 16, 17, 31, 32, 33, 47, 100}) {
+    for (const bool gain : {false, true}) {
+      rk::OpValues in;
+      in.args = {{"rows", double(rows)}, {"cols", double(cols)}, {"eps", 1e-5f}};
+      in.f32["x"] = rk::SelftestFloats(rows * cols, 70 + static_cast<uint32_t>(cols));
+      if (gain) in.f32["gain"] = rk::SelftestFloats(cols, 71, false);
+      for (const rk::Op op : {rk::Op::kRowSum, rk::Op::kRmsNormFwd, rk::Op::kRmsNormBwd}) {
+        const rk::OpSpec& spec = rk::Spec(op);
+        rk::OpValues call = in;
+        if (op == rk::Op::kRowSum) call.f32.erase("gain");
+        if (op == rk::Op::kRmsNormBwd) {
+          call.f32["rstd"] = Reference(rk::Spec(rk::Op::kRmsNormFwd), in).f32.at("rstd");
+          call.f32["dy"] = rk::SelftestFloats(rows * cols, 72);
+        }
+        rk::OpValues got;
+        dev_->Run(op, call, got);
+        EXPECT_TRUE(SameBits(spec, Reference(spec, call), got))
+            << spec.name << " cols " << cols << (gain ? " with" : " without") << " gain";
+      }
+    }
+  }
+  for (const int64_t vocab : {1, 15, 16, 17, 33}) {
+    rk::OpValues ce = rk::Spec(rk::Op::kCrossEntropyFwd).sample();
+    const int64_t ce_rows = 7, d = static_cast<int64_t>(ce.args.at("d"));
+    ce.args["rows"] = double(ce_rows);
+    ce.args["vocab"] = double(vocab);
+    ce.f32["h"] = rk::SelftestFloats(ce_rows * d, 73);
+    ce.f32["w"] = rk::SelftestFloats(vocab * d, 74);
+    ce.u32["targets"] = rk::SelftestIds(ce_rows, static_cast<uint32_t>(vocab), 75);
+    const rk::OpSpec& spec = rk::Spec(rk::Op::kCrossEntropyFwd);
+    rk::OpValues got;
+    dev_->Run(spec.op, ce, got);
+    EXPECT_TRUE(SameBits(spec, Reference(spec, ce), got)) << "vocab " << vocab;
+  }
+}
+
 TEST_F(DeviceTest, AttentionAndTheCrossEntropyGiveTheReferenceBitsAcrossShapes) {
   for (const auto& [q_heads, kv_heads, window] :
        {std::tuple{4, 4, 0}, {4, 2, 5}, {4, 1, 70}, {2, 1, 200}}) {

@@ -20,14 +20,23 @@ __kernel void cross_entropy_fwd(__global const float* z, __global const uint* ta
   const long r = get_global_id(0);
   if (r >= rows) return;
   __global const float* zr = z + r * vocab;
+  // 16 lanes, logit v to lane v mod 16 in increasing v, folded 8-4-2-1; the lanes indexed only
+  // by unrolled loops' constants (whole blocks of 16 logits, then the tail), so they stay in
+  // registers.
   float m[16], s[16];
-  for (int j = 0; j < 16; ++j) {
+  _Pragma("unroll") for (int j = 0; j < 16; ++j) {
     m[j] = -INFINITY;
     s[j] = 0.0f;
   }
-  for (long v = 0; v < vocab; ++v) ce_merge(&m[v % 16], &s[v % 16], zr[v], 1.0f);
-  for (int w = 8; w >= 1; w /= 2) {
-    for (int j = 0; j < w; ++j) ce_merge(&m[j], &s[j], m[j + w], s[j + w]);
+  long v0 = 0;
+  for (; v0 + 16 <= vocab; v0 += 16) {
+    _Pragma("unroll") for (int j = 0; j < 16; ++j) ce_merge(&m[j], &s[j], zr[v0 + j], 1.0f);
+  }
+  _Pragma("unroll") for (int j = 0; j < 16; ++j) {
+    if (v0 + j < vocab) ce_merge(&m[j], &s[j], zr[v0 + j], 1.0f);
+  }
+  _Pragma("unroll") for (int w = 8; w >= 1; w /= 2) {
+    _Pragma("unroll") for (int j = 0; j < w; ++j) ce_merge(&m[j], &s[j], m[j + w], s[j + w]);
   }
   const float l = m[0] + dm_log(s[0]);
   lse[r] = l;

@@ -2,30 +2,59 @@
 // Row-wise ops (docs/numerics.md): one work-item per row (or per column, for the gain gradient),
 // each reduction by the canonical lane rule -- 16 lanes, term c to lane c mod 16 in increasing c,
 // folded pairwise 8-4-2-1 -- so nothing depends on the work-group size.
+//
+// The lanes are a private array indexed only by unrolled loops' constants: a row is walked in
+// whole blocks of 16 terms (term c0 + j to lane j), then a tail of fewer, so each lane is a
+// register rather than a slot in local memory (scripts/ptx-check.sh prints the stack frames).
 
 #define LANES 16
+#define UNROLL _Pragma("unroll")
 
 float fold(float l[LANES]) {
-  for (int w = LANES / 2; w >= 1; w /= 2) {
-    for (int j = 0; j < w; ++j) l[j] = l[j] + l[j + w];
+  UNROLL for (int w = LANES / 2; w >= 1; w /= 2) {
+    UNROLL for (int j = 0; j < w; ++j) l[j] = l[j] + l[j + w];
   }
   return l[0];
 }
 
+// The lane rule over n terms: LANE_TERM(c, j) updates lane j with term c (c mod 16 == j). The
+// tail is computed without branches -- each of its lanes updated with a term in range, then
+// restored where its own term lies past n -- so the lanes stay registers there too.
+#define LANE_LOOP(n, LANE_TERM)                                      \
+  {                                                                  \
+    long c0 = 0;                                                     \
+    for (; c0 + LANES <= (n); c0 += LANES) {                         \
+      UNROLL for (int j = 0; j < LANES; ++j) LANE_TERM(c0 + j, j);   \
+    }                                                                \
+    if (c0 < (n)) {                                                  \
+      UNROLL for (int j = 0; j < LANES; ++j) {                       \
+        const float before = l[j];                                   \
+        const long c = c0 + j < (n) ? c0 + j : c0;                   \
+        LANE_TERM(c, j);                                             \
+        l[j] = c0 + j < (n) ? l[j] : before;                         \
+      }                                                              \
+    }                                                                \
+  }
+
 // Lane rule with update fma(a, b, l): the dot product.
 float dot(__global const float* a, __global const float* b, long n) {
   float l[LANES];
-  for (int j = 0; j < LANES; ++j) l[j] = 0.0f;
-  for (long c = 0; c < n; ++c) l[c % LANES] = fma(a[c], b[c], l[c % LANES]);
+  UNROLL for (int j = 0; j < LANES; ++j) l[j] = 0.0f;
+#define DOT_TERM(c, j) l[j] = fma(a[c], b[c], l[j])
+  LANE_LOOP(n, DOT_TERM)
+#undef DOT_TERM
   return fold(l);
 }
 
 __kernel void row_sum(__global const float* x, __global float* out, long rows, long cols) {
   const long r = get_global_id(0);
   if (r >= rows) return;
+  __global const float* xr = x + r * cols;
   float l[LANES];
-  for (int j = 0; j < LANES; ++j) l[j] = 0.0f;
-  for (long c = 0; c < cols; ++c) l[c % LANES] = l[c % LANES] + x[r * cols + c];
+  UNROLL for (int j = 0; j < LANES; ++j) l[j] = 0.0f;
+#define SUM_TERM(c, j) l[j] = l[j] + xr[c]
+  LANE_LOOP(cols, SUM_TERM)
+#undef SUM_TERM
   out[r] = fold(l);
 }
 
@@ -52,11 +81,10 @@ __kernel void rmsnorm_bwd(__global const float* dy, __global const float* x,
   __global const float* dyr = dy + r * d;
   __global const float* xr = x + r * d;
   float l[LANES];
-  for (int j = 0; j < LANES; ++j) l[j] = 0.0f;
-  for (long c = 0; c < d; ++c) {
-    const float g = has_gain ? dyr[c] * gain[c] : dyr[c];
-    l[c % LANES] = fma(g, xr[c], l[c % LANES]);
-  }
+  UNROLL for (int j = 0; j < LANES; ++j) l[j] = 0.0f;
+#define GRAD_TERM(c, j) l[j] = fma(has_gain ? dyr[c] * gain[c] : dyr[c], xr[c], l[j])
+  LANE_LOOP(d, GRAD_TERM)
+#undef GRAD_TERM
   const float s = rstd[r];
   const float coef = ((fold(l) * inv_d) * s) * s;
   for (long c = 0; c < d; ++c) {
