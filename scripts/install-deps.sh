@@ -3,8 +3,8 @@
 # (openssh-client: Open MPI's mpirun refuses to start, even on one machine, without an rsh agent;
 # chromium: the report test renders `lockstep report`'s page headless, and scripts/demo.sh its
 # screenshot; pocl-opencl-icd, ocl-icd-opencl-dev, opencl-headers, clinfo: the OpenCL device
-# backend, tested on the CPU through PoCL; clang-15, libclc-15: the static check of the PTX a GPU
-# compiler makes of the device sources, scripts/ptx-check.sh; iproute2, procps: the two-host test,
+# backend, tested on the CPU through PoCL; clang-15, libclc-15: the PTX of the device programs for
+# the CUDA runtime, made at build time (scripts/ptx-build.sh) and checked by scripts/ptx-check.sh; iproute2, procps: the two-host test,
 # tests/e2e/two_hosts.sh, makes network namespaces and watches its ranks; clang-format: the check
 # that changed lines follow .clang-format, scripts/format-check.sh.)
 set -euo pipefail

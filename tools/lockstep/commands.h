@@ -33,8 +33,8 @@ void AddKitCommands(CLI::App& app, int* exit_code);
 // cmd_dispute.cc: trace, dispute steps|ops|reveal, referee, keygen
 void AddDisputeCommands(CLI::App& app, int* exit_code);
 
-// device_executor.cc: --device cpu|opencl[:P:D] into `flag`; the executor it names (null for
-// cpu, after a line on stderr describing the device) and its name, e.g. "opencl:0:0".
+// device_option.cc: --device cpu|opencl[:P:D]|cuda[:N] into `flag`; the device it names as the
+// executor (null for cpu; device::OpenForRun) and its name, e.g. "opencl:0:0" or "cuda:0".
 void AddDeviceOption(CLI::App* cmd, std::string* flag);
 std::unique_ptr<OpExecutor> MakeExecutor(const std::string& flag, std::string* name);
 // --recompute-activations (train, replay): Model::Activations::kRecomputed when given.
