@@ -76,6 +76,14 @@ model.md (the model, and `forward` with its input and output), audit.md (`replay
 `verify-handoff`), kits.md, disputes.md (`trace`, `dispute`, `referee`), devices.md
 (`--device`), report.md, tokenizers.md, and the file formats in formats/.
 
+## Numbers
+
+Every numeric option takes a plain decimal number: digits, with no leading zero but 0 itself
+(`010` is refused, never read as octal 8), no `0x` hex, no spaces and no `+`; a `-` only where a
+negative value means something; a fraction and an exponent (`1.5`, `2e-3`) only where the option
+is a FLOAT. Anything else, and a value outside the range the help shows, ends with exit status 2
+naming the option.
+
 ## Exit status
 
 Every command exits with one of these statuses; a command's help says which it uses.

@@ -6,7 +6,9 @@ the cli_doc_is_current test): typed INT / UINT / FLOAT options with CLI11's rang
 NONNEGATIVE checks, and TEXT options whose help says "(an integer from A to B)". Each is given
 values just past its range, far past it (2^64 and beyond, where a parser could wrap) and values
 that are not numbers; every one must end in exit status 2 within seconds, with a message naming
-the option, and never as a crash, a hang or an internal error.
+the option, and never as a crash, a hang or an internal error. Numbers are decimal only: a
+leading zero (which CLI11 reads as octal), hex, a space or a '+' is refused too, even where the
+value it would stand for is in range.
 
     usage: cli_numbers.py LOCKSTEP CLI_MD
 """
@@ -43,15 +45,22 @@ def options(cli_md):
             yield command, name, "int", int(text.group(1)), int(text.group(2))
 
 
+# Forms that are not plain decimal, each standing for a value in range where a lenient parser
+# reads it: octal, hex, spaces, a plus sign, a bare fraction.
+NOT_DECIMAL = ["010", "0x10", "0X1", "0b1", " 5", "5 ", "+5", "1_000", "0o7"]
+NOT_DECIMAL_FLOAT = ["0x10", "0x1p3", " 1", "1 ", "+1", ".5", "5.", "010", "inf", "1e", "1,5"]
+
+
 def bad_values(kind, lo, hi):
     if kind == "float":
-        values = ["abc", "1.5.2", ""]
+        values = ["abc", "1.5.2", ""] + NOT_DECIMAL_FLOAT
         if lo is not None:  # POSITIVE: not above 0
             values += ["0", "-1", "-inf", "nan"]
         return values
     values = ["abc", "1.5", "", "2^3", str(2**64), str(2**65 + 3), str(-(2**64) - 1)]
     values += [str(lo - 1), str(hi + 1)]
-    return [v for v in values if not re.fullmatch(r"-?\d+", v) or not lo <= int(v) <= hi]
+    return [v for v in values if not re.fullmatch(r"-?\d+", v) or not lo <= int(v) <= hi] + \
+        NOT_DECIMAL
 
 
 def main():

@@ -38,6 +38,10 @@ void AddDisputeCommands(CLI::App& app, int* exit_code);
 void AddDeviceOption(CLI::App* cmd, std::string* flag);
 std::unique_ptr<OpExecutor> MakeExecutor(const std::string& flag, std::string* name);
 // --recompute-activations (train, replay): Model::Activations::kRecomputed when given.
+// Every numeric option of `app` and its subcommands (typed INT, UINT or FLOAT) takes decimal
+// digits only: no octal "010", hex "0x10", spaces or '+' (CLI11 would read them); the
+// text-typed integer options (AddUnsignedOption, IntegerIn) hold to the same rule.
+void RequireDecimalNumbers(CLI::App& app);
 void AddRecomputeOption(CLI::App* cmd, Model::Activations* activations);
 
 // options.cc: an unsigned integer option parsed strictly (no sign, no wrapping) within [0, max];

@@ -93,6 +93,7 @@ int Run(int argc, char** argv) {
   AddReplayCommands(app, &exit_code);
   AddKitCommands(app, &exit_code);
   AddDisputeCommands(app, &exit_code);
+  RequireDecimalNumbers(app);
   RequireIeeeFloatingPoint();  // the contract needs IEEE subnormals: before any command runs
   try {
     app.parse(argc, argv);

@@ -14,13 +14,40 @@
 namespace lockstep::cli {
 namespace {
 
-// `text` as a decimal integer from `min` to `max`, or nothing: from_chars takes no sign for an
-// unsigned type, so "-1" is refused, never wrapped, and 2^64 is out of range, never saturated.
+// Whether `text` is a number as lockstep's options take them: decimal digits, with no leading
+// zero but the number 0 itself, no sign but a leading '-' where `negative` allows it, no space,
+// and with `fraction`, an optional fraction and exponent (1.5, 2e-3). CLI11 itself would read
+// "010" as octal 8, "0x10" as 16 and " 5" as 5.
+bool Decimal(std::string_view text, bool negative, bool fraction) {
+  size_t i = 0;
+  const auto digits = [&] {
+    const size_t start = i;
+    while (i < text.size() && text[i] >= '0' && text[i] <= '9') ++i;
+    return i - start;
+  };
+  if (negative && i < text.size() && text[i] == '-') ++i;
+  const size_t first = i;
+  const size_t whole = digits();
+  if (whole == 0 || (whole > 1 && text[first] == '0')) return false;
+  if (fraction && i < text.size() && text[i] == '.') {
+    ++i;
+    if (digits() == 0) return false;
+  }
+  if (fraction && i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    if (i < text.size() && (text[i] == '-' || text[i] == '+')) ++i;
+    if (digits() == 0) return false;
+  }
+  return i == text.size();
+}
+
+// `text` as a decimal integer from `min` to `max`, or nothing: no sign, so "-1" is refused,
+// never wrapped, and 2^64 is out of range, never saturated.
 std::optional<uint64_t> StrictUnsigned(std::string_view text, uint64_t min, uint64_t max) {
   uint64_t v = 0;
+  if (!Decimal(text, /*negative=*/false, /*fraction=*/false)) return std::nullopt;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (text.empty() || error != std::errc() || end != text.data() + text.size() || v < min ||
-      v > max) {
+  if (error != std::errc() || end != text.data() + text.size() || v < min || v > max) {
     return std::nullopt;
   }
   return v;
@@ -84,6 +111,26 @@ const CLI::Validator& PositiveNumber() {
 const CLI::Validator& NonNegativeNumber() {
   static const CLI::Validator validator = NumberAtLeast(false);
   return validator;
+}
+
+void RequireDecimalNumbers(CLI::App& app) {
+  for (CLI::Option* option : app.get_options()) {
+    const std::string type = option->get_type_name();
+    const bool is_unsigned = type.starts_with("UINT"), is_float = type.starts_with("FLOAT");
+    if (!is_unsigned && !is_float && !type.starts_with("INT")) continue;
+    // No name, so the type --help shows (and docs/cli.md) is unchanged.
+    option->check(CLI::Validator(
+        [is_unsigned, is_float](std::string& text) -> std::string {
+          if (Decimal(text, !is_unsigned, is_float)) return std::string();
+          return fmt::format("expected a decimal number{}, not {}",
+                             is_float      ? ""
+                             : is_unsigned ? " (digits only)"
+                                           : " (digits, or - and digits)",
+                             text);
+        },
+        ""));
+  }
+  for (CLI::App* sub : app.get_subcommands({})) RequireDecimalNumbers(*sub);
 }
 
 void AddTestFaultOptions(CLI::App* cmd, train::TestFaults* faults, bool replica) {
