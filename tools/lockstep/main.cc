@@ -64,6 +64,27 @@ void PrintDevices() {
   }
 }
 
+// A first word that names no command (`lockstep NOSUCH`, `lockstep kit NOSUCH`) is refused naming
+// the commands, before CLI11 sees it: with --help after it, CLI11 would print the parent's help
+// and exit 0, so that a script probing for a command would believe it exists.
+void RefuseUnknownCommands(const CLI::App& app, int argc, char** argv) {
+  const CLI::App* parent = &app;
+  std::string path = "lockstep";
+  for (int i = 1; i < argc && argv[i][0] != '-'; ++i) {
+    const std::vector<const CLI::App*> commands = parent->get_subcommands({});
+    if (commands.empty()) return;
+    const auto it = std::ranges::find_if(
+        commands, [&](const CLI::App* c) { return c->get_name() == argv[i]; });
+    if (it == commands.end()) {
+      std::string names;
+      for (const CLI::App* c : commands) names += (names.empty() ? "" : ", ") + c->get_name();
+      Fail("{} has no command '{}': the commands are {}", path, argv[i], names);
+    }
+    parent = *it;
+    path += " " + (*it)->get_name();
+  }
+}
+
 void PrintVersion() {
   fmt::print("lockstep {}\n", build::kVersion);
   fmt::print("git commit: {}\n", build::kGitCommit);
@@ -94,6 +115,7 @@ int Run(int argc, char** argv) {
   AddKitCommands(app, &exit_code);
   AddDisputeCommands(app, &exit_code);
   RequireDecimalNumbers(app);
+  RefuseUnknownCommands(app, argc, argv);
   RequireIeeeFloatingPoint();  // the contract needs IEEE subnormals: before any command runs
   try {
     app.parse(argc, argv);
