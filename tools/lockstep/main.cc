@@ -73,8 +73,8 @@ void RefuseUnknownCommands(const CLI::App& app, int argc, char** argv) {
   for (int i = 1; i < argc && argv[i][0] != '-'; ++i) {
     const std::vector<const CLI::App*> commands = parent->get_subcommands({});
     if (commands.empty()) return;
-    const auto it = std::ranges::find_if(
-        commands, [&](const CLI::App* c) { return c->get_name() == argv[i]; });
+    const auto it =
+        std::ranges::find_if(commands, [&](const CLI::App* c) { return c->get_name() == argv[i]; });
     if (it == commands.end()) {
       std::string names;
       for (const CLI::App* c : commands) names += (names.empty() ? "" : ", ") + c->get_name();
