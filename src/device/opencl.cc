@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 
 #include "device/runtime.h"
@@ -167,6 +168,14 @@ std::vector<cl_platform_id> Platforms() {
   std::vector<cl_platform_id> platforms(count);
   Check(clGetPlatformIDs(count, platforms.data(), nullptr), "clGetPlatformIDs");
   return platforms;
+}
+
+// Where the ICD loader looked when it found no platform, if the environment told it (it reads
+// only that directory's .icd files then).
+std::string NoPlatformBecause() {
+  const char* vendors = std::getenv("OCL_ICD_VENDORS");
+  if (vendors == nullptr) return "";
+  return fmt::format(": OCL_ICD_VENDORS={} names no vendor library that loads", vendors);
 }
 
 std::vector<cl_device_id> Devices(cl_platform_id platform) {
@@ -390,10 +399,10 @@ class OpenClRuntime final : public Runtime {
 std::unique_ptr<Runtime> OpenOpenCl(const DeviceChoice& choice, const Mutation& mutation) {
   const std::vector<cl_platform_id> platforms = Platforms();
   if (platforms.empty()) {
-    Fail(
-        "--device opencl: no OpenCL platform is installed (Debian: pocl-opencl-icd for the CPU, "
-        "or the GPU vendor's ICD; on an NVIDIA machine without one, --device cuda); `lockstep "
-        "--version` lists the devices");
+    Fail("--device opencl: no OpenCL platform is installed{} (Debian: pocl-opencl-icd for the "
+         "CPU, or the GPU vendor's ICD; on an NVIDIA machine without one, --device cuda); "
+         "`lockstep --version` lists the devices",
+         NoPlatformBecause());
   }
   if (choice.platform >= static_cast<int>(platforms.size())) {
     Fail("--device opencl:{}:{}: there are {} OpenCL platforms (`lockstep --version` lists them)",

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include "lockstep/build_info.h"
@@ -31,7 +32,14 @@ void PrintDevices() {
     std::vector<device::DeviceInfo> devices;
     try {
       devices = device::ListDevices();
-      if (devices.empty()) fmt::print("OpenCL devices: none (no OpenCL platform installed)\n");
+      if (devices.empty()) {
+        const char* vendors = std::getenv("OCL_ICD_VENDORS");
+        fmt::print("OpenCL devices: none (no OpenCL platform installed{})\n",
+                   vendors == nullptr ? ""
+                                      : fmt::format("; OCL_ICD_VENDORS={} names no vendor "
+                                                    "library that loads",
+                                                    vendors));
+      }
     } catch (const Error& e) {
       fmt::print("OpenCL devices: the driver failed to list them: {}\n", e.what());
     }
