@@ -399,10 +399,11 @@ class OpenClRuntime final : public Runtime {
 std::unique_ptr<Runtime> OpenOpenCl(const DeviceChoice& choice, const Mutation& mutation) {
   const std::vector<cl_platform_id> platforms = Platforms();
   if (platforms.empty()) {
-    Fail("--device opencl: no OpenCL platform is installed{} (Debian: pocl-opencl-icd for the "
-         "CPU, or the GPU vendor's ICD; on an NVIDIA machine without one, --device cuda); "
-         "`lockstep --version` lists the devices",
-         NoPlatformBecause());
+    Fail(
+        "--device opencl: no OpenCL platform is installed{} (Debian: pocl-opencl-icd for the "
+        "CPU, or the GPU vendor's ICD; on an NVIDIA machine without one, --device cuda); "
+        "`lockstep --version` lists the devices",
+        NoPlatformBecause());
   }
   if (choice.platform >= static_cast<int>(platforms.size())) {
     Fail("--device opencl:{}:{}: there are {} OpenCL platforms (`lockstep --version` lists them)",
