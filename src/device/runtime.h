@@ -74,7 +74,7 @@ class Runtime {
   virtual void Finish() = 0;
 };
 
-// The runtimes (null choice fields are never passed): each refuses, naming the device and what
+// The runtimes, opened on device `choice`: each refuses, naming the device and what
 // is missing, a device that does not meet the contract.
 std::unique_ptr<Runtime> OpenOpenCl(const DeviceChoice& choice, const Mutation& mutation);
 std::unique_ptr<Runtime> OpenCuda(const DeviceChoice& choice);
