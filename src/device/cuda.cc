@@ -11,7 +11,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
+#include <type_traits>
+#include <vector>
 
 #include "device/ptx.h"
 #include "device/runtime.h"
