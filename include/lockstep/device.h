@@ -174,6 +174,10 @@ std::span<const std::string_view> ForbiddenBuildOptions();
 // The OpenCL C sources, by file name.
 std::span<const KernelSource> KernelSources();
 
+// When no OpenCL platform is found under OCL_ICD_VENDORS (the ICD loader then reads only that
+// directory's .icd files): ": OCL_ICD_VENDORS=DIR names no vendor library that loads"; else "".
+std::string NoOpenClPlatformBecause();
+
 // The name CL/cl.h (OpenCL 3.0) gives an error code ("CL_OUT_OF_RESOURCES"), or the number where
 // it names none. Every error of a driver call carries it.
 std::string OpenClErrorName(int code);

@@ -149,7 +149,13 @@ void Check(const Driver& d, CUresult status, std::string_view what) {
   if (status != CUDA_SUCCESS) Fail("CUDA: {} failed: {}", what, ErrorName(d, status));
 }
 
-DeviceInfo Describe(const Driver& d, int ordinal) {
+// A device as the driver describes it, and its compute capability as major * 10 + minor.
+struct CudaDevice {
+  DeviceInfo info;
+  int capability = 0;
+};
+
+CudaDevice Describe(const Driver& d, int ordinal) {
   CUdevice device = 0;
   Check(d, d.cuDeviceGet(&device, ordinal), "cuDeviceGet");
   const auto attribute = [&](int which) {
@@ -166,6 +172,7 @@ DeviceInfo Describe(const Driver& d, int ordinal) {
   const int major = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
   const int minor = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
   info.version = fmt::format("compute capability {}.{}", major, minor);
+  const int capability = major * 10 + minor;
   int driver = 0;
   Check(d, d.cuDriverGetVersion(&driver), "cuDriverGetVersion");
   info.driver = fmt::format("CUDA {}.{}", driver / 1000, driver % 1000 / 10);
@@ -183,7 +190,7 @@ DeviceInfo Describe(const Driver& d, int ordinal) {
   // older GPU than the PTX's target is refused by OpenCuda.
   info.denorm = info.fma = info.correctly_rounded_divide_sqrt = true;
   info.fp64 = true;
-  return info;
+  return {info, capability};
 }
 
 class CudaRuntime final : public Runtime {
@@ -361,7 +368,7 @@ CudaDevices ListCudaDevices() {
   const Driver& d = loaded.driver;
   int count = 0;
   Check(d, d.cuDeviceGetCount(&count), "cuDeviceGetCount");
-  for (int i = 0; i < count; ++i) list.devices.push_back(Describe(d, i));
+  for (int i = 0; i < count; ++i) list.devices.push_back(Describe(d, i).info);
   if (count == 0) list.none_because = "the NVIDIA driver finds no CUDA device";
   return list;
 }
@@ -385,21 +392,14 @@ std::unique_ptr<Runtime> OpenCuda(const DeviceChoice& choice) {
   if (choice.device >= count) {
     Fail("--device {}: there are {} CUDA devices (`lockstep --version` lists them)", flag, count);
   }
-  DeviceInfo info = Describe(d, choice.device);
-  int major = 0, minor = 0;
-  CUdevice device = 0;
-  Check(d, d.cuDeviceGet(&device, choice.device), "cuDeviceGet");
-  Check(d, d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device),
-        "cuDeviceGetAttribute");
-  Check(d, d.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device),
-        "cuDeviceGetAttribute");
-  if (major * 10 + minor < kMinimumComputeCapability) {
+  CudaDevice device = Describe(d, choice.device);
+  if (device.capability < kMinimumComputeCapability) {
     Fail(
         "--device {}: device '{}' has {}; lockstep's PTX targets sm_80 (compute capability 8.0) "
         "or newer",
-        flag, info.name, info.version);
+        flag, device.info.name, device.info.version);
   }
-  return std::make_unique<CudaRuntime>(d, std::move(info));
+  return std::make_unique<CudaRuntime>(d, std::move(device.info));
 }
 
 }  // namespace lockstep::device

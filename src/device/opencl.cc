@@ -17,6 +17,12 @@
 
 namespace lockstep::device {
 
+std::string NoOpenClPlatformBecause() {
+  const char* vendors = std::getenv("OCL_ICD_VENDORS");
+  if (vendors == nullptr) return "";
+  return fmt::format(": OCL_ICD_VENDORS={} names no vendor library that loads", vendors);
+}
+
 std::string OpenClErrorName(int code) {
   static constexpr std::pair<int, std::string_view> kNames[] = {
       {0, "CL_SUCCESS"},
@@ -168,14 +174,6 @@ std::vector<cl_platform_id> Platforms() {
   std::vector<cl_platform_id> platforms(count);
   Check(clGetPlatformIDs(count, platforms.data(), nullptr), "clGetPlatformIDs");
   return platforms;
-}
-
-// Where the ICD loader looked when it found no platform, if the environment told it (it reads
-// only that directory's .icd files then).
-std::string NoPlatformBecause() {
-  const char* vendors = std::getenv("OCL_ICD_VENDORS");
-  if (vendors == nullptr) return "";
-  return fmt::format(": OCL_ICD_VENDORS={} names no vendor library that loads", vendors);
 }
 
 std::vector<cl_device_id> Devices(cl_platform_id platform) {
@@ -403,7 +401,7 @@ std::unique_ptr<Runtime> OpenOpenCl(const DeviceChoice& choice, const Mutation& 
         "--device opencl: no OpenCL platform is installed{} (Debian: pocl-opencl-icd for the "
         "CPU, or the GPU vendor's ICD; on an NVIDIA machine without one, --device cuda); "
         "`lockstep --version` lists the devices",
-        NoPlatformBecause());
+        NoOpenClPlatformBecause());
   }
   if (choice.platform >= static_cast<int>(platforms.size())) {
     Fail("--device opencl:{}:{}: there are {} OpenCL platforms (`lockstep --version` lists them)",

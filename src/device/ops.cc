@@ -197,10 +197,6 @@ class RuntimeDevice final : public Device {
     main_ = runtime_->Program(MainProgram());
     if (info_.fp64) norm_ = runtime_->Program(NormProgram());
   }
-  ~RuntimeDevice() override {
-    copies_.clear();  // the buffers before the runtime that made them
-    rope_tables_.clear();
-  }
 
   bool Implements(rk::Op op) const override {
     switch (op) {
@@ -292,8 +288,8 @@ class RuntimeDevice final : public Device {
 
   std::vector<std::pair<std::string, std::string>> ProgramBinaries() override {
     std::vector<std::pair<std::string, std::string>> binaries;
-    binaries.emplace_back("main", runtime_->ProgramBinary(main_));
-    if (norm_ != 0) binaries.emplace_back("norm", runtime_->ProgramBinary(norm_));
+    binaries.emplace_back(MainProgram().name, runtime_->ProgramBinary(main_));
+    if (norm_ != 0) binaries.emplace_back(NormProgram().name, runtime_->ProgramBinary(norm_));
     const ProgramSpec gemm = GemmProgram(tiling_);
     binaries.emplace_back(gemm.name, runtime_->ProgramBinary(runtime_->Program(gemm)));
     return binaries;
@@ -359,9 +355,11 @@ class RuntimeDevice final : public Device {
       return fmt::format("its work-group of {} items exceeds the device's {}", items,
                          info_.max_work_group);
     }
+    // The slices, in one or two buffers, and gemm.cl's copy of `cols` (a long).
     const auto local =
         static_cast<uint64_t>((1 + t.double_buffer) * t.k_tile * (t.tile_m + t.tile_n)) *
-        sizeof(float);
+            sizeof(float) +
+        sizeof(int64_t);
     if (local > info_.local_memory) {
       return fmt::format("its {} bytes of local memory exceed the device's {}", local,
                          info_.local_memory);
@@ -496,7 +494,7 @@ class RuntimeDevice final : public Device {
   void Gemm(const Buffer& a, int64_t a_i, int64_t a_r, const Buffer& b, int64_t b_r, int64_t b_j,
             const Buffer& c, int64_t rows, int64_t cols, int64_t reduced, bool accumulate);
 
-  std::unique_ptr<Runtime> runtime_;
+  std::unique_ptr<Runtime> runtime_;  // first: destroyed after every buffer it made
   Runtime::Handle main_ = 0;
   Runtime::Handle norm_ = 0;  // norm.cl, on a device with fp64
   std::map<std::tuple<int64_t, int64_t, uint32_t>, std::pair<Buffer, Buffer>> rope_tables_;

@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 
 #include "lockstep/build_info.h"
@@ -33,12 +32,8 @@ void PrintDevices() {
     try {
       devices = device::ListDevices();
       if (devices.empty()) {
-        const char* vendors = std::getenv("OCL_ICD_VENDORS");
         fmt::print("OpenCL devices: none (no OpenCL platform installed{})\n",
-                   vendors == nullptr ? ""
-                                      : fmt::format("; OCL_ICD_VENDORS={} names no vendor "
-                                                    "library that loads",
-                                                    vendors));
+                   device::NoOpenClPlatformBecause());
       }
     } catch (const Error& e) {
       fmt::print("OpenCL devices: the driver failed to list them: {}\n", e.what());
