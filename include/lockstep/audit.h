@@ -13,19 +13,14 @@
 #include <utility>
 #include <vector>
 
+#include "lockstep/infer.h"
 #include "lockstep/model.h"
 #include "lockstep/state.h"
 #include "lockstep/train.h"
 
 namespace lockstep::audit {
 
-// ---- checkpoints -----------------------------------------------------------------------------
-// The run config a run descriptor was made from (its "name", "model" and "train" keys; JSON is
-// YAML). `source` names the descriptor in errors.
-RunConfig ConfigOfDescriptor(std::string_view descriptor, const std::string& source);
-// The run config a checkpoint was trained with.
-RunConfig ConfigOfCheckpoint(const Checkpoint& checkpoint);
-RunConfig ConfigOfCheckpoint(const CheckpointIndex& checkpoint);
+using infer::ConfigOfCheckpoint;
 
 // ---- memory ------------------------------------------------------------------------------------
 // The estimated peak resident set of a replay: what is resident when planning (program,

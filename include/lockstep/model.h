@@ -72,6 +72,10 @@ RunConfig LoadRunConfig(const std::string& name_or_path);
 // The same from YAML text; `source` names it in errors.
 RunConfig ParseRunConfig(std::string_view yaml, const std::string& source);
 std::vector<std::string> EmbeddedConfigNames();
+// The run config a run descriptor (DescriptorJson) was made from: its "name", "model" and
+// "train" keys, checked as ParseRunConfig checks a file (JSON is YAML). `source` names the
+// descriptor in errors.
+RunConfig ConfigOfDescriptor(std::string_view descriptor, const std::string& source);
 
 // The canonical run descriptor: compact JSON with sorted keys holding the resolved config
 // ("name", "model", "train"), "contract_version" and "format_versions".

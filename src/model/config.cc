@@ -14,6 +14,7 @@
 #include "lockstep/build_info.h"
 #include "lockstep/core.h"
 #include "lockstep/embedded_configs.h"
+#include "lockstep/json.h"
 #include "lockstep/model.h"
 
 namespace lockstep {
@@ -347,6 +348,17 @@ int64_t LayerWindow(const ModelConfig& config, int64_t layer) {
   const bool full = config.window == 0 || (layer + 1) % config.full_attention_every == 0 ||
                     layer == config.n_layers - 1;
   return full ? 0 : config.window;
+}
+
+RunConfig ConfigOfDescriptor(std::string_view descriptor, const std::string& source) {
+  const nlohmann::json parsed = ParseJsonStrict(descriptor, source + " (the run descriptor)");
+  if (!parsed.is_object()) Fail("{}: the run descriptor is not a JSON object", source);
+  nlohmann::json config;
+  for (const char* key : {"name", "model", "train"}) {
+    if (!parsed.contains(key)) Fail("{}: the run descriptor has no \"{}\"", source, key);
+    config[key] = parsed[key];
+  }
+  return ParseRunConfig(config.dump(), source);
 }
 
 }  // namespace lockstep

@@ -1,13 +1,12 @@
 // `lockstep forward`: logits and per-position loss of a token sequence under a checkpoint, for
 // cross-checking the model against another framework.
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstring>
 #include <memory>
 
-#include "lockstep/audit.h"
+#include "lockstep/infer.h"
 #include "lockstep/model.h"
 #include "lockstep/state.h"
 #include "tools/lockstep/commands.h"
@@ -24,8 +23,9 @@ int RunForward(const ForwardOptions& o) {
   SetThreads(o.threads);
   // Streamed: only the parameters are kept (RAM ~ the model's weights, not its moments), and
   // nothing is used before every file's digest and the state hash have been checked.
-  const CheckpointIndex ckpt = OpenCheckpoint(o.checkpoint);
-  const RunConfig config = audit::ConfigOfCheckpoint(ckpt);
+  const infer::VerifiedModel loaded = infer::LoadVerified(o.checkpoint);
+  const RunConfig& config = loaded.config;
+  const ParamStore& params = loaded.params;
   const std::vector<uint8_t> bytes = ReadFileBytes(o.tokens);
   if (bytes.size() % 4 != 0 || bytes.size() < 8) {
     Fail("{}: {} bytes; expected little-endian uint32 token ids, at least 2 (input + target)",
@@ -44,29 +44,6 @@ int RunForward(const ForwardOptions& o) {
            tokens[i], config.model.vocab);
     }
   }
-  // The tensors must be those the recorded config makes, in its order: a descriptor that does
-  // not match them names the checkpoint, not a model of another shape.
-  const std::vector<ParamSpec> specs = ParameterSpecs(config.model);
-  if (ckpt.tensors.size() != specs.size()) {
-    Fail("{}: holds {} tensors; its descriptor's model has {}", o.checkpoint.string(),
-         ckpt.tensors.size(), specs.size());
-  }
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const TensorShape& t = ckpt.tensors[i];
-    if (t.name != specs[i].name || t.shape != specs[i].shape) {
-      Fail("{}: tensor {} is '{}' [{}]; its descriptor's model has '{}' [{}]",
-           o.checkpoint.string(), i, t.name, fmt::join(t.shape, ", "), specs[i].name,
-           fmt::join(specs[i].shape, ", "));
-    }
-  }
-  ParamStore params(specs);
-  VerifyStreamedHash(ckpt,
-                     StreamCheckpoint(ckpt, kCheckpointPieceFloats,
-                                      [&](size_t i, StateArray a, int64_t begin,
-                                          std::span<const float> piece, std::span<const Digest>) {
-                                        if (a != StateArray::kParam) return;
-                                        std::ranges::copy(piece, params.Tensor(i).begin() + begin);
-                                      }));
   Model model(config.model, config.train.vocab_chunk, 1, seq);
   model.Forward(params, tokens);
   std::vector<float> logits(static_cast<size_t>(seq * config.model.vocab));
@@ -78,7 +55,7 @@ int RunForward(const ForwardOptions& o) {
   };
   WriteSafetensors(o.out, out,
                    {{"checkpoint", o.checkpoint.string()},
-                    {"state_hash", ToHex(ckpt.state_hash)},
+                    {"state_hash", ToHex(loaded.state_hash)},
                     {"note", "positions t = 0..seq-1 predict tokens[t+1] from tokens[0..t]"}});
   fmt::print("wrote {} ({} positions, vocab {})\n", o.out.string(), seq, config.model.vocab);
   return 0;
