@@ -97,9 +97,12 @@ struct RopeTable {
   std::vector<float> cos, sin;
 };
 RopeTable MakeRopeTable(int64_t seq, int64_t head_dim, float theta);
-// x[batch, seq, heads, head_dim] rotated at position t (its index in seq). y may alias x.
+// x[batch, seq, heads, head_dim]: row t of a sequence rotated at position first_position + t (t
+// its index in seq; first_position > 0 continues a sequence, as decoding with a KV cache does:
+// the table needs first_position + seq rows). y may alias x.
 void RopeForward(std::span<const float> x, std::span<float> y, const RopeTable& table,
-                 int64_t batch, int64_t seq, int64_t heads, int64_t head_dim);
+                 int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                 int64_t first_position = 0);
 void RopeBackward(std::span<const float> dy, std::span<float> dx, const RopeTable& table,
                   int64_t batch, int64_t seq, int64_t heads, int64_t head_dim);
 
@@ -108,12 +111,18 @@ struct AttentionShape {
   int64_t batch = 1, seq = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
   int64_t window = 0;  // 0: full causal; W > 0: query t sees keys t-W+1 .. t
   float scale = 0;     // score = scale * q·k (usually 1/sqrt(head_dim))
+  // Keys before the queries (the forward only): the T queries are positions past .. past+T-1 of
+  // sequences whose keys and values, k/v[B, past+T, Hkv, D], hold every position from 0 -- a KV
+  // cache. A query's result depends only on its position, its vector and the keys it sees, so it
+  // is the same whatever `past` and T are (docs/numerics.md, "Causal attention").
+  int64_t past = 0;
 };
-// q[B,T,Hq,D], k/v[B,T,Hkv,D] -> out[B,T,Hq,D], lse[B,Hq,T] (log-sum-exp of scaled scores).
+inline constexpr int64_t kAttentionMaxPast = int64_t{1} << 40;
+// q[B,T,Hq,D], k/v[B,past+T,Hkv,D] -> out[B,T,Hq,D], lse[B,Hq,T] (log-sum-exp of scaled scores).
 void AttentionForward(const AttentionShape& s, std::span<const float> q,
                       std::span<const float> k, std::span<const float> v, std::span<float> out,
                       std::span<float> lse);
-// Gradients dq[B,T,Hq,D], dk/dv[B,T,Hkv,D] (overwritten).
+// Gradients dq[B,T,Hq,D], dk/dv[B,T,Hkv,D] (overwritten); s.past must be 0.
 void AttentionBackward(const AttentionShape& s, std::span<const float> q,
                        std::span<const float> k, std::span<const float> v,
                        std::span<const float> out, std::span<const float> lse,
@@ -301,6 +310,10 @@ struct OpValues {
 
   double Arg(std::string_view name) const;
   int64_t Int(std::string_view name) const;  // fails unless an integer in int64's range
+  // An optional argument: `absent` when the call has none.
+  int64_t IntOr(std::string_view name, int64_t absent) const {
+    return args.contains(name) ? Int(name) : absent;
+  }
   float Float(std::string_view name) const { return static_cast<float>(Arg(name)); }
   const std::vector<float>& F(std::string_view role) const;
   const std::vector<uint32_t>& U(std::string_view role) const;

@@ -280,8 +280,9 @@ void ObservedOp(const OpHooks& hooks, rk::Op op, int64_t layer,
   ObservedOp(hooks, op, layer, std::span<const OpArg>(args.begin(), args.size()), inputs,
              outputs, std::forward<Kernel>(kernel));
 }
-// The recorded arguments of the attention and cross-entropy ops (docs/disputes.md).
-std::array<OpArg, 7> AttentionArgs(const rk::AttentionShape& s);
+// The recorded arguments of the attention and cross-entropy ops (docs/disputes.md); "past" only
+// where it is not 0.
+std::vector<OpArg> AttentionArgs(const rk::AttentionShape& s);
 std::array<OpArg, 6> CrossEntropyArgs(const rk::CrossEntropyShape& s, float grad_scale);
 
 struct LossSums {

@@ -142,6 +142,7 @@ class Binding {
   Binding& operator=(const Binding&) = delete;
 
   int64_t Int(std::string_view name) const { return args_->Int(name); }
+  int64_t IntOr(std::string_view name, int64_t absent) const { return args_->IntOr(name, absent); }
   float Float(std::string_view name) const { return args_->Float(name); }
   bool Has(std::string_view role) const { return FindIn(role) != nullptr; }
   // Elements of f32 input `role` (failing when the call has none).
@@ -750,14 +751,17 @@ void RuntimeDevice::RunBound(rk::Op op, Binding& io) {
     case rk::Op::kAttentionBwd: {
       const int64_t batch = positive("batch"), seq = positive("seq"), q_heads = positive("q_heads"),
                     kv_heads = positive("kv_heads"), d = positive("head_dim"),
-                    window = io.Int("window");
+                    window = io.Int("window"), past = io.IntOr("past", 0);
       const float scale = io.Float("scale");
       if (q_heads % kv_heads != 0) {
         Fail("{}: q_heads = {} is not a multiple of kv_heads = {}", name, q_heads, kv_heads);
       }
       if (window < 0) Fail("{}: window = {} (must be >= 0)", name, window);
+      if (past < 0 || (past > 0 && op != rk::Op::kAttentionFwd) || past > rk::kAttentionMaxPast) {
+        Fail("{}: past = {} (the forward's keys before the queries: 0 .. 2^40)", name, past);
+      }
       if (!(scale > 0) || !std::isfinite(scale)) Fail("{}: scale = {} (must be > 0)", name, scale);
-      const int64_t nq = batch * seq * q_heads * d, nkv = batch * seq * kv_heads * d;
+      const int64_t nq = batch * seq * q_heads * d, nkv = batch * (past + seq) * kv_heads * d;
       const int64_t rows = batch * q_heads * seq;
       CheckElements(name, "q", io.Size("q"), nq);
       CheckElements(name, "k", io.Size("k"), nkv);
@@ -765,7 +769,7 @@ void RuntimeDevice::RunBound(rk::Op op, Binding& io) {
       const Buffer &q = io.In("q"), &k = io.In("k"), &v = io.In("v");
       if (op == rk::Op::kAttentionFwd) {
         Launch(main_, "attention_fwd", rows, q, k, v, io.Out("out", nq), io.Out("lse", rows), batch,
-               seq, q_heads, kv_heads, d, window, scale);
+               seq, q_heads, kv_heads, d, window, scale, past);
         break;
       }
       CheckElements(name, "out", io.Size("out"), nq);
@@ -862,13 +866,17 @@ void RuntimeDevice::RunBound(rk::Op op, Binding& io) {
       const bool inverse = op == rk::Op::kRopeBwd;
       const std::string_view x_role = inverse ? "dy" : "x", y_role = inverse ? "dx" : "y";
       const int64_t batch = positive("batch"), seq = positive("seq"), heads = positive("heads"),
-                    head_dim = positive("head_dim"), table_seq = positive("table_seq");
-      if (seq > table_seq) Fail("{}: seq = {} exceeds table_seq = {}", name, seq, table_seq);
+                    head_dim = positive("head_dim"), table_seq = positive("table_seq"),
+                    first = io.IntOr("position", 0);
+      if (first < 0 || first > table_seq - seq) {
+        Fail("{}: positions {} .. {} are outside the table's 0 .. {}", name, first,
+             first + seq - 1, table_seq - 1);
+      }
       const int64_t n = batch * seq * heads * head_dim;
       CheckElements(name, x_role, io.Size(x_role), n);
       const auto& [cos, sin] = RopeTables(table_seq, head_dim, io.Float("theta"));
       Launch(main_, "rope", n / 2, io.In(x_role), io.Out(y_role, n), cos, sin, seq, heads,
-             head_dim / 2, n / 2, inverse ? 1 : 0);
+             head_dim / 2, n / 2, inverse ? 1 : 0, first);
       break;
     }
     case rk::Op::kEmbeddingFwd:

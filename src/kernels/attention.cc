@@ -10,7 +10,7 @@ struct AttentionSizes {
 };
 
 constexpr char kQShape[] = "batch*seq*q_heads*head_dim";
-constexpr char kKvShape[] = "batch*seq*kv_heads*head_dim";
+constexpr char kKvShape[] = "batch*(past+seq)*kv_heads*head_dim";
 constexpr char kLseShape[] = "batch*q_heads*seq";
 
 AttentionSizes CheckShape(const char* op, const AttentionShape& s) {
@@ -20,13 +20,15 @@ AttentionSizes CheckShape(const char* op, const AttentionShape& s) {
   detail::CheckPositive(op, "kv_heads", s.kv_heads);
   detail::CheckPositive(op, "head_dim", s.head_dim);
   detail::CheckNonNegative(op, "window", s.window);
+  detail::CheckNonNegative(op, "past", s.past);
+  if (s.past > kAttentionMaxPast) Fail("{}: past = {} (at most 2^40)", op, s.past);
   if (s.q_heads % s.kv_heads != 0) {
     Fail("{}: q_heads = {} is not a multiple of kv_heads = {}", op, s.q_heads, s.kv_heads);
   }
   detail::CheckFinite(op, "scale", s.scale);
   if (!(s.scale > 0)) Fail("{}: scale = {} (must be > 0)", op, s.scale);
   return {detail::Elements(op, kQShape, {s.batch, s.seq, s.q_heads, s.head_dim}),
-          detail::Elements(op, kKvShape, {s.batch, s.seq, s.kv_heads, s.head_dim}),
+          detail::Elements(op, kKvShape, {s.batch, s.past + s.seq, s.kv_heads, s.head_dim}),
           detail::Elements(op, kLseShape, {s.batch, s.q_heads, s.seq})};
 }
 
@@ -61,6 +63,7 @@ void AttentionBackward(const AttentionShape& s, std::span<const float> q, std::s
                        std::span<float> dk, std::span<float> dv) {
   constexpr char op[] = "AttentionBackward";
   const AttentionSizes n = CheckShape(op, s);
+  if (s.past != 0) Fail("{}: past = {} (the backward is of a whole sequence: past must be 0)", op, s.past);
   detail::CheckSize(op, "q", q, n.q, kQShape);
   detail::CheckSize(op, "k", k, n.kv, kKvShape);
   detail::CheckSize(op, "v", v, n.kv, kKvShape);

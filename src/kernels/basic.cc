@@ -126,32 +126,38 @@ RopeTable MakeRopeTable(int64_t seq, int64_t head_dim, float theta) {
 
 namespace {
 void RunRope(const char* op, std::span<const float> x, std::span<float> y, const RopeTable& table,
-             int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, bool inverse) {
+             int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t first_position,
+             bool inverse) {
   CheckPositive(op, "batch", batch);
   CheckPositive(op, "seq", seq);
   CheckPositive(op, "heads", heads);
   CheckPositive(op, "head_dim", head_dim);
-  if (head_dim != 2 * table.half || seq > table.seq) {
-    Fail("{}: table is for seq <= {} and head_dim {}, called with seq {} and head_dim {}", op,
-         table.seq, 2 * table.half, seq, head_dim);
+  CheckNonNegative(op, "first_position", first_position);
+  if (head_dim != 2 * table.half || first_position > table.seq - seq) {
+    Fail(
+        "{}: table is for positions < {} and head_dim {}, called for positions {} .. {} and "
+        "head_dim {}",
+        op, table.seq, 2 * table.half, first_position, first_position + seq - 1, head_dim);
   }
   const int64_t n = Elements(op, "batch*seq*heads*head_dim", {batch, seq, heads, head_dim});
   CheckSize(op, inverse ? "dy" : "x", x, n, "batch*seq*heads*head_dim");
   CheckSize(op, inverse ? "dx" : "y", y, n, "batch*seq*heads*head_dim");
   CheckDisjoint(op, inverse ? "dx" : "y", y, inverse ? "dy" : "x", x, /*allow_identical=*/true);
-  LOCKSTEP_RK_RUN(Rope, x.data(), y.data(), table.cos.data(), table.sin.data(), batch, seq, heads,
-                  head_dim, inverse);
+  const int64_t first = first_position * table.half;
+  LOCKSTEP_RK_RUN(Rope, x.data(), y.data(), table.cos.data() + first, table.sin.data() + first,
+                  batch, seq, heads, head_dim, inverse);
 }
 }  // namespace
 
 void RopeForward(std::span<const float> x, std::span<float> y, const RopeTable& table,
-                 int64_t batch, int64_t seq, int64_t heads, int64_t head_dim) {
-  RunRope("RopeForward", x, y, table, batch, seq, heads, head_dim, false);
+                 int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                 int64_t first_position) {
+  RunRope("RopeForward", x, y, table, batch, seq, heads, head_dim, first_position, false);
 }
 
 void RopeBackward(std::span<const float> dy, std::span<float> dx, const RopeTable& table,
                   int64_t batch, int64_t seq, int64_t heads, int64_t head_dim) {
-  RunRope("RopeBackward", dy, dx, table, batch, seq, heads, head_dim, true);
+  RunRope("RopeBackward", dy, dx, table, batch, seq, heads, head_dim, 0, true);
 }
 
 }  // namespace lockstep::rk

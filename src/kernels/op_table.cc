@@ -29,8 +29,8 @@ Floats Zeros(const OpValues& in, std::initializer_list<int64_t> factors) {
 }
 
 AttentionShape AttentionOf(const OpValues& v) {
-  return {v.Int("batch"),    v.Int("seq"),    v.Int("q_heads"), v.Int("kv_heads"),
-          v.Int("head_dim"), v.Int("window"), v.Float("scale")};
+  return {v.Int("batch"),    v.Int("seq"),    v.Int("q_heads"),       v.Int("kv_heads"),
+          v.Int("head_dim"), v.Int("window"), v.Float("scale"), v.IntOr("past", 0)};
 }
 CrossEntropyShape CrossEntropyOf(const OpValues& v) {
   return {v.Int("rows"), v.Int("d"), v.Int("vocab"), v.Int("vocab_chunk"), v.Float("z_loss")};
@@ -90,7 +90,7 @@ void RunGemmDytX(const OpValues& in, OpValues& out) {
 void RunRopeFwd(const OpValues& in, OpValues& out) {
   Floats& y = out.f32["y"] = Zeros(in, {static_cast<int64_t>(in.F("x").size())});
   RopeForward(in.F("x"), y, RopeOf(in), in.Int("batch"), in.Int("seq"), in.Int("heads"),
-              in.Int("head_dim"));
+              in.Int("head_dim"), in.IntOr("position", 0));
 }
 void RunRopeBwd(const OpValues& in, OpValues& out) {
   Floats& dx = out.f32["dx"] = Zeros(in, {static_cast<int64_t>(in.F("dy").size())});
@@ -351,9 +351,9 @@ const std::vector<OpSpec>& Table() {
          {{"x"}, {"gain", kF32, kOptional}}, {{"y"}, {"rstd"}}, RunRmsNormFwd, SampleRmsNormFwd},
         {Op::kGemmXWt, "gemm_xwt", "GemmXWt", gemm, {}, {{"x"}, {"w"}, {"y", kF32, kOptional}},
          {{"y"}}, RunGemmXWt, SampleGemmXWt},
-        {Op::kRopeFwd, "rope_fwd", "RopeForward", rope, {}, {{"x"}}, {{"y"}}, RunRopeFwd,
+        {Op::kRopeFwd, "rope_fwd", "RopeForward", rope, {"position"}, {{"x"}}, {{"y"}}, RunRopeFwd,
          SampleRopeFwd},
-        {Op::kAttentionFwd, "attention_fwd", "AttentionForward", attention, {},
+        {Op::kAttentionFwd, "attention_fwd", "AttentionForward", attention, {"past"},
          {{"q"}, {"k"}, {"v"}}, {{"out"}, {"lse"}}, RunAttentionFwd, SampleAttentionFwd},
         {Op::kAddInto, "add_into", "AddInto", {"n"}, {"tensor"}, {{"x"}, {"y"}}, {{"y"}},
          RunAddInto, SampleAddInto},

@@ -263,7 +263,7 @@ TEST_F(DeviceTest, TheRowOpsGiveTheReferenceBitsAtEveryLengthAroundTheLanes) {
   }
 }
 
-TEST_F(DeviceTest, AttentionAndTheCrossEntropyGiveTheReferenceBitsAcrossShapes) {
+TEST_F(DeviceTest, AttentionRopeAndTheCrossEntropyGiveTheReferenceBitsAcrossShapes) {
   for (const auto& [q_heads, kv_heads, window] :
        {std::tuple{4, 4, 0}, {4, 2, 5}, {4, 1, 70}, {2, 1, 200}}) {
     const int64_t batch = 2, seq = 130, d = 11;
@@ -290,6 +290,27 @@ TEST_F(DeviceTest, AttentionAndTheCrossEntropyGiveTheReferenceBitsAcrossShapes) 
     dev_->Run(b.op, bwd, grads);
     EXPECT_TRUE(SameBits(b, Reference(b, bwd), grads))
         << q_heads << "/" << kv_heads << " window " << window;
+    // Queries after cached keys (decoding): the last rows of each sequence against every key.
+    for (const int64_t past : {1, 64, 129}) {
+      rk::OpValues cached = fwd;
+      cached.args["seq"] = double(seq - past);
+      cached.args["past"] = double(past);
+      cached.f32["q"] = rk::SelftestFloats(batch * (seq - past) * q_heads * d, 54, false);
+      const rk::OpValues want_cached = Reference(f, cached);
+      rk::OpValues got_cached;
+      dev_->Run(f.op, cached, got_cached);
+      EXPECT_TRUE(SameBits(f, want_cached, got_cached))
+          << q_heads << "/" << kv_heads << " window " << window << " past " << past;
+    }
+  }
+  for (const int64_t position : {0, 5, 60}) {
+    rk::OpValues rope = rk::Spec(rk::Op::kRopeFwd).sample();
+    rope.args["position"] = double(position);
+    rope.args["table_seq"] = double(rope.Int("seq") + 60);
+    const rk::OpSpec& spec = rk::Spec(rk::Op::kRopeFwd);
+    rk::OpValues got;
+    dev_->Run(spec.op, rope, got);
+    EXPECT_TRUE(SameBits(spec, Reference(spec, rope), got)) << "rope from position " << position;
   }
   for (const float z_loss : {0.0f, 1e-4f}) {
     rk::OpValues ce = rk::Spec(rk::Op::kCrossEntropyBwd).sample();

@@ -98,6 +98,52 @@ TEST(Attention, BitwiseInvariantAcrossVariantsAndThreads) {
   for (const AttentionShape& s : kAwkwardShapes) ExpectInvariant(s, RandomInputs(s, seed += 10));
 }
 
+// A KV cache: the T queries at positions past .. past+T-1, against the keys of every position
+// from 0, give the bits of those rows of the whole sequence's forward (for every split of the
+// sequence, tile boundaries and windows included), on every variant at every thread count.
+TEST(Attention, QueriesAfterCachedKeysGiveTheWholeSequencesRows) {
+  uint64_t seed = 700;
+  for (const AttentionShape& whole :
+       {Shape(2, 130, 4, 2, 16, 0), Shape(1, 200, 3, 1, 8, 70), Shape(2, 70, 2, 2, 5, 7)}) {
+    const Inputs in = RandomInputs(whole, seed += 10);
+    const Forward all = RunForward(whole, in);
+    const int64_t S = whole.seq, Hq = whole.q_heads, D = whole.head_dim;
+    for (const int64_t past : {int64_t{0}, int64_t{1}, int64_t{63}, int64_t{64}, int64_t{65}, S - 1}) {
+      AttentionShape s = whole;
+      s.past = past;
+      s.seq = S - past;
+      // The queries of positions past.. of each sequence; k and v whole.
+      std::vector<float> q, want_out, want_lse;
+      for (int64_t b = 0; b < whole.batch; ++b) {
+        const auto rows = [&](const std::vector<float>& x, std::vector<float>& into) {
+          into.insert(into.end(), x.begin() + (b * S + past) * Hq * D,
+                      x.begin() + (b + 1) * S * Hq * D);
+        };
+        rows(in.q, q);
+        rows(all.out, want_out);
+        for (int64_t h = 0; h < Hq; ++h) {
+          want_lse.insert(want_lse.end(), all.lse.begin() + (b * Hq + h) * S + past,
+                          all.lse.begin() + (b * Hq + h + 1) * S);
+        }
+      }
+      const std::vector<float> want = Concat({&want_out, &want_lse});
+      const auto run = [&] {
+        Forward f{std::vector<float>(q.size()), std::vector<float>(want_lse.size())};
+        rk::AttentionForward(s, q, in.k, in.v, f.out, f.lse);
+        return Concat({&f.out, &f.lse});
+      };
+      EXPECT_EQ(run(), want) << Describe(whole) << " past " << past;
+      test::ExpectBitwiseInvariant("AttentionForward past " + std::to_string(past), run);
+    }
+  }
+  // The backward is of whole sequences only.
+  AttentionShape s = Shape(1, 3, 2, 2, 4, 0);
+  s.past = 1;
+  std::vector<float> q(3 * 2 * 4), kv(4 * 2 * 4), lse(2 * 3), dq(q.size()), dkv(kv.size());
+  ExpectError([&] { rk::AttentionBackward(s, q, kv, kv, q, lse, q, dq, dkv, dkv); },
+              {"past = 1"});
+}
+
 // ---- fp64 model -----------------------------------------------------------------------------
 struct Forward64 {
   std::vector<double> out, lse;

@@ -176,6 +176,29 @@ TEST(Rope, BitwiseInvariantAndInverse) {
   }
 }
 
+// Rows of a sequence rotated from first_position on are the rows of the whole sequence's
+// rotation at those positions (decoding with a KV cache), on every variant and thread count.
+TEST(Rope, RowsFromAFirstPositionAreTheWholeSequencesRows) {
+  const int64_t t = 37, h = 3, hd = 34, row = h * hd;
+  const auto table = rk::MakeRopeTable(t, hd, 10000.0f);
+  const auto x = RandomFloats(t * row, 9);
+  std::vector<float> whole(x.size());
+  rk::RopeForward(x, whole, table, 1, t, h, hd);
+  for (const int64_t first : {int64_t{1}, int64_t{16}, t - 1}) {
+    const std::vector<float> part(x.begin() + first * row, x.end());
+    const std::vector<float> want(whole.begin() + first * row, whole.end());
+    ExpectBitwiseInvariant(fmt::format("Rope from position {}", first), [&] {
+      std::vector<float> y(part.size());
+      rk::RopeForward(part, y, table, 1, t - first, h, hd, first);
+      EXPECT_EQ(y, want) << "from position " << first;
+      return y;
+    });
+  }
+  std::vector<float> y(2 * row);
+  EXPECT_THROW(rk::RopeForward(std::span(x).first(2 * row), y, table, 1, 2, h, hd, t - 1), Error);
+  EXPECT_THROW(rk::RopeForward(std::span(x).first(2 * row), y, table, 1, 2, h, hd, -1), Error);
+}
+
 TEST(Rope, MatchesFp64RotationAndBackwardIsTranspose) {
   const int64_t t = 64, hd = 8, half = hd / 2;
   const float theta = 500000.0f;

@@ -1,7 +1,7 @@
 #pragma OPENCL FP_CONTRACT OFF
 // Causal attention with grouped-query heads and sliding windows (docs/numerics.md, "Causal
-// attention"): q, out, dout, dq [B, T, Hq, D]; k, v, dk, dv [B, T, Hkv, D]; lse, delta
-// [B, Hq, T]; query head h reads kv head h / (Hq / Hkv). Query t sees keys first(t) .. t; key
+// attention"): q, out, dout, dq [B, T, Hq, D]; k, v, dk, dv [B, T, Hkv, D] (the forward's k and v
+// [B, past + T, Hkv, D]); lse, delta [B, Hq, T]; query head h reads kv head h / (Hq / Hkv). Query t sees keys first(t) .. t; key
 // tiles of 64 keys at absolute positions. Each work-item owns one output row and accumulates it
 // in place in global memory, so every sum is one chain in the contract's order whatever the
 // work-group size.
@@ -20,17 +20,18 @@ float attn_dot(__global const float* a, __global const float* b, long d) {
   return acc;
 }
 
-// One work-item per (b, h, t), as index (b * Hq + h) * T + t.
+// One work-item per (b, h, i), as index (b * Hq + h) * T + i: query i is position t = past + i
+// of sequences whose k and v hold S = past + T positions (a KV cache; past is 0 in training).
 __kernel void attention_fwd(__global const float* q, __global const float* k,
                             __global const float* v, __global float* out, __global float* lse,
                             long batch, long seq, long q_heads, long kv_heads, long d,
-                            long window, float scale) {
+                            long window, float scale, long past) {
   const long row = get_global_id(0);
   if (row >= batch * q_heads * seq) return;
-  const long t = row % seq, h = (row / seq) % q_heads, b = row / (seq * q_heads);
-  const long g = h / (q_heads / kv_heads);
-  __global const float* qr = q + ((b * seq + t) * q_heads + h) * d;
-  __global float* acc = out + ((b * seq + t) * q_heads + h) * d;
+  const long i = row % seq, h = (row / seq) % q_heads, b = row / (seq * q_heads);
+  const long g = h / (q_heads / kv_heads), t = past + i, keys = past + seq;
+  __global const float* qr = q + ((b * seq + i) * q_heads + h) * d;
+  __global float* acc = out + ((b * seq + i) * q_heads + h) * d;
   for (long x = 0; x < d; ++x) acc[x] = 0.0f;
   float m = -INFINITY, l = 0.0f;
   const long first = first_key(t, window);
@@ -39,7 +40,7 @@ __kernel void attention_fwd(__global const float* q, __global const float* k,
     const long j0 = max(n * KEY_TILE, first), j1 = min(n * KEY_TILE + KEY_TILE - 1, t);
     float mt = -INFINITY;
     for (long j = j0; j <= j1; ++j) {
-      const float sj = attn_dot(qr, k + ((b * seq + j) * kv_heads + g) * d, d) * scale;
+      const float sj = attn_dot(qr, k + ((b * keys + j) * kv_heads + g) * d, d) * scale;
       s[j - j0] = sj;
       mt = sj > mt ? sj : mt;
     }
@@ -50,7 +51,7 @@ __kernel void attention_fwd(__global const float* q, __global const float* k,
     for (long j = j0; j <= j1; ++j) {
       const float p = dm_exp(s[j - j0] - m_new);
       l = l + p;
-      __global const float* vj = v + ((b * seq + j) * kv_heads + g) * d;
+      __global const float* vj = v + ((b * keys + j) * kv_heads + g) * d;
       for (long x = 0; x < d; ++x) acc[x] = fma(p, vj[x], acc[x]);
     }
     m = m_new;

@@ -109,11 +109,11 @@ __kernel void rmsnorm_dgain(__global const float* dy, __global const float* x,
 // y1 = fma(x1, cos, x2 * sin), y2 = fma(x2, cos, -(x1 * sin)).
 __kernel void rope(__global const float* x, __global float* y, __global const float* cos_table,
                    __global const float* sin_table, long seq, long heads, long half_dim,
-                   long pairs, int inverse) {
+                   long pairs, int inverse, long first) {
   const long p = get_global_id(0);
   if (p >= pairs) return;
-  const long i = p % half_dim, row = p / half_dim;  // row = (b * seq + t) * heads + h
-  const long t = (row / heads) % seq;
+  const long i = p % half_dim, row = p / half_dim;  // row = (b * seq + r) * heads + h
+  const long t = first + (row / heads) % seq;      // row r is position first + r
   const float c = cos_table[t * half_dim + i], s = sin_table[t * half_dim + i];
   const long at = row * 2 * half_dim + i;
   const float x1 = x[at], x2 = x[at + half_dim];

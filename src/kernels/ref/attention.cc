@@ -18,14 +18,20 @@ namespace {
 constexpr int64_t kTile = kAttentionKeyTile;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-// Offsets of the head_dim-long vectors and of lse entries in the row-major layouts.
+// Offsets of the head_dim-long vectors and of lse entries in the row-major layouts: T queries,
+// S = past + T keys.
 struct Layout {
   explicit Layout(const AttentionShape& s)
-      : T(s.seq), Hq(s.q_heads), Hkv(s.kv_heads), D(s.head_dim), group(s.q_heads / s.kv_heads) {}
+      : T(s.seq),
+        S(s.past + s.seq),
+        Hq(s.q_heads),
+        Hkv(s.kv_heads),
+        D(s.head_dim),
+        group(s.q_heads / s.kv_heads) {}
   int64_t Q(int64_t b, int64_t t, int64_t h) const { return ((b * T + t) * Hq + h) * D; }
-  int64_t Kv(int64_t b, int64_t t, int64_t g) const { return ((b * T + t) * Hkv + g) * D; }
+  int64_t Kv(int64_t b, int64_t j, int64_t g) const { return ((b * S + j) * Hkv + g) * D; }
   int64_t Lse(int64_t b, int64_t h, int64_t t) const { return (b * Hq + h) * T + t; }
-  int64_t T, Hq, Hkv, D, group;
+  int64_t T, S, Hq, Hkv, D, group;
 };
 
 // Query t sees keys FirstKey(t) .. t; key j is seen by queries j .. LastQuery(j).
@@ -52,9 +58,9 @@ void AttentionForward(const AttentionShape& s, const float* q, const float* k, c
                       float* out, float* lse) {
   const Layout at(s);
   ParallelFor(s.batch * at.Hq * at.T, [&](int64_t row) {
-    const int64_t t = row % at.T, h = (row / at.T) % at.Hq, b = row / (at.T * at.Hq);
-    const int64_t g = h / at.group;
-    const float* qt = q + at.Q(b, t, h);
+    const int64_t i = row % at.T, h = (row / at.T) % at.Hq, b = row / (at.T * at.Hq);
+    const int64_t g = h / at.group, t = s.past + i;  // query i is position t
+    const float* qt = q + at.Q(b, i, h);
     std::vector<float> acc(static_cast<size_t>(at.D), 0.0f);
     float scores[kTile];
     float m = -kInf, l = 0.0f;  // running max and running sum of exp(score - m)
@@ -79,9 +85,9 @@ void AttentionForward(const AttentionShape& s, const float* q, const float* k, c
       }
       m = m_new;
     }
-    float* ot = out + at.Q(b, t, h);
+    float* ot = out + at.Q(b, i, h);
     for (int64_t d = 0; d < at.D; ++d) ot[d] = acc[d] / l;
-    lse[at.Lse(b, h, t)] = m + dmath::Log(l);
+    lse[at.Lse(b, h, i)] = m + dmath::Log(l);
   });
 }
 

@@ -166,24 +166,28 @@ int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 struct Geometry {
   explicit Geometry(const AttentionShape& s)
       : T(s.seq),
+        S(s.past + s.seq),
+        past(s.past),
         Hq(s.q_heads),
         Hkv(s.kv_heads),
         D(s.head_dim),
         W(s.window),
         group(s.q_heads / s.kv_heads) {}
   int64_t Q(int64_t b, int64_t t, int64_t h) const { return ((b * T + t) * Hq + h) * D; }
-  int64_t Kv(int64_t b, int64_t t, int64_t g) const { return ((b * T + t) * Hkv + g) * D; }
+  int64_t Kv(int64_t b, int64_t j, int64_t g) const { return ((b * S + j) * Hkv + g) * D; }
   int64_t Lse(int64_t b, int64_t h, int64_t t) const { return (b * Hq + h) * T + t; }
-  // Query t sees keys [FirstKey(t), t]; key j is seen by queries [j, LastQuery(j)].
+  // The query at position t sees keys [FirstKey(t), t]; key j is seen by queries
+  // [j, LastQuery(j)] (the backward, where past = 0 and S = T).
   int64_t FirstKey(int64_t t) const { return W > 0 ? std::max<int64_t>(0, t - W + 1) : 0; }
   int64_t LastQuery(int64_t j) const { return W > 0 ? std::min(T - 1, j + W - 1) : T - 1; }
-  int64_t T, Hq, Hkv, D, W, group;
+  // T queries at positions past .. past + T - 1; S = past + T keys.
+  int64_t T, S, past, Hq, Hkv, D, W, group;
 };
 
 // kt[x*kTile + j] = k_{j0+j}[x] for the keys of tile j0 (zero beyond the sequence).
 void PackTransposed(const Geometry& at, const float* k, int64_t b, int64_t g, int64_t j0,
                     float* kt) {
-  const int64_t kn = std::min(kTile, at.T - j0);
+  const int64_t kn = std::min(kTile, at.S - j0);
   std::fill(kt, kt + at.D * kTile, 0.0f);
   for (int64_t j = 0; j < kn; ++j) {
     const float* kj = k + at.Kv(b, j0 + j, g);
@@ -213,8 +217,8 @@ void ForwardBlock(const AttentionShape& s, const Geometry& at, const float* q, c
   const RowsTimesPanel score_product{q + at.Q(b, q0, h), at.Hq * at.D, 1, kt, kTile,
                                      scores,             kTile,        kTile};
   const RowsTimesPanel value_product{scores, kTile, 1, vx, ld, acc, ld, ld};
-  for (int64_t j0 = at.FirstKey(q0) / kTile * kTile; j0 < q1; j0 += kTile) {
-    const int64_t kn = std::min(kTile, at.T - j0);
+  for (int64_t j0 = at.FirstKey(at.past + q0) / kTile * kTile; j0 < at.past + q1; j0 += kTile) {
+    const int64_t kn = std::min(kTile, at.S - j0);
     PackTransposed(at, k, b, g, j0, kt);
     PackRows(v + at.Kv(b, j0, g), at.Hkv * at.D, kn, at.D, ld, vx);
     for (int64_t j = 0; j < kn; ++j) vx[j * ld + at.D] = 1.0f;
@@ -226,7 +230,7 @@ void ForwardBlock(const AttentionShape& s, const Geometry& at, const float* q, c
 
     // Scores masked and scaled, and each row's new running maximum.
     for (int64_t i = 0; i < kQueryBlock; ++i) {
-      const int64_t t = q0 + i;
+      const int64_t t = at.past + q0 + i;  // the query's position
       m_new[i] = m[i];
       if (i >= nq) continue;
       lo[i] = std::max(at.FirstKey(t), j0) - j0;
