@@ -16,6 +16,10 @@ packages=(
   pocl-opencl-icd ocl-icd-opencl-dev opencl-headers clinfo clang-15 libclc-15
   iproute2 procps clang-format
 )
+# node and npm run the JavaScript clients the tests check against (@huggingface/tokenizers,
+# node-llama-cpp: scripts/install-llama-client.sh); Debian's own only where none is installed.
+command -v node > /dev/null || packages+=(nodejs)
+command -v npm > /dev/null || packages+=(npm)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

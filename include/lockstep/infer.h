@@ -37,4 +37,86 @@ struct VerifiedModel {
 // both values. Nothing is returned before every check has passed.
 VerifiedModel LoadVerified(const std::filesystem::path& dir);
 
+// ---- a forward without targets, with a KV cache -------------------------------------------------
+// The decoder of docs/model.md run on new tokens of sequences whose earlier positions are kept
+// in a KV cache: every layer's k (after QK-norm and RoPE) and v of every position so far. The
+// same ops as Model::Forward, on the rows of the new tokens only: every op works row by row and
+// attention reads a query's own position and the keys it sees (docs/numerics.md, "Causal
+// attention"), so a position's logits are the same bits whether its sequence is run whole
+// (Model::Forward then Model::Logits), prefilled in pieces or decoded a token at a time, and
+// whatever other sequences share the call (docs/inference.md, "Exactness").
+class KvDecoder {
+ public:
+  // `slots` sequences of up to config.seq_len positions each, cached in RAM.
+  KvDecoder(const ModelConfig& config, const ParamStore& params, int64_t slots);
+
+  // New tokens of one sequence: they are its positions Length(slot) ..
+  struct Piece {
+    int64_t slot = 0;
+    std::span<const uint32_t> tokens;
+  };
+  // Runs every piece's tokens (each slot at most once per call; a piece may be empty) and
+  // returns the logits [rows, vocab]: of every new position in piece order with every_position,
+  // else of each non-empty piece's last position, in piece order. Fails, naming the slot and the
+  // sizes, when a sequence would exceed seq_len or a token is outside the vocabulary; the cache is
+  // then unchanged.
+  std::vector<float> Append(std::span<const Piece> pieces, bool every_position);
+  int64_t Length(int64_t slot) const;
+  void Reset(int64_t slot);  // the slot's sequence starts again, empty
+  int64_t slots() const { return static_cast<int64_t>(lengths_.size()); }
+
+  // Every op call is reported to hooks.observer and run by hooks.executor where it runs it
+  // (Model::set_hooks).
+  void set_hooks(const OpHooks& hooks) { hooks_ = hooks; }
+
+ private:
+  struct LayerWeights {
+    std::span<const float> attn_norm, wq, wk, wv, wo, ffn_norm, w_gate_up, w_down;
+  };
+  void Layer(int64_t l, std::span<const Piece> pieces, const std::vector<int64_t>& first_row);
+  void Norm(int64_t layer, std::span<const float> x, std::span<const float> gain,
+            std::span<float> y, int64_t rows, int64_t cols);
+  void Linear(int64_t layer, std::span<const float> x, std::span<const float> w,
+              std::span<float> y, int64_t rows, int64_t out, int64_t in);
+  std::span<float> Cache(std::vector<float>& cache, int64_t slot, int64_t from, int64_t rows);
+
+  ModelConfig config_;
+  const ParamStore& params_;
+  std::span<const float> tok_, emb_norm_, final_norm_, output_;
+  std::vector<LayerWeights> layers_;
+  rk::RopeTable rope_;
+  float scale_;
+  std::vector<int64_t> lengths_;
+  std::vector<std::vector<float>> k_cache_, v_cache_;  // per layer: [slots, seq_len, K]
+  // Scratch for the rows of one call.
+  std::vector<float> x_, y_, h_, rstd_, q_raw_, k_raw_, q_, k_, v_, attn_, gu_, act_;
+  OpHooks hooks_;
+};
+
+// ---- export ---------------------------------------------------------------------------------
+// A verified checkpoint written for another runtime, exactly or not at all (docs/export.md):
+// kHf a Hugging Face transformers directory (config.json, model.safetensors, ...), kGguf one
+// GGUF v3 file for llama.cpp, F32 tensors. A model the target cannot express exactly is refused
+// naming the feature and the config key. `data` (optional): the dataset the run trained on,
+// whose manifest digest must equal the descriptor's; its tokenizer is written when the target
+// can express it. The output appears whole or not at all (written beside it, then renamed); it
+// must not exist (an empty directory for kHf is fine) nor lie inside an input.
+enum class ExportFormat { kHf, kGguf };
+struct ExportResult {
+  std::string architecture;        // e.g. "LlamaForCausalLM", "llama", "mimo2"
+  std::vector<std::string> notes;  // one line each, for the user (the tokenizer, folds made)
+};
+ExportResult Export(const VerifiedModel& model, ExportFormat format,
+                    const std::filesystem::path& out, const std::filesystem::path& data);
+
+// The architecture the format expresses `config` with; fails naming the feature and the config
+// key when none does exactly.
+std::string ExportArchitecture(const ModelConfig& config, ExportFormat format);
+// Rows of a [heads * head_dim, cols] projection reordered from rotate-half RoPE pairs (i, i +
+// head_dim/2) to interleaved pairs (2i, 2i + 1), per head: llama.cpp's "llama" architecture
+// rotates adjacent elements, so its wq/wk rows are permuted (row h*hd + 2i + j of the result is
+// row h*hd + j*hd/2 + i of `w`), as llama.cpp's own converter does.
+std::vector<float> PermuteForInterleavedRope(std::span<const float> w, int64_t heads,
+                                             int64_t head_dim, int64_t cols);
+
 }  // namespace lockstep::infer

@@ -26,6 +26,8 @@ void AddModelCommands(CLI::App& app, int* exit_code);
 void AddTrainCommand(CLI::App& app, int* exit_code);
 // cmd_forward.cc: forward
 void AddForwardCommand(CLI::App& app, int* exit_code);
+// cmd_export.cc: export
+void AddExportCommand(CLI::App& app, int* exit_code);
 // cmd_replay.cc: replay, verify-handoff
 void AddReplayCommands(CLI::App& app, int* exit_code);
 // cmd_kit.cc: kit build|inspect|verify|fetch, audit, report

@@ -1,0 +1,229 @@
+// The decoder on new tokens with a KV cache: docs/model.md's forward, row by row.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "lockstep/infer.h"
+
+namespace lockstep::infer {
+
+KvDecoder::KvDecoder(const ModelConfig& config, const ParamStore& params, int64_t slots)
+    : config_(config),
+      params_(params),
+      rope_(rk::MakeRopeTable(config.seq_len, config.head_dim,
+                              static_cast<float>(config.rope_theta))),
+      scale_(dmath::Rsqrt(static_cast<float>(config.head_dim))),
+      lengths_(static_cast<size_t>(slots), 0) {
+  if (slots < 1) Fail("KvDecoder: {} slots (at least 1)", slots);
+  const std::vector<ParamSpec> specs = ParameterSpecs(config);
+  if (params.Specs().size() != specs.size()) {
+    Fail("KvDecoder: {} parameter tensors; the model has {}", params.Specs().size(), specs.size());
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (params.Spec(i).name != specs[i].name || params.Spec(i).shape != specs[i].shape) {
+      Fail("KvDecoder: parameter {} is '{}'; the model's is '{}'", i, params.Spec(i).name,
+           specs[i].name);
+    }
+  }
+  const auto tensor = [&](const std::string& name) { return params.Tensor(params.Find(name)); };
+  tok_ = tensor("tok_embeddings.weight");
+  if (config.embedding_norm) emb_norm_ = tensor("emb_norm.weight");
+  final_norm_ = tensor("final_norm.weight");
+  output_ = tensor("output.weight");
+  const int64_t kv = config.n_kv_heads * config.head_dim;
+  for (int64_t l = 0; l < config.n_layers; ++l) {
+    const auto w = [&](std::string_view name) { return tensor(fmt::format("layers.{}.{}", l, name)); };
+    layers_.push_back({w("attn_norm.weight"), w("attn.wq.weight"), w("attn.wk.weight"),
+                       w("attn.wv.weight"), w("attn.wo.weight"), w("ffn_norm.weight"),
+                       w("ffn.w_gate_up.weight"), w("ffn.w_down.weight")});
+    const auto floats = static_cast<size_t>(slots * config.seq_len * kv);
+    k_cache_.emplace_back(floats);
+    v_cache_.emplace_back(floats);
+  }
+}
+
+int64_t KvDecoder::Length(int64_t slot) const {
+  if (slot < 0 || slot >= slots()) Fail("KvDecoder: slot {} (there are {})", slot, slots());
+  return lengths_[static_cast<size_t>(slot)];
+}
+
+void KvDecoder::Reset(int64_t slot) {
+  Length(slot);
+  lengths_[static_cast<size_t>(slot)] = 0;
+}
+
+std::span<float> KvDecoder::Cache(std::vector<float>& cache, int64_t slot, int64_t from,
+                                  int64_t rows) {
+  const int64_t kv = config_.n_kv_heads * config_.head_dim;
+  return std::span(cache).subspan(static_cast<size_t>((slot * config_.seq_len + from) * kv),
+                                  static_cast<size_t>(rows * kv));
+}
+
+void KvDecoder::Norm(int64_t layer, std::span<const float> x, std::span<const float> gain,
+                     std::span<float> y, int64_t rows, int64_t cols) {
+  const float eps = static_cast<float>(config_.norm_eps);
+  const std::span<float> rstd = std::span(rstd_).first(static_cast<size_t>(rows));
+  const std::initializer_list<OpTensor> with_gain = {{"x", x}, {"gain", gain}};
+  const std::initializer_list<OpTensor> without = {{"x", x}};
+  ObservedOp(hooks_, rk::Op::kRmsNormFwd, layer,
+             {{"rows", double(rows)}, {"cols", double(cols)}, {"eps", eps}},
+             gain.empty() ? without : with_gain, {{"y", y}, {"rstd", rstd}},
+             [&] { rk::RmsNormForward(x, gain, eps, y, rstd, rows, cols); });
+}
+
+void KvDecoder::Linear(int64_t layer, std::span<const float> x, std::span<const float> w,
+                       std::span<float> y, int64_t rows, int64_t out, int64_t in) {
+  ObservedOp(hooks_, rk::Op::kGemmXWt, layer,
+             {{"m", double(rows)}, {"n", double(out)}, {"k", double(in)}, {"accumulate", 0}},
+             {{"x", x}, {"w", w}}, {{"y", y}}, [&] { rk::GemmXWt(x, w, y, rows, out, in); });
+}
+
+std::vector<float> KvDecoder::Append(std::span<const Piece> pieces, bool every_position) {
+  const ModelConfig& c = config_;
+  std::vector<int64_t> first_row;  // piece i's rows are first_row[i] .. first_row[i + 1] - 1
+  std::vector<uint32_t> ids;
+  std::vector<bool> seen(lengths_.size(), false);
+  for (const Piece& p : pieces) {
+    const int64_t length = Length(p.slot);
+    if (seen[static_cast<size_t>(p.slot)]) Fail("KvDecoder: slot {} given twice in one call", p.slot);
+    seen[static_cast<size_t>(p.slot)] = true;
+    const auto n = static_cast<int64_t>(p.tokens.size());
+    if (n > c.seq_len - length) {
+      Fail("slot {}: {} positions and {} new tokens exceed the model's seq_len ({})", p.slot,
+           length, n, c.seq_len);
+    }
+    for (size_t i = 0; i < p.tokens.size(); ++i) {
+      if (p.tokens[i] >= static_cast<uint64_t>(c.vocab)) {
+        Fail("slot {}: token {} is {}, outside the vocabulary (model.vocab = {})", p.slot, i,
+             p.tokens[i], c.vocab);
+      }
+    }
+    first_row.push_back(static_cast<int64_t>(ids.size()));
+    ids.insert(ids.end(), p.tokens.begin(), p.tokens.end());
+  }
+  first_row.push_back(static_cast<int64_t>(ids.size()));
+  const auto n = static_cast<int64_t>(ids.size());
+  if (n == 0) return {};
+  const int64_t d = c.d_model, q_dim = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim;
+  const auto size = [&](std::vector<float>& v, int64_t floats) {
+    v.resize(static_cast<size_t>(floats));
+    return std::span<float>(v);
+  };
+  size(x_, n * d);
+  size(y_, n * d);
+  size(h_, n * d);
+  size(rstd_, n * std::max(c.n_heads, int64_t{1}));
+  size(q_raw_, n * q_dim);
+  size(k_raw_, n * kv);
+  size(q_, n * q_dim);
+  size(k_, n * kv);
+  size(v_, n * kv);
+  size(attn_, n * q_dim);
+  size(gu_, n * 2 * c.ffn_hidden);
+  size(act_, n * c.ffn_hidden);
+
+  // Embedding (+ optional RMSNorm): x[N, d].
+  {
+    const std::span<float> out = c.embedding_norm ? std::span<float>(y_) : std::span<float>(x_);
+    ObservedOp(hooks_, rk::Op::kEmbeddingFwd, -1, {{"vocab", double(c.vocab)}, {"d", double(d)}},
+               {{"table", tok_}, {"ids", {}, ids}}, {{"out", out}},
+               [&] { rk::EmbeddingForward(tok_, ids, out, c.vocab, d); });
+    if (c.embedding_norm) Norm(-1, y_, emb_norm_, x_, n, d);
+  }
+  for (int64_t l = 0; l < c.n_layers; ++l) Layer(l, pieces, first_row);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    lengths_[static_cast<size_t>(pieces[i].slot)] += first_row[i + 1] - first_row[i];
+  }
+
+  // The rows whose logits are asked for, then final RMSNorm and the head on them alone.
+  int64_t rows = n;
+  if (!every_position) {
+    rows = 0;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      if (first_row[i + 1] == first_row[i]) continue;
+      const int64_t last = first_row[i + 1] - 1;
+      std::copy_n(x_.begin() + last * d, d, x_.begin() + rows * d);
+      ++rows;
+    }
+  }
+  const std::span<const float> x = std::span(x_).first(static_cast<size_t>(rows * d));
+  const std::span<float> xf = std::span(h_).first(static_cast<size_t>(rows * d));
+  Norm(-1, x, final_norm_, xf, rows, d);
+  std::vector<float> logits(static_cast<size_t>(rows * c.vocab));
+  Linear(-1, xf, output_, logits, rows, c.vocab, d);
+  return logits;
+}
+
+void KvDecoder::Layer(int64_t l, std::span<const Piece> pieces,
+                      const std::vector<int64_t>& first_row) {
+  const ModelConfig& c = config_;
+  const LayerWeights& w = layers_[static_cast<size_t>(l)];
+  const int64_t n = first_row.back(), d = c.d_model, hd = c.head_dim, f = c.ffn_hidden;
+  const int64_t q_dim = c.n_heads * hd, kv = c.n_kv_heads * hd;
+  const float theta = static_cast<float>(c.rope_theta);
+  Norm(l, x_, w.attn_norm, h_, n, d);
+  if (c.qk_norm) {
+    Linear(l, h_, w.wq, q_raw_, n, q_dim, d);
+    Linear(l, h_, w.wk, k_raw_, n, kv, d);
+    Norm(l, q_raw_, {}, q_, n * c.n_heads, hd);
+    Norm(l, k_raw_, {}, k_, n * c.n_kv_heads, hd);
+  } else {
+    Linear(l, h_, w.wq, q_, n, q_dim, d);
+    Linear(l, h_, w.wk, k_, n, kv, d);
+  }
+  Linear(l, h_, w.wv, v_, n, kv, d);
+  // Per piece: RoPE at its positions, its k and v into the cache, attention over the cache.
+  rk::AttentionShape shape{1, 0, c.n_heads, c.n_kv_heads, hd, LayerWindow(c, l), scale_};
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const int64_t rows = first_row[i + 1] - first_row[i];
+    if (rows == 0) continue;
+    const int64_t slot = pieces[i].slot, past = lengths_[static_cast<size_t>(slot)];
+    const auto piece = [&](std::vector<float>& v, int64_t width) {
+      return std::span(v).subspan(static_cast<size_t>(first_row[i] * width),
+                                  static_cast<size_t>(rows * width));
+    };
+    for (const auto& [x, heads] : {std::pair{piece(q_, q_dim), c.n_heads},
+                                   std::pair{piece(k_, kv), c.n_kv_heads}}) {
+      const std::span<float> rotated = x;
+      const int64_t h = heads;  // (structured bindings cannot be captured by Clang 14)
+      ObservedOp(hooks_, rk::Op::kRopeFwd, l,
+                 {{"batch", 1}, {"seq", double(rows)}, {"heads", double(h)},
+                  {"head_dim", double(hd)}, {"table_seq", double(c.seq_len)}, {"theta", theta},
+                  {"position", double(past)}},
+                 {{"x", rotated}}, {{"y", rotated}},
+                 [&] { rk::RopeForward(rotated, rotated, rope_, 1, rows, h, hd, past); });
+    }
+    for (const auto& [from, cache] : {std::pair{piece(k_, kv), &k_cache_[static_cast<size_t>(l)]},
+                                      std::pair{piece(v_, kv), &v_cache_[static_cast<size_t>(l)]}}) {
+      const std::span<const float> source = from;
+      const std::span<float> into = Cache(*cache, slot, past, rows);
+      ObservedOp(hooks_, rk::Op::kCopy, l, {{"n", double(source.size())}}, {{"x", source}},
+                 {{"y", into}}, [&] { std::ranges::copy(source, into.begin()); });
+    }
+    shape.seq = rows;
+    shape.past = past;
+    const std::span<const float> keys = Cache(k_cache_[static_cast<size_t>(l)], slot, 0, past + rows);
+    const std::span<const float> values =
+        Cache(v_cache_[static_cast<size_t>(l)], slot, 0, past + rows);
+    const std::span<const float> q = piece(q_, q_dim);
+    const std::span<float> out = piece(attn_, q_dim);
+    const std::span<float> lse = std::span(rstd_).first(static_cast<size_t>(rows * c.n_heads));
+    ObservedOp(hooks_, rk::Op::kAttentionFwd, l, AttentionArgs(shape),
+               {{"q", q}, {"k", keys}, {"v", values}}, {{"out", out}, {"lse", lse}},
+               [&] { rk::AttentionForward(shape, q, keys, values, out, lse); });
+  }
+  const auto add_into = [&](std::span<const float> x, std::span<float> y) {
+    ObservedOp(hooks_, rk::Op::kAddInto, l, {{"n", double(x.size())}}, {{"x", x}, {"y", y}},
+               {{"y", y}}, [&] { rk::AddInto(x, y); });
+  };
+  Linear(l, attn_, w.wo, y_, n, d, q_dim);  // y = x + attn · woᵀ
+  add_into(x_, y_);
+  Norm(l, y_, w.ffn_norm, h_, n, d);
+  Linear(l, h_, w.w_gate_up, gu_, n, 2 * f, d);
+  ObservedOp(hooks_, rk::Op::kSwigluFwd, l, {{"rows", double(n)}, {"f", double(f)}},
+             {{"gu", gu_}}, {{"act", act_}}, [&] { rk::SwigluForward(gu_, act_, n, f); });
+  Linear(l, act_, w.w_down, x_, n, d, f);  // x = y + act · w_downᵀ
+  add_into(y_, x_);
+}
+
+}  // namespace lockstep::infer

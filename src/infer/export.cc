@@ -1,0 +1,681 @@
+// Export of a verified checkpoint to Hugging Face transformers (a directory) and to GGUF v3 (one
+// file, for llama.cpp): every tensor and key, and why each architecture is exact, in
+// docs/export.md.
+//
+// The GGUF file is written here by hand: the format is a header, typed key/value pairs, tensor
+// descriptors and aligned raw data, and Debian 12 packages no C or C++ library that writes it
+// (ggml's gguf.cpp is not packaged, and the Python gguf package is not a C++ dependency).
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "lockstep/data.h"
+#include "lockstep/infer.h"
+#include "lockstep/json.h"
+#include "lockstep/kernels.h"
+
+namespace lockstep::infer {
+namespace fs = std::filesystem;
+using data::Dataset;
+using data::kEodToken;
+using data::OpenDataset;
+using data::Vocabulary;
+using nlohmann::json;
+
+namespace {
+
+// llama.cpp's limit on layers (LLAMA_MAX_LAYERS in the version node-llama-cpp 3.21.1 bundles).
+constexpr int64_t kLlamaCppMaxLayers = 512;
+
+bool AnySlidingLayer(const ModelConfig& c) {
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    if (LayerWindow(c, l) > 0) return true;
+  }
+  return false;
+}
+
+// ---- the tensors, by lockstep name -----------------------------------------------------------
+
+class Params {
+ public:
+  explicit Params(const ParamStore& store) : store_(store) {}
+  std::span<const float> Get(const std::string& name) const {
+    for (size_t i = 0; i < store_.size(); ++i) {
+      if (store_.Spec(i).name == name) return store_.Tensor(i);
+    }
+    LOCKSTEP_INTERNAL("export: the checkpoint has no tensor '{}'", name);
+  }
+  std::span<const float> Layer(int64_t l, std::string_view what) const {
+    return Get(fmt::format("layers.{}.{}.weight", l, what));
+  }
+
+ private:
+  const ParamStore& store_;
+};
+
+// The embedding table as the model sees it after the lookup: with `embedding_norm`, every row
+// through lockstep's own RmsNormForward with the gain (the kernel works row by row, so these are
+// the bits the forward computes for any token); else the table itself.
+std::vector<float> EmbeddingTable(const ModelConfig& c, const Params& p) {
+  const std::span<const float> table = p.Get("tok_embeddings.weight");
+  std::vector<float> out(table.begin(), table.end());
+  if (c.embedding_norm) {
+    std::vector<float> rstd(static_cast<size_t>(c.vocab));
+    rk::RmsNormForward(table, p.Get("emb_norm.weight"), static_cast<float>(c.norm_eps), out, rstd,
+                       c.vocab, c.d_model);
+  }
+  return out;
+}
+
+// ---- the dataset's tokenizer ------------------------------------------------------------------
+
+struct Tokenizer {
+  enum class Kind { kNone, kBytes, kSentencePiece, kHfJson, kUnknownFile } kind = Kind::kNone;
+  Vocabulary vocabulary;
+  fs::path file;  // the tokenizer file, for file kinds found in the dataset directory
+  std::string note;
+};
+
+Tokenizer DatasetTokenizer(const VerifiedModel& m, const fs::path& data) {
+  Tokenizer t;
+  if (data.empty()) {
+    t.note = "no tokenizer written: no --data was given (the dataset names the tokenizer)";
+    return t;
+  }
+  const Dataset dataset = OpenDataset(data);
+  const json descriptor = ParseJsonStrict(m.descriptor, m.dir.string() + " descriptor");
+  const std::string want = descriptor.value("data_manifest_blake2b", std::string());
+  const std::string have = ToHex(dataset.manifest_digest());
+  if (want != have) {
+    Fail(
+        "{}: its manifest.json has BLAKE2b {}, but checkpoint {} was trained on the dataset "
+        "whose manifest has {} (descriptor field data_manifest_blake2b)",
+        data.string(), have, m.dir.string(), want);
+  }
+  t.vocabulary = dataset.vocabulary();
+  if (t.vocabulary.bytes()) {
+    t.kind = Tokenizer::Kind::kBytes;
+    return t;
+  }
+  t.file = data / t.vocabulary.tokenizer_file;
+  std::error_code ec;
+  if (!fs::is_regular_file(t.file, ec)) {
+    t.kind = Tokenizer::Kind::kNone;
+    t.note = fmt::format(
+        "no tokenizer written: the dataset's tokenizer file {} (manifest tokenizer.name) is not "
+        "in {}; copy it there to export it",
+        t.vocabulary.tokenizer_file, data.string());
+    return t;
+  }
+  if (Blake2b256(ReadFileBytes(t.file)) != t.vocabulary.tokenizer_blake2b) {
+    Fail("{}: its BLAKE2b is not the {} that {}'s manifest records (tokenizer.blake2b)",
+         t.file.string(), ToHex(t.vocabulary.tokenizer_blake2b), data.string());
+  }
+  const std::string name = t.file.filename().string();
+  if (name.ends_with(".model")) {
+    t.kind = Tokenizer::Kind::kSentencePiece;
+  } else if (name.ends_with(".json")) {
+    t.kind = Tokenizer::Kind::kHfJson;
+  } else {
+    t.kind = Tokenizer::Kind::kUnknownFile;
+  }
+  return t;
+}
+
+// GPT-2's byte-to-character map (the ByteLevel pre-tokenizer's alphabet), as UTF-8: printable
+// Latin-1 bytes stand for themselves, the others for U+0100 + n in byte order.
+std::string ByteLevelChar(int byte) {
+  auto printable = [](int b) {
+    return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+  };
+  int code = byte;
+  if (!printable(byte)) {
+    int n = 0;
+    for (int b = 0; b < byte; ++b) n += printable(b) ? 0 : 1;
+    code = 256 + n;
+  }
+  std::string s;
+  if (code < 0x80) {
+    s += static_cast<char>(code);
+  } else {
+    s += static_cast<char>(0xC0 | (code >> 6));
+    s += static_cast<char>(0x80 | (code & 0x3F));
+  }
+  return s;
+}
+
+// The byte vocabulary's piece for every id below `vocab`: bytes 0..255, the end-of-document
+// token, then unused ids (a model's vocab may exceed the data's 257 ids).
+constexpr std::string_view kEodPiece = "<|endoftext|>";
+std::string BytePiece(int64_t id) {
+  if (id < 256) return ByteLevelChar(static_cast<int>(id));
+  if (id == kEodToken) return std::string(kEodPiece);
+  return fmt::format("<|unused_{}|>", id);
+}
+
+// ---- output: a temporary sibling renamed into place -------------------------------------------
+
+bool Inside(const fs::path& child, const fs::path& parent) {
+  const fs::path c = fs::weakly_canonical(child), p = fs::weakly_canonical(parent);
+  auto ci = c.begin();
+  for (auto pi = p.begin(); pi != p.end(); ++pi, ++ci) {
+    if (pi->empty()) continue;
+    if (ci == c.end() || *ci != *pi) return false;
+  }
+  return true;
+}
+
+class StagedOutput {
+ public:
+  StagedOutput(const fs::path& out, bool directory, const VerifiedModel& m, const fs::path& data)
+      : out_(out), directory_(directory) {
+    std::error_code ec;
+    if (out.filename().empty()) Fail("--out {}: names no file or directory", out.string());
+    if (Inside(out, m.dir)) {
+      Fail("--out {}: lies inside the checkpoint {}; an export never writes into its input",
+           out.string(), m.dir.string());
+    }
+    if (!data.empty() && Inside(out, data)) {
+      Fail("--out {}: lies inside the dataset {}; an export never writes into its input",
+           out.string(), data.string());
+    }
+    if (fs::exists(fs::symlink_status(out, ec))) {
+      const bool empty_dir = directory && fs::is_directory(out, ec) && fs::is_empty(out, ec);
+      if (!empty_dir) {
+        Fail("--out {}: exists; an export never writes over anything ({})", out.string(),
+             directory ? "an empty directory is accepted" : "remove it or name another file");
+      }
+      replace_empty_dir_ = true;
+    }
+    const fs::path parent = out.parent_path().empty() ? fs::path(".") : out.parent_path();
+    if (!fs::is_directory(parent, ec)) {
+      Fail("--out {}: its directory {} does not exist", out.string(), parent.string());
+    }
+    tmp_ = parent / fmt::format(".tmp-{}-{}", out.filename().string(), ::getpid());
+    fs::remove_all(tmp_, ec);
+    if (directory) fs::create_directory(tmp_);
+  }
+  ~StagedOutput() {
+    if (!committed_) {
+      std::error_code ec;
+      fs::remove_all(tmp_, ec);
+    }
+  }
+  StagedOutput(const StagedOutput&) = delete;
+  StagedOutput& operator=(const StagedOutput&) = delete;
+
+  const fs::path& path() const { return tmp_; }
+  void Commit() {
+    if (replace_empty_dir_) fs::remove(out_);  // fails (and keeps tmp_ away) unless still empty
+    fs::rename(tmp_, out_);
+    committed_ = true;
+    SyncDirectory(out_.parent_path().empty() ? fs::path(".") : out_.parent_path());
+  }
+
+ private:
+  fs::path out_, tmp_;
+  bool directory_ = false, replace_empty_dir_ = false, committed_ = false;
+};
+
+// ---- GGUF v3 ------------------------------------------------------------------------------------
+
+enum class GgufType : uint32_t {
+  kU32 = 4,
+  kI32 = 5,
+  kF32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+};
+constexpr uint64_t kGgufAlignment = 32;
+
+class GgufWriter {
+ public:
+  void String(std::string_view key, std::string_view v) {
+    Key(key, GgufType::kString);
+    Str(v);
+  }
+  void U32(std::string_view key, int64_t v) {
+    Key(key, GgufType::kU32);
+    Pod(static_cast<uint32_t>(v));
+  }
+  void F32(std::string_view key, float v) {
+    Key(key, GgufType::kF32);
+    Pod(v);
+  }
+  void Bool(std::string_view key, bool v) {
+    Key(key, GgufType::kBool);
+    Pod(static_cast<uint8_t>(v));
+  }
+  void Strings(std::string_view key, const std::vector<std::string>& v) {
+    ArrayHead(key, GgufType::kString, v.size());
+    for (const std::string& s : v) Str(s);
+  }
+  void I32s(std::string_view key, const std::vector<int32_t>& v) {
+    ArrayHead(key, GgufType::kI32, v.size());
+    for (int32_t x : v) Pod(x);
+  }
+  void F32s(std::string_view key, const std::vector<float>& v) {
+    ArrayHead(key, GgufType::kF32, v.size());
+    for (float x : v) Pod(x);
+  }
+  void Bools(std::string_view key, const std::vector<bool>& v) {
+    ArrayHead(key, GgufType::kBool, v.size());
+    for (bool x : v) Pod(static_cast<uint8_t>(x));
+  }
+  // A tensor of lockstep shape [rows, cols] (or [n]); GGUF lists dimensions innermost first, so
+  // it is [cols, rows] there, the same bytes. `owned` keeps transformed data alive.
+  void Tensor(std::string name, std::vector<int64_t> shape, std::span<const float> data) {
+    std::ranges::reverse(shape);
+    tensors_.push_back({std::move(name), std::move(shape), data});
+  }
+  void Tensor(std::string name, std::vector<int64_t> shape, std::vector<float> owned) {
+    owned_.push_back(std::make_unique<std::vector<float>>(std::move(owned)));
+    Tensor(std::move(name), std::move(shape), std::span<const float>(*owned_.back()));
+  }
+
+  void Write(const fs::path& path) {
+    std::vector<uint8_t> head;
+    auto put = [&](const auto& v) {
+      const auto* b = reinterpret_cast<const uint8_t*>(&v);
+      head.insert(head.end(), b, b + sizeof(v));
+    };
+    put(uint32_t{0x46554747});  // "GGUF"
+    put(uint32_t{3});
+    put(static_cast<uint64_t>(tensors_.size()));
+    put(kv_count_);
+    head.insert(head.end(), kv_.begin(), kv_.end());
+    uint64_t offset = 0;
+    for (const TensorEntry& t : tensors_) {
+      put(static_cast<uint64_t>(t.name.size()));
+      head.insert(head.end(), t.name.begin(), t.name.end());
+      put(static_cast<uint32_t>(t.dims.size()));
+      for (int64_t d : t.dims) put(static_cast<uint64_t>(d));
+      put(uint32_t{0});  // GGML_TYPE_F32
+      put(offset);
+      offset += Padded(t.data.size_bytes());
+    }
+    head.resize(Padded(head.size()), 0);
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    if (f == nullptr) Fail("{}: cannot create: {}", path.string(), std::strerror(errno));
+    bool ok = std::fwrite(head.data(), 1, head.size(), f) == head.size();
+    static const uint8_t zeros[kGgufAlignment] = {};
+    for (const TensorEntry& t : tensors_) {
+      const size_t n = t.data.size_bytes();
+      ok = ok && std::fwrite(t.data.data(), 1, n, f) == n;
+      const size_t pad = Padded(n) - n;
+      ok = ok && std::fwrite(zeros, 1, pad, f) == pad;
+    }
+    ok = ok && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+    ok = (std::fclose(f) == 0) && ok;
+    if (!ok) Fail("{}: write failed: {}", path.string(), std::strerror(errno));
+  }
+
+ private:
+  struct TensorEntry {
+    std::string name;
+    std::vector<int64_t> dims;
+    std::span<const float> data;
+  };
+  static uint64_t Padded(uint64_t n) {
+    return (n + kGgufAlignment - 1) / kGgufAlignment * kGgufAlignment;
+  }
+  template <typename T>
+  void Pod(T v) {
+    const auto* b = reinterpret_cast<const uint8_t*>(&v);
+    kv_.insert(kv_.end(), b, b + sizeof(v));
+  }
+  void Str(std::string_view s) {
+    Pod(static_cast<uint64_t>(s.size()));
+    kv_.insert(kv_.end(), s.begin(), s.end());
+  }
+  void Key(std::string_view key, GgufType type) {
+    ++kv_count_;
+    Str(key);
+    Pod(static_cast<uint32_t>(type));
+  }
+  void ArrayHead(std::string_view key, GgufType type, size_t n) {
+    Key(key, GgufType::kArray);
+    Pod(static_cast<uint32_t>(type));
+    Pod(static_cast<uint64_t>(n));
+  }
+
+  std::vector<uint8_t> kv_;
+  uint64_t kv_count_ = 0;
+  std::vector<TensorEntry> tensors_;
+  std::vector<std::unique_ptr<std::vector<float>>> owned_;
+};
+
+// GGUF's tokenizer keys (llama.cpp's vocabulary loader), when the format expresses the dataset's
+// tokenizer; else tokenizer.ggml.model "none" with the vocabulary size.
+std::string GgufTokenizer(GgufWriter& g, const std::string& arch, const ModelConfig& c,
+                          const Tokenizer& t) {
+  if (t.kind == Tokenizer::Kind::kBytes) {
+    // The byte vocabulary as a byte-level BPE without merges: every byte is the piece of GPT-2's
+    // byte alphabet whose id is the byte, so encoding gives the byte ids and decoding the bytes.
+    std::vector<std::string> tokens;
+    std::vector<int32_t> types;
+    for (int64_t id = 0; id < c.vocab; ++id) {
+      tokens.push_back(BytePiece(id));
+      types.push_back(id < 256 ? 1 : id == kEodToken ? 3 : 5);  // normal, control, unused
+    }
+    g.String("tokenizer.ggml.model", "gpt2");
+    g.String("tokenizer.ggml.pre", "default");
+    g.Strings("tokenizer.ggml.tokens", tokens);
+    g.I32s("tokenizer.ggml.token_type", types);
+    g.Strings("tokenizer.ggml.merges", {});
+    g.U32("tokenizer.ggml.bos_token_id", kEodToken);
+    g.U32("tokenizer.ggml.eos_token_id", kEodToken);
+    g.Bool("tokenizer.ggml.add_bos_token", false);
+    g.Bool("tokenizer.ggml.add_eos_token", false);
+    return fmt::format(
+        "tokenizer: the byte vocabulary as tokenizer.ggml.model \"gpt2\" without merges (ids 0-255 "
+        "the bytes, {} the end of document)",
+        kEodToken);
+  }
+  g.String("tokenizer.ggml.model", "none");
+  g.U32(arch + ".vocab_size", c.vocab);
+  if (t.kind == Tokenizer::Kind::kNone) return t.note + " (tokenizer.ggml.model \"none\")";
+  return fmt::format(
+      "no tokenizer written: GGUF export writes the byte vocabulary only; {} stays beside the "
+      "file (tokenizer.ggml.model \"none\")",
+      t.file.string());
+}
+
+void WriteGguf(const VerifiedModel& m, const std::string& arch, const Tokenizer& tok,
+               const fs::path& path, std::vector<std::string>& notes) {
+  const ModelConfig& c = m.config.model;
+  const Params p(m.params);
+  GgufWriter g;
+  g.String("general.architecture", arch);
+  g.String("general.name", m.config.name);
+  g.U32("general.file_type", 0);  // all F32
+  g.U32("general.alignment", kGgufAlignment);
+  g.U32(arch + ".context_length", c.seq_len);
+  g.U32(arch + ".embedding_length", c.d_model);
+  g.U32(arch + ".block_count", c.n_layers);
+  g.U32(arch + ".feed_forward_length", c.ffn_hidden);
+  g.U32(arch + ".attention.head_count", c.n_heads);
+  g.U32(arch + ".attention.head_count_kv", c.n_kv_heads);
+  g.U32(arch + ".attention.key_length", c.head_dim);
+  g.U32(arch + ".attention.value_length", c.head_dim);
+  g.U32(arch + ".rope.dimension_count", c.head_dim);
+  g.F32(arch + ".rope.freq_base", static_cast<float>(c.rope_theta));
+  g.F32(arch + ".attention.layer_norm_rms_epsilon", static_cast<float>(c.norm_eps));
+  if (arch == "mimo2") {
+    std::vector<bool> sliding;
+    for (int64_t l = 0; l < c.n_layers; ++l) sliding.push_back(LayerWindow(c, l) > 0);
+    g.U32("mimo2.attention.sliding_window", c.window);
+    g.Bools("mimo2.attention.sliding_window_pattern", sliding);
+    g.F32("mimo2.rope.freq_base_swa", static_cast<float>(c.rope_theta));
+    g.U32("mimo2.expert_feed_forward_length", 0);  // required key; no experts
+  }
+  notes.push_back(GgufTokenizer(g, arch, c, tok));
+
+  g.Tensor("token_embd.weight", {c.vocab, c.d_model}, EmbeddingTable(c, p));
+  if (c.embedding_norm) {
+    notes.push_back("emb_norm folded into token_embd.weight (lockstep's RmsNormForward per row)");
+  }
+  const int64_t q = c.n_heads * c.head_dim, k = c.n_kv_heads * c.head_dim, f = c.ffn_hidden;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string b = fmt::format("blk.{}.", l);
+    g.Tensor(b + "attn_norm.weight", {c.d_model}, p.Layer(l, "attn_norm"));
+    if (arch == "llama") {
+      g.Tensor(b + "attn_q.weight", {q, c.d_model},
+               PermuteForInterleavedRope(p.Layer(l, "attn.wq"), c.n_heads, c.head_dim, c.d_model));
+      g.Tensor(
+          b + "attn_k.weight", {k, c.d_model},
+          PermuteForInterleavedRope(p.Layer(l, "attn.wk"), c.n_kv_heads, c.head_dim, c.d_model));
+    } else {
+      g.Tensor(b + "attn_q.weight", {q, c.d_model}, p.Layer(l, "attn.wq"));
+      g.Tensor(b + "attn_k.weight", {k, c.d_model}, p.Layer(l, "attn.wk"));
+    }
+    if (c.qk_norm) {
+      g.Tensor(b + "attn_q_norm.weight", {c.head_dim}, std::vector<float>(c.head_dim, 1.0f));
+      g.Tensor(b + "attn_k_norm.weight", {c.head_dim}, std::vector<float>(c.head_dim, 1.0f));
+    }
+    g.Tensor(b + "attn_v.weight", {k, c.d_model}, p.Layer(l, "attn.wv"));
+    g.Tensor(b + "attn_output.weight", {c.d_model, q}, p.Layer(l, "attn.wo"));
+    g.Tensor(b + "ffn_norm.weight", {c.d_model}, p.Layer(l, "ffn_norm"));
+    const std::span<const float> gu = p.Layer(l, "ffn.w_gate_up");
+    g.Tensor(b + "ffn_gate.weight", {f, c.d_model}, gu.first(f * c.d_model));
+    g.Tensor(b + "ffn_up.weight", {f, c.d_model}, gu.subspan(f * c.d_model));
+    g.Tensor(b + "ffn_down.weight", {c.d_model, f}, p.Layer(l, "ffn.w_down"));
+  }
+  g.Tensor("output_norm.weight", {c.d_model}, p.Get("final_norm.weight"));
+  g.Tensor("output.weight", {c.vocab, c.d_model}, p.Get("output.weight"));
+  g.Write(path);
+}
+
+// ---- Hugging Face ---------------------------------------------------------------------------
+
+void WriteJson(const fs::path& path, const json& j) { WriteFileSynced(path, j.dump(2) + "\n"); }
+
+std::string HfTokenizer(const fs::path& dir, const ModelConfig& c, const Tokenizer& t) {
+  json config = {{"model_max_length", c.seq_len},
+                 {"add_bos_token", false},
+                 {"add_eos_token", false},
+                 {"clean_up_tokenization_spaces", false}};
+  switch (t.kind) {
+    case Tokenizer::Kind::kBytes: {
+      json vocab = json::object(), added = json::array();
+      for (int64_t id = 0; id < c.vocab; ++id) {
+        vocab[BytePiece(id)] = id;
+        if (id >= 256) {
+          added.push_back({{"id", id},
+                           {"content", BytePiece(id)},
+                           {"single_word", false},
+                           {"lstrip", false},
+                           {"rstrip", false},
+                           {"normalized", false},
+                           {"special", true}});
+        }
+      }
+      const json byte_level = {{"type", "ByteLevel"},
+                               {"add_prefix_space", false},
+                               {"trim_offsets", false},
+                               {"use_regex", false}};
+      const json tokenizer = {{"version", "1.0"},
+                              {"truncation", nullptr},
+                              {"padding", nullptr},
+                              {"added_tokens", added},
+                              {"normalizer", nullptr},
+                              {"pre_tokenizer", byte_level},
+                              {"post_processor", nullptr},
+                              {"decoder", byte_level},
+                              {"model",
+                               {{"type", "BPE"},
+                                {"dropout", nullptr},
+                                {"unk_token", nullptr},
+                                {"continuing_subword_prefix", nullptr},
+                                {"end_of_word_suffix", nullptr},
+                                {"fuse_unk", false},
+                                {"byte_fallback", false},
+                                {"ignore_merges", false},
+                                {"vocab", vocab},
+                                {"merges", json::array()}}}};
+      WriteFileSynced(dir / "tokenizer.json", tokenizer.dump() + "\n");
+      config["tokenizer_class"] = "PreTrainedTokenizerFast";
+      config["eos_token"] = kEodPiece;
+      WriteJson(dir / "tokenizer_config.json", config);
+      return "tokenizer: the byte vocabulary as a byte-level BPE tokenizer.json without merges";
+    }
+    case Tokenizer::Kind::kSentencePiece:
+      fs::copy_file(t.file, dir / "tokenizer.model");
+      config["tokenizer_class"] = "LlamaTokenizer";
+      config["legacy"] = true;  // sentencepiece's own encode, as lockstep tokenized the data
+      WriteJson(dir / "tokenizer_config.json", config);
+      return fmt::format("tokenizer: {} copied as tokenizer.model (SentencePiece)",
+                         t.file.string());
+    case Tokenizer::Kind::kHfJson:
+      fs::copy_file(t.file, dir / "tokenizer.json");
+      config["tokenizer_class"] = "PreTrainedTokenizerFast";
+      WriteJson(dir / "tokenizer_config.json", config);
+      return fmt::format("tokenizer: {} copied as tokenizer.json", t.file.string());
+    case Tokenizer::Kind::kUnknownFile:
+      return fmt::format(
+          "no tokenizer written: {} is neither a SentencePiece .model nor a tokenizer.json",
+          t.file.string());
+    case Tokenizer::Kind::kNone:
+      break;
+  }
+  return t.note;
+}
+
+void WriteHf(const VerifiedModel& m, const std::string& arch, const Tokenizer& tok,
+             const fs::path& dir, std::vector<std::string>& notes) {
+  const ModelConfig& c = m.config.model;
+  const Params p(m.params);
+  const bool sliding = AnySlidingLayer(c);
+  json config = {
+      {"architectures", {arch}},
+      {"vocab_size", c.vocab},
+      {"hidden_size", c.d_model},
+      {"intermediate_size", c.ffn_hidden},
+      {"num_hidden_layers", c.n_layers},
+      {"num_attention_heads", c.n_heads},
+      {"num_key_value_heads", c.n_kv_heads},
+      {"head_dim", c.head_dim},
+      {"hidden_act", "silu"},
+      {"max_position_embeddings", c.seq_len},
+      {"rms_norm_eps", c.norm_eps},
+      {"rope_theta", c.rope_theta},
+      {"rope_scaling", nullptr},
+      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", c.rope_theta}}},
+      {"attention_bias", false},
+      {"attention_dropout", 0.0},
+      {"mlp_bias", false},
+      {"tie_word_embeddings", false},
+      {"initializer_range", c.init_std},
+      {"use_cache", true},
+      {"torch_dtype", "float32"},
+      {"dtype", "float32"},
+  };
+  if (arch == "LlamaForCausalLM") {
+    config["model_type"] = "llama";
+    config["pretraining_tp"] = 1;
+  } else {
+    config["model_type"] = arch == "Qwen2ForCausalLM" ? "qwen2" : "qwen3";
+    json types = json::array();
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      types.push_back(LayerWindow(c, l) > 0 ? "sliding_attention" : "full_attention");
+    }
+    config["use_sliding_window"] = sliding;
+    config["sliding_window"] = sliding ? json(c.window) : json(nullptr);
+    config["max_window_layers"] = c.n_layers;
+    config["layer_types"] = types;
+  }
+  if (tok.kind != Tokenizer::Kind::kNone) {
+    config["eos_token_id"] = tok.vocabulary.eod;
+    WriteJson(dir / "generation_config.json",
+              json{{"eos_token_id", tok.vocabulary.eod}, {"do_sample", false}});
+  } else {
+    WriteJson(dir / "generation_config.json", json{{"do_sample", false}});
+  }
+  WriteJson(dir / "config.json", config);
+
+  std::vector<NamedTensor> t;
+  std::vector<std::unique_ptr<std::vector<float>>> owned;
+  auto keep = [&](std::vector<float> v) -> std::span<const float> {
+    owned.push_back(std::make_unique<std::vector<float>>(std::move(v)));
+    return *owned.back();
+  };
+  t.push_back({"model.embed_tokens.weight", {c.vocab, c.d_model}, keep(EmbeddingTable(c, p))});
+  if (c.embedding_norm) {
+    notes.push_back("emb_norm folded into model.embed_tokens.weight (RmsNormForward per row)");
+  }
+  const int64_t q = c.n_heads * c.head_dim, k = c.n_kv_heads * c.head_dim, f = c.ffn_hidden;
+  const std::span<const float> ones = keep(std::vector<float>(c.head_dim, 1.0f));
+  const std::span<const float> zeros = keep(std::vector<float>(std::max(q, k), 0.0f));
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string b = fmt::format("model.layers.{}.", l);
+    t.push_back({b + "input_layernorm.weight", {c.d_model}, p.Layer(l, "attn_norm")});
+    t.push_back({b + "self_attn.q_proj.weight", {q, c.d_model}, p.Layer(l, "attn.wq")});
+    t.push_back({b + "self_attn.k_proj.weight", {k, c.d_model}, p.Layer(l, "attn.wk")});
+    t.push_back({b + "self_attn.v_proj.weight", {k, c.d_model}, p.Layer(l, "attn.wv")});
+    if (arch == "Qwen2ForCausalLM") {  // Qwen2 always has q/k/v biases: zeros add nothing
+      t.push_back({b + "self_attn.q_proj.bias", {q}, zeros.first(q)});
+      t.push_back({b + "self_attn.k_proj.bias", {k}, zeros.first(k)});
+      t.push_back({b + "self_attn.v_proj.bias", {k}, zeros.first(k)});
+    }
+    if (arch == "Qwen3ForCausalLM") {  // QK-norm's gains: lockstep's is gain-free
+      t.push_back({b + "self_attn.q_norm.weight", {c.head_dim}, ones});
+      t.push_back({b + "self_attn.k_norm.weight", {c.head_dim}, ones});
+    }
+    t.push_back({b + "self_attn.o_proj.weight", {c.d_model, q}, p.Layer(l, "attn.wo")});
+    t.push_back({b + "post_attention_layernorm.weight", {c.d_model}, p.Layer(l, "ffn_norm")});
+    const std::span<const float> gu = p.Layer(l, "ffn.w_gate_up");
+    t.push_back({b + "mlp.gate_proj.weight", {f, c.d_model}, gu.first(f * c.d_model)});
+    t.push_back({b + "mlp.up_proj.weight", {f, c.d_model}, gu.subspan(f * c.d_model)});
+    t.push_back({b + "mlp.down_proj.weight", {c.d_model, f}, p.Layer(l, "ffn.w_down")});
+  }
+  t.push_back({"model.norm.weight", {c.d_model}, p.Get("final_norm.weight")});
+  t.push_back({"lm_head.weight", {c.vocab, c.d_model}, p.Get("output.weight")});
+  WriteSafetensors(dir / "model.safetensors", t,
+                   {{"format", "pt"},
+                    {"lockstep_checkpoint_state_hash", ToHex(m.state_hash)},
+                    {"lockstep_step", std::to_string(m.step)}});
+  notes.push_back(HfTokenizer(dir, c, tok));
+}
+
+}  // namespace
+
+std::string ExportArchitecture(const ModelConfig& c, ExportFormat format) {
+  const bool sliding = AnySlidingLayer(c);
+  if (format == ExportFormat::kHf) {
+    if (c.qk_norm) return "Qwen3ForCausalLM";
+    return sliding ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+  }
+  if (c.n_layers > kLlamaCppMaxLayers) {
+    Fail("model.n_layers = {}: llama.cpp holds at most {} layers; --format hf expresses it",
+         c.n_layers, kLlamaCppMaxLayers);
+  }
+  if (sliding && c.qk_norm) {
+    Fail(
+        "model.window = {} with model.qk_norm = true: no llama.cpp architecture expresses "
+        "per-layer sliding-window attention together with a QK-norm exactly (mimo2 has the "
+        "windows but no QK-norm; qwen3 the QK-norm but no windows; docs/export.md); --format hf "
+        "expresses it",
+        c.window);
+  }
+  if (sliding) return "mimo2";
+  return c.qk_norm ? "qwen3" : "llama";
+}
+
+std::vector<float> PermuteForInterleavedRope(std::span<const float> w, int64_t heads,
+                                             int64_t head_dim, int64_t cols) {
+  std::vector<float> out(w.size());
+  const int64_t half = head_dim / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t i = 0; i < half; ++i) {
+      for (int64_t j = 0; j < 2; ++j) {
+        const auto src = w.subspan(static_cast<size_t>((h * head_dim + j * half + i) * cols),
+                                   static_cast<size_t>(cols));
+        std::ranges::copy(src, out.begin() + (h * head_dim + 2 * i + j) * cols);
+      }
+    }
+  }
+  return out;
+}
+
+ExportResult Export(const VerifiedModel& m, ExportFormat format, const fs::path& out,
+                    const fs::path& data) {
+  ExportResult result;
+  result.architecture = ExportArchitecture(m.config.model, format);
+  const Tokenizer tok = DatasetTokenizer(m, data);
+  StagedOutput staged(out, format == ExportFormat::kHf, m, data);
+  if (format == ExportFormat::kHf) {
+    WriteHf(m, result.architecture, tok, staged.path(), result.notes);
+    SyncDirectory(staged.path());
+  } else {
+    WriteGguf(m, result.architecture, tok, staged.path(), result.notes);
+  }
+  staged.Commit();
+  return result;
+}
+
+}  // namespace lockstep::infer

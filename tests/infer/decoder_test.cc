@@ -1,0 +1,198 @@
+// The KV-cache decoder: a position's logits are the training forward's, bit for bit, whether the
+// sequence is run whole, prefilled in pieces or decoded a token at a time, whatever other
+// sequences share the call, at every SIMD variant and thread count, and on the OpenCL device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "common/expect_error.h"
+#include "lockstep/device.h"
+#include "lockstep/infer.h"
+#include "lockstep/model.h"
+
+namespace lockstep {
+namespace {
+
+using infer::KvDecoder;
+using Piece = KvDecoder::Piece;
+
+// tiny (windows of 8 beside full attention, QK-norm, embedding norm), and the same without the
+// optional features.
+std::vector<ModelConfig> Configs() {
+  ModelConfig tiny = LoadRunConfig("tiny").model;
+  ModelConfig plain = tiny;
+  plain.window = 0;
+  plain.qk_norm = false;
+  plain.embedding_norm = false;
+  return {tiny, plain};
+}
+
+std::vector<uint32_t> Tokens(int64_t n, uint32_t vocab, uint32_t seed) {
+  std::vector<uint32_t> t(static_cast<size_t>(n));
+  uint32_t s = seed;
+  for (uint32_t& id : t) id = (s = s * 1664525u + 1013904223u) >> 8 & (vocab - 1);
+  return t;
+}
+
+// The training forward's logits of every position (Model::Forward, then Model::Logits).
+std::vector<float> TrainingLogits(const ModelConfig& c, const ParamStore& params,
+                                  std::vector<uint32_t> tokens) {
+  const auto seq = static_cast<int64_t>(tokens.size());
+  tokens.push_back(0);  // a target for the last position: the logits do not depend on it
+  Model model(c, 256, 1, seq);
+  model.Forward(params, tokens);
+  std::vector<float> logits(static_cast<size_t>(seq * c.vocab));
+  model.Logits(params, logits);
+  return logits;
+}
+
+std::vector<float> Rows(const std::vector<float>& x, int64_t from, int64_t to, int64_t width) {
+  return {x.begin() + from * width, x.begin() + to * width};
+}
+
+struct Fixture {
+  explicit Fixture(const ModelConfig& config) : c(config), params(ParameterSpecs(config)) {
+    InitParameters(c, 7, params);
+  }
+  ModelConfig c;
+  ParamStore params;
+};
+
+// Every position three ways: whole, in pieces of 5, 1 and the rest, and a token at a time.
+std::vector<float> ThreeWays(const Fixture& f, const std::vector<uint32_t>& tokens,
+                             const OpHooks& hooks = {}) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  const std::span<const uint32_t> all(tokens);
+  std::vector<float> out;
+  {
+    KvDecoder d(f.c, f.params, 1);
+    d.set_hooks(hooks);
+    const Piece whole[] = {{0, all}};
+    out = d.Append(whole, true);
+  }
+  {
+    KvDecoder d(f.c, f.params, 1);
+    d.set_hooks(hooks);
+    for (const auto& [from, to] : {std::pair{0, 5}, {5, 6}, {6, int(n)}}) {
+      const Piece p[] = {{0, all.subspan(from, to - from)}};
+      const std::vector<float> got = d.Append(p, true);
+      out.insert(out.end(), got.begin(), got.end());
+    }
+  }
+  {
+    KvDecoder d(f.c, f.params, 1);
+    d.set_hooks(hooks);
+    for (int64_t t = 0; t < n; ++t) {
+      const Piece p[] = {{0, all.subspan(t, 1)}};
+      const std::vector<float> got = d.Append(p, false);
+      out.insert(out.end(), got.begin(), got.end());
+    }
+    EXPECT_EQ(d.Length(0), n);
+  }
+  return out;
+}
+
+TEST(KvDecoder, DecodeEqualsPrefillEqualsTheTrainingForward) {
+  for (const ModelConfig& c : Configs()) {
+    const Fixture f(c);
+    const std::vector<uint32_t> tokens = Tokens(40, 512, 3);  // past the window and a 64-key tile
+    const std::vector<float> want = TrainingLogits(c, f.params, tokens);
+    const std::vector<float> got = ThreeWays(f, tokens);
+    ASSERT_EQ(got.size(), 3 * want.size());
+    for (int way = 0; way < 3; ++way) {
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin() + way * want.size()))
+          << "way " << way << ", window " << c.window << ", qk_norm " << c.qk_norm;
+    }
+  }
+}
+
+TEST(KvDecoder, ARequestsLogitsDoNotDependOnTheOthersInTheBatch) {
+  const Fixture f(Configs()[0]);
+  const std::vector<std::vector<uint32_t>> seqs = {Tokens(30, 512, 1), Tokens(12, 512, 2),
+                                                   Tokens(21, 512, 3)};
+  std::vector<std::vector<float>> alone;
+  for (const auto& s : seqs) alone.push_back(TrainingLogits(f.c, f.params, s));
+  // The three together, in two orders and slot assignments, prefilled by unequal pieces and
+  // then decoded side by side (a finished sequence drops out of the batch).
+  for (const std::vector<int> order : {std::vector{0, 1, 2}, std::vector{2, 0, 1}}) {
+    KvDecoder d(f.c, f.params, 3);
+    std::vector<std::vector<float>> got(3);
+    const auto take = [&](const std::vector<float>& logits, const std::vector<int>& who) {
+      for (size_t i = 0; i < who.size(); ++i) {
+        got[who[i]].insert(got[who[i]].end(), logits.begin() + i * f.c.vocab,
+                           logits.begin() + (i + 1) * f.c.vocab);
+      }
+    };
+    std::vector<Piece> prefill;
+    std::vector<int> who;
+    for (size_t slot = 0; slot < order.size(); ++slot) {
+      const int s = order[slot];
+      prefill.push_back({int64_t(slot), std::span(seqs[s]).first(5 + 2 * s)});
+    }
+    const std::vector<float> first = d.Append(prefill, true);
+    int64_t row = 0;
+    for (size_t slot = 0; slot < order.size(); ++slot) {
+      const int s = order[slot];
+      const int64_t rows = 5 + 2 * s;
+      got[s].insert(got[s].end(), first.begin() + row * f.c.vocab,
+                    first.begin() + (row + rows) * f.c.vocab);
+      row += rows;
+    }
+    for (;;) {
+      std::vector<Piece> step;
+      who.clear();
+      for (size_t slot = 0; slot < order.size(); ++slot) {
+        const int s = order[slot];
+        const int64_t at = d.Length(int64_t(slot));
+        if (at == int64_t(seqs[s].size())) continue;
+        step.push_back({int64_t(slot), std::span(seqs[s]).subspan(at, 1)});
+        who.push_back(s);
+      }
+      if (step.empty()) break;
+      take(d.Append(step, false), who);
+    }
+    for (int s = 0; s < 3; ++s) EXPECT_EQ(got[s], alone[s]) << "sequence " << s;
+  }
+}
+
+TEST(KvDecoder, TheBitsAreTheSameAtEveryVariantAndThreadCount) {
+  const Fixture f(Configs()[0]);
+  const std::vector<uint32_t> tokens = Tokens(20, 512, 4);
+  for (const rk::SweepResult& r : rk::SweepVariants([&] { return ThreeWays(f, tokens); },
+                                                    rk::kSweepThreadCounts)) {
+    EXPECT_TRUE(r.equal) << r.isa.name << " at " << r.threads << " threads: first difference at "
+                         << r.first_diff;
+  }
+}
+
+TEST(KvDecoder, TheOpenClDeviceGivesTheSameBits) {
+  if (!device::OpenClBuiltIn()) GTEST_SKIP() << "built without OpenCL";
+  ASSERT_FALSE(device::ListDevices().empty()) << "no OpenCL device (scripts/install-deps.sh)";
+  const std::unique_ptr<device::Device> dev = device::Open({});
+  const Fixture f(Configs()[0]);
+  const std::vector<uint32_t> tokens = Tokens(20, 512, 5);
+  const std::vector<float> cpu = ThreeWays(f, tokens);  // nothing kept: every op's tensors travel
+  EXPECT_EQ(ThreeWays(f, tokens, {nullptr, dev.get()}), cpu);
+  EXPECT_GT(dev->traffic().to_device, 0u) << "the device ran none of the ops";
+}
+
+TEST(KvDecoder, TooLongSequencesAndOutOfVocabularyTokensAreRefusedAndChangeNothing) {
+  const Fixture f(Configs()[0]);
+  KvDecoder d(f.c, f.params, 2);
+  const std::vector<uint32_t> long_one = Tokens(65, 512, 6), bad = {3, 512};
+  const Piece too_long[] = {{1, long_one}};
+  test::ExpectError([&] { d.Append(too_long, false); }, {"slot 1", "seq_len (64)"});
+  const Piece out_of_vocab[] = {{0, bad}};
+  test::ExpectError([&] { d.Append(out_of_vocab, false); }, {"token 1 is 512", "model.vocab = 512"});
+  const Piece twice[] = {{0, std::span(bad).first(1)}, {0, std::span(bad).first(1)}};
+  test::ExpectError([&] { d.Append(twice, false); }, {"slot 0 given twice"});
+  EXPECT_EQ(d.Length(0), 0);
+  EXPECT_EQ(d.Length(1), 0);
+}
+
+}  // namespace
+}  // namespace lockstep
