@@ -12,6 +12,11 @@
 #include <string_view>
 #include <vector>
 
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include "lockstep/data.h"
 #include "lockstep/model.h"
 #include "lockstep/state.h"
 
@@ -36,6 +41,15 @@ struct VerifiedModel {
 // the recorded config makes, by name, shape and order; fails naming the directory, the tensor and
 // both values. Nothing is returned before every check has passed.
 VerifiedModel LoadVerified(const std::filesystem::path& dir);
+
+// The dataset a checkpoint trained on, opened and verified (data::OpenDataset): its
+// manifest.json's BLAKE2b must be the descriptor's data_manifest_blake2b; fails naming the
+// directory and both digests. Its vocabulary says which tokenizer made the model's token ids.
+data::Dataset OpenTrainingData(const VerifiedModel& model, const std::filesystem::path& data);
+// The tokenizer of such a dataset, to encode prompts and decode outputs: the byte tokenizer, or
+// the tokenizer file the manifest names, found in the dataset's directory with the manifest's
+// BLAKE2b (fails naming the file otherwise).
+std::unique_ptr<data::Tokenizer> OpenTrainingTokenizer(const data::Dataset& dataset);
 
 // ---- a forward without targets, with a KV cache -------------------------------------------------
 // The decoder of docs/model.md run on new tokens of sequences whose earlier positions are kept
@@ -92,6 +106,71 @@ class KvDecoder {
   std::vector<float> x_, y_, h_, rstd_, q_raw_, k_raw_, q_, k_, v_, attn_, gu_, act_;
   OpHooks hooks_;
 };
+
+// ---- generation (docs/inference.md) ------------------------------------------------------------
+struct SamplingParams {
+  int64_t max_tokens = 64;  // tokens generated per request at most
+  float temperature = 0;    // 0: greedy (the lowest id of the largest logit)
+  int64_t top_k = 0;        // 0: every id
+  float top_p = 1;          // 1: no nucleus cut
+  uint64_t seed = 0;
+};
+// The id sampled from `logits` for request `request` at position `position` (of the token being
+// chosen): docs/numerics.md, "Sampling" -- fp32 in a fixed order, one Philox4x32-10 draw keyed by
+// the seed at counter (request low, request high, position low, position high). Fails on a NaN.
+uint32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
+                     uint64_t request, int64_t position);
+
+struct Request {
+  uint64_t id = 0;  // keys the request's draws: its tokens do not depend on the other requests
+  std::vector<uint32_t> prompt;  // 1 .. seq_len ids
+};
+enum class Stop { kEndOfDocument, kMaxTokens, kSeqLen };
+std::string_view StopName(Stop stop);  // "end_of_document", "max_tokens", "seq_len"
+struct Generation {
+  std::vector<uint32_t> tokens;  // generated, the end-of-document id included when it stopped
+  // chain[i] = BLAKE2b-256(chain[i-1] || the logits that chose tokens[i], fp32 little-endian),
+  // chain[-1] = PromptDigest(prompt) (docs/formats/receipt.md).
+  std::vector<Digest> logits_chain;
+  Stop stop = Stop::kMaxTokens;
+};
+// BLAKE2b-256 of the ids as uint32 little-endian.
+Digest PromptDigest(std::span<const uint32_t> ids);
+// Every request decoded side by side with one KvDecoder (a slot each): the prompts prefilled in
+// one call, then one token per unfinished request per call, each chosen by SampleToken from its
+// own logits; a request stops at `eod` (when given), at max_tokens, or when its next token would
+// lie past seq_len. on_token(request index, token) is called as each token is chosen. Fails
+// naming the request for an empty or too long prompt or an id outside the vocabulary.
+std::vector<Generation> Generate(const VerifiedModel& model, std::span<const Request> requests,
+                                 const SamplingParams& params, std::optional<uint32_t> eod,
+                                 const OpHooks& hooks,
+                                 const std::function<void(size_t, uint32_t)>& on_token = {});
+
+// ---- receipts (docs/formats/receipt.md) ------------------------------------------------------
+// What a receipt binds besides the requests: the tokenizer ({"kind": "bytes"}, {"kind": "file",
+// "name": ..., "blake2b": ...}, or none when the prompts were given as ids), and the end-of-
+// document id generation stopped at (none: it ran to max_tokens or seq_len).
+struct ReceiptTokenizer {
+  std::optional<data::Vocabulary> vocabulary;
+  std::optional<uint32_t> eod;
+};
+// The receipt of `generations` of `requests` under `model`, as its file's text, signed with
+// `key` when given.
+std::string GenerationReceipt(const VerifiedModel& model, const ReceiptTokenizer& tokenizer,
+                              const SamplingParams& params, std::span<const Request> requests,
+                              std::span<const Generation> generations,
+                              const Ed25519Seed* key = nullptr);
+// A receipt re-executed: every check in order, the first failure named.
+struct ReceiptVerdict {
+  bool match = false;
+  std::string detail;  // MATCH: what was re-executed; else the first difference
+};
+// Parses the receipt at `path` (refusing, naming the field, anything not in the format); checks
+// its signature (which must exist and verify under `trusted` when given; one present is checked
+// under its own key otherwise); checks that `model` is the receipt's checkpoint; re-executes
+// every request and compares tokens and the logits chain position by position.
+ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path, const VerifiedModel& model,
+                                       const Ed25519PublicKey* trusted, const OpHooks& hooks);
 
 // ---- export ---------------------------------------------------------------------------------
 // A verified checkpoint written for another runtime, exactly or not at all (docs/export.md):

@@ -22,7 +22,6 @@ namespace lockstep::infer {
 namespace fs = std::filesystem;
 using data::Dataset;
 using data::kEodToken;
-using data::OpenDataset;
 using data::Vocabulary;
 using nlohmann::json;
 
@@ -86,16 +85,7 @@ Tokenizer DatasetTokenizer(const VerifiedModel& m, const fs::path& data) {
     t.note = "no tokenizer written: no --data was given (the dataset names the tokenizer)";
     return t;
   }
-  const Dataset dataset = OpenDataset(data);
-  const json descriptor = ParseJsonStrict(m.descriptor, m.dir.string() + " descriptor");
-  const std::string want = descriptor.value("data_manifest_blake2b", std::string());
-  const std::string have = ToHex(dataset.manifest_digest());
-  if (want != have) {
-    Fail(
-        "{}: its manifest.json has BLAKE2b {}, but checkpoint {} was trained on the dataset "
-        "whose manifest has {} (descriptor field data_manifest_blake2b)",
-        data.string(), have, m.dir.string(), want);
-  }
+  const Dataset dataset = OpenTrainingData(m, data);
   t.vocabulary = dataset.vocabulary();
   if (t.vocabulary.bytes()) {
     t.kind = Tokenizer::Kind::kBytes;

@@ -2,7 +2,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+
+#include "lockstep/json.h"
 
 #include "lockstep/infer.h"
 
@@ -45,6 +49,61 @@ VerifiedModel LoadVerified(const std::filesystem::path& dir) {
                                       }));
   return {dir, std::move(config), ckpt.state.descriptor, ckpt.state_hash, ckpt.state.step,
           std::move(params)};
+}
+
+data::Dataset OpenTrainingData(const VerifiedModel& model, const std::filesystem::path& data) {
+  data::Dataset dataset = data::OpenDataset(data);
+  const nlohmann::json descriptor =
+      ParseJsonStrict(model.descriptor, model.dir.string() + " descriptor");
+  const std::string want = descriptor.value("data_manifest_blake2b", std::string());
+  const std::string have = ToHex(dataset.manifest_digest());
+  if (want != have) {
+    Fail(
+        "{}: its manifest.json has BLAKE2b {}, but checkpoint {} was trained on the dataset "
+        "whose manifest has {} (descriptor field data_manifest_blake2b)",
+        data.string(), have, model.dir.string(), want);
+  }
+  return dataset;
+}
+
+namespace {
+// The byte tokenizer (docs/tokenizers.md): each byte its own id, data::kEodToken ends documents.
+class ByteTokenizer final : public data::Tokenizer {
+ public:
+  const data::Vocabulary& vocabulary() const override { return vocabulary_; }
+  std::vector<uint32_t> Encode(std::string_view text, std::string_view what) const override {
+    const auto bytes = std::as_bytes(std::span(text));
+    const std::span<const uint8_t> u8(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    data::ValidateUtf8(u8, what);
+    return data::TokenizeBytes(u8);
+  }
+  std::string Decode(std::span<const uint32_t> ids) const override {
+    std::string text;
+    for (const uint32_t id : ids) {
+      if (id < 256) text.push_back(static_cast<char>(id));
+    }
+    return text;
+  }
+
+ private:
+  data::Vocabulary vocabulary_;
+};
+}  // namespace
+
+std::unique_ptr<data::Tokenizer> OpenTrainingTokenizer(const data::Dataset& dataset) {
+  const data::Vocabulary& v = dataset.vocabulary();
+  if (v.bytes()) return std::make_unique<ByteTokenizer>();
+  const std::filesystem::path file = dataset.dir() / v.tokenizer_file;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec)) {
+    Fail("{}: the dataset's tokenizer file {} (manifest tokenizer.name) is not there",
+         dataset.dir().string(), v.tokenizer_file);
+  }
+  if (Blake2b256(ReadFileBytes(file)) != v.tokenizer_blake2b) {
+    Fail("{}: its BLAKE2b is not the {} that {}'s manifest records (tokenizer.blake2b)",
+         file.string(), ToHex(v.tokenizer_blake2b), dataset.dir().string());
+  }
+  return data::OpenTokenizer(file);
 }
 
 }  // namespace lockstep::infer

@@ -26,6 +26,8 @@ void AddModelCommands(CLI::App& app, int* exit_code);
 void AddTrainCommand(CLI::App& app, int* exit_code);
 // cmd_forward.cc: forward
 void AddForwardCommand(CLI::App& app, int* exit_code);
+// cmd_generate.cc: generate, verify-generation
+void AddGenerateCommands(CLI::App& app, int* exit_code);
 // cmd_export.cc: export
 void AddExportCommand(CLI::App& app, int* exit_code);
 // cmd_replay.cc: replay, verify-handoff

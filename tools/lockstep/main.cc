@@ -114,6 +114,7 @@ int Run(int argc, char** argv) {
   AddModelCommands(app, &exit_code);
   AddTrainCommand(app, &exit_code);
   AddForwardCommand(app, &exit_code);
+  AddGenerateCommands(app, &exit_code);
   AddExportCommand(app, &exit_code);
   AddReplayCommands(app, &exit_code);
   AddKitCommands(app, &exit_code);

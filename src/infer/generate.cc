@@ -1,0 +1,117 @@
+// Generation: prompts prefilled, then decoded side by side, one token per request per step.
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "lockstep/infer.h"
+
+namespace lockstep::infer {
+namespace {
+
+Digest ChainStep(const Digest& previous, std::span<const float> logits) {
+  std::vector<uint8_t> message(previous.size() + logits.size_bytes());
+  std::memcpy(message.data(), previous.data(), previous.size());
+  for (size_t i = 0; i < logits.size(); ++i) {  // little-endian, whatever the host's order
+    const auto bits = std::bit_cast<uint32_t>(logits[i]);
+    for (int b = 0; b < 4; ++b) message[previous.size() + 4 * i + b] = uint8_t(bits >> (8 * b));
+  }
+  return Blake2b256(message);
+}
+
+}  // namespace
+
+std::string_view StopName(Stop stop) {
+  switch (stop) {
+    case Stop::kEndOfDocument:
+      return "end_of_document";
+    case Stop::kMaxTokens:
+      return "max_tokens";
+    case Stop::kSeqLen:
+      return "seq_len";
+  }
+  LOCKSTEP_INTERNAL("Stop {}", static_cast<int>(stop));
+}
+
+Digest PromptDigest(std::span<const uint32_t> ids) {
+  std::vector<uint8_t> bytes(ids.size() * 4);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    for (int b = 0; b < 4; ++b) bytes[4 * i + b] = uint8_t(ids[i] >> (8 * b));
+  }
+  return Blake2b256(bytes);
+}
+
+std::vector<Generation> Generate(const VerifiedModel& model, std::span<const Request> requests,
+                                 const SamplingParams& params, std::optional<uint32_t> eod,
+                                 const OpHooks& hooks,
+                                 const std::function<void(size_t, uint32_t)>& on_token) {
+  const ModelConfig& c = model.config.model;
+  if (requests.empty()) Fail("no requests to generate for");
+  if (params.max_tokens < 1) Fail("max_tokens = {} (at least 1)", params.max_tokens);
+  if (!(params.temperature >= 0) || !std::isfinite(params.temperature)) {
+    Fail("temperature = {} (a finite number >= 0)", params.temperature);
+  }
+  if (!(params.top_p > 0 && params.top_p <= 1)) Fail("top_p = {} (in (0, 1])", params.top_p);
+  if (params.top_k < 0) Fail("top_k = {} (>= 0; 0: every id)", params.top_k);
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const auto n = static_cast<int64_t>(requests[r].prompt.size());
+    if (n < 1 || n > c.seq_len) {
+      Fail("request {} (id {}): its prompt has {} tokens; 1 to the model's seq_len ({})", r,
+           requests[r].id, n, c.seq_len);
+    }
+    for (size_t i = 0; i < requests[r].prompt.size(); ++i) {
+      if (requests[r].prompt[i] >= static_cast<uint64_t>(c.vocab)) {
+        Fail("request {} (id {}): prompt token {} is {}, outside the vocabulary (model.vocab = {})",
+             r, requests[r].id, i, requests[r].prompt[i], c.vocab);
+      }
+    }
+  }
+  KvDecoder decoder(c, model.params, static_cast<int64_t>(requests.size()));
+  decoder.set_hooks(hooks);
+  std::vector<Generation> out(requests.size());
+  std::vector<Digest> chain(requests.size());
+  std::vector<bool> done(requests.size(), false);
+  std::vector<KvDecoder::Piece> pieces;
+  std::vector<size_t> who;
+  for (size_t r = 0; r < requests.size(); ++r) {
+    pieces.push_back({static_cast<int64_t>(r), requests[r].prompt});
+    who.push_back(r);
+    chain[r] = PromptDigest(requests[r].prompt);
+  }
+  std::vector<uint32_t> next(requests.size());
+  while (!pieces.empty()) {
+    const std::vector<float> logits = decoder.Append(pieces, false);
+    for (size_t i = 0; i < who.size(); ++i) {
+      const size_t r = who[i];
+      const std::span<const float> row =
+          std::span(logits).subspan(i * static_cast<size_t>(c.vocab), static_cast<size_t>(c.vocab));
+      const int64_t position = decoder.Length(static_cast<int64_t>(r));  // of the chosen token
+      const uint32_t token = SampleToken(row, params, requests[r].id, position);
+      Generation& g = out[r];
+      g.tokens.push_back(token);
+      chain[r] = ChainStep(chain[r], row);
+      g.logits_chain.push_back(chain[r]);
+      if (on_token) on_token(r, token);
+      if (eod.has_value() && token == *eod) {
+        g.stop = Stop::kEndOfDocument;
+      } else if (static_cast<int64_t>(g.tokens.size()) == params.max_tokens) {
+        g.stop = Stop::kMaxTokens;
+      } else if (position == c.seq_len) {  // the model has no position left to read it at
+        g.stop = Stop::kSeqLen;
+      } else {
+        continue;
+      }
+      done[r] = true;
+    }
+    pieces.clear();
+    who.clear();
+    for (size_t r = 0; r < requests.size(); ++r) {
+      if (done[r]) continue;
+      next[r] = out[r].tokens.back();
+      pieces.push_back({static_cast<int64_t>(r), std::span(next).subspan(r, 1)});
+      who.push_back(r);
+    }
+  }
+  return out;
+}
+
+}  // namespace lockstep::infer

@@ -1,0 +1,299 @@
+// Generation receipts: docs/formats/receipt.md.
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include <charconv>
+
+#include "lockstep/build_info.h"
+#include "lockstep/infer.h"
+#include "lockstep/json.h"
+
+namespace lockstep::infer {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr char kFormat[] = "lockstep-receipt";
+constexpr uint64_t kFormatVersion = 1;
+constexpr char kSignedPrefix[] = "lockstep/receipt/v1";
+
+// A float as the shortest decimal that reads back to it (the receipt's real-valued fields).
+std::string FloatText(float x) { return fmt::format("{}", x); }
+float FloatFromText(const json& object, const char* key, std::string_view what) {
+  const std::string text = StringField(object, key, what);
+  float x = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), x);
+  if (ec != std::errc() || end != text.data() + text.size() || FloatText(x) != text) {
+    Fail("{}: {} = \"{}\" is not a float's shortest decimal text", what, key, text);
+  }
+  return x;
+}
+uint64_t U64FromText(const json& object, const char* key, std::string_view what) {
+  const std::string text = StringField(object, key, what);
+  uint64_t x = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), x);
+  if (ec != std::errc() || end != text.data() + text.size() || std::to_string(x) != text) {
+    Fail("{}: {} = \"{}\" is not a decimal integer from 0 to 2^64 - 1", what, key, text);
+  }
+  return x;
+}
+
+// The signed message: the prefix, a zero byte, and the BLAKE2b-256 of the receipt object's
+// canonical text (compact, keys sorted: nlohmann::json's dump()).
+std::vector<uint8_t> SignedMessage(const json& receipt) {
+  const std::string canonical = receipt.dump();
+  const Digest digest =
+      Blake2b256({reinterpret_cast<const uint8_t*>(canonical.data()), canonical.size()});
+  std::vector<uint8_t> message(kSignedPrefix, kSignedPrefix + sizeof(kSignedPrefix));  // with \0
+  message.insert(message.end(), digest.begin(), digest.end());
+  return message;
+}
+
+json Ids(std::span<const uint32_t> ids) { return json(std::vector<uint32_t>(ids.begin(), ids.end())); }
+
+std::vector<uint32_t> IdsField(const json& object, const char* key, std::string_view what) {
+  const json& value = object.at(key);
+  if (!value.is_array()) Fail("{}: {} is not an array of token ids", what, key);
+  std::vector<uint32_t> ids;
+  ids.reserve(value.size());
+  for (size_t i = 0; i < value.size(); ++i) {
+    const uint64_t id = AsU64(value[i], fmt::format("{}: {}[{}]", what, key, i));
+    if (id >= data::kMaxVocab) Fail("{}: {}[{}] = {} is not a token id", what, key, i, id);
+    ids.push_back(static_cast<uint32_t>(id));
+  }
+  return ids;
+}
+
+struct Parsed {
+  json receipt;
+  std::optional<Ed25519PublicKey> signer;
+};
+
+Parsed ParseReceipt(const std::filesystem::path& path, const Ed25519PublicKey* trusted) {
+  const std::string what = path.string();
+  const json file = ParseJsonStrict(ReadFileText(path), what);
+  Parsed p;
+  if (file.is_object() && file.contains("signature")) {
+    RequireKeys(file, {"receipt", "signature"}, what);
+    const json& sig = file.at("signature");
+    const std::string sig_what = what + ": signature";
+    RequireKeys(sig, {"ed25519", "signature"}, sig_what);
+    const auto key = BytesFromHex<32>(StringField(sig, "ed25519", sig_what), sig_what + ": ed25519");
+    const auto signature =
+        BytesFromHex<64>(StringField(sig, "signature", sig_what), sig_what + ": signature");
+    if (trusted != nullptr && key != *trusted) {
+      Fail("{}: signed by key {}, not the trusted key {}", what, ToHex(key), ToHex(*trusted));
+    }
+    if (!VerifySignature(key, SignedMessage(file.at("receipt")), signature)) {
+      Fail("{}: the signature does not verify under its key {}: the receipt was changed after it "
+           "was signed, or the signature is forged",
+           what, ToHex(key));
+    }
+    p.signer = key;
+  } else {
+    RequireKeys(file, {"receipt"}, what);
+    if (trusted != nullptr) Fail("{}: the receipt is not signed (--trusted-key was given)", what);
+  }
+  p.receipt = file.at("receipt");
+  return p;
+}
+
+}  // namespace
+
+std::string GenerationReceipt(const VerifiedModel& model, const ReceiptTokenizer& tokenizer,
+                              const SamplingParams& params, std::span<const Request> requests,
+                              std::span<const Generation> generations, const Ed25519Seed* key) {
+  if (requests.size() != generations.size()) {
+    LOCKSTEP_INTERNAL("{} requests, {} generations", requests.size(), generations.size());
+  }
+  json r;
+  r["format"] = kFormat;
+  r["format_version"] = kFormatVersion;
+  r["kind"] = "generation";
+  r["lockstep_version"] = build::kVersion;
+  r["contract_version"] = build::kContractVersion;
+  const auto& d = model.descriptor;
+  r["checkpoint"] = {
+      {"state_hash", ToHex(model.state_hash)},
+      {"descriptor_blake2b",
+       ToHex(Blake2b256({reinterpret_cast<const uint8_t*>(d.data()), d.size()}))},
+      {"step", model.step}};
+  if (!tokenizer.vocabulary.has_value()) {
+    r["tokenizer"] = nullptr;
+  } else if (tokenizer.vocabulary->bytes()) {
+    r["tokenizer"] = {{"kind", "bytes"}};
+  } else {
+    r["tokenizer"] = {{"kind", "file"},
+                      {"name", tokenizer.vocabulary->tokenizer_file},
+                      {"blake2b", ToHex(tokenizer.vocabulary->tokenizer_blake2b)}};
+  }
+  r["eod"] = tokenizer.eod.has_value() ? json(*tokenizer.eod) : json(nullptr);
+  r["sampling"] = {{"max_tokens", params.max_tokens},
+                   {"temperature", FloatText(params.temperature)},
+                   {"top_k", params.top_k},
+                   {"top_p", FloatText(params.top_p)},
+                   {"seed", std::to_string(params.seed)}};
+  json list = json::array();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    json chain = json::array();
+    for (const Digest& c : generations[i].logits_chain) chain.push_back(ToHex(c));
+    list.push_back({{"id", std::to_string(requests[i].id)},
+                    {"prompt_tokens", Ids(requests[i].prompt)},
+                    {"prompt_blake2b", ToHex(PromptDigest(requests[i].prompt))},
+                    {"output_tokens", Ids(generations[i].tokens)},
+                    {"stop", StopName(generations[i].stop)},
+                    {"logits_chain", std::move(chain)}});
+  }
+  r["requests"] = std::move(list);
+  json file = {{"receipt", r}};
+  if (key != nullptr) {
+    file["signature"] = {{"ed25519", ToHex(PublicKeyOf(*key))},
+                         {"signature", ToHex(SignMessage(*key, SignedMessage(r)))}};
+  }
+  return file.dump(2) + "\n";
+}
+
+ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path, const VerifiedModel& model,
+                                       const Ed25519PublicKey* trusted, const OpHooks& hooks) {
+  const Parsed parsed = ParseReceipt(path, trusted);
+  const json& r = parsed.receipt;
+  const std::string what = path.string() + ": receipt";
+  RequireKeys(r, {"format", "format_version", "kind", "lockstep_version", "contract_version",
+                  "checkpoint", "tokenizer", "eod", "sampling", "requests"},
+              what);
+  RequireFormat(r, kFormat, kFormatVersion, what);
+  if (StringField(r, "kind", what) != "generation") {
+    Fail("{}: kind = {} (this command verifies \"generation\" receipts)", what,
+         ShownJson(r.at("kind")));
+  }
+  StringField(r, "lockstep_version", what);
+  const uint64_t contract = U64Field(r, "contract_version", what);
+  if (contract != static_cast<uint64_t>(build::kContractVersion)) {
+    return {false, fmt::format("the receipt was made under numerics contract {}; this lockstep "
+                               "implements contract {} and cannot re-execute it bit for bit",
+                               contract, build::kContractVersion)};
+  }
+  const json& ckpt = r.at("checkpoint");
+  const std::string ckpt_what = what + ": checkpoint";
+  RequireKeys(ckpt, {"state_hash", "descriptor_blake2b", "step"}, ckpt_what);
+  const Digest state_hash = DigestField(ckpt, "state_hash", ckpt_what);
+  const Digest descriptor = DigestField(ckpt, "descriptor_blake2b", ckpt_what);
+  const uint64_t step = U64Field(ckpt, "step", ckpt_what);
+  const auto& d = model.descriptor;
+  const Digest have_descriptor = Blake2b256({reinterpret_cast<const uint8_t*>(d.data()), d.size()});
+  if (state_hash != model.state_hash || descriptor != have_descriptor || step != model.step) {
+    return {false, fmt::format("the receipt is of the checkpoint with state hash {} (step {}, "
+                               "descriptor {}); {} has state hash {} (step {}, descriptor {})",
+                               ToHex(state_hash), step, ToHex(descriptor), model.dir.string(),
+                               ToHex(model.state_hash), model.step, ToHex(have_descriptor))};
+  }
+  const json& tok = r.at("tokenizer");
+  if (!tok.is_null()) {
+    const std::string tok_what = what + ": tokenizer";
+    if (tok.is_object() && tok.size() == 1) {
+      RequireKeys(tok, {"kind"}, tok_what);
+      if (StringField(tok, "kind", tok_what) != "bytes") Fail("{}: kind is not \"bytes\"", tok_what);
+    } else {
+      RequireKeys(tok, {"kind", "name", "blake2b"}, tok_what);
+      if (StringField(tok, "kind", tok_what) != "file") Fail("{}: kind is not \"file\"", tok_what);
+      StringField(tok, "name", tok_what);
+      DigestField(tok, "blake2b", tok_what);
+    }
+  }
+  std::optional<uint32_t> eod;
+  if (!r.at("eod").is_null()) {
+    const uint64_t id = AsU64(r.at("eod"), what + ": eod");
+    if (id >= static_cast<uint64_t>(model.config.model.vocab)) {
+      Fail("{}: eod = {} is outside the vocabulary (model.vocab = {})", what, id,
+           model.config.model.vocab);
+    }
+    eod = static_cast<uint32_t>(id);
+  }
+  const json& s = r.at("sampling");
+  const std::string s_what = what + ": sampling";
+  RequireKeys(s, {"max_tokens", "temperature", "top_k", "top_p", "seed"}, s_what);
+  SamplingParams params;
+  params.max_tokens = static_cast<int64_t>(std::min<uint64_t>(U64Field(s, "max_tokens", s_what),
+                                                              uint64_t{1} << 40));
+  params.temperature = FloatFromText(s, "temperature", s_what);
+  params.top_k = static_cast<int64_t>(std::min<uint64_t>(U64Field(s, "top_k", s_what),
+                                                         uint64_t{1} << 40));
+  params.top_p = FloatFromText(s, "top_p", s_what);
+  params.seed = U64FromText(s, "seed", s_what);
+
+  const json& list = r.at("requests");
+  if (!list.is_array() || list.empty()) Fail("{}: requests is not a non-empty array", what);
+  std::vector<Request> requests;
+  struct Claimed {
+    std::vector<uint32_t> tokens;
+    std::vector<Digest> chain;
+    std::string stop;
+  };
+  std::vector<Claimed> claimed;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const json& q = list[i];
+    const std::string q_what = fmt::format("{}: requests[{}]", what, i);
+    RequireKeys(q, {"id", "prompt_tokens", "prompt_blake2b", "output_tokens", "stop", "logits_chain"},
+                q_what);
+    Request request{U64FromText(q, "id", q_what), IdsField(q, "prompt_tokens", q_what)};
+    if (DigestField(q, "prompt_blake2b", q_what) != PromptDigest(request.prompt)) {
+      return {false, fmt::format("request {} (id {}): prompt_blake2b is not the BLAKE2b of its "
+                                 "prompt_tokens",
+                                 i, request.id)};
+    }
+    Claimed c{IdsField(q, "output_tokens", q_what), {}, StringField(q, "stop", q_what)};
+    const json& chain = q.at("logits_chain");
+    if (!chain.is_array()) Fail("{}: logits_chain is not an array", q_what);
+    for (size_t k = 0; k < chain.size(); ++k) {
+      const std::string text = chain[k].is_string() ? chain[k].get<std::string>() : "";
+      c.chain.push_back(DigestFromHex(text, fmt::format("{}: logits_chain[{}]", q_what, k)));
+    }
+    if (c.chain.size() != c.tokens.size()) {
+      Fail("{}: {} output tokens but {} logits_chain entries", q_what, c.tokens.size(),
+           c.chain.size());
+    }
+    requests.push_back(std::move(request));
+    claimed.push_back(std::move(c));
+  }
+
+  const std::vector<Generation> again = Generate(model, requests, params, eod, hooks);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Generation& g = again[i];
+    const Claimed& c = claimed[i];
+    const int64_t prompt = static_cast<int64_t>(requests[i].prompt.size());
+    const std::string who = fmt::format("request {} (id {})", i, requests[i].id);
+    for (size_t k = 0; k < std::max(g.tokens.size(), c.tokens.size()); ++k) {
+      const int64_t position = prompt + static_cast<int64_t>(k);
+      if (k >= c.tokens.size() || k >= g.tokens.size()) {
+        return {false, fmt::format("{}: the receipt has {} output tokens, re-executed {} (stop "
+                                   "\"{}\"); they part at position {} (output token {})",
+                                   who, c.tokens.size(), g.tokens.size(), StopName(g.stop),
+                                   position, k)};
+      }
+      if (c.chain[k] != g.logits_chain[k]) {
+        return {false, fmt::format("{}: the logits at position {} (output token {}) differ: the "
+                                   "receipt's chain is {}, re-executed {}",
+                                   who, position, k, ToHex(c.chain[k]),
+                                   ToHex(g.logits_chain[k]))};
+      }
+      if (c.tokens[k] != g.tokens[k]) {
+        return {false, fmt::format("{}: position {} (output token {}): the receipt has token {}, "
+                                   "re-executed {} (the logits agree)",
+                                   who, position, k, c.tokens[k], g.tokens[k])};
+      }
+    }
+    if (c.stop != StopName(g.stop)) {
+      return {false, fmt::format("{}: the receipt says it stopped at \"{}\", re-executed \"{}\"",
+                                 who, c.stop, StopName(g.stop))};
+    }
+  }
+  size_t tokens = 0;
+  for (const Generation& g : again) tokens += g.tokens.size();
+  return {true, fmt::format("{} request(s), {} output token(s) re-executed on checkpoint {} (step "
+                            "{}){}",
+                            requests.size(), tokens, ToHex(model.state_hash), model.step,
+                            parsed.signer ? ", signed by " + ToHex(*parsed.signer) : "")};
+}
+
+}  // namespace lockstep::infer

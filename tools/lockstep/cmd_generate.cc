@@ -1,0 +1,288 @@
+// `lockstep generate` and `lockstep verify-generation`: decoding with a KV cache on lockstep's
+// kernels, and receipts that anyone can re-execute (docs/inference.md, docs/formats/receipt.md).
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include <charconv>
+#include <cstdio>
+#include <memory>
+
+#include "lockstep/infer.h"
+#include "lockstep/json.h"
+#include "tools/lockstep/commands.h"
+
+namespace lockstep::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct GenerateOptions {
+  fs::path checkpoint, prompt_tokens, batch, data, receipt, sign_key;
+  std::string prompt;
+  bool have_prompt = false;
+  infer::SamplingParams sampling;
+  std::string device = "cpu";
+  int threads = 1;
+};
+
+std::vector<uint32_t> ReadTokenFile(const fs::path& path) {
+  const std::vector<uint8_t> bytes = ReadFileBytes(path);
+  if (bytes.empty() || bytes.size() % 4 != 0) {
+    Fail("{}: {} bytes; expected little-endian uint32 token ids, at least one", path.string(),
+         bytes.size());
+  }
+  std::vector<uint32_t> ids(bytes.size() / 4);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = uint32_t(bytes[4 * i]) | uint32_t(bytes[4 * i + 1]) << 8 |
+             uint32_t(bytes[4 * i + 2]) << 16 | uint32_t(bytes[4 * i + 3]) << 24;
+  }
+  return ids;
+}
+
+// --batch FILE: one JSON object per line, {"prompt": TEXT} or {"prompt_tokens": [ids]}, with an
+// optional "id" (a decimal string; default: the line's index from 0).
+std::vector<infer::Request> ReadBatch(const fs::path& path, const data::Tokenizer* tokenizer) {
+  std::vector<infer::Request> requests;
+  const std::vector<std::string> lines = Lines(ReadFileText(path));
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string what = fmt::format("{}: line {}", path.string(), i + 1);
+    const nlohmann::json line = ParseJsonStrict(lines[i], what);
+    if (!line.is_object()) Fail("{}: not a JSON object", what);
+    infer::Request r{i, {}};
+    if (line.contains("id")) {
+      const std::string id = line.at("id").is_string() ? line.at("id").get<std::string>() : "";
+      uint64_t value = 0;
+      const auto [end, ec] = std::from_chars(id.data(), id.data() + id.size(), value);
+      if (ec != std::errc() || end != id.data() + id.size() || std::to_string(value) != id) {
+        Fail("{}: id = {} (a decimal string from \"0\" to \"18446744073709551615\")", what,
+             ShownJson(line.at("id")));
+      }
+      r.id = value;
+    }
+    const bool text = line.contains("prompt"), ids = line.contains("prompt_tokens");
+    if (text == ids) Fail("{}: give exactly one of \"prompt\" and \"prompt_tokens\"", what);
+    if (line.size() != 1 + size_t(line.contains("id"))) {
+      Fail("{}: keys other than \"id\", \"prompt\" and \"prompt_tokens\"", what);
+    }
+    if (text) {
+      if (tokenizer == nullptr) Fail("{}: a text prompt needs --data (the tokenizer)", what);
+      if (!line.at("prompt").is_string()) Fail("{}: prompt is not a string", what);
+      r.prompt = tokenizer->Encode(line.at("prompt").get<std::string>(), what);
+    } else {
+      const nlohmann::json& list = line.at("prompt_tokens");
+      if (!list.is_array()) Fail("{}: prompt_tokens is not an array", what);
+      for (size_t k = 0; k < list.size(); ++k) {
+        const uint64_t id = AsU64(list[k], fmt::format("{}: prompt_tokens[{}]", what, k));
+        if (id >= data::kMaxVocab) Fail("{}: prompt_tokens[{}] = {} is not a token id", what, k, id);
+        r.prompt.push_back(static_cast<uint32_t>(id));
+      }
+    }
+    requests.push_back(std::move(r));
+  }
+  if (requests.empty()) Fail("{}: no requests", path.string());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (requests[i].id == requests[j].id) {
+        Fail("{}: lines {} and {} have the same id {} (each request's draws are keyed by its id)",
+             path.string(), j + 1, i + 1, requests[i].id);
+      }
+    }
+  }
+  return requests;
+}
+
+// The receipt must not land on an input, nor inside the checkpoint or the dataset.
+void CheckReceiptPath(const GenerateOptions& o) {
+  std::error_code ec;
+  const fs::path out = fs::weakly_canonical(o.receipt, ec);
+  for (const fs::path& dir : {o.checkpoint, o.data}) {
+    if (dir.empty()) continue;
+    const fs::path in = fs::weakly_canonical(dir, ec);
+    const auto [a, b] = std::mismatch(in.begin(), in.end(), out.begin(), out.end());
+    if (a == in.end()) {
+      Fail("--receipt {} lies inside the input {}: choose a path outside it", o.receipt.string(),
+           dir.string());
+    }
+  }
+  for (const fs::path& input : {o.prompt_tokens, o.batch, o.sign_key}) {
+    if (!input.empty() && fs::exists(o.receipt, ec) && fs::equivalent(o.receipt, input, ec)) {
+      Fail("--receipt {} is the input {}: it would be written over", o.receipt.string(),
+           input.string());
+    }
+  }
+}
+
+int RunGenerate(const GenerateOptions& o) {
+  SetThreads(o.threads);
+  const int sources = int(o.have_prompt) + int(!o.prompt_tokens.empty()) + int(!o.batch.empty());
+  if (sources != 1) Fail("give exactly one of --prompt, --prompt-tokens and --batch");
+  if (!o.receipt.empty()) CheckReceiptPath(o);
+  std::optional<Ed25519Seed> key;
+  if (!o.sign_key.empty()) key = ReadSigningKey(o.sign_key);
+  std::string device_name;
+  const std::unique_ptr<OpExecutor> executor = MakeExecutor(o.device, &device_name);
+  const infer::VerifiedModel model = infer::LoadVerified(o.checkpoint);
+
+  std::optional<data::Dataset> dataset;
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  infer::ReceiptTokenizer bound;
+  if (!o.data.empty()) {
+    dataset = infer::OpenTrainingData(model, o.data);
+    tokenizer = infer::OpenTrainingTokenizer(*dataset);
+    bound = {dataset->vocabulary(), dataset->vocabulary().eod};
+  }
+  std::vector<infer::Request> requests;
+  if (o.have_prompt) {
+    if (!tokenizer) Fail("--prompt needs --data (the dataset whose tokenizer made the model's ids)");
+    requests.push_back({0, tokenizer->Encode(o.prompt, "--prompt")});
+  } else if (!o.prompt_tokens.empty()) {
+    requests.push_back({0, ReadTokenFile(o.prompt_tokens)});
+  } else {
+    requests = ReadBatch(o.batch, tokenizer.get());
+  }
+  // One request streams its text (or ids) as each token is chosen; a batch prints each
+  // request's output when all are done.
+  std::vector<uint32_t> streamed;
+  std::string shown;
+  const auto on_token = [&](size_t, uint32_t token) {
+    if (requests.size() != 1) return;
+    if (tokenizer) {
+      streamed.push_back(token);
+      const std::string text = tokenizer->Decode(streamed);
+      if (text.starts_with(shown)) std::fwrite(text.data() + shown.size(), 1, text.size() - shown.size(), stdout);
+      shown = text;
+    } else {
+      fmt::print("{} ", token);
+    }
+    std::fflush(stdout);
+  };
+  const std::vector<infer::Generation> out = infer::Generate(
+      model, requests, o.sampling, bound.eod, {nullptr, executor.get()}, on_token);
+  if (requests.size() == 1) {
+    fmt::print("\n");
+  } else {
+    for (size_t r = 0; r < requests.size(); ++r) {
+      nlohmann::json line = {{"id", std::to_string(requests[r].id)},
+                             {"output_tokens", out[r].tokens},
+                             {"stop", infer::StopName(out[r].stop)}};
+      if (tokenizer) line["text"] = tokenizer->Decode(out[r].tokens);
+      fmt::print("{}\n", line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    }
+  }
+  for (size_t r = 0; r < requests.size(); ++r) {
+    fmt::print(stderr, "request {}: {} prompt tokens, {} generated, stopped at {}\n", requests[r].id,
+               requests[r].prompt.size(), out[r].tokens.size(), infer::StopName(out[r].stop));
+  }
+  if (!o.receipt.empty()) {
+    const std::string text = infer::GenerationReceipt(model, bound, o.sampling, requests, out,
+                                                      key ? &*key : nullptr);
+    const fs::path parent = o.receipt.parent_path().empty() ? fs::path(".") : o.receipt.parent_path();
+    Directory::Open(parent, false).WriteFileSynced(o.receipt.filename().string(), text);
+    fmt::print(stderr, "wrote {}{}\n", o.receipt.string(), key ? " (signed)" : "");
+  }
+  return 0;
+}
+
+struct VerifyOptions {
+  fs::path receipt, checkpoint, trusted_key;
+  std::string device = "cpu";
+  int threads = 1;
+};
+
+int RunVerify(const VerifyOptions& o) {
+  SetThreads(o.threads);
+  std::optional<Ed25519PublicKey> trusted;
+  if (!o.trusted_key.empty()) trusted = ReadPublicKey(o.trusted_key);
+  std::string device_name;
+  const std::unique_ptr<OpExecutor> executor = MakeExecutor(o.device, &device_name);
+  const infer::VerifiedModel model = infer::LoadVerified(o.checkpoint);
+  const infer::ReceiptVerdict v = infer::VerifyGenerationReceipt(
+      o.receipt, model, trusted ? &*trusted : nullptr, {nullptr, executor.get()});
+  fmt::print("{}: {}\n", v.match ? "MATCH" : "MISMATCH", v.detail);
+  return v.match ? 0 : 1;
+}
+
+}  // namespace
+
+void AddGenerateCommands(CLI::App& app, int* exit_code) {
+  auto o = std::make_shared<GenerateOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "generate",
+      "generate text from a checkpoint with a KV cache on lockstep's kernels: every logit is the "
+      "training forward's, bit for bit, on any CPU, thread count or device, whatever else is in "
+      "the batch; sampling is a fixed fp32 recipe over one Philox draw per token keyed by (seed, "
+      "request id, position) (docs/inference.md). One request streams its text to stdout; a "
+      "--batch prints a JSON line per request. --receipt writes what anyone can re-execute with "
+      "verify-generation (docs/formats/receipt.md)");
+  cmd->add_option("--checkpoint", o->checkpoint,
+                  "checkpoint directory (checkpoints/step_*), verified before use")
+      ->required();
+  cmd->add_option("--prompt", o->prompt, "the prompt as text (needs --data for the tokenizer)")
+      ->each([o](const std::string&) { o->have_prompt = true; });
+  cmd->add_option("--prompt-tokens", o->prompt_tokens,
+                  "the prompt as raw little-endian uint32 token ids");
+  cmd->add_option("--batch", o->batch,
+                  "requests, one JSON object per line: {\"prompt\": TEXT} or {\"prompt_tokens\": "
+                  "[ids]}, optionally with \"id\": a decimal string (default: the line's index "
+                  "from 0) that keys the request's draws");
+  cmd->add_option("--data", o->data,
+                  "the dataset directory the run trained on (its manifest digest must be the "
+                  "checkpoint descriptor's): its tokenizer encodes text prompts and decodes the "
+                  "output, and its end-of-document id stops a request. Without it, prompts are "
+                  "ids and a request stops only at --max-tokens or seq_len");
+  cmd->add_option("--max-tokens", o->sampling.max_tokens, "tokens generated per request at most")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--temperature", o->sampling.temperature,
+                  "logits are divided by it before sampling; 0: greedy (the lowest id of the "
+                  "largest logit)")
+      ->capture_default_str()
+      ->check(NonNegativeNumber());
+  cmd->add_option("--top-k", o->sampling.top_k, "sample among the K most likely ids; 0: all")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 31));
+  cmd->add_option("--top-p", o->sampling.top_p,
+                  "then among the fewest most likely ids whose weight reaches P of the total; 1: "
+                  "all")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0))
+      ->check(PositiveNumber());
+  AddUnsignedOption(cmd, "--seed", &o->sampling.seed, UINT64_MAX,
+                    "the sampling seed (default 0)");
+  cmd->add_option("--receipt", o->receipt,
+                  "write a receipt of this generation (JSON) here; not over an input");
+  cmd->add_option("--sign-key", o->sign_key,
+                  "sign the receipt with this Ed25519 key (lockstep keygen)")
+      ->check(CLI::ExistingFile);
+  AddDeviceOption(cmd, &o->device);
+  cmd->add_option("--threads", o->threads, "worker threads (results do not depend on it)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  cmd->final_callback([o, exit_code] {
+    if (!o->sign_key.empty() && o->receipt.empty()) Fail("--sign-key needs --receipt");
+    *exit_code = RunGenerate(*o);
+  });
+
+  auto v = std::make_shared<VerifyOptions>();
+  CLI::App* verify = app.add_subcommand(
+      "verify-generation",
+      "re-execute a generation receipt on a checkpoint: MATCH (exit 0) when every request's "
+      "tokens and the chain of its logits' digests come out the same, else the first request and "
+      "position where they part (exit 1). A signature present is checked; with --trusted-key one "
+      "is required, by that key (docs/formats/receipt.md)");
+  verify->add_option("receipt", v->receipt, "the receipt (JSON)")->required()->check(CLI::ExistingFile);
+  verify->add_option("--checkpoint", v->checkpoint,
+                     "the checkpoint the receipt names (verified before use)")
+      ->required();
+  verify->add_option("--trusted-key", v->trusted_key,
+                     "the signer's public key (KEY.pub): the receipt must be signed by it")
+      ->check(CLI::ExistingFile);
+  AddDeviceOption(verify, &v->device);
+  verify->add_option("--threads", v->threads, "worker threads (results do not depend on it)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  verify->final_callback([v, exit_code] { *exit_code = RunVerify(*v); });
+}
+
+}  // namespace lockstep::cli
