@@ -2,7 +2,8 @@
 # The numerics contract across compilers: builds the lockstep binary with Clang (build-clang,
 # -Wall -Wextra -Werror: every source of the library and the CLI) beside the GCC build (build),
 # trains `tiny` 20 steps with each, and requires both chains to equal the pinned golden chain
-# (tests/fixtures/tiny_chain.jsonl) bit for bit. Also runs Clang's selftest (every kernel on every
+# (tests/fixtures/tiny_chain.jsonl) bit for bit, and each to generate, from GCC's step-20
+# checkpoint with sampling, the same receipt byte for byte (docs/inference.md). Also runs Clang's selftest (every kernel on every
 # usable SIMD variant vs the reference), and compiles every test and benchmark source with Clang
 # and the same warnings as errors (-fsyntax-only: Clang's warnings come from its front end, and
 # code generation for them would double the time; `cmake --build build-clang` builds them whole).
@@ -45,4 +46,17 @@ for compiler in build build-clang; do
     status=1
   fi
 done
+# The same generation receipt from both builds (the checkpoint is GCC's; sampling on).
+checkpoint="$tmp/build/checkpoints/step_000000020"
+for compiler in build build-clang; do
+  "$compiler/lockstep" generate --checkpoint "$checkpoint" --data "$tmp/data" --prompt "the " \
+    --max-tokens 48 --temperature 0.9 --top-k 64 --top-p 0.95 --seed 5 \
+    --receipt "$tmp/$compiler.receipt.json" >/dev/null 2>&1 || { echo "$compiler: generate failed" >&2; status=1; }
+done
+if cmp -s "$tmp/build.receipt.json" "$tmp/build-clang.receipt.json"; then
+  echo "generation receipts from GCC and Clang builds: identical"
+else
+  echo "generation receipts from GCC and Clang builds DIFFER" >&2
+  status=1
+fi
 exit $status

@@ -141,12 +141,13 @@ int RunGenerate(const GenerateOptions& o) {
   } else {
     requests = ReadBatch(o.batch, tokenizer.get());
   }
-  // One request streams its text (or ids) as each token is chosen; a batch prints each
-  // request's output when all are done.
+  // One request streams its text (or ids) as each token is chosen; a --batch prints each
+  // request's output as a JSON line when all are done.
+  const bool stream = o.batch.empty();
   std::vector<uint32_t> streamed;
   std::string shown;
   const auto on_token = [&](size_t, uint32_t token) {
-    if (requests.size() != 1) return;
+    if (!stream) return;
     if (tokenizer) {
       streamed.push_back(token);
       const std::string text = tokenizer->Decode(streamed);
@@ -159,7 +160,7 @@ int RunGenerate(const GenerateOptions& o) {
   };
   const std::vector<infer::Generation> out = infer::Generate(
       model, requests, o.sampling, bound.eod, {nullptr, executor.get()}, on_token);
-  if (requests.size() == 1) {
+  if (stream) {
     fmt::print("\n");
   } else {
     for (size_t r = 0; r < requests.size(); ++r) {

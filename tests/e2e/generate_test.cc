@@ -1,0 +1,209 @@
+// Generation and receipts end to end (docs/inference.md, docs/formats/receipt.md): a receipt is
+// the same bytes at any thread count and on the OpenCL device and re-executes to MATCH; edited
+// receipts are refused naming the first difference; signatures bind the receipt to a key; a
+// request's output does not depend on the rest of its batch; the receipt never lands on an input.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/run_lockstep.h"
+#include "lockstep/core.h"
+
+namespace lockstep {
+namespace {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using test::Lockstep;
+using test::Result;
+
+class Generate : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("lockstep_generate_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    for (const std::string& cmd :
+         {"data synth --out " + Path("data") + " --seed 7 --tokens 200000",
+          "keygen --out " + Path("key"), "keygen --out " + Path("other"),
+          "train --config tiny --data " + Path("data") + " --out " + Path("run") +
+              " --steps 20 --no-progress"}) {
+      const Result r = Lockstep(cmd);
+      ASSERT_EQ(r.exit_code, 0) << cmd << ": " << r.output;
+    }
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  static std::string Path(const std::string& name) { return (dir_ / name).string(); }
+  static std::string Checkpoint(int step) {
+    return Path("run/checkpoints/step_0000000" + std::to_string(step));
+  }
+  // Sampling on, so that the seed and every logit matter.
+  static std::string GenerateArgs(const std::string& receipt) {
+    return "generate --checkpoint " + Checkpoint(20) + " --data " + Path("data") +
+           " --prompt 'the ' --max-tokens 24 --temperature 0.9 --top-k 64 --top-p 0.95 "
+           "--seed 11 --receipt " +
+           Path(receipt);
+  }
+  static Result Verify(const std::string& receipt, const std::string& extra = "") {
+    return Lockstep("verify-generation " + Path(receipt) + " --checkpoint " + Checkpoint(20) + " " +
+                    extra);
+  }
+  static json Read(const std::string& name) {
+    return json::parse(ReadFileText(Path(name)));
+  }
+  static void Write(const std::string& name, const json& j) {
+    std::ofstream(Path(name)) << j.dump(2) << "\n";
+  }
+  static inline fs::path dir_;
+};
+
+TEST_F(Generate, AReceiptIsTheSameAtAnyThreadCountAndOnTheDeviceAndVerifies) {
+  for (const auto& [name, extra] : std::map<std::string, std::string>{
+           {"r1.json", ""}, {"r2.json", " --threads 2"}, {"rcl.json", " --device opencl"}}) {
+    const Result r = Lockstep(GenerateArgs(name) + extra);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  const std::string one = ReadFileText(Path("r1.json"));
+  EXPECT_EQ(ReadFileText(Path("r2.json")), one);
+  EXPECT_EQ(ReadFileText(Path("rcl.json")), one);
+  EXPECT_EQ(Read("r1.json")["receipt"]["requests"][0]["output_tokens"].size(), 24u);
+  Result v = Verify("r1.json");
+  EXPECT_EQ(v.exit_code, 0) << v.output;
+  EXPECT_NE(v.output.find("MATCH: 1 request(s), 24 output token(s)"), std::string::npos) << v.output;
+  v = Verify("r1.json", "--device opencl --threads 2");
+  EXPECT_EQ(v.exit_code, 0) << v.output;
+}
+
+TEST_F(Generate, EditedReceiptsAreRefusedNamingTheFirstDifference) {
+  ASSERT_EQ(Lockstep(GenerateArgs("base.json")).exit_code, 0);
+  const json base = Read("base.json");
+  const json& request = base["receipt"]["requests"][0];
+  const size_t prompt = request["prompt_tokens"].size();
+  // A token: the logits agree there, the token does not.
+  json token = base;
+  json& out = token["receipt"]["requests"][0]["output_tokens"];
+  out[5] = (out[5].get<uint32_t>() + 1) % 256;
+  Write("token.json", token);
+  Result v = Verify("token.json");
+  EXPECT_EQ(v.exit_code, 1) << v.output;
+  EXPECT_NE(v.output.find("position " + std::to_string(prompt + 5) + " (output token 5): the "
+                          "receipt has token"),
+            std::string::npos)
+      << v.output;
+  // A logits digest.
+  json logits = base;
+  logits["receipt"]["requests"][0]["logits_chain"][3] = std::string(64, 'a');
+  Write("logits.json", logits);
+  v = Verify("logits.json");
+  EXPECT_EQ(v.exit_code, 1) << v.output;
+  EXPECT_NE(v.output.find("the logits at position " + std::to_string(prompt + 3) +
+                          " (output token 3) differ"),
+            std::string::npos)
+      << v.output;
+  // The seed: the logits of the first token agree; a later token or digest does not.
+  json seed = base;
+  seed["receipt"]["sampling"]["seed"] = "12";
+  Write("seed.json", seed);
+  v = Verify("seed.json");
+  EXPECT_EQ(v.exit_code, 1) << v.output;
+  EXPECT_NE(v.output.find("MISMATCH: request 0 (id 0): "), std::string::npos) << v.output;
+  // Another checkpoint of the same run.
+  v = Lockstep("verify-generation " + Path("base.json") + " --checkpoint " + Checkpoint(10));
+  EXPECT_EQ(v.exit_code, 1) << v.output;
+  EXPECT_NE(v.output.find("the receipt is of the checkpoint with state hash " +
+                          base["receipt"]["checkpoint"]["state_hash"].get<std::string>()),
+            std::string::npos)
+      << v.output;
+  // A field that is not in the format is refused before anything runs.
+  json extra = base;
+  extra["receipt"]["device"] = "cpu";
+  Write("extra.json", extra);
+  v = Verify("extra.json");
+  EXPECT_EQ(v.exit_code, 2) << v.output;
+  EXPECT_NE(v.output.find("device"), std::string::npos) << v.output;
+}
+
+TEST_F(Generate, ASignedReceiptVerifiesUnderItsKeyAndAForgedOneIsRefused) {
+  const Result g = Lockstep(GenerateArgs("signed.json") + " --sign-key " + Path("key"));
+  ASSERT_EQ(g.exit_code, 0) << g.output;
+  Result v = Verify("signed.json", "--trusted-key " + Path("key.pub"));
+  EXPECT_EQ(v.exit_code, 0) << v.output;
+  EXPECT_NE(v.output.find("signed by"), std::string::npos) << v.output;
+  v = Verify("signed.json", "--trusted-key " + Path("other.pub"));
+  EXPECT_EQ(v.exit_code, 2) << v.output;
+  EXPECT_NE(v.output.find("not the trusted key"), std::string::npos) << v.output;
+  // Edited after signing: a token changed, the signature kept.
+  json forged = Read("signed.json");
+  json& out = forged["receipt"]["requests"][0]["output_tokens"];
+  out[0] = (out[0].get<uint32_t>() + 1) % 256;
+  Write("forged.json", forged);
+  v = Verify("forged.json");
+  EXPECT_EQ(v.exit_code, 2) << v.output;
+  EXPECT_NE(v.output.find("the signature does not verify"), std::string::npos) << v.output;
+  // An unsigned receipt under --trusted-key.
+  ASSERT_EQ(Lockstep(GenerateArgs("unsigned.json")).exit_code, 0);
+  v = Verify("unsigned.json", "--trusted-key " + Path("key.pub"));
+  EXPECT_EQ(v.exit_code, 2) << v.output;
+  EXPECT_NE(v.output.find("not signed"), std::string::npos) << v.output;
+}
+
+// Output lines of a --batch run, by request id.
+std::map<std::string, json> ById(const std::string& output) {
+  std::map<std::string, json> by_id;
+  for (const std::string& line : Lines(output)) {
+    if (line.starts_with("{")) {
+      const json j = json::parse(line);
+      by_id[j["id"].get<std::string>()] = j;
+    }
+  }
+  return by_id;
+}
+
+TEST_F(Generate, ARequestsOutputDoesNotDependOnTheRestOfItsBatch) {
+  std::ofstream(Path("batch.jsonl")) << R"({"id": "9", "prompt": "the "})" << "\n"
+                                     << R"({"id": "4", "prompt": "a long prompt of words "})"
+                                     << "\n"
+                                     << R"({"id": "7", "prompt_tokens": [116, 104]})" << "\n";
+  std::ofstream(Path("reversed.jsonl")) << R"({"id": "7", "prompt_tokens": [116, 104]})" << "\n"
+                                        << R"({"id": "4", "prompt": "a long prompt of words "})"
+                                        << "\n"
+                                        << R"({"id": "9", "prompt": "the "})" << "\n";
+  std::ofstream(Path("alone.jsonl")) << R"({"id": "9", "prompt": "the "})" << "\n";
+  const std::string common = " --checkpoint " + Checkpoint(20) + " --data " + Path("data") +
+                             " --max-tokens 20 --temperature 1 --seed 3";
+  std::map<std::string, std::map<std::string, json>> runs;
+  for (const std::string name : {"batch", "reversed", "alone"}) {
+    const Result r = Lockstep("generate --batch " + Path(name + ".jsonl") + common);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    runs[name] = ById(r.output);
+  }
+  ASSERT_EQ(runs["batch"].size(), 3u);
+  EXPECT_EQ(runs["batch"], runs["reversed"]);
+  EXPECT_EQ(runs["alone"]["9"], runs["batch"]["9"]);
+  EXPECT_EQ(runs["batch"]["9"]["output_tokens"].size(), 20u);
+}
+
+TEST_F(Generate, TheReceiptNeverLandsOnAnInput) {
+  std::ofstream(Path("prompt.bin"), std::ios::binary).write("\x74\0\0\0\x68\0\0\0", 8);
+  const std::string before = ReadFileText(Path("prompt.bin"));
+  Result r = Lockstep("generate --checkpoint " + Checkpoint(20) + " --prompt-tokens " +
+                      Path("prompt.bin") + " --receipt " + Path("prompt.bin"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("would be written over"), std::string::npos) << r.output;
+  EXPECT_EQ(ReadFileText(Path("prompt.bin")), before);
+  r = Lockstep("generate --checkpoint " + Checkpoint(20) + " --prompt-tokens " +
+               Path("prompt.bin") + " --receipt " + Checkpoint(20) + "/receipt.json");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("lies inside the input"), std::string::npos) << r.output;
+  r = Lockstep("generate --checkpoint " + Checkpoint(20) + " --prompt 'x'");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--prompt needs --data"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace lockstep
