@@ -15,6 +15,7 @@ packages=(
   libcurl4-openssl-dev libopenmpi-dev openmpi-bin openssh-client libsentencepiece-dev libpcre2-dev chromium
   pocl-opencl-icd ocl-icd-opencl-dev opencl-headers clinfo clang-15 libclc-15
   iproute2 procps clang-format
+  python3-nacl  # Ed25519 in tests/e2e/receipt_check.py: a receipt's signature checked outside lockstep
 )
 # node and npm run the JavaScript clients the tests check against (@huggingface/tokenizers,
 # node-llama-cpp: scripts/install-llama-client.sh); Debian's own only where none is installed.

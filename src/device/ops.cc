@@ -931,8 +931,8 @@ std::unique_ptr<Device> OpenForRun(std::string_view flag) {
   for (const rk::OpSpec& spec : rk::OpTable()) ops += device->Implements(spec.op) ? 1 : 0;
   const std::string name = choice->Flag();
   fmt::print(stderr,
-             "ops on {} ({}): {} of the step's {} ops, the state and the activations kept on the "
-             "device; the rest on the CPU (docs/devices.md)\n",
+             "ops on {} ({}): {} of the op table's {} ops run there, the rest on the CPU "
+             "(docs/devices.md)\n",
              name, device->info().name, ops, rk::OpTable().size());
   if (device->info().gpu) {  // seconds: each candidate built once and timed
     constexpr int64_t kTuneN = 2048;
