@@ -72,7 +72,8 @@ binary: do not edit it by hand. After changing a command, its options or its hel
 while this page and the binary's help differ. Each section below is one command's `--help`,
 exactly as the binary prints it (trailing blanks dropped). What the commands compute and write
 is in the other pages of docs/: training.md (`train`, the run directory, metrics.jsonl),
-model.md (the model, and `forward` with its input and output), audit.md (`replay`, `audit`,
+model.md (the model, and `forward` with its input and output), inference.md (`generate`,
+`verify-generation`), export.md (`export`), audit.md (`replay`, `audit`,
 `verify-handoff`), kits.md, disputes.md (`trace`, `dispute`, `referee`), devices.md
 (`--device`), report.md, tokenizers.md, and the file formats in formats/.
 
