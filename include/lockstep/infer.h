@@ -90,8 +90,8 @@ class KvDecoder {
   void Layer(int64_t l, std::span<const Piece> pieces, const std::vector<int64_t>& first_row);
   void Norm(int64_t layer, std::span<const float> x, std::span<const float> gain,
             std::span<float> y, int64_t rows, int64_t cols);
-  void Linear(int64_t layer, std::span<const float> x, std::span<const float> w,
-              std::span<float> y, int64_t rows, int64_t out, int64_t in);
+  void Linear(int64_t layer, std::span<const float> x, std::span<const float> w, std::span<float> y,
+              int64_t rows, int64_t out, int64_t in);
   std::span<float> Cache(std::vector<float>& cache, int64_t slot, int64_t from, int64_t rows);
 
   ModelConfig config_;
@@ -118,8 +118,8 @@ struct SamplingParams {
 // The id sampled from `logits` for request `request` at position `position` (of the token being
 // chosen): docs/numerics.md, "Sampling" -- fp32 in a fixed order, one Philox4x32-10 draw keyed by
 // the seed at counter (request low, request high, position low, position high). Fails on a NaN.
-uint32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
-                     uint64_t request, int64_t position);
+uint32_t SampleToken(std::span<const float> logits, const SamplingParams& params, uint64_t request,
+                     int64_t position);
 
 struct Request {
   uint64_t id = 0;  // keys the request's draws: its tokens do not depend on the other requests
@@ -169,8 +169,9 @@ struct ReceiptVerdict {
 // its signature (which must exist and verify under `trusted` when given; one present is checked
 // under its own key otherwise); checks that `model` is the receipt's checkpoint; re-executes
 // every request and compares tokens and the logits chain position by position.
-ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path, const VerifiedModel& model,
-                                       const Ed25519PublicKey* trusted, const OpHooks& hooks);
+ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path,
+                                       const VerifiedModel& model, const Ed25519PublicKey* trusted,
+                                       const OpHooks& hooks);
 
 // ---- export ---------------------------------------------------------------------------------
 // A verified checkpoint written for another runtime, exactly or not at all (docs/export.md):

@@ -869,8 +869,8 @@ void RuntimeDevice::RunBound(rk::Op op, Binding& io) {
                     head_dim = positive("head_dim"), table_seq = positive("table_seq"),
                     first = io.IntOr("position", 0);
       if (first < 0 || first > table_seq - seq) {
-        Fail("{}: positions {} .. {} are outside the table's 0 .. {}", name, first,
-             first + seq - 1, table_seq - 1);
+        Fail("{}: positions {} .. {} are outside the table's 0 .. {}", name, first, first + seq - 1,
+             table_seq - 1);
       }
       const int64_t n = batch * seq * heads * head_dim;
       CheckElements(name, x_role, io.Size(x_role), n);

@@ -32,7 +32,9 @@ KvDecoder::KvDecoder(const ModelConfig& config, const ParamStore& params, int64_
   output_ = tensor("output.weight");
   const int64_t kv = config.n_kv_heads * config.head_dim;
   for (int64_t l = 0; l < config.n_layers; ++l) {
-    const auto w = [&](std::string_view name) { return tensor(fmt::format("layers.{}.{}", l, name)); };
+    const auto w = [&](std::string_view name) {
+      return tensor(fmt::format("layers.{}.{}", l, name));
+    };
     layers_.push_back({w("attn_norm.weight"), w("attn.wq.weight"), w("attn.wk.weight"),
                        w("attn.wv.weight"), w("attn.wo.weight"), w("ffn_norm.weight"),
                        w("ffn.w_gate_up.weight"), w("ffn.w_down.weight")});
@@ -85,7 +87,8 @@ std::vector<float> KvDecoder::Append(std::span<const Piece> pieces, bool every_p
   std::vector<bool> seen(lengths_.size(), false);
   for (const Piece& p : pieces) {
     const int64_t length = Length(p.slot);
-    if (seen[static_cast<size_t>(p.slot)]) Fail("KvDecoder: slot {} given twice in one call", p.slot);
+    if (seen[static_cast<size_t>(p.slot)])
+      Fail("KvDecoder: slot {} given twice in one call", p.slot);
     seen[static_cast<size_t>(p.slot)] = true;
     const auto n = static_cast<int64_t>(p.tokens.size());
     if (n > c.seq_len - length) {
@@ -182,19 +185,24 @@ void KvDecoder::Layer(int64_t l, std::span<const Piece> pieces,
       return std::span(v).subspan(static_cast<size_t>(first_row[i] * width),
                                   static_cast<size_t>(rows * width));
     };
-    for (const auto& [x, heads] : {std::pair{piece(q_, q_dim), c.n_heads},
-                                   std::pair{piece(k_, kv), c.n_kv_heads}}) {
+    for (const auto& [x, heads] :
+         {std::pair{piece(q_, q_dim), c.n_heads}, std::pair{piece(k_, kv), c.n_kv_heads}}) {
       const std::span<float> rotated = x;
       const int64_t h = heads;  // (structured bindings cannot be captured by Clang 14)
       ObservedOp(hooks_, rk::Op::kRopeFwd, l,
-                 {{"batch", 1}, {"seq", double(rows)}, {"heads", double(h)},
-                  {"head_dim", double(hd)}, {"table_seq", double(c.seq_len)}, {"theta", theta},
+                 {{"batch", 1},
+                  {"seq", double(rows)},
+                  {"heads", double(h)},
+                  {"head_dim", double(hd)},
+                  {"table_seq", double(c.seq_len)},
+                  {"theta", theta},
                   {"position", double(past)}},
                  {{"x", rotated}}, {{"y", rotated}},
                  [&] { rk::RopeForward(rotated, rotated, rope_, 1, rows, h, hd, past); });
     }
-    for (const auto& [from, cache] : {std::pair{piece(k_, kv), &k_cache_[static_cast<size_t>(l)]},
-                                      std::pair{piece(v_, kv), &v_cache_[static_cast<size_t>(l)]}}) {
+    for (const auto& [from, cache] :
+         {std::pair{piece(k_, kv), &k_cache_[static_cast<size_t>(l)]},
+          std::pair{piece(v_, kv), &v_cache_[static_cast<size_t>(l)]}}) {
       const std::span<const float> source = from;
       const std::span<float> into = Cache(*cache, slot, past, rows);
       ObservedOp(hooks_, rk::Op::kCopy, l, {{"n", double(source.size())}}, {{"x", source}},
@@ -202,7 +210,8 @@ void KvDecoder::Layer(int64_t l, std::span<const Piece> pieces,
     }
     shape.seq = rows;
     shape.past = past;
-    const std::span<const float> keys = Cache(k_cache_[static_cast<size_t>(l)], slot, 0, past + rows);
+    const std::span<const float> keys =
+        Cache(k_cache_[static_cast<size_t>(l)], slot, 0, past + rows);
     const std::span<const float> values =
         Cache(v_cache_[static_cast<size_t>(l)], slot, 0, past + rows);
     const std::span<const float> q = piece(q_, q_dim);
@@ -220,8 +229,8 @@ void KvDecoder::Layer(int64_t l, std::span<const Piece> pieces,
   add_into(x_, y_);
   Norm(l, y_, w.ffn_norm, h_, n, d);
   Linear(l, h_, w.w_gate_up, gu_, n, 2 * f, d);
-  ObservedOp(hooks_, rk::Op::kSwigluFwd, l, {{"rows", double(n)}, {"f", double(f)}},
-             {{"gu", gu_}}, {{"act", act_}}, [&] { rk::SwigluForward(gu_, act_, n, f); });
+  ObservedOp(hooks_, rk::Op::kSwigluFwd, l, {{"rows", double(n)}, {"f", double(f)}}, {{"gu", gu_}},
+             {{"act", act_}}, [&] { rk::SwigluForward(gu_, act_, n, f); });
   Linear(l, act_, w.w_down, x_, n, d, f);  // x = y + act · w_downᵀ
   add_into(y_, x_);
 }

@@ -47,7 +47,11 @@ VerifiedModel LoadVerified(const std::filesystem::path& dir) {
                                         if (a != StateArray::kParam) return;
                                         std::ranges::copy(piece, params.Tensor(i).begin() + begin);
                                       }));
-  return {dir, std::move(config), ckpt.state.descriptor, ckpt.state_hash, ckpt.state.step,
+  return {dir,
+          std::move(config),
+          ckpt.state.descriptor,
+          ckpt.state_hash,
+          ckpt.state.step,
           std::move(params)};
 }
 

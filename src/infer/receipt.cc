@@ -50,7 +50,9 @@ std::vector<uint8_t> SignedMessage(const json& receipt) {
   return message;
 }
 
-json Ids(std::span<const uint32_t> ids) { return json(std::vector<uint32_t>(ids.begin(), ids.end())); }
+json Ids(std::span<const uint32_t> ids) {
+  return json(std::vector<uint32_t>(ids.begin(), ids.end()));
+}
 
 std::vector<uint32_t> IdsField(const json& object, const char* key, std::string_view what) {
   const json& value = object.at(key);
@@ -79,16 +81,18 @@ Parsed ParseReceipt(const std::filesystem::path& path, const Ed25519PublicKey* t
     const json& sig = file.at("signature");
     const std::string sig_what = what + ": signature";
     RequireKeys(sig, {"ed25519", "signature"}, sig_what);
-    const auto key = BytesFromHex<32>(StringField(sig, "ed25519", sig_what), sig_what + ": ed25519");
+    const auto key =
+        BytesFromHex<32>(StringField(sig, "ed25519", sig_what), sig_what + ": ed25519");
     const auto signature =
         BytesFromHex<64>(StringField(sig, "signature", sig_what), sig_what + ": signature");
     if (trusted != nullptr && key != *trusted) {
       Fail("{}: signed by key {}, not the trusted key {}", what, ToHex(key), ToHex(*trusted));
     }
     if (!VerifySignature(key, SignedMessage(file.at("receipt")), signature)) {
-      Fail("{}: the signature does not verify under its key {}: the receipt was changed after it "
-           "was signed, or the signature is forged",
-           what, ToHex(key));
+      Fail(
+          "{}: the signature does not verify under its key {}: the receipt was changed after it "
+          "was signed, or the signature is forged",
+          what, ToHex(key));
     }
     p.signer = key;
   } else {
@@ -114,11 +118,10 @@ std::string GenerationReceipt(const VerifiedModel& model, const ReceiptTokenizer
   r["lockstep_version"] = build::kVersion;
   r["contract_version"] = build::kContractVersion;
   const auto& d = model.descriptor;
-  r["checkpoint"] = {
-      {"state_hash", ToHex(model.state_hash)},
-      {"descriptor_blake2b",
-       ToHex(Blake2b256({reinterpret_cast<const uint8_t*>(d.data()), d.size()}))},
-      {"step", model.step}};
+  r["checkpoint"] = {{"state_hash", ToHex(model.state_hash)},
+                     {"descriptor_blake2b",
+                      ToHex(Blake2b256({reinterpret_cast<const uint8_t*>(d.data()), d.size()}))},
+                     {"step", model.step}};
   if (!tokenizer.vocabulary.has_value()) {
     r["tokenizer"] = nullptr;
   } else if (tokenizer.vocabulary->bytes()) {
@@ -154,13 +157,15 @@ std::string GenerationReceipt(const VerifiedModel& model, const ReceiptTokenizer
   return file.dump(2) + "\n";
 }
 
-ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path, const VerifiedModel& model,
-                                       const Ed25519PublicKey* trusted, const OpHooks& hooks) {
+ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path,
+                                       const VerifiedModel& model, const Ed25519PublicKey* trusted,
+                                       const OpHooks& hooks) {
   const Parsed parsed = ParseReceipt(path, trusted);
   const json& r = parsed.receipt;
   const std::string what = path.string() + ": receipt";
-  RequireKeys(r, {"format", "format_version", "kind", "lockstep_version", "contract_version",
-                  "checkpoint", "tokenizer", "eod", "sampling", "requests"},
+  RequireKeys(r,
+              {"format", "format_version", "kind", "lockstep_version", "contract_version",
+               "checkpoint", "tokenizer", "eod", "sampling", "requests"},
               what);
   RequireFormat(r, kFormat, kFormatVersion, what);
   if (StringField(r, "kind", what) != "generation") {
@@ -193,7 +198,8 @@ ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path, const 
     const std::string tok_what = what + ": tokenizer";
     if (tok.is_object() && tok.size() == 1) {
       RequireKeys(tok, {"kind"}, tok_what);
-      if (StringField(tok, "kind", tok_what) != "bytes") Fail("{}: kind is not \"bytes\"", tok_what);
+      if (StringField(tok, "kind", tok_what) != "bytes")
+        Fail("{}: kind is not \"bytes\"", tok_what);
     } else {
       RequireKeys(tok, {"kind", "name", "blake2b"}, tok_what);
       if (StringField(tok, "kind", tok_what) != "file") Fail("{}: kind is not \"file\"", tok_what);
@@ -214,11 +220,11 @@ ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path, const 
   const std::string s_what = what + ": sampling";
   RequireKeys(s, {"max_tokens", "temperature", "top_k", "top_p", "seed"}, s_what);
   SamplingParams params;
-  params.max_tokens = static_cast<int64_t>(std::min<uint64_t>(U64Field(s, "max_tokens", s_what),
-                                                              uint64_t{1} << 40));
+  params.max_tokens = static_cast<int64_t>(
+      std::min<uint64_t>(U64Field(s, "max_tokens", s_what), uint64_t{1} << 40));
   params.temperature = FloatFromText(s, "temperature", s_what);
-  params.top_k = static_cast<int64_t>(std::min<uint64_t>(U64Field(s, "top_k", s_what),
-                                                         uint64_t{1} << 40));
+  params.top_k =
+      static_cast<int64_t>(std::min<uint64_t>(U64Field(s, "top_k", s_what), uint64_t{1} << 40));
   params.top_p = FloatFromText(s, "top_p", s_what);
   params.seed = U64FromText(s, "seed", s_what);
 
@@ -234,7 +240,8 @@ ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path, const 
   for (size_t i = 0; i < list.size(); ++i) {
     const json& q = list[i];
     const std::string q_what = fmt::format("{}: requests[{}]", what, i);
-    RequireKeys(q, {"id", "prompt_tokens", "prompt_blake2b", "output_tokens", "stop", "logits_chain"},
+    RequireKeys(q,
+                {"id", "prompt_tokens", "prompt_blake2b", "output_tokens", "stop", "logits_chain"},
                 q_what);
     Request request{U64FromText(q, "id", q_what), IdsField(q, "prompt_tokens", q_what)};
     if (DigestField(q, "prompt_blake2b", q_what) != PromptDigest(request.prompt)) {
@@ -266,16 +273,15 @@ ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path, const 
     for (size_t k = 0; k < std::max(g.tokens.size(), c.tokens.size()); ++k) {
       const int64_t position = prompt + static_cast<int64_t>(k);
       if (k >= c.tokens.size() || k >= g.tokens.size()) {
-        return {false, fmt::format("{}: the receipt has {} output tokens, re-executed {} (stop "
-                                   "\"{}\"); they part at position {} (output token {})",
-                                   who, c.tokens.size(), g.tokens.size(), StopName(g.stop),
-                                   position, k)};
+        return {false,
+                fmt::format("{}: the receipt has {} output tokens, re-executed {} (stop "
+                            "\"{}\"); they part at position {} (output token {})",
+                            who, c.tokens.size(), g.tokens.size(), StopName(g.stop), position, k)};
       }
       if (c.chain[k] != g.logits_chain[k]) {
         return {false, fmt::format("{}: the logits at position {} (output token {}) differ: the "
                                    "receipt's chain is {}, re-executed {}",
-                                   who, position, k, ToHex(c.chain[k]),
-                                   ToHex(g.logits_chain[k]))};
+                                   who, position, k, ToHex(c.chain[k]), ToHex(g.logits_chain[k]))};
       }
       if (c.tokens[k] != g.tokens[k]) {
         return {false, fmt::format("{}: position {} (output token {}): the receipt has token {}, "

@@ -7,8 +7,8 @@
 
 namespace lockstep::infer {
 
-uint32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
-                     uint64_t request, int64_t position) {
+uint32_t SampleToken(std::span<const float> logits, const SamplingParams& params, uint64_t request,
+                     int64_t position) {
   const auto vocab = static_cast<uint32_t>(logits.size());
   if (vocab == 0) Fail("SampleToken: no logits");
   for (uint32_t i = 0; i < vocab; ++i) {
@@ -57,7 +57,8 @@ uint32_t SampleToken(std::span<const float> logits, const SamplingParams& params
     }
   }
   // One draw: u in [0, 1) from the top 24 bits of the first Philox word.
-  const PhiloxCounter counter = {static_cast<uint32_t>(request), static_cast<uint32_t>(request >> 32),
+  const PhiloxCounter counter = {static_cast<uint32_t>(request),
+                                 static_cast<uint32_t>(request >> 32),
                                  static_cast<uint32_t>(position),
                                  static_cast<uint32_t>(static_cast<uint64_t>(position) >> 32)};
   const uint32_t word = Philox4x32(counter, PhiloxKeyFromSeed(params.seed))[0];

@@ -63,7 +63,8 @@ void AttentionBackward(const AttentionShape& s, std::span<const float> q, std::s
                        std::span<float> dk, std::span<float> dv) {
   constexpr char op[] = "AttentionBackward";
   const AttentionSizes n = CheckShape(op, s);
-  if (s.past != 0) Fail("{}: past = {} (the backward is of a whole sequence: past must be 0)", op, s.past);
+  if (s.past != 0)
+    Fail("{}: past = {} (the backward is of a whole sequence: past must be 0)", op, s.past);
   detail::CheckSize(op, "q", q, n.q, kQShape);
   detail::CheckSize(op, "k", k, n.kv, kKvShape);
   detail::CheckSize(op, "v", v, n.kv, kKvShape);

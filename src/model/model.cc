@@ -588,11 +588,13 @@ void CheckOpCall(const rk::OpSpec& op, std::span<const OpArg> args,
 }
 
 std::vector<OpArg> AttentionArgs(const rk::AttentionShape& s) {
-  std::vector<OpArg> args = {
-      {"batch", double(s.batch)},       {"seq", double(s.seq)},
-      {"q_heads", double(s.q_heads)},   {"kv_heads", double(s.kv_heads)},
-      {"head_dim", double(s.head_dim)}, {"window", double(s.window)},
-      {"scale", s.scale}};
+  std::vector<OpArg> args = {{"batch", double(s.batch)},
+                             {"seq", double(s.seq)},
+                             {"q_heads", double(s.q_heads)},
+                             {"kv_heads", double(s.kv_heads)},
+                             {"head_dim", double(s.head_dim)},
+                             {"window", double(s.window)},
+                             {"scale", s.scale}};
   if (s.past != 0) args.push_back({"past", double(s.past)});
   return args;
 }

@@ -27,11 +27,10 @@ class Generate : public ::testing::Test {
     dir_ = fs::temp_directory_path() / ("lockstep_generate_" + std::to_string(::getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    for (const std::string& cmd :
-         {"data synth --out " + Path("data") + " --seed 7 --tokens 200000",
-          "keygen --out " + Path("key"), "keygen --out " + Path("other"),
-          "train --config tiny --data " + Path("data") + " --out " + Path("run") +
-              " --steps 20 --no-progress"}) {
+    for (const std::string& cmd : {"data synth --out " + Path("data") + " --seed 7 --tokens 200000",
+                                   "keygen --out " + Path("key"), "keygen --out " + Path("other"),
+                                   "train --config tiny --data " + Path("data") + " --out " +
+                                       Path("run") + " --steps 20 --no-progress"}) {
       const Result r = Lockstep(cmd);
       ASSERT_EQ(r.exit_code, 0) << cmd << ": " << r.output;
     }
@@ -53,9 +52,7 @@ class Generate : public ::testing::Test {
     return Lockstep("verify-generation " + Path(receipt) + " --checkpoint " + Checkpoint(20) + " " +
                     extra);
   }
-  static json Read(const std::string& name) {
-    return json::parse(ReadFileText(Path(name)));
-  }
+  static json Read(const std::string& name) { return json::parse(ReadFileText(Path(name))); }
   static void Write(const std::string& name, const json& j) {
     std::ofstream(Path(name)) << j.dump(2) << "\n";
   }
@@ -74,7 +71,8 @@ TEST_F(Generate, AReceiptIsTheSameAtAnyThreadCountAndOnTheDeviceAndVerifies) {
   EXPECT_EQ(Read("r1.json")["receipt"]["requests"][0]["output_tokens"].size(), 24u);
   Result v = Verify("r1.json");
   EXPECT_EQ(v.exit_code, 0) << v.output;
-  EXPECT_NE(v.output.find("MATCH: 1 request(s), 24 output token(s)"), std::string::npos) << v.output;
+  EXPECT_NE(v.output.find("MATCH: 1 request(s), 24 output token(s)"), std::string::npos)
+      << v.output;
   v = Verify("r1.json", "--device opencl --threads 2");
   EXPECT_EQ(v.exit_code, 0) << v.output;
 }
@@ -91,7 +89,8 @@ TEST_F(Generate, EditedReceiptsAreRefusedNamingTheFirstDifference) {
   Write("token.json", token);
   Result v = Verify("token.json");
   EXPECT_EQ(v.exit_code, 1) << v.output;
-  EXPECT_NE(v.output.find("position " + std::to_string(prompt + 5) + " (output token 5): the "
+  EXPECT_NE(v.output.find("position " + std::to_string(prompt + 5) +
+                          " (output token 5): the "
                           "receipt has token"),
             std::string::npos)
       << v.output;
@@ -165,15 +164,20 @@ std::map<std::string, json> ById(const std::string& output) {
 }
 
 TEST_F(Generate, ARequestsOutputDoesNotDependOnTheRestOfItsBatch) {
-  std::ofstream(Path("batch.jsonl")) << R"({"id": "9", "prompt": "the "})" << "\n"
+  std::ofstream(Path("batch.jsonl")) << R"({"id": "9", "prompt": "the "})"
+                                     << "\n"
                                      << R"({"id": "4", "prompt": "a long prompt of words "})"
                                      << "\n"
-                                     << R"({"id": "7", "prompt_tokens": [116, 104]})" << "\n";
-  std::ofstream(Path("reversed.jsonl")) << R"({"id": "7", "prompt_tokens": [116, 104]})" << "\n"
+                                     << R"({"id": "7", "prompt_tokens": [116, 104]})"
+                                     << "\n";
+  std::ofstream(Path("reversed.jsonl")) << R"({"id": "7", "prompt_tokens": [116, 104]})"
+                                        << "\n"
                                         << R"({"id": "4", "prompt": "a long prompt of words "})"
                                         << "\n"
-                                        << R"({"id": "9", "prompt": "the "})" << "\n";
-  std::ofstream(Path("alone.jsonl")) << R"({"id": "9", "prompt": "the "})" << "\n";
+                                        << R"({"id": "9", "prompt": "the "})"
+                                        << "\n";
+  std::ofstream(Path("alone.jsonl")) << R"({"id": "9", "prompt": "the "})"
+                                     << "\n";
   const std::string common = " --checkpoint " + Checkpoint(20) + " --data " + Path("data") +
                              " --max-tokens 20 --temperature 1 --seed 3";
   std::map<std::string, std::map<std::string, json>> runs;

@@ -162,8 +162,8 @@ TEST(KvDecoder, ARequestsLogitsDoNotDependOnTheOthersInTheBatch) {
 TEST(KvDecoder, TheBitsAreTheSameAtEveryVariantAndThreadCount) {
   const Fixture f(Configs()[0]);
   const std::vector<uint32_t> tokens = Tokens(20, 512, 4);
-  for (const rk::SweepResult& r : rk::SweepVariants([&] { return ThreeWays(f, tokens); },
-                                                    rk::kSweepThreadCounts)) {
+  for (const rk::SweepResult& r :
+       rk::SweepVariants([&] { return ThreeWays(f, tokens); }, rk::kSweepThreadCounts)) {
     EXPECT_TRUE(r.equal) << r.isa.name << " at " << r.threads << " threads: first difference at "
                          << r.first_diff;
   }
@@ -187,7 +187,8 @@ TEST(KvDecoder, TooLongSequencesAndOutOfVocabularyTokensAreRefusedAndChangeNothi
   const Piece too_long[] = {{1, long_one}};
   test::ExpectError([&] { d.Append(too_long, false); }, {"slot 1", "seq_len (64)"});
   const Piece out_of_vocab[] = {{0, bad}};
-  test::ExpectError([&] { d.Append(out_of_vocab, false); }, {"token 1 is 512", "model.vocab = 512"});
+  test::ExpectError([&] { d.Append(out_of_vocab, false); },
+                    {"token 1 is 512", "model.vocab = 512"});
   const Piece twice[] = {{0, std::span(bad).first(1)}, {0, std::span(bad).first(1)}};
   test::ExpectError([&] { d.Append(twice, false); }, {"slot 0 given twice"});
   EXPECT_EQ(d.Length(0), 0);

@@ -56,7 +56,8 @@ TEST(Sampling, TheFrequenciesFollowTheCutSoftmax) {
     std::vector<size_t> order = {2, 0, 4, 1, 3, 5};  // by logit, largest first
     const size_t k = top_k > 0 ? size_t(top_k) : order.size();
     double total = 0;
-    for (size_t j = 0; j < k; ++j) total += p[order[j]] = std::exp((logits[order[j]] - 2.0) / temperature);
+    for (size_t j = 0; j < k; ++j)
+      total += p[order[j]] = std::exp((logits[order[j]] - 2.0) / temperature);
     if (top_p < 1) {
       double running = 0;
       for (size_t j = 0; j < k; ++j) {

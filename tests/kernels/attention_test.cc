@@ -108,7 +108,8 @@ TEST(Attention, QueriesAfterCachedKeysGiveTheWholeSequencesRows) {
     const Inputs in = RandomInputs(whole, seed += 10);
     const Forward all = RunForward(whole, in);
     const int64_t S = whole.seq, Hq = whole.q_heads, D = whole.head_dim;
-    for (const int64_t past : {int64_t{0}, int64_t{1}, int64_t{63}, int64_t{64}, int64_t{65}, S - 1}) {
+    for (const int64_t past :
+         {int64_t{0}, int64_t{1}, int64_t{63}, int64_t{64}, int64_t{65}, S - 1}) {
       AttentionShape s = whole;
       s.past = past;
       s.seq = S - past;
@@ -140,8 +141,7 @@ TEST(Attention, QueriesAfterCachedKeysGiveTheWholeSequencesRows) {
   AttentionShape s = Shape(1, 3, 2, 2, 4, 0);
   s.past = 1;
   std::vector<float> q(3 * 2 * 4), kv(4 * 2 * 4), lse(2 * 3), dq(q.size()), dkv(kv.size());
-  ExpectError([&] { rk::AttentionBackward(s, q, kv, kv, q, lse, q, dq, dkv, dkv); },
-              {"past = 1"});
+  ExpectError([&] { rk::AttentionBackward(s, q, kv, kv, q, lse, q, dq, dkv, dkv); }, {"past = 1"});
 }
 
 // ---- fp64 model -----------------------------------------------------------------------------

@@ -74,7 +74,8 @@ std::vector<infer::Request> ReadBatch(const fs::path& path, const data::Tokenize
       if (!list.is_array()) Fail("{}: prompt_tokens is not an array", what);
       for (size_t k = 0; k < list.size(); ++k) {
         const uint64_t id = AsU64(list[k], fmt::format("{}: prompt_tokens[{}]", what, k));
-        if (id >= data::kMaxVocab) Fail("{}: prompt_tokens[{}] = {} is not a token id", what, k, id);
+        if (id >= data::kMaxVocab)
+          Fail("{}: prompt_tokens[{}] = {} is not a token id", what, k, id);
         r.prompt.push_back(static_cast<uint32_t>(id));
       }
     }
@@ -134,7 +135,8 @@ int RunGenerate(const GenerateOptions& o) {
   }
   std::vector<infer::Request> requests;
   if (o.have_prompt) {
-    if (!tokenizer) Fail("--prompt needs --data (the dataset whose tokenizer made the model's ids)");
+    if (!tokenizer)
+      Fail("--prompt needs --data (the dataset whose tokenizer made the model's ids)");
     requests.push_back({0, tokenizer->Encode(o.prompt, "--prompt")});
   } else if (!o.prompt_tokens.empty()) {
     requests.push_back({0, ReadTokenFile(o.prompt_tokens)});
@@ -151,15 +153,16 @@ int RunGenerate(const GenerateOptions& o) {
     if (tokenizer) {
       streamed.push_back(token);
       const std::string text = tokenizer->Decode(streamed);
-      if (text.starts_with(shown)) std::fwrite(text.data() + shown.size(), 1, text.size() - shown.size(), stdout);
+      if (text.starts_with(shown))
+        std::fwrite(text.data() + shown.size(), 1, text.size() - shown.size(), stdout);
       shown = text;
     } else {
       fmt::print("{} ", token);
     }
     std::fflush(stdout);
   };
-  const std::vector<infer::Generation> out = infer::Generate(
-      model, requests, o.sampling, bound.eod, {nullptr, executor.get()}, on_token);
+  const std::vector<infer::Generation> out =
+      infer::Generate(model, requests, o.sampling, bound.eod, {nullptr, executor.get()}, on_token);
   if (stream) {
     fmt::print("\n");
   } else {
@@ -172,13 +175,15 @@ int RunGenerate(const GenerateOptions& o) {
     }
   }
   for (size_t r = 0; r < requests.size(); ++r) {
-    fmt::print(stderr, "request {}: {} prompt tokens, {} generated, stopped at {}\n", requests[r].id,
-               requests[r].prompt.size(), out[r].tokens.size(), infer::StopName(out[r].stop));
+    fmt::print(stderr, "request {}: {} prompt tokens, {} generated, stopped at {}\n",
+               requests[r].id, requests[r].prompt.size(), out[r].tokens.size(),
+               infer::StopName(out[r].stop));
   }
   if (!o.receipt.empty()) {
-    const std::string text = infer::GenerationReceipt(model, bound, o.sampling, requests, out,
-                                                      key ? &*key : nullptr);
-    const fs::path parent = o.receipt.parent_path().empty() ? fs::path(".") : o.receipt.parent_path();
+    const std::string text =
+        infer::GenerationReceipt(model, bound, o.sampling, requests, out, key ? &*key : nullptr);
+    const fs::path parent =
+        o.receipt.parent_path().empty() ? fs::path(".") : o.receipt.parent_path();
     Directory::Open(parent, false).WriteFileSynced(o.receipt.filename().string(), text);
     fmt::print(stderr, "wrote {}{}\n", o.receipt.string(), key ? " (signed)" : "");
   }
@@ -249,8 +254,7 @@ void AddGenerateCommands(CLI::App& app, int* exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0))
       ->check(PositiveNumber());
-  AddUnsignedOption(cmd, "--seed", &o->sampling.seed, UINT64_MAX,
-                    "the sampling seed (default 0)");
+  AddUnsignedOption(cmd, "--seed", &o->sampling.seed, UINT64_MAX, "the sampling seed (default 0)");
   cmd->add_option("--receipt", o->receipt,
                   "write a receipt of this generation (JSON) here; not over an input");
   cmd->add_option("--sign-key", o->sign_key,
@@ -272,12 +276,16 @@ void AddGenerateCommands(CLI::App& app, int* exit_code) {
       "tokens and the chain of its logits' digests come out the same, else the first request and "
       "position where they part (exit 1). A signature present is checked; with --trusted-key one "
       "is required, by that key (docs/formats/receipt.md)");
-  verify->add_option("receipt", v->receipt, "the receipt (JSON)")->required()->check(CLI::ExistingFile);
-  verify->add_option("--checkpoint", v->checkpoint,
-                     "the checkpoint the receipt names (verified before use)")
+  verify->add_option("receipt", v->receipt, "the receipt (JSON)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  verify
+      ->add_option("--checkpoint", v->checkpoint,
+                   "the checkpoint the receipt names (verified before use)")
       ->required();
-  verify->add_option("--trusted-key", v->trusted_key,
-                     "the signer's public key (KEY.pub): the receipt must be signed by it")
+  verify
+      ->add_option("--trusted-key", v->trusted_key,
+                   "the signer's public key (KEY.pub): the receipt must be signed by it")
       ->check(CLI::ExistingFile);
   AddDeviceOption(verify, &v->device);
   verify->add_option("--threads", v->threads, "worker threads (results do not depend on it)")
