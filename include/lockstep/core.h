@@ -316,4 +316,19 @@ std::vector<std::string> LogLines(const std::filesystem::path& path, bool drop_t
 // fsync of a directory, so that renames and creations inside it are durable.
 void SyncDirectory(const std::filesystem::path& dir);
 
+// A path a command was given, with the option (or argument) that named it, for messages.
+struct NamedPath {
+  std::string_view name;  // e.g. "--out", "--checkpoint", "RUN_OR_KIT"
+  std::filesystem::path path;
+};
+// The one rule for outputs (every command, before it opens an output for writing): an output
+// may not be one of the command's inputs, nor lie inside an input directory (a checkpoint, a
+// kit, a run, a dataset). Compared by identity -- device and inode, links
+// resolved -- so that another spelling, a symbolic link or a hard link is caught; an output that
+// does not exist yet is judged by the directories that will hold it. Fails naming both options
+// and both paths. Empty paths (options not given) and inputs that do not exist are skipped: the
+// command refuses those itself.
+void RefuseOutputsOntoInputs(const std::vector<NamedPath>& outputs,
+                             const std::vector<NamedPath>& inputs);
+
 }  // namespace lockstep

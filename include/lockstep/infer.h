@@ -51,6 +51,13 @@ data::Dataset OpenTrainingData(const VerifiedModel& model, const std::filesystem
 // BLAKE2b (fails naming the file otherwise).
 std::unique_ptr<data::Tokenizer> OpenTrainingTokenizer(const data::Dataset& dataset);
 
+// Token ids from a file of raw little-endian uint32 (`lockstep forward --tokens`, `generate
+// --prompt-tokens`): its size is checked against [min_ids, max_ids] ids before anything is read
+// (a file that is not a regular file is refused), then every id against `vocab`. Fails naming
+// the file, the sizes and the first bad id. `what_max` says where max_ids comes from.
+std::vector<uint32_t> ReadTokenFile(const std::filesystem::path& path, uint64_t min_ids,
+                                    uint64_t max_ids, std::string_view what_max, int64_t vocab);
+
 // ---- a forward without targets, with a KV cache -------------------------------------------------
 // The decoder of docs/model.md run on new tokens of sequences whose earlier positions are kept
 // in a KV cache: every layer's k (after QK-norm and RoPE) and v of every position so far. The

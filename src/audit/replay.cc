@@ -403,6 +403,22 @@ ReplayResult Replay(const ReplayOptions& options) {
   // This unit's own peak, even after others in the same process (lockstep audit).
   const bool own_peak = ResetPeakRss();
   CheckOptions(options);
+  {
+    const auto given = [](const std::optional<fs::path>& p) { return p.value_or(fs::path()); };
+    std::vector<NamedPath> inputs = {{"--checkpoint", options.checkpoint},
+                                     {"--data", options.data_dir},
+                                     {"--compare-checkpoint", given(options.compare_checkpoint)}};
+    if (!options.checkpoint.empty()) {
+      inputs.push_back({"the run's chain", given(ChainOfCheckpoint(options.checkpoint))});
+    }
+    if (!options.config.empty() && fs::exists(options.config)) {
+      inputs.push_back({"--config", options.config});
+    }
+    RefuseOutputsOntoInputs({{"--loss-log", given(options.loss_log)},
+                             {"--save-checkpoint-dir", given(options.save_checkpoint_dir)},
+                             {"--spill-dir", given(options.spill_dir)}},
+                            inputs);
+  }
   if (!own_peak) {
     Note("WARNING: /proc/self/clear_refs is not writable: peak_rss_bytes is the process's peak "
          "since it started");

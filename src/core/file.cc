@@ -3,9 +3,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <optional>
+#include <vector>
 
 #include "lockstep/core.h"
 
@@ -240,6 +243,70 @@ std::vector<std::string> LogLines(const std::filesystem::path& path, bool drop_t
 }
 
 void SyncDirectory(const std::filesystem::path& dir) { File::OpenDirectory(dir).Sync(); }
+
+namespace {
+struct FileIdentity {
+  dev_t device;
+  ino_t inode;
+  bool directory;
+  nlink_t links;
+  bool operator==(const FileIdentity& o) const { return device == o.device && inode == o.inode; }
+};
+// stat(2), links followed; nothing when the path does not exist (or cannot be reached).
+std::optional<FileIdentity> IdentityOf(const std::filesystem::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return FileIdentity{st.st_dev, st.st_ino, S_ISDIR(st.st_mode), st.st_nlink};
+}
+// The path and each of its ancestors that exist, after resolving the links in the part that
+// exists (so that a link to a file inside a directory is seen inside it).
+std::vector<FileIdentity> SelfAndAncestors(const std::filesystem::path& path) {
+  std::vector<FileIdentity> chain;
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::weakly_canonical(std::filesystem::absolute(path), ec);
+  if (ec) p = std::filesystem::absolute(path).lexically_normal();
+  for (;;) {
+    if (const auto id = IdentityOf(p)) chain.push_back(*id);
+    const std::filesystem::path parent = p.parent_path();
+    if (parent == p || p.empty()) break;
+    p = parent;
+  }
+  return chain;
+}
+// Whether a file with identity `id` lies anywhere under `dir` (another hard link of it).
+bool HardLinkedUnder(const std::filesystem::path& dir, const FileIdentity& id) {
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (const auto entry = IdentityOf(it->path()); entry && *entry == id) return true;
+  }
+  return false;
+}
+}  // namespace
+
+void RefuseOutputsOntoInputs(const std::vector<NamedPath>& outputs,
+                             const std::vector<NamedPath>& inputs) {
+  for (const NamedPath& out : outputs) {
+    if (out.path.empty()) continue;
+    const std::vector<FileIdentity> holders = SelfAndAncestors(out.path);
+    const std::optional<FileIdentity> self = IdentityOf(out.path);
+    for (const NamedPath& in : inputs) {
+      if (in.path.empty()) continue;
+      const std::optional<FileIdentity> input = IdentityOf(in.path);
+      if (!input) continue;
+      if (self && *self == *input) {
+        Fail("{} {} is the input {} {}: the command would write over what it reads", out.name,
+             out.path.string(), in.name, in.path.string());
+      }
+      if (input->directory &&
+          (std::ranges::find(holders, *input) != holders.end() ||
+           (self && !self->directory && self->links > 1 && HardLinkedUnder(in.path, *self)))) {
+        Fail("{} {} lies inside the input {} {}: the command would write into what it reads",
+             out.name, out.path.string(), in.name, in.path.string());
+      }
+    }
+  }
+}
 
 namespace {
 

@@ -110,4 +110,31 @@ std::unique_ptr<data::Tokenizer> OpenTrainingTokenizer(const data::Dataset& data
   return data::OpenTokenizer(file);
 }
 
+std::vector<uint32_t> ReadTokenFile(const std::filesystem::path& path, uint64_t min_ids,
+                                    uint64_t max_ids, std::string_view what_max, int64_t vocab) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::is_regular_file(status)) {
+    Fail("{}: not a regular file of little-endian uint32 token ids", path.string());
+  }
+  const uint64_t bytes = std::filesystem::file_size(path, ec);
+  if (ec) Fail("{}: cannot read its size: {}", path.string(), ec.message());
+  if (bytes % 4 != 0 || bytes / 4 < min_ids || bytes / 4 > max_ids) {
+    Fail("{}: {} bytes; expected little-endian uint32 token ids, {} to {} of them ({})",
+         path.string(), bytes, min_ids, max_ids, what_max);
+  }
+  const std::vector<uint8_t> data = ReadFileBytes(path);
+  if (data.size() != bytes) Fail("{}: changed size while it was read", path.string());
+  std::vector<uint32_t> ids(bytes / 4);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = uint32_t(data[4 * i]) | uint32_t(data[4 * i + 1]) << 8 |
+             uint32_t(data[4 * i + 2]) << 16 | uint32_t(data[4 * i + 3]) << 24;
+    if (ids[i] >= static_cast<uint64_t>(vocab)) {
+      Fail("{}: token {} is {}, outside the vocabulary (model.vocab = {})", path.string(), i,
+           ids[i], vocab);
+    }
+  }
+  return ids;
+}
+
 }  // namespace lockstep::infer

@@ -60,6 +60,7 @@ void PrintSummary(const data::Dataset& dataset) {
 }
 
 int RunSynth(const SynthOptions& o) {
+  RefuseOutputsOntoInputs({{"--out", o.out}}, {});
   // One updating line on a terminal, one line per report in a log.
   const bool terminal = ::isatty(STDERR_FILENO) == 1;
   const auto show = [terminal](uint64_t done, uint64_t total) {
@@ -74,6 +75,9 @@ int RunSynth(const SynthOptions& o) {
 
 int RunTokenize(const TokenizeOptions& o) {
   const std::vector<std::filesystem::path> inputs(o.inputs.begin(), o.inputs.end());
+  std::vector<NamedPath> read = {{"--tokenizer", o.tokenizer}};
+  for (const auto& input : inputs) read.push_back({"--input", input});
+  RefuseOutputsOntoInputs({{"--out", o.out}}, read);
   const std::unique_ptr<data::Tokenizer> tokenizer =
       o.tokenizer.empty() ? nullptr : data::OpenTokenizer(o.tokenizer);
   data::TokenizeFiles(inputs, o.out, o.shard_tokens, tokenizer.get());
@@ -82,6 +86,9 @@ int RunTokenize(const TokenizeOptions& o) {
 }
 
 int RunImport(const ImportOptions& o) {
+  RefuseOutputsOntoInputs({{"--out", o.out}}, {{"--megatron", o.megatron + ".bin"},
+                                               {"--megatron", o.megatron + ".idx"},
+                                               {"--tokenizer", o.tokenizer}});
   const data::Vocabulary vocabulary = data::FileVocabulary(o.tokenizer, o.vocab, o.eod);
   // The .bin is read twice (checked, then written): the progress line counts both reads.
   std::optional<ProgressLine> progress;
@@ -243,6 +250,9 @@ void AddTokenizerCommands(CLI::App& app, int* exit_code) {
   t->add_option("--out", train->out, "output directory (must not exist or be empty)")->required();
   t->final_callback([train, exit_code] {
     const std::vector<std::filesystem::path> inputs(train->inputs.begin(), train->inputs.end());
+    std::vector<NamedPath> read;
+    for (const auto& input : inputs) read.push_back({"--input", input});
+    RefuseOutputsOntoInputs({{"--out", train->out}}, read);
     const std::filesystem::path model =
         data::TrainTokenizer(inputs, train->vocab, train->model, train->out);
     const std::unique_ptr<data::Tokenizer> tokenizer = data::OpenTokenizer(model);

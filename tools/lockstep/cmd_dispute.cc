@@ -47,6 +47,8 @@ void AddTraceCommand(CLI::App& app, int* exit_code) {
     const std::unique_ptr<OpExecutor> executor = MakeExecutor(*device, &device_name);
     o->executor = executor.get();
     o->dump_ops.insert(dump_ops->begin(), dump_ops->end());
+    RefuseOutputsOntoInputs({{"--out", o->out}},
+                            {{"--checkpoint", o->checkpoint}, {"--data", o->data_dir}});
     const dispute::Trace t = dispute::WriteTrace(*o);
     const uint64_t bytes = fs::file_size(t.dir / "records.jsonl");
     fmt::print("{}\n", nlohmann::json{{"step", t.header.step},

@@ -17,6 +17,7 @@ struct ExportOptions {
 };
 
 int RunExport(const ExportOptions& o) {
+  RefuseOutputsOntoInputs({{"--out", o.out}}, {{"--checkpoint", o.checkpoint}, {"--data", o.data}});
   const infer::ExportFormat format =
       o.format == "hf" ? infer::ExportFormat::kHf : infer::ExportFormat::kGguf;
   // Refuse what the target cannot express before reading gigabytes of weights.

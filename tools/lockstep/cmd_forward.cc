@@ -21,29 +21,18 @@ struct ForwardOptions {
 
 int RunForward(const ForwardOptions& o) {
   SetThreads(o.threads);
+  RefuseOutputsOntoInputs({{"--out", o.out}},
+                          {{"--checkpoint", o.checkpoint}, {"--tokens", o.tokens}});
   // Streamed: only the parameters are kept (RAM ~ the model's weights, not its moments), and
   // nothing is used before every file's digest and the state hash have been checked.
   const infer::VerifiedModel loaded = infer::LoadVerified(o.checkpoint);
   const RunConfig& config = loaded.config;
   const ParamStore& params = loaded.params;
-  const std::vector<uint8_t> bytes = ReadFileBytes(o.tokens);
-  if (bytes.size() % 4 != 0 || bytes.size() < 8) {
-    Fail("{}: {} bytes; expected little-endian uint32 token ids, at least 2 (input + target)",
-         o.tokens.string(), bytes.size());
-  }
-  std::vector<uint32_t> tokens(bytes.size() / 4);
-  std::memcpy(tokens.data(), bytes.data(), bytes.size());
+  // T + 1 ids give T positions: at least 2, at most seq_len + 1.
+  const std::vector<uint32_t> tokens = infer::ReadTokenFile(
+      o.tokens, 2, static_cast<uint64_t>(config.model.seq_len) + 1,
+      fmt::format("the model's seq_len is {}", config.model.seq_len), config.model.vocab);
   const int64_t seq = static_cast<int64_t>(tokens.size()) - 1;
-  if (seq > config.model.seq_len) {
-    Fail("{}: {} tokens give {} positions; the model's seq_len is {}", o.tokens.string(),
-         tokens.size(), seq, config.model.seq_len);
-  }
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] >= static_cast<uint64_t>(config.model.vocab)) {
-      Fail("{}: token {} is {}, outside the vocabulary (model.vocab = {})", o.tokens.string(), i,
-           tokens[i], config.model.vocab);
-    }
-  }
   Model model(config.model, config.train.vocab_chunk, 1, seq);
   model.Forward(params, tokens);
   std::vector<float> logits(static_cast<size_t>(seq * config.model.vocab));

@@ -26,20 +26,6 @@ struct GenerateOptions {
   int threads = 1;
 };
 
-std::vector<uint32_t> ReadTokenFile(const fs::path& path) {
-  const std::vector<uint8_t> bytes = ReadFileBytes(path);
-  if (bytes.empty() || bytes.size() % 4 != 0) {
-    Fail("{}: {} bytes; expected little-endian uint32 token ids, at least one", path.string(),
-         bytes.size());
-  }
-  std::vector<uint32_t> ids(bytes.size() / 4);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    ids[i] = uint32_t(bytes[4 * i]) | uint32_t(bytes[4 * i + 1]) << 8 |
-             uint32_t(bytes[4 * i + 2]) << 16 | uint32_t(bytes[4 * i + 3]) << 24;
-  }
-  return ids;
-}
-
 // --batch FILE: one JSON object per line, {"prompt": TEXT} or {"prompt_tokens": [ids]}, with an
 // optional "id" (a decimal string; default: the line's index from 0).
 std::vector<infer::Request> ReadBatch(const fs::path& path, const data::Tokenizer* tokenizer) {
@@ -93,32 +79,15 @@ std::vector<infer::Request> ReadBatch(const fs::path& path, const data::Tokenize
   return requests;
 }
 
-// The receipt must not land on an input, nor inside the checkpoint or the dataset.
-void CheckReceiptPath(const GenerateOptions& o) {
-  std::error_code ec;
-  const fs::path out = fs::weakly_canonical(o.receipt, ec);
-  for (const fs::path& dir : {o.checkpoint, o.data}) {
-    if (dir.empty()) continue;
-    const fs::path in = fs::weakly_canonical(dir, ec);
-    const auto [a, b] = std::mismatch(in.begin(), in.end(), out.begin(), out.end());
-    if (a == in.end()) {
-      Fail("--receipt {} lies inside the input {}: choose a path outside it", o.receipt.string(),
-           dir.string());
-    }
-  }
-  for (const fs::path& input : {o.prompt_tokens, o.batch, o.sign_key}) {
-    if (!input.empty() && fs::exists(o.receipt, ec) && fs::equivalent(o.receipt, input, ec)) {
-      Fail("--receipt {} is the input {}: it would be written over", o.receipt.string(),
-           input.string());
-    }
-  }
-}
-
 int RunGenerate(const GenerateOptions& o) {
   SetThreads(o.threads);
   const int sources = int(o.have_prompt) + int(!o.prompt_tokens.empty()) + int(!o.batch.empty());
   if (sources != 1) Fail("give exactly one of --prompt, --prompt-tokens and --batch");
-  if (!o.receipt.empty()) CheckReceiptPath(o);
+  RefuseOutputsOntoInputs({{"--receipt", o.receipt}}, {{"--checkpoint", o.checkpoint},
+                                                       {"--data", o.data},
+                                                       {"--prompt-tokens", o.prompt_tokens},
+                                                       {"--batch", o.batch},
+                                                       {"--sign-key", o.sign_key}});
   std::optional<Ed25519Seed> key;
   if (!o.sign_key.empty()) key = ReadSigningKey(o.sign_key);
   std::string device_name;
@@ -139,7 +108,10 @@ int RunGenerate(const GenerateOptions& o) {
       Fail("--prompt needs --data (the dataset whose tokenizer made the model's ids)");
     requests.push_back({0, tokenizer->Encode(o.prompt, "--prompt")});
   } else if (!o.prompt_tokens.empty()) {
-    requests.push_back({0, ReadTokenFile(o.prompt_tokens)});
+    const int64_t seq_len = model.config.model.seq_len;
+    requests.push_back({0, infer::ReadTokenFile(o.prompt_tokens, 1, static_cast<uint64_t>(seq_len),
+                                                fmt::format("the model's seq_len is {}", seq_len),
+                                                model.config.model.vocab)});
   } else {
     requests = ReadBatch(o.batch, tokenizer.get());
   }

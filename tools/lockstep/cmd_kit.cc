@@ -26,6 +26,8 @@ std::string Optional(const std::optional<double>& seconds) {
 }
 
 int RunBuild(const audit::KitBuildOptions& options) {
+  RefuseOutputsOntoInputs({{"--out", options.out_dir}},
+                          {{"--run", options.run_dir}, {"--data", options.data_dir}});
   const kit::Trajectory trajectory = audit::BuildKit(options);
   const kit::KitManifest manifest = kit::ReadManifest(options.out_dir);
   fmt::print("kit: {}\n", options.out_dir.string());
@@ -137,6 +139,9 @@ struct AuditCommand {
 };
 
 int RunAudit(const AuditCommand& command) {
+  RefuseOutputsOntoInputs(
+      {{"--json-out", command.json_out}},
+      {{"KIT", command.options.kit_dir}, {"--trusted-key", command.trust.trusted_key}});
   const std::vector<std::string> problems = KitProblems(command.options.kit_dir, command.trust);
   if (ReportProblems(problems, "audit: kit verify") > 0) {
     if (!command.options.force) {
@@ -261,6 +266,8 @@ void AddKitCommands(CLI::App& app, int* exit_code) {
   report_cmd->add_option("--out", report->out, "the HTML file to write")->required();
   report_cmd->final_callback([report, report_audit, exit_code] {
     if (!report_audit->empty()) report->audit = *report_audit;
+    RefuseOutputsOntoInputs({{"--out", report->out}},
+                            {{"SOURCE", report->source}, {"--audit", *report_audit}});
     audit::WriteReport(*report);
     fmt::print("wrote {}\n", report->out.string());
     *exit_code = 0;

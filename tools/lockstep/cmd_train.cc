@@ -74,6 +74,11 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
     if (*full_gradients) options->checkpoint_gradients = Gradients::kFull;
     if (steps_opt->count() > 0) options->steps = *steps;
     if (!spill_dir->empty()) options->spill_dir = *spill_dir;
+    // The run directory is written (and with --resume read too: that is its purpose); what
+    // only feeds the run may not lie under it or under the spill directory.
+    std::vector<NamedPath> inputs = {{"--data", options->data_dir}, {"--sign-key", *sign_key}};
+    if (std::filesystem::exists(options->config)) inputs.push_back({"--config", options->config});
+    RefuseOutputsOntoInputs({{"--out", options->run_dir}, {"--spill-dir", *spill_dir}}, inputs);
     *exit_code = train::RunTraining(*options);
   });
 }
