@@ -1,5 +1,7 @@
 // GEMM: bitwise invariance across variants/threads, the chunk contract, fp64 accuracy, special
 // values and argument errors.
+#include <algorithm>
+#include <bit>
 #include <cstring>
 #include <limits>
 
@@ -82,6 +84,69 @@ TEST(Gemm, BitwiseInvariantOnAwkwardShapes) {
       }
     }
   }
+}
+
+// Inputs of the decode tests: uniform values with the selftest's special values (±0, ±inf, NaNs
+// of both signs, subnormals, the ends of the normal range) spread sparsely, a different subset
+// at a different place in each array.
+std::vector<float> WithSpecials(int64_t n, uint64_t seed) {
+  std::vector<float> v = RandomFloats(n, seed);
+  const auto specials = rk::kSelftestSpecials;
+  const int64_t count = static_cast<int64_t>(specials.size());
+  const int64_t stride = std::max<int64_t>(7, n / count);
+  for (int64_t q = 0, at = static_cast<int64_t>(seed % 7); at < n; ++q, at += stride) {
+    v[static_cast<size_t>(at)] = specials[static_cast<size_t>((q + seed) % count)];
+  }
+  return v;
+}
+
+TEST(Gemm, DecodeRowsBitwiseInvariantWithSpecialValues) {
+  // GemmXWt with m = 1..8 rows, the decode shapes, all at most the SIMD variant's GEMV
+  // threshold (kGemvMaxRows = 8 in src/kernels/simd/gemm.cc), so every case below runs that
+  // path: n not a multiple of 4, 8 or 16 lanes, k below, above and not a multiple of the chunk
+  // of 256 or of the lanes. Non-accumulating, then accumulating onto outputs that hold special
+  // values too (-0 among them). NaN signs and payloads are not part of the contract
+  // (docs/numerics.md, "NaN"), so NaNs compare as the canonical NaN.
+  for (int64_t m = 1; m <= 8; ++m) {
+    for (int64_t n : {1, 3, 17, 40, 255}) {
+      for (int64_t k : {1, 5, 17, 255, 256, 600}) {
+        ExpectBitwiseInvariant(fmt::format("GemmXWt decode m={} n={} k={}", m, n, k), [&] {
+          const uint64_t seed = static_cast<uint64_t>(m * 1000 + n * 10 + k);
+          const std::vector<float> x = WithSpecials(m * k, seed), w = WithSpecials(n * k, seed + 1);
+          std::vector<float> y(static_cast<size_t>(m * n), 5.0f),
+              acc = WithSpecials(m * n, seed + 2);
+          rk::GemmXWt(x, w, y, m, n, k);
+          rk::GemmXWt(x, w, acc, m, n, k, /*accumulate=*/true);
+          y.insert(y.end(), acc.begin(), acc.end());
+          rk::CanonicalizeNaNs(y);
+          return y;
+        });
+      }
+    }
+  }
+}
+
+TEST(Gemm, DecodeSignedZerosAndChunkOrder) {
+  // Every product -0: each chunk sum is fma(-0, w, +0) = +0, so y = +0, and accumulating onto -0
+  // gives -0 + +0 = +0. Also the chunk order at m = 3, for each row and each of 37 columns (more
+  // than two vectors' worth, at every lane position): ChunkContractIsObservable's value.
+  const int64_t m = 3, n = 37, k = 512;
+  std::vector<float> zeros(m * k, -0.0f), w(n * k, 1.0f), y(m * n, -0.0f);
+  std::vector<float> x(m * k);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t r = 0; r < k; ++r) x[i * k + r] = r < 256 ? 1.0f : 0x1.0p-16f;
+  }
+  for (const rk::Isa& isa : rk::UsableIsas()) {
+    rk::SetIsa(isa);
+    for (bool accumulate : {false, true}) {
+      std::fill(y.begin(), y.end(), -0.0f);
+      rk::GemmXWt(zeros, w, y, m, n, k, accumulate);
+      for (float v : y) EXPECT_EQ(std::bit_cast<uint32_t>(v), 0u) << isa.name << accumulate;
+    }
+    rk::GemmXWt(x, w, y, m, n, k);
+    for (float v : y) EXPECT_EQ(v, 256.0f + 0x1.0p-8f) << isa.name;
+  }
+  rk::SetIsa(rk::UsableIsas().back());
 }
 
 TEST(Gemm, LargeTilesAcrossThreadCounts) {

@@ -7,6 +7,7 @@
 // vector width, tile size and thread split gives the reference's bits. Threads split output
 // elements, never the reduction: rows (the chunk loop pc sequential, with a barrier between
 // chunks), or, for a C of few rows and many columns, columns (each thread alone on its share).
+// GemmXWt with at most kGemvMaxRows rows (decode) skips the packing: Gemv, below.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/simd/gemm.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -193,6 +194,147 @@ HWY_INLINE void Microkernel(D d, const float* HWY_RESTRICT ap, const float* HWY_
   put(c + 5 * ldc, c50, c51);
 }
 
+// ---- Decode: GemmXWt with at most kGemvMaxRows rows ----
+//
+// Decoding a token multiplies 1 (batch 1) to 8 (batch 8) rows of activations by every weight
+// matrix, W[n, k] stored row by row. The loop nest above then costs what it saves: it copies
+// all of W, transposed, into packed panels on every call, and runs the 6-row microkernel on
+// tiles mostly of zero rows; it read W at 6-12 GB/s where the machine streams 25-30. Here each
+// vector lane owns one output column j (one row of W) for the whole reduction, and W is read
+// once, in place: L rows x L reduced steps are loaded and transposed in registers, so vector q
+// holds W[j0..j0+L, r+q], and each output row's accumulator takes the L steps as fused
+// multiply-adds in increasing r. Per lane this is the contract's chain exactly: each chunk of
+// kKc from +0 in order, the chunk sums added in order (onto the old output when accumulating).
+// Threads split the columns. Up to 8 rows it beat the loop nest on every decode shape measured
+// (docs/performance.md, "Generation"): 2.3-3.2x at one row, 1.5-2.4x at eight (AVX-512).
+constexpr int64_t kGemvMaxRows = 8;
+
+// Transposes the L x L tile (L = lanes of d, a multiple of 4) whose row l is t[l]: on return
+// t[q] holds column q. 4x4 transposes within each 128-bit block, then the blocks themselves
+// (adjacent ones swapped, then 256-bit halves), so every target uses the same few shuffles.
+template <class D>
+HWY_INLINE void TransposeTile(D d, hn::Vec<D>* t) {
+  constexpr size_t L = hn::MaxLanes(D());
+  static_assert(L % 4 == 0 && L <= 16, "4, 8 or 16 float lanes");
+  const hn::Repartition<uint64_t, D> d64;
+  using V = hn::Vec<D>;
+  V u[L];
+  for (size_t g = 0; g < L; g += 4) {  // rows g..g+3; u[g + c] block b: column 4b + c
+    const auto t0 = hn::BitCast(d64, hn::InterleaveLower(d, t[g], t[g + 1]));
+    const auto t1 = hn::BitCast(d64, hn::InterleaveLower(d, t[g + 2], t[g + 3]));
+    const auto t2 = hn::BitCast(d64, hn::InterleaveUpper(d, t[g], t[g + 1]));
+    const auto t3 = hn::BitCast(d64, hn::InterleaveUpper(d, t[g + 2], t[g + 3]));
+    u[g + 0] = hn::BitCast(d, hn::InterleaveLower(d64, t0, t1));
+    u[g + 1] = hn::BitCast(d, hn::InterleaveUpper(d64, t0, t1));
+    u[g + 2] = hn::BitCast(d, hn::InterleaveLower(d64, t2, t3));
+    u[g + 3] = hn::BitCast(d, hn::InterleaveUpper(d64, t2, t3));
+  }
+  if constexpr (L >= 8) {  // blocks: u[4g + c] block b -> block g of column 4b + c
+    for (size_t g = 0; g < L; g += 8) {
+      for (size_t c = 0; c < 4; ++c) {
+        const V x = u[g + c], y = u[g + 4 + c];
+        u[g + c] = hn::OddEvenBlocks(hn::SwapAdjacentBlocks(y), x);
+        u[g + 4 + c] = hn::OddEvenBlocks(y, hn::SwapAdjacentBlocks(x));
+      }
+    }
+  }
+  if constexpr (L == 16) {
+    for (size_t c = 0; c < 8; ++c) {
+      const V x = u[c], y = u[8 + c];
+      u[c] = hn::ConcatLowerLower(d, y, x);
+      u[8 + c] = hn::ConcatUpperUpper(d, y, x);
+    }
+  }
+  for (size_t q = 0; q < L; ++q) t[q] = u[q];
+}
+
+// Output rows [0, M) x columns [j0, j0 + L) of C (those below n), lane l owning column j0 + l.
+template <int M, class D>
+HWY_NOINLINE void GemvColumns(D d, const GemmArgs& g, int64_t j0) {
+  using V = hn::Vec<D>;
+  constexpr int64_t L = hn::MaxLanes(D());
+  const int64_t cols = std::min(L, g.n - j0);
+  const float* w[L];  // lane l's row of W; past n a repeat of the last, its lanes discarded
+  for (int64_t l = 0; l < L; ++l) w[l] = g.b + std::min(j0 + l, g.n - 1) * g.b_cs;
+  HWY_ALIGN float buf[L * L];
+  V out[M];
+  for (int64_t pc = 0; pc < g.k; pc += kKc) {
+    const int64_t pend = std::min(g.k, pc + kKc);
+    V s[M];
+    for (int i = 0; i < M; ++i) s[i] = hn::Zero(d);
+    const auto steps = [&](const V* t, int64_t r, int64_t count) {
+      for (int64_t q = 0; q < count; ++q) {
+        for (int i = 0; i < M; ++i)
+          s[i] = hn::MulAdd(hn::Set(d, g.a[i * g.a_rs + r + q]), t[q], s[i]);
+      }
+    };
+    int64_t r = pc;
+    for (; r + L <= pend; r += L) {
+      V t[L];
+      for (int64_t l = 0; l < L; ++l) t[l] = hn::LoadU(d, w[l] + r);
+      TransposeTile(d, t);
+      steps(t, r, L);
+    }
+    if (r < pend) {  // the last chunk's last pend - r < L steps
+      std::fill(buf, buf + L * L, 0.0f);
+      V t[L];
+      for (int64_t l = 0; l < L; ++l) {
+        std::copy(w[l] + r, w[l] + pend, buf + l * L);
+        t[l] = hn::Load(d, buf + l * L);
+      }
+      TransposeTile(d, t);
+      steps(t, r, pend - r);
+    }
+    for (int i = 0; i < M; ++i) {
+      if (pc > 0) {
+        out[i] = hn::Add(out[i], s[i]);
+      } else if (g.accumulate) {
+        std::copy(g.c + i * g.n + j0, g.c + i * g.n + j0 + cols, buf);
+        out[i] = hn::Add(hn::LoadU(d, buf), s[i]);
+      } else {
+        out[i] = s[i];
+      }
+    }
+  }
+  for (int i = 0; i < M; ++i) {
+    hn::Store(out[i], d, buf);
+    std::copy(buf, buf + cols, g.c + i * g.n + j0);
+  }
+}
+
+template <int M>
+void GemvRows(const GemmArgs& g) {
+  const hn::ScalableTag<float> d;
+  constexpr int64_t L = hn::MaxLanes(hn::ScalableTag<float>());
+  const int64_t blocks = (g.n + L - 1) / L, threads = Threads();
+  ParallelForEachThread([&](int64_t t) {
+    for (int64_t b = blocks * t / threads; b < blocks * (t + 1) / threads; ++b) {
+      GemvColumns<M>(d, g, b * L);
+    }
+  });
+}
+
+void Gemv(const GemmArgs& g) {
+  switch (g.m) {
+    case 1:
+      return GemvRows<1>(g);
+    case 2:
+      return GemvRows<2>(g);
+    case 3:
+      return GemvRows<3>(g);
+    case 4:
+      return GemvRows<4>(g);
+    case 5:
+      return GemvRows<5>(g);
+    case 6:
+      return GemvRows<6>(g);
+    case 7:
+      return GemvRows<7>(g);
+    default:
+      return GemvRows<8>(g);
+  }
+}
+
 void Gemm(const GemmArgs& g) {
   const hn::ScalableTag<float> d;
   const int64_t nr_max = 2 * static_cast<int64_t>(hn::Lanes(d));
@@ -200,6 +342,8 @@ void Gemm(const GemmArgs& g) {
     if (!g.accumulate) std::fill(g.c, g.c + g.m * g.n, 0.0f);
     return;
   }
+  // GemmXWt (x rows and W rows contiguous along the reduction) with few rows: decode.
+  if (g.m <= kGemvMaxRows && g.a_cs == 1 && g.b_rs == 1) return Gemv(g);
   const int64_t threads = Threads();
   const int64_t a_panels = (g.m + kMr - 1) / kMr;
   // Rows [ic, ic + mc) of A, packed in ap_block, times slivers [0, nc) of a packed B panel bp
