@@ -171,6 +171,35 @@ class Tokenizer {
 // tokenizer.json of byte-level BPE (docs/tokenizers.md), or a directory holding tokenizer.model
 // or tokenizer.json. Fails naming the file and the field.
 std::unique_ptr<Tokenizer> OpenTokenizer(const std::filesystem::path& file_or_dir);
+// The pieces and the encoding options of a SentencePiece model file, for an exporter that writes
+// the vocabulary in another format (src/infer/export.cc). Piece texts, scores and the special
+// ids come from libsentencepiece; the piece types and the trainer's and normalizer's options,
+// which its C++ API does not expose (Debian ships no sentencepiece_model.pb.h), from the
+// model's protobuf fields read here. Fails naming the file.
+struct SentencePieceModel {
+  // SentencePiece's ModelProto.SentencePiece.Type values.
+  enum class PieceType {
+    kNormal = 1,
+    kUnknown = 2,
+    kControl = 3,
+    kUserDefined = 4,
+    kUnused = 5,
+    kByte = 6
+  };
+  struct Piece {
+    std::string text;
+    float score = 0;
+    PieceType type = PieceType::kNormal;
+  };
+  std::vector<Piece> pieces;  // by id
+  std::string model_type;     // "unigram", "bpe", "word" or "char"
+  bool byte_fallback = false, treat_whitespace_as_suffix = false;
+  std::string normalizer_name;
+  bool has_charsmap = false;  // a normalization table (empty for "identity")
+  bool add_dummy_prefix = true, remove_extra_whitespaces = true, escape_whitespaces = true;
+  int unk_id = -1, bos_id = -1, eos_id = -1, pad_id = -1;  // -1: none
+};
+SentencePieceModel ReadSentencePieceModel(const std::filesystem::path& model);
 // Trains a SentencePiece model ("unigram" or "bpe") of `vocab` pieces on the lines of the inputs
 // (valid UTF-8, in order), deterministically: the same inputs give the same bytes. The text is
 // not normalized and bytes fall back to byte pieces, so any text encodes without <unk> and

@@ -3,6 +3,8 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <array>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
@@ -117,7 +119,129 @@ void RequireTrainableLine(std::string_view line, const fs::path& file, size_t nu
   }
 }
 
+// A protobuf message's fields in wire order (the encoding is public: varint keys holding the
+// field number and wire type). Only what ReadSentencePieceModel needs.
+class ProtoFields {
+ public:
+  ProtoFields(std::string_view bytes, const fs::path& file) : b_(bytes), file_(file) {}
+  // The next field: its number, and its value as a varint (wire types 0, 5 as bits) or as
+  // bytes (type 2). False at the end.
+  bool Next(uint32_t& field, uint64_t& number, std::string_view& bytes) {
+    if (i_ >= b_.size()) return false;
+    const uint64_t key = Varint();
+    field = static_cast<uint32_t>(key >> 3);
+    switch (key & 7) {
+      case 0:
+        number = Varint();
+        return true;
+      case 1:
+        Need(8);
+        i_ += 8;
+        return true;
+      case 2: {
+        const uint64_t n = Varint();
+        Need(n);
+        bytes = b_.substr(i_, n);
+        i_ += n;
+        return true;
+      }
+      case 5: {
+        Need(4);
+        uint32_t v = 0;
+        std::memcpy(&v, b_.data() + i_, 4);
+        number = v;
+        i_ += 4;
+        return true;
+      }
+      default:
+        Fail("{}: not a SentencePiece model (protobuf wire type {} at byte {})", file_.string(),
+             key & 7, i_);
+    }
+  }
+
+ private:
+  uint64_t Varint() {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      Need(1);
+      const uint8_t c = static_cast<uint8_t>(b_[i_++]);
+      v |= uint64_t{c & 0x7Fu} << shift;
+      if ((c & 0x80) == 0) return v;
+    }
+    Fail("{}: not a SentencePiece model (a varint longer than 10 bytes)", file_.string());
+  }
+  void Need(uint64_t n) const {
+    if (n > b_.size() - i_) Fail("{}: not a SentencePiece model (truncated)", file_.string());
+  }
+  std::string_view b_;
+  const fs::path& file_;
+  size_t i_ = 0;
+};
+
 }  // namespace
+
+SentencePieceModel ReadSentencePieceModel(const fs::path& file) {
+  const std::vector<uint8_t> bytes = ReadFileBytes(file);
+  const std::string_view proto(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  sentencepiece::SentencePieceProcessor processor;
+  if (!processor.LoadFromSerializedProto(proto).ok()) {
+    Fail("{}: not a SentencePiece model", file.string());
+  }
+  SentencePieceModel m;
+  for (int id = 0; id < processor.GetPieceSize(); ++id) {
+    m.pieces.push_back({processor.IdToPiece(id), processor.GetScore(id)});
+  }
+  m.unk_id = processor.unk_id();
+  m.bos_id = processor.bos_id();
+  m.eos_id = processor.eos_id();
+  m.pad_id = processor.pad_id();
+  // ModelProto: 1 pieces, 2 trainer_spec, 3 normalizer_spec (sentencepiece_model.proto).
+  ProtoFields top(proto, file);
+  uint32_t field = 0;
+  uint64_t number = 0;
+  std::string_view sub;
+  size_t piece = 0;
+  static const std::array<const char*, 5> kModelTypes = {"", "unigram", "bpe", "word", "char"};
+  m.model_type = "unigram";  // TrainerSpec.model_type's default
+  while (top.Next(field, number, sub)) {
+    ProtoFields fields(sub, file);
+    uint32_t f = 0;
+    uint64_t n = 0;
+    std::string_view s;
+    if (field == 1) {  // SentencePiece: 1 piece, 2 score, 3 type (default NORMAL)
+      if (piece >= m.pieces.size()) Fail("{}: more pieces than SentencePiece loads", file.string());
+      while (fields.Next(f, n, s)) {
+        if (f == 3) {
+          if (n < 1 || n > 6) Fail("{}: piece {} has type {}", file.string(), piece, n);
+          m.pieces[piece].type = static_cast<SentencePieceModel::PieceType>(n);
+        }
+      }
+      ++piece;
+    } else if (field == 2) {  // TrainerSpec: 3 model_type, 24 treat_whitespace_as_suffix,
+                              // 35 byte_fallback
+      while (fields.Next(f, n, s)) {
+        if (f == 3) m.model_type = n < kModelTypes.size() && n > 0 ? kModelTypes[n] : "unknown";
+        if (f == 24) m.treat_whitespace_as_suffix = n != 0;
+        if (f == 35) m.byte_fallback = n != 0;
+      }
+    } else if (field == 3) {  // NormalizerSpec: 1 name, 2 precompiled_charsmap,
+                              // 3 add_dummy_prefix, 4 remove_extra_whitespaces,
+                              // 5 escape_whitespaces
+      while (fields.Next(f, n, s)) {
+        if (f == 1) m.normalizer_name = std::string(s);
+        if (f == 2) m.has_charsmap = !s.empty();
+        if (f == 3) m.add_dummy_prefix = n != 0;
+        if (f == 4) m.remove_extra_whitespaces = n != 0;
+        if (f == 5) m.escape_whitespaces = n != 0;
+      }
+    }
+  }
+  if (piece != m.pieces.size()) {
+    Fail("{}: {} pieces in the file, {} loaded by SentencePiece", file.string(), piece,
+         m.pieces.size());
+  }
+  return m;
+}
 
 std::unique_ptr<Tokenizer> OpenTokenizer(const fs::path& path) {
   fs::path file = path;

@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "lockstep/data.h"
 #include "lockstep/infer.h"
@@ -340,40 +342,272 @@ class GgufWriter {
   std::vector<std::unique_ptr<std::vector<float>>> owned_;
 };
 
-// GGUF's tokenizer keys (llama.cpp's vocabulary loader), when the format expresses the dataset's
-// tokenizer; else tokenizer.ggml.model "none" with the vocabulary size.
+// ---- GGUF tokenizers ---------------------------------------------------------------------------
+// What llama.cpp's vocabulary loader (llama-vocab.cpp in the version node-llama-cpp 3.21.1
+// bundles) reads: the reasons each translation is exact are in docs/export.md, "Tokenizer keys".
+
+// llama.cpp's LLAMA_TOKEN_TYPE_* (token_type values).
+enum GgufTokenType : int32_t {
+  kTypeNormal = 1,
+  kTypeUnknown = 2,
+  kTypeControl = 3,
+  kTypeUserDefined = 4,
+  kTypeUnused = 5,
+  kTypeByte = 6
+};
+
+struct GgufVocab {
+  std::string model, pre;  // tokenizer.ggml.model, .pre ("" : not written)
+  std::vector<std::string> tokens;
+  std::vector<float> scores;  // SentencePiece only
+  std::vector<int32_t> types;
+  std::vector<std::string> merges;  // gpt2 only
+  int64_t bos = -1, eos = -1, unk = -1;
+  bool add_space_prefix = false, spm = false;
+};
+
+// Fills `tokens` and `types` up to the model's vocabulary with unused placeholders: the ids a
+// model has beyond its tokenizer's (the data never holds them). Returns why not, or "".
+std::string PadVocab(GgufVocab& v, int64_t n_vocab, std::string_view format) {
+  for (auto id = static_cast<int64_t>(v.tokens.size()); id < n_vocab; ++id) {
+    v.tokens.push_back(fmt::format(fmt::runtime(format), id));
+    v.types.push_back(kTypeUnused);
+    if (v.spm) v.scores.push_back(0.0f);
+  }
+  std::unordered_map<std::string_view, int64_t> seen;
+  for (size_t id = 0; id < v.tokens.size(); ++id) {
+    if (v.tokens[id].empty()) return fmt::format("id {} has an empty piece", id);
+    const auto [it, fresh] = seen.emplace(v.tokens[id], static_cast<int64_t>(id));
+    if (!fresh) {  // llama.cpp maps every text to one id
+      return fmt::format("ids {} and {} have the same text '{}'", it->second, id, v.tokens[id]);
+    }
+  }
+  return "";
+}
+
+size_t Utf8Length(uint8_t lead) { return lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4; }
+
+// A SentencePiece model as tokenizer.ggml.model "llama". Returns why it cannot be, or "".
+std::string SentencePieceVocab(const fs::path& file, int64_t n_vocab, GgufVocab& v) {
+  using Type = data::SentencePieceModel::PieceType;
+  const data::SentencePieceModel m = data::ReadSentencePieceModel(file);
+  if (m.model_type != "bpe") {
+    return fmt::format(
+        "{} is a SentencePiece {} model: llama.cpp's \"llama\" vocabulary encodes by "
+        "SentencePiece-BPE's merging of the best-scored adjacent pair, not by the unigram "
+        "model's Viterbi search, and its unigram vocabulary (\"t5\") has no byte fallback (a "
+        "character outside the vocabulary becomes <unk>), so neither gives lockstep's ids; "
+        "a model trained with --model bpe exports exactly",
+        file.string(), m.model_type);
+  }
+  if (!m.byte_fallback) {
+    return fmt::format(
+        "{} was trained without byte_fallback: llama.cpp's \"llama\" vocabulary "
+        "always falls back to bytes",
+        file.string());
+  }
+  if (m.has_charsmap || m.remove_extra_whitespaces || !m.escape_whitespaces ||
+      m.treat_whitespace_as_suffix) {
+    return fmt::format(
+        "{} normalizes text (normalizer '{}', remove_extra_whitespaces {}, escape_whitespaces {}, "
+        "treat_whitespace_as_suffix {}): llama.cpp's \"llama\" vocabulary only escapes spaces",
+        file.string(), m.normalizer_name, m.remove_extra_whitespaces, m.escape_whitespaces,
+        m.treat_whitespace_as_suffix);
+  }
+  v.model = "llama";
+  v.spm = true;
+  for (size_t id = 0; id < m.pieces.size(); ++id) {
+    const auto& p = m.pieces[id];
+    if (p.type == Type::kUserDefined || p.type == Type::kUnused) {
+      return fmt::format(
+          "{}: piece {} ('{}') is {}: SentencePiece matches user-defined pieces before merging "
+          "and splits unused ones again, llama.cpp's \"llama\" vocabulary does neither alike",
+          file.string(), id, p.text, p.type == Type::kUnused ? "unused" : "user-defined");
+    }
+    v.tokens.push_back(p.text);
+    v.scores.push_back(p.score);
+    v.types.push_back(p.type == Type::kUnknown   ? kTypeUnknown
+                      : p.type == Type::kControl ? kTypeControl
+                      : p.type == Type::kByte    ? kTypeByte
+                                                 : kTypeNormal);
+  }
+  if (std::string why = PadVocab(v, n_vocab, "<unused_{}>"); !why.empty()) {
+    return fmt::format("{}: {}", file.string(), why);
+  }
+  // SentencePiece merges only into normal pieces; llama.cpp into any token's text. They agree
+  // unless a merge of two symbols (a character or a piece) can spell a control, unknown, byte
+  // or placeholder token: then refuse.
+  std::unordered_set<std::string_view> texts(v.tokens.begin(), v.tokens.end());
+  const auto symbol = [&](std::string_view t) {
+    return texts.contains(t) || (!t.empty() && Utf8Length(static_cast<uint8_t>(t[0])) == t.size());
+  };
+  for (size_t id = 0; id < v.tokens.size(); ++id) {
+    if (v.types[id] == kTypeNormal) continue;
+    const std::string_view t = v.tokens[id];
+    for (size_t k = Utf8Length(static_cast<uint8_t>(t[0])); k < t.size();
+         k += Utf8Length(static_cast<uint8_t>(t[k]))) {
+      if (symbol(t.substr(0, k)) && symbol(t.substr(k))) {
+        return fmt::format(
+            "{}: the special token {} '{}' can be spelled by merging '{}' and '{}', which "
+            "llama.cpp's \"llama\" vocabulary would do and SentencePiece does not",
+            file.string(), id, t, t.substr(0, k), t.substr(k));
+      }
+    }
+  }
+  v.bos = m.bos_id;
+  v.eos = m.eos_id;
+  v.unk = m.unk_id;
+  v.add_space_prefix = m.add_dummy_prefix;
+  return "";
+}
+
+// GPT-2's pre-tokenizer pattern and Llama-3's, as tokenizer.json files spell them (the patterns
+// src/data/bpe.cc runs), and the llama.cpp pre-tokenizers with the same expressions.
+constexpr std::string_view kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr std::string_view kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+// An imported byte-level BPE tokenizer.json (the subset src/data/bpe.cc accepts) as
+// tokenizer.ggml.model "gpt2". Returns why it cannot be, or "".
+std::string HfBpeVocab(const fs::path& file, const Vocabulary& vocabulary, int64_t n_vocab,
+                       GgufVocab& v) {
+  const std::vector<uint8_t> bytes = ReadFileBytes(file);
+  const json j = json::parse(bytes.begin(), bytes.end());
+  const json& model = j.at("model");
+  const json& pre = j.at("pre_tokenizer");
+  std::string pattern = "(none)";
+  if (pre.value("type", "") == "ByteLevel") {
+    if (pre.value("use_regex", true)) pattern = kGpt2Pattern;
+  } else if (pre.value("type", "") == "Sequence") {
+    for (const json& p : pre.at("pretokenizers")) {
+      if (p.value("type", "") == "Split") pattern = p.at("pattern").at("Regex").get<std::string>();
+    }
+  }
+  const bool ignore_merges = model.contains("ignore_merges") &&
+                             model["ignore_merges"].is_boolean() &&
+                             model["ignore_merges"].get<bool>();
+  // Among the names llama.cpp maps to the same expression, the one whose ignore_merges agrees
+  // and, where there is one, that leaves decoded text as it is (clean_spaces false).
+  if (pattern == kGpt2Pattern && !ignore_merges) {
+    v.pre = "trillion";  // GPT-2's expression, clean_spaces false ("gpt-2" cleans spaces)
+  } else if (pattern == kLlama3Pattern) {
+    v.pre = ignore_merges ? "llama-bpe" : "dbrx";  // both clean spaces when decoding
+  } else {
+    return fmt::format(
+        "{}: the pre-tokenizer pattern {}{} is not one llama.cpp's pre-tokenizers split by "
+        "exactly (GPT-2's without ignore_merges, Llama-3's)",
+        file.string(), json(pattern).dump(), ignore_merges ? " with ignore_merges" : "");
+  }
+  v.model = "gpt2";
+  const uint32_t size = vocabulary.size;
+  std::vector<std::string> tokens(size);
+  std::vector<int32_t> types(size, kTypeUnused);
+  for (const auto& [piece, id] : model.at("vocab").items()) {
+    tokens[id.get<uint32_t>()] = piece;
+    types[id.get<uint32_t>()] = kTypeNormal;
+  }
+  std::vector<std::string> added;
+  for (const json& a : j.at("added_tokens")) {
+    const auto id = a.at("id").get<uint32_t>();
+    tokens[id] = a.at("content").get<std::string>();
+    types[id] = a.value("special", false) ? kTypeControl : kTypeUserDefined;
+    added.push_back(tokens[id]);
+  }
+  // lockstep matches added tokens leftmost-longest; llama.cpp one token at a time, longest
+  // first. They agree unless two can overlap in a text.
+  for (const std::string& a : added) {
+    for (const std::string& b : added) {
+      if (&a == &b) continue;
+      bool overlap = a.find(b) != std::string::npos;
+      for (size_t k = 1; k < a.size() && !overlap; ++k) {
+        overlap = b.starts_with(std::string_view(a).substr(k));
+      }
+      if (overlap) {
+        return fmt::format(
+            "{}: the added tokens '{}' and '{}' can overlap in a text, which "
+            "lockstep and llama.cpp resolve differently",
+            file.string(), a, b);
+      }
+    }
+  }
+  for (uint32_t id = 0; id < size; ++id) {
+    if (tokens[id].empty()) tokens[id] = fmt::format("<|unused_{}|>", id);
+  }
+  v.tokens = std::move(tokens);
+  v.types = std::move(types);
+  if (std::string why = PadVocab(v, n_vocab, "<|unused_{}|>"); !why.empty()) {
+    return fmt::format("{}: {}", file.string(), why);
+  }
+  for (const json& m : model.at("merges")) {
+    v.merges.push_back(m.is_string()
+                           ? m.get<std::string>()
+                           : m.at(0).get<std::string>() + " " + m.at(1).get<std::string>());
+  }
+  v.bos = v.eos = vocabulary.eod;
+  return "";
+}
+
+// GGUF's tokenizer keys, when the format expresses the dataset's tokenizer exactly; else
+// tokenizer.ggml.model "none" with the vocabulary size. Returns the note for the output.
 std::string GgufTokenizer(GgufWriter& g, const std::string& arch, const ModelConfig& c,
                           const Tokenizer& t) {
-  if (t.kind == Tokenizer::Kind::kBytes) {
-    // The byte vocabulary as a byte-level BPE without merges: every byte is the piece of GPT-2's
-    // byte alphabet whose id is the byte, so encoding gives the byte ids and decoding the bytes.
-    std::vector<std::string> tokens;
-    std::vector<int32_t> types;
-    for (int64_t id = 0; id < c.vocab; ++id) {
-      tokens.push_back(BytePiece(id));
-      types.push_back(id < 256 ? 1 : id == kEodToken ? 3 : 5);  // normal, control, unused
-    }
-    g.String("tokenizer.ggml.model", "gpt2");
-    g.String("tokenizer.ggml.pre", "default");
-    g.Strings("tokenizer.ggml.tokens", tokens);
-    g.I32s("tokenizer.ggml.token_type", types);
-    g.Strings("tokenizer.ggml.merges", {});
-    g.U32("tokenizer.ggml.bos_token_id", kEodToken);
-    g.U32("tokenizer.ggml.eos_token_id", kEodToken);
-    g.Bool("tokenizer.ggml.add_bos_token", false);
-    g.Bool("tokenizer.ggml.add_eos_token", false);
-    return fmt::format(
-        "tokenizer: the byte vocabulary as tokenizer.ggml.model \"gpt2\" without merges (ids 0-255 "
-        "the bytes, {} the end of document)",
-        kEodToken);
+  GgufVocab v;
+  std::string why, what;
+  switch (t.kind) {
+    case Tokenizer::Kind::kBytes:
+      // The byte vocabulary as a byte-level BPE without merges: every byte is the piece of
+      // GPT-2's byte alphabet whose id is the byte, so encoding gives the byte ids and decoding
+      // the bytes.
+      v.model = "gpt2";
+      v.pre = "trillion";  // no merges: the split plays no part; decoding keeps spaces as they are
+      for (int64_t id = 0; id < c.vocab; ++id) {
+        v.tokens.push_back(BytePiece(id));
+        v.types.push_back(id < 256 ? kTypeNormal : id == kEodToken ? kTypeControl : kTypeUnused);
+      }
+      v.bos = v.eos = kEodToken;
+      what = fmt::format(
+          "the byte vocabulary as tokenizer.ggml.model \"gpt2\" without merges (ids 0-255 the "
+          "bytes, {} the end of document)",
+          kEodToken);
+      break;
+    case Tokenizer::Kind::kSentencePiece:
+      why = SentencePieceVocab(t.file, c.vocab, v);
+      what =
+          fmt::format("{} (SentencePiece BPE) as tokenizer.ggml.model \"llama\"", t.file.string());
+      break;
+    case Tokenizer::Kind::kHfJson:
+      why = HfBpeVocab(t.file, t.vocabulary, c.vocab, v);
+      what = fmt::format("{} as tokenizer.ggml.model \"gpt2\", pre-tokenizer \"{}\"",
+                         t.file.string(), v.pre);
+      break;
+    case Tokenizer::Kind::kUnknownFile:
+      why =
+          fmt::format("{} is neither a SentencePiece .model nor a tokenizer.json", t.file.string());
+      break;
+    case Tokenizer::Kind::kNone:
+      why = t.note;
+      break;
   }
-  g.String("tokenizer.ggml.model", "none");
-  g.U32(arch + ".vocab_size", c.vocab);
-  if (t.kind == Tokenizer::Kind::kNone) return t.note + " (tokenizer.ggml.model \"none\")";
-  return fmt::format(
-      "no tokenizer written: GGUF export writes the byte vocabulary only; {} stays beside the "
-      "file (tokenizer.ggml.model \"none\")",
-      t.file.string());
+  if (v.model.empty() || !why.empty()) {
+    g.String("tokenizer.ggml.model", "none");
+    g.U32(arch + ".vocab_size", c.vocab);
+    if (t.kind == Tokenizer::Kind::kNone) return t.note + " (tokenizer.ggml.model \"none\")";
+    return fmt::format("no tokenizer written (tokenizer.ggml.model \"none\"): {}", why);
+  }
+  g.String("tokenizer.ggml.model", v.model);
+  if (!v.pre.empty()) g.String("tokenizer.ggml.pre", v.pre);
+  g.Strings("tokenizer.ggml.tokens", v.tokens);
+  if (v.spm) g.F32s("tokenizer.ggml.scores", v.scores);
+  g.I32s("tokenizer.ggml.token_type", v.types);
+  if (v.model == "gpt2") g.Strings("tokenizer.ggml.merges", v.merges);
+  if (v.bos >= 0) g.U32("tokenizer.ggml.bos_token_id", v.bos);
+  if (v.eos >= 0) g.U32("tokenizer.ggml.eos_token_id", v.eos);
+  if (v.unk >= 0) g.U32("tokenizer.ggml.unknown_token_id", v.unk);
+  g.Bool("tokenizer.ggml.add_bos_token", false);  // lockstep adds neither
+  g.Bool("tokenizer.ggml.add_eos_token", false);
+  if (v.spm) g.Bool("tokenizer.ggml.add_space_prefix", v.add_space_prefix);
+  return "tokenizer: " + what;
 }
 
 void WriteGguf(const VerifiedModel& m, const std::string& arch, const Tokenizer& tok,
@@ -657,6 +891,9 @@ ExportResult Export(const VerifiedModel& m, ExportFormat format, const fs::path&
   ExportResult result;
   result.architecture = ExportArchitecture(m.config.model, format);
   const Tokenizer tok = DatasetTokenizer(m, data);
+  // The tensors in fp32 (hf also splits w_gate_up, the same bytes), plus headers and tokenizer.
+  RequireFreeSpace(out, static_cast<uint64_t>(m.params.NumParameters()) * 4 + (uint64_t{64} << 20),
+                   "export");
   StagedOutput staged(out, format == ExportFormat::kHf, m, data);
   if (format == ExportFormat::kHf) {
     WriteHf(m, result.architecture, tok, staged.path(), result.notes);

@@ -185,6 +185,116 @@ with tempfile.TemporaryDirectory(prefix="lockstep-export-") as tmp:
         failures.append(f"an export over an existing directory was not refused: {again}")
     print(f"tiny: gguf refused ({refused.strip().splitlines()[-1][:100]}...); hf Qwen3ForCausalLM")
 
+    # Tokenizers: a SentencePiece model of each type and a byte-level BPE tokenizer.json of each
+    # layout, trained on deterministic text; each dataset trains a plain model for 10 steps and is
+    # exported with --data. Where the export claims the tokenizer, llama.cpp's ids for TEXTS must
+    # be lockstep's (`data tokenize` of each text) and decoding them must give the text back.
+    rng = random.Random(11)
+    syllables = ["ka", "lo", "mi", "ne", "ta", "ru", "sel", "vor", "an", "es", "qu", "ph",
+                 "é", "ï", "ü", "ñ", "λο", "γο", "κα"]
+    lexicon = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4)))
+               for _ in range(300)]
+    corpus = []
+    for f in range(8):
+        lines = []
+        for _ in range(120):
+            words = [rng.choice(lexicon) for _ in range(rng.randint(3, 12))]
+            line = " ".join(words).capitalize() + rng.choice([".", ",", "!", "?", ";", ":"])
+            if rng.random() < 0.2:
+                line = " " * rng.randint(2, 6) + line
+            if rng.random() < 0.2:
+                line = line.replace(" ", "\t", 1) + "  (" + rng.choice(lexicon) + ")"
+            lines.append(line)
+        path = work / f"corpus-{f}.txt"
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        corpus.append(path)
+    TEXTS = [
+        "Kalo mine taru selvor an es.",
+        "hello world, this is plain ASCII: 12345 + 678 = 13023!",
+        "  two  spaces\tand\ttabs\n\n   indented   \n",
+        "café naïve señor über λογος καλημέρα Ελληνικά",
+        "emoji 🎉🚀 and 漢字 and ☃ need byte fallback",
+        " a leading space, and a trailing one ",
+        "x",
+    ]
+    CLEANED = "spaces before punctuation , . ? ! and ' quotes 's"  # llama.cpp's clean_spaces
+    texts_json = work / "texts.json"
+    texts_json.write_text(json.dumps(TEXTS + [CLEANED], ensure_ascii=False), encoding="utf-8")
+    text_files = []
+    for i, t in enumerate(TEXTS + [CLEANED]):
+        path = work / f"text-{i}.txt"
+        path.write_bytes(t.encode("utf-8"))
+        text_files.append(path)
+
+    def dataset_ids(data_dir):
+        manifest = json.loads((data_dir / "manifest.json").read_text())
+        docs = []
+        for shard in manifest["shards"]:
+            b = (data_dir / shard["bin"]).read_bytes()
+            ix = (data_dir / shard["idx"]).read_bytes()
+            ids = struct.unpack(f"<{len(b) // 4}I", b)
+            offs = struct.unpack(f"<{len(ix) // 8}Q", ix)
+            docs += [list(ids[offs[k]:offs[k + 1]]) for k in range(len(offs) - 1)]
+        return docs
+
+    tok_script = source / "tests" / "clients" / "llama" / "tokenize.mjs"
+    make_bpe = source / "tests" / "data" / "make_bpe_tokenizer.py"
+    TOKENIZERS = [  # name, how to make it, expected tokenizer.ggml.model/pre (None: "none")
+        ("spm-bpe", "bpe", ("llama", None)),
+        ("spm-unigram", "unigram", None),
+        ("hf-gpt2", "gpt2", ("gpt2", "trillion")),
+        ("hf-llama3", "llama3", ("gpt2", "llama-bpe")),
+    ]
+    for name, kind, expect in TOKENIZERS:
+        start = time.time()
+        tok_dir = work / f"tok-{name}"
+        if name.startswith("spm"):
+            run(lockstep, "tokenizer", "train", "--input", *corpus, "--vocab", 480, "--model", kind,
+                "--out", tok_dir)
+            tok = tok_dir / "tokenizer.model"
+        else:
+            tok_dir.mkdir()
+            tok = tok_dir / "tokenizer.json"
+            run(sys.executable, make_bpe, kind, 200, tok, *corpus)
+        data_dir = work / f"data-{name}"
+        run(lockstep, "data", "tokenize", "--tokenizer", tok, "--input", *corpus, "--out", data_dir)
+        shutil.copy(tok, data_dir / tok.name)  # the export reads it from the dataset directory
+        ids_dir = work / f"ids-{name}"
+        run(lockstep, "data", "tokenize", "--tokenizer", tok, "--input", *text_files, "--out",
+            ids_dir)
+        ours = dataset_ids(ids_dir)
+        run_dir = work / f"run-{name}"
+        run(lockstep, "train", "--config",
+            config(work, name, qk_norm="false", embedding_norm="false", window=0), "--data",
+            data_dir, "--out", run_dir, "--steps", 10)
+        gguf = work / f"{name}.gguf"
+        out = run(lockstep, "export", "--checkpoint", run_dir / "checkpoints" / "step_000000010",
+                  "--format", "gguf", "--out", gguf, "--data", data_dir)
+        if expect is None:
+            if 'tokenizer.ggml.model "none"' not in out or "unigram" not in out:
+                failures.append(f"{name}: expected no tokenizer, naming unigram: {out}")
+            print(f"{name}: not claimed ({time.time() - start:.1f} s): "
+                  f"{out[out.find('no tokenizer'):][:160]}...")
+            continue
+        special = "true" if name.startswith("hf") else "false"
+        theirs = json.loads(run(node, tok_script, client, gguf, texts_json, special))
+        if (theirs["model"], theirs["pre"]) != expect:
+            failures.append(f"{name}: llama.cpp read model/pre {theirs['model']}/{theirs['pre']}, "
+                            f"expected {expect}: {out}")
+        same_ids = same_text = 0
+        for i, (text, mine, r) in enumerate(zip(TEXTS + [CLEANED], ours, theirs["results"])):
+            if r["ids"] == mine:
+                same_ids += 1
+            else:
+                failures.append(f"{name}: text {i} {text!r}: lockstep {mine}, llama.cpp {r['ids']}")
+            cleaned = text == CLEANED and expect[1] == "llama-bpe"  # decoding cleans spaces
+            if (r["text"] == text) != (not cleaned):
+                failures.append(f"{name}: text {i} {text!r} decoded by llama.cpp as {r['text']!r}")
+            same_text += r["text"] == text
+        n = len(TEXTS) + 1
+        print(f"{name}: {expect[0]}/{expect[1]}: ids agree for {same_ids}/{n} texts, decoding "
+              f"gives {same_text}/{n} back ({time.time() - start:.1f} s)")
+
     if failures:
         sys.exit("FAIL:\n" + "\n".join(failures))
     print("PASS")
