@@ -113,9 +113,13 @@ class Regex {
   std::vector<std::string_view> Split(std::string_view text, size_t offset) const {
     std::vector<std::string_view> pieces;
     size_t at = 0, last = 0;  // where the search resumes; where the last piece ended
+    // PCRE2 checks the UTF-8 of the subject from the start offset to its end on every call: done
+    // on each, that is quadratic in the text. The first call checks it all; the others skip it.
+    uint32_t options = 0;
     while (at <= text.size()) {
       const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), at,
-                                 0, data_, context_);
+                                 options, data_, context_);
+      options = PCRE2_NO_UTF_CHECK;
       if (rc == PCRE2_ERROR_NOMATCH) break;
       if (rc < 0) {
         PCRE2_UCHAR message[256];
@@ -193,6 +197,7 @@ class HfBpeTokenizer final : public Tokenizer {
  private:
   std::vector<uint32_t> EncodeText(std::string_view text) const {
     std::vector<uint32_t> ids;
+    PieceCache cache;
     // Added tokens are matched first, longest first at each position, as the reference does.
     size_t at = 0, plain = 0;
     while (at <= text.size()) {
@@ -206,7 +211,7 @@ class HfBpeTokenizer final : public Tokenizer {
         }
       }
       if (found || at == text.size()) {
-        EncodePlain(text.substr(plain, at - plain), plain, ids);
+        EncodePlain(text.substr(plain, at - plain), plain, cache, ids);
         if (!found) break;
         ids.push_back(found->second);
         at += found->first;
@@ -293,6 +298,7 @@ class HfBpeTokenizer final : public Tokenizer {
         Fail("{}: field \"model.vocab\": byte {} has no piece (not a byte-level BPE)", path_, b);
       }
       char_to_byte_[byte_chars_[static_cast<size_t>(b)]] = static_cast<uint8_t>(b);
+      byte_ids_[static_cast<size_t>(b)] = vocab_.at(byte_chars_[static_cast<size_t>(b)]);
     }
   }
 
@@ -375,72 +381,108 @@ class HfBpeTokenizer final : public Tokenizer {
 
   static uint64_t PairKey(uint32_t a, uint32_t b) { return uint64_t{a} << 32 | b; }
 
+  // The ids of the pieces of one text already encoded (piece text -> ids), so that a word
+  // met again is looked up, not merged again. Keys view the text being encoded, so a cache lives
+  // for one Encode call; pieces over kPieceBytes are not kept, and the cache is emptied when it
+  // holds kEntries pieces or kIds ids: a few MiB at most, whatever the document.
+  struct PieceCache {
+    static constexpr size_t kPieceBytes = 128, kEntries = size_t{1} << 16, kIds = size_t{1} << 20;
+    std::unordered_map<std::string_view, std::pair<uint32_t, uint32_t>> spans;  // first, count
+    std::vector<uint32_t> ids;
+  };
+
   // Text without added tokens: pre-tokenized, each piece's bytes as characters, then merged.
-  void EncodePlain(std::string_view text, size_t offset, std::vector<uint32_t>& ids) const {
+  void EncodePlain(std::string_view text, size_t offset, PieceCache& cache,
+                   std::vector<uint32_t>& ids) const {
     if (text.empty()) return;
     const std::vector<std::string_view> pieces =
         pattern_ ? pattern_->Split(text, offset) : std::vector<std::string_view>{text};
+    std::vector<uint32_t> symbols;
     for (const std::string_view piece : pieces) {
-      std::vector<uint32_t> symbols;
-      std::string word;
-      for (const char c : piece) {
-        const std::string& ch = byte_chars_[static_cast<uint8_t>(c)];
-        word += ch;
-        symbols.push_back(vocab_.at(ch));
-      }
-      if (ignore_merges_) {
-        if (const auto it = vocab_.find(word); it != vocab_.end()) {
-          ids.push_back(it->second);
+      const bool cacheable = piece.size() <= PieceCache::kPieceBytes;
+      if (cacheable) {
+        if (const auto it = cache.spans.find(piece); it != cache.spans.end()) {
+          const auto first = cache.ids.begin() + it->second.first;
+          ids.insert(ids.end(), first, first + it->second.second);
           continue;
         }
       }
-      Merge(symbols);
+      EncodePiece(piece, symbols);
       ids.insert(ids.end(), symbols.begin(), symbols.end());
+      if (!cacheable) continue;
+      if (cache.spans.size() == PieceCache::kEntries ||
+          cache.ids.size() + symbols.size() > PieceCache::kIds) {
+        cache.spans.clear();
+        cache.ids.clear();
+      }
+      cache.spans.emplace(piece,
+                          std::pair<uint32_t, uint32_t>(static_cast<uint32_t>(cache.ids.size()),
+                                                        static_cast<uint32_t>(symbols.size())));
+      cache.ids.insert(cache.ids.end(), symbols.begin(), symbols.end());
     }
+  }
+
+  // The ids of one pre-token.
+  void EncodePiece(std::string_view piece, std::vector<uint32_t>& symbols) const {
+    symbols.clear();
+    if (ignore_merges_) {
+      std::string word;
+      for (const char c : piece) word += byte_chars_[static_cast<uint8_t>(c)];
+      if (const auto it = vocab_.find(word); it != vocab_.end()) {
+        symbols.push_back(it->second);
+        return;
+      }
+    }
+    for (const char c : piece) symbols.push_back(byte_ids_[static_cast<uint8_t>(c)]);
+    Merge(symbols);
   }
 
   // Applies merges as the reference's Word::merge_all does: always the pair of lowest rank, the
-  // leftmost of equal ones, one at a time (a min-heap of (rank, position), stale entries skipped).
+  // leftmost of equal ones, one at a time. A min-heap of (rank, position) over a linked list of
+  // the symbols, stale entries skipped: O(n log n) in the piece's bytes, however long the piece
+  // (a run of letters without a space is one piece).
   void Merge(std::vector<uint32_t>& symbols) const {
     const size_t n = symbols.size();
-    std::vector<int64_t> prev(n), next(n);
-    std::vector<char> alive(n, 1);
+    if (n < 2) return;
+    std::vector<uint32_t> prev(n), next(n);  // neighbours; kNone at the ends
+    constexpr uint32_t kNone = UINT32_MAX;
     for (size_t i = 0; i < n; ++i) {
-      prev[i] = static_cast<int64_t>(i) - 1;
-      next[i] = i + 1 < n ? static_cast<int64_t>(i + 1) : -1;
+      prev[i] = i == 0 ? kNone : static_cast<uint32_t>(i - 1);
+      next[i] = i + 1 < n ? static_cast<uint32_t>(i + 1) : kNone;
     }
-    using Entry = std::tuple<uint32_t, size_t, uint32_t, uint32_t>;  // rank, left pos, left, right
+    // rank, left position, left id, right id, merged id
+    using Entry = std::tuple<uint32_t, uint32_t, uint32_t, uint32_t, uint32_t>;
     std::priority_queue<Entry, std::vector<Entry>, std::greater<>> heap;
-    const auto push = [&](size_t left) {
-      if (next[left] < 0) return;
-      const uint32_t a = symbols[left], b = symbols[static_cast<size_t>(next[left])];
+    const auto push = [&](uint32_t left) {
+      if (next[left] == kNone) return;
+      const uint32_t a = symbols[left], b = symbols[next[left]];
       if (const auto it = merges_.find(PairKey(a, b)); it != merges_.end()) {
-        heap.emplace(it->second.first, left, a, b);
+        heap.emplace(it->second.first, left, a, b, it->second.second);
       }
     };
-    for (size_t i = 0; i + 1 < n; ++i) push(i);
+    for (uint32_t i = 0; i + 1 < n; ++i) push(i);
     while (!heap.empty()) {
-      const auto [rank, left, a, b] = heap.top();
+      const auto [rank, left, a, b, merged] = heap.top();
       heap.pop();
-      if (!alive[left] || next[left] < 0) continue;
-      const auto right = static_cast<size_t>(next[left]);
-      if (symbols[left] != a || symbols[right] != b) continue;  // stale
-      symbols[left] = merges_.at(PairKey(a, b)).second;
-      alive[right] = 0;
+      // Stale: the left symbol was merged into its left neighbour (then it is gone: kMerged) or
+      // with its right one (then it is another id), or its right neighbour changed.
+      const uint32_t right = next[left];
+      if (symbols[left] != a || right == kNone || symbols[right] != b) continue;
+      symbols[left] = merged;
+      symbols[right] = kMerged;
       next[left] = next[right];
-      if (next[right] >= 0) prev[static_cast<size_t>(next[right])] = static_cast<int64_t>(left);
-      if (prev[left] >= 0) push(static_cast<size_t>(prev[left]));
+      if (next[right] != kNone) prev[next[right]] = left;
+      if (prev[left] != kNone) push(prev[left]);
       push(left);
     }
-    std::vector<uint32_t> merged;
-    for (size_t i = 0; i < n; ++i) {
-      if (alive[i]) merged.push_back(symbols[i]);
-    }
-    symbols = std::move(merged);
+    std::erase(symbols, kMerged);
   }
+
+  static constexpr uint32_t kMerged = UINT32_MAX;  // no id: ids are below kMaxVocab
 
   std::string path_;
   std::array<std::string, 256> byte_chars_;
+  std::array<uint32_t, 256> byte_ids_{};  // each byte's piece's id
   std::unordered_map<std::string, uint8_t> char_to_byte_;
   std::unordered_map<std::string, uint32_t> vocab_;
   std::unordered_map<uint32_t, std::string> id_to_piece_;

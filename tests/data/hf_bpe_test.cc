@@ -106,6 +106,98 @@ TEST(HfBpe, IdsAreThoseOfTheIndependentImplementation) {
   }
 }
 
+// A long document of varied text, built deterministically: words in several scripts, and runs
+// of `run` bytes at most -- letters without a space (one pre-token: \p{L}+), spaces, tabs and
+// newlines, a non-ASCII letter -- in lines; every line starts with "w", and a "\n" followed by a
+// letter is a pre-token boundary of both layouts' patterns.
+std::string LongDocument(size_t bytes, size_t run) {
+  const std::vector<std::string> words = {
+      "lockstep", "über",          "naïve",           "日本語の文", "Ελληνικά",
+      "русский",  "emoji🙂🎉", "x=42;",           "don't",      "3.14159",
+      "e\u0301",  "\u00a0nbsp",    "wide\u3000space", "--"};
+  uint32_t state = 11;
+  const auto next = [&](uint32_t n) {
+    state = state * 1664525u + 1013904223u;
+    return (state >> 8) % n;
+  };
+  std::string text;
+  while (text.size() < bytes) {
+    text += "w";
+    switch (next(40)) {
+      case 0:
+        text += std::string(run - next(static_cast<uint32_t>(run / 2)), 'a');
+        break;
+      case 1:
+        text += " " + std::string(run - next(static_cast<uint32_t>(run / 2)), ' ') + "x";
+        break;
+      case 2:
+        text += "\t" + std::string(run / 4, '\t') + std::string(run / 4, '\n');
+        break;
+      case 3:
+        for (size_t k = run / 2 - next(static_cast<uint32_t>(run / 4)); k > 0; --k) text += "é";
+        break;
+      default:
+        for (uint32_t w = 1 + next(12); w > 0; --w)
+          text += " " + words[next(static_cast<uint32_t>(words.size()))];
+    }
+    text += "\n";
+  }
+  return text;
+}
+
+// The ids of a document (several MiB, with pre-tokens of up to 1 MiB) are those of its parts
+// encoded one by one, and those of the independent implementation. Encoding is linear in the text
+// and O(n log n) in a pre-token: a quadratic one would not finish here.
+TEST(HfBpe, LongDocumentsAreTheirPartsAndThoseOfTheIndependentImplementation) {
+  if (!Shell("python3 --version > /dev/null 2>&1")) GTEST_SKIP() << "python3 is not installed";
+  TempDir tmp;
+  // Learned on text with runs of letters, so that merges join long runs ("a a", "aa aa", ...).
+  const fs::path corpus = tmp / "corpus.txt";
+  WriteFileSynced(corpus, LongDocument(64 << 10, 64));
+  const std::string big = LongDocument(4 << 20, 1 << 20), small = LongDocument(1 << 20, 2048);
+  const fs::path small_path = tmp / "small.txt";
+  WriteFileSynced(small_path, small);
+  const std::string module = TokenizersJs();
+  for (const char* style : {"gpt2", "llama3"}) {
+    SCOPED_TRACE(style);
+    const fs::path json = tmp / (std::string(style) + ".json");
+    ASSERT_TRUE(Shell(fmt::format("python3 {}/tests/data/make_bpe_tokenizer.py {} 400 {} {}",
+                                  LOCKSTEP_SOURCE_DIR, style, json.string(), corpus.string())));
+    const std::unique_ptr<Tokenizer> tokenizer = OpenTokenizer(json);
+    for (const std::string* text : {&big, &small}) {
+      const std::vector<uint32_t> ids = tokenizer->Encode(*text, "document");
+      std::vector<uint32_t> parts;  // 1 to 5 lines at a time, each encoded alone
+      for (size_t at = 0, n = 0; at < text->size(); ++n) {
+        size_t end = at;
+        for (size_t lines = n % 5 + 1; lines > 0 && end < text->size(); --lines) {
+          end = text->find("\nw", end);
+          end = end == std::string::npos ? text->size() : end + 1;
+        }
+        const std::vector<uint32_t> part = tokenizer->Encode(text->substr(at, end - at), "part");
+        parts.insert(parts.end(), part.begin(), part.end());
+        at = end;
+      }
+      EXPECT_EQ(ids, parts) << text->size();
+      EXPECT_EQ(tokenizer->Decode(ids), *text);
+    }
+    // @huggingface/tokenizers is itself quadratic in a pre-token's length: compared on the
+    // document with runs of 2 KiB.
+    if (module.empty()) continue;
+    const fs::path ids_path = tmp / (std::string(style) + ".ids.json");
+    ASSERT_TRUE(
+        Shell(fmt::format("node {}/tests/data/hf_encode.mjs {} {} {} > {}", LOCKSTEP_SOURCE_DIR,
+                          module, json.string(), small_path.string(), ids_path.string())));
+    const nlohmann::json expected = nlohmann::json::parse(ReadFileText(ids_path));
+    ASSERT_EQ(expected.size(), 1u);
+    EXPECT_EQ(nlohmann::json(tokenizer->Encode(small, "small.txt")), expected[0]);
+  }
+  if (module.empty()) {
+    GTEST_SKIP()
+        << "node or @huggingface/tokenizers@" << kModuleVersion
+        << " is not available: the long document's ids were checked against its parts only";
+  }
+}
+
 TEST(HfBpe, DatasetsBindTheTokenizerAndUnsupportedFilesAreRefused) {
   if (!Shell("python3 --version > /dev/null 2>&1")) GTEST_SKIP() << "python3 is not installed";
   TempDir tmp;
