@@ -316,6 +316,11 @@ std::vector<std::string> LogLines(const std::filesystem::path& path, bool drop_t
 // fsync of a directory, so that renames and creations inside it are durable.
 void SyncDirectory(const std::filesystem::path& dir);
 
+// Fails naming `what`, `path` and both sizes unless the file system that will hold `path` (the
+// nearest existing ancestor's) has `bytes` available: checked before a write whose size is known,
+// rather than failing with ENOSPC part-way.
+void RequireFreeSpace(const std::filesystem::path& path, uint64_t bytes, std::string_view what);
+
 // A path a command was given, with the option (or argument) that named it, for messages.
 struct NamedPath {
   std::string_view name;  // e.g. "--out", "--checkpoint", "RUN_OR_KIT"

@@ -284,6 +284,21 @@ bool HardLinkedUnder(const std::filesystem::path& dir, const FileIdentity& id) {
 }
 }  // namespace
 
+void RequireFreeSpace(const std::filesystem::path& path, uint64_t bytes, std::string_view what) {
+  std::filesystem::path probe = std::filesystem::absolute(path);
+  std::error_code error;
+  while (!std::filesystem::exists(probe, error) && probe.has_parent_path() &&
+         probe != probe.parent_path()) {
+    probe = probe.parent_path();
+  }
+  const std::filesystem::space_info space = std::filesystem::space(probe, error);
+  if (error) Fail("{}: cannot read the free disk space: {}", probe.string(), error.message());
+  if (space.available < bytes) {
+    Fail("{}: {} needs {} bytes, but the file system holding {} has {} bytes available", what,
+         path.string(), bytes, probe.string(), space.available);
+  }
+}
+
 void RefuseOutputsOntoInputs(const std::vector<NamedPath>& outputs,
                              const std::vector<NamedPath>& inputs) {
   for (const NamedPath& out : outputs) {

@@ -167,6 +167,8 @@ void AppendSentence(const Lexicon& lex, DrawSequence& draws, std::string& text) 
 void WriteSynthCorpus(const std::filesystem::path& out, uint64_t seed, uint64_t tokens,
                       const Progress& progress, uint64_t max_shard_tokens) {
   if (tokens == 0) Fail("data synth: --tokens must be at least 1");
+  // One byte per token in the .bin files (the .idx and manifest are small beside them).
+  RequireFreeSpace(out, tokens, "data synth");
   ShardWriter writer(out, max_shard_tokens);
   DrawSequence draws(seed);
   const Lexicon lex = MakeLexicon(draws);

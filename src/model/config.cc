@@ -358,6 +358,20 @@ RunConfig ConfigOfDescriptor(std::string_view descriptor, const std::string& sou
     if (!parsed.contains(key)) Fail("{}: the run descriptor has no \"{}\"", source, key);
     config[key] = parsed[key];
   }
+  // JSON is YAML, but YAML reads the string "512" as 512: the descriptor's values must have
+  // their own types (DescriptorJson writes numbers and booleans as such; the only strings are
+  // the name and train.schedule).
+  for (const char* section : {"model", "train"}) {
+    const nlohmann::json& fields = config[section];
+    if (!fields.is_object()) Fail("{}: the run descriptor's \"{}\" is not an object", source, section);
+    for (const auto& [field, value] : fields.items()) {
+      const bool text = std::string_view(section) == "train" && field == "schedule";
+      if (value.is_string() != text || value.is_structured() || value.is_null()) {
+        Fail("{}: the run descriptor's {}.{} is {}, not a {}", source, section, field,
+             ShownJson(value), text ? "string" : "number or boolean");
+      }
+    }
+  }
   return ParseRunConfig(config.dump(), source);
 }
 

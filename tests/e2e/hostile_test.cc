@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -91,6 +92,23 @@ TEST_F(Hostile, CommandLineValuesOutOfRange) {
 
 // A bug in lockstep is told apart from bad input: "internal error at FILE:LINE", exit status 70,
 // where every refusal of input exits 2.
+// A write whose size is known is sized against the disk first: nothing is written.
+TEST_F(Hostile, WorkLargerThanTheDiskIsRefusedBeforeAnythingIsWritten) {
+  const Result r = Lockstep("data synth --out " + Path("huge") + " --tokens 4611686018427387904");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("needs 4611686018427387904 bytes"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(Path("huge")));
+  // A token file far larger than the model's positions is refused by its size, unread.
+  const std::string sparse = Path("sparse.bin");
+  std::filesystem::resize_file(
+      (std::ofstream(sparse).close(), sparse), uintmax_t{1} << 40);  // 1 TiB, sparse
+  const Result f = Lockstep("forward --checkpoint " + Path("run/checkpoints/step_000000004") +
+                            " --tokens " + sparse + " --out " + Path("logits.safetensors"));
+  EXPECT_EQ(f.exit_code, 2) << f.output;
+  EXPECT_NE(f.output.find("1099511627776 bytes"), std::string::npos) << f.output;
+  fs::remove(sparse);
+}
+
 TEST_F(Hostile, AnInternalErrorHasItsOwnExitStatus) {
   const Result r = Lockstep("selftest --test-internal-error");
   EXPECT_EQ(r.exit_code, kInternalErrorExit) << r.output;

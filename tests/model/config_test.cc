@@ -131,6 +131,27 @@ TEST(Config, DescriptorIsCanonicalJson) {
   EXPECT_EQ(j.dump(), text);
 }
 
+// A descriptor is read back with its values' own types: the string "512" is not the number 512.
+TEST(Config, ADescriptorsValuesKeepTheirTypes) {
+  const RunConfig config = LoadRunConfig("tiny");
+  nlohmann::json j = nlohmann::json::parse(DescriptorJson(config));
+  EXPECT_EQ(ConfigOfDescriptor(j.dump(), "d").model.vocab, 512);
+  for (const auto& [section, field, value] :
+       {std::tuple{"model", "vocab", nlohmann::json("512")}, {"train", "lr", nlohmann::json("0.003")},
+        {"model", "qk_norm", nlohmann::json("true")}, {"train", "schedule", nlohmann::json(1)},
+        {"model", "window", nlohmann::json(nullptr)}}) {
+    nlohmann::json forged = j;
+    forged[section][field] = value;
+    try {
+      ConfigOfDescriptor(forged.dump(), "forged");
+      ADD_FAILURE() << section << "." << field << " = " << value.dump() << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(section) + "." + field), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 // tiny.yaml with `from` (a whole line fragment) replaced by `to`.
 std::string TinyWith(const std::string& from, const std::string& to) {
   std::string text = ReadFileText(std::filesystem::path(LOCKSTEP_SOURCE_DIR) / "configs/tiny.yaml");
