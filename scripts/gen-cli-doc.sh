@@ -85,6 +85,16 @@ negative value means something; a fraction and an exponent (`1.5`, `2e-3`) only 
 is a FLOAT. Anything else, and a value outside the range the help shows, ends with exit status 2
 naming the option.
 
+## Outputs
+
+No command writes over what it reads. Before a command opens an output (a file or a directory
+it creates or fills), the output is compared with every input the command reads and every
+directory it reads from (a checkpoint, a run and its chain, a kit, a dataset), by identity:
+device and inode, with symbolic links resolved and hard links found. An output that is an input,
+or lies inside an input directory, is refused with exit status 2 naming both options and both
+paths, before anything is written. A write whose size is known (`data synth`, `export`) is first
+checked against the free space of the file system that will hold it.
+
 ## Exit status
 
 Every command exits with one of these statuses; a command's help says which it uses.
