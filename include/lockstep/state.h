@@ -499,10 +499,12 @@ KitFile DescribeFile(const File& file, std::string relative_path);  // an open f
 // Returns one message per problem, each naming the file or unit; empty when the kit verifies.
 // Throws Error when kit.json itself cannot be read or parsed.
 std::vector<std::string> VerifyKit(const std::filesystem::path& kit_dir);
-// The units chain: there is one init unit; each interval's start checkpoint is the checkpoint of
-// its start_step, and its
-// state hash is the expected_hash of every unit that ends at that step (the init ends at 0), so
-// that an interval that replays to its hash also continues what the units before it proved.
+// The units chain, without a gap (docs/kits.md, "kit verify"): one init unit, first; each
+// interval starts where the unit before it ends and the last ends at the kit's last checkpoint;
+// every field of a unit agrees with the kit's files (its name, its checkpoints' paths, steps and
+// state hashes, the init's seed against the descriptor's train.seed), so that an interval that
+// replays to its hash also continues what the units before it proved. One message per problem,
+// naming the unit, the field and the value.
 std::vector<std::string> VerifyKitChain(const std::filesystem::path& kit_dir);
 
 // The signed commitments of a kit (docs/kits.md, "Signed kits"): KIT/signatures.jsonl must

@@ -135,6 +135,8 @@ Trajectory BuildKit(const KitBuildOptions& options) {
     if (const auto problems = VerifySignedChain(signed_chain, nullptr); !problems.empty()) {
       Fail("{}: {}", signatures.string(), problems.front());
     }
+    // Every line, anchored by a checkpoint or not, must be the one signed for its step: a line
+    // between two checkpoints is pinned by its signature alone (docs/kits.md).
     for (const SignedLine& line : signed_chain.lines) {
       const auto it = chain.find(line.step);
       if (it == chain.end() || it->second != line.hash) {
@@ -142,6 +144,12 @@ Trajectory BuildKit(const KitBuildOptions& options) {
              ToHex(line.hash), hashes_path.string(),
              it == chain.end() ? "no line" : ToHex(it->second));
       }
+    }
+    if (signed_chain.lines.size() != lines.size()) {
+      Fail("{}: signs {} chain lines, but {} has {}: every line of a signed run is signed (step "
+           "{} is not; resume the run with --sign-key to sign it)",
+           signatures.string(), signed_chain.lines.size(), hashes_path.string(), lines.size(),
+           signed_chain.lines.size());
     }
   }
 
@@ -165,6 +173,11 @@ Trajectory BuildKit(const KitBuildOptions& options) {
     Fail("{}: no complete checkpoint (checkpoints/step_*/COMPLETE): a kit needs the run "
          "descriptor that checkpoints record, and its interval units start from checkpoints",
          options.run_dir.string());
+  }
+  if (checkpoints.front().step != 0) {
+    Fail("{}: no checkpoint of step 0 (the first is step {}): a kit's units cover the chain from "
+         "the init to the last checkpoint, and the first interval starts from step 0's",
+         options.run_dir.string(), checkpoints.front().step);
   }
   const std::string& descriptor = checkpoints.front().descriptor;
   const std::string descriptor_what = (checkpoints.front().dir / RunLayout::kMeta).string() +

@@ -229,6 +229,31 @@ class ChainSigner {
   std::vector<SignedLine> lines_;
 };
 
+// The chain kept on a signed run's resume must be the one signed: the signatures verify and
+// every kept line is signed with its hash (the checkpoint at the last kept step was written after
+// that line was signed, so a line without a signature is not the run's).
+void CheckSignedLines(const fs::path& signatures_path, const fs::path& hashes_path,
+                      std::span<const StateHashLine> lines) {
+  const SignedChain signed_chain = ReadSignedChain(signatures_path, TornLine::kDrop);
+  if (const auto problems = VerifySignedChain(signed_chain, nullptr); !problems.empty()) {
+    Fail("{}: {}", signatures_path.string(), problems.front());
+  }
+  for (const StateHashLine& line : lines) {
+    if (line.step >= signed_chain.lines.size()) {
+      Fail("{}: step {} holds {}, but {} signs no line for it: the chain was edited, or is not "
+           "this run's",
+           hashes_path.string(), line.step, ToHex(line.hash), signatures_path.string());
+    }
+    const SignedLine& s = signed_chain.lines[line.step];
+    if (s.hash != line.hash) {
+      Fail("{}: step {} holds {}, but {} signs {} for it: the chain was edited, or is not this "
+           "run's",
+           hashes_path.string(), line.step, ToHex(line.hash), signatures_path.string(),
+           ToHex(s.hash));
+    }
+  }
+}
+
 // The test faults as one line, for the ranks' agreement.
 std::string FaultsText(const TestFaults& f) {
   std::string text;
@@ -341,6 +366,10 @@ int Train(const TrainOptions& options, Comm& comm) {
       if (!signer && fs::exists(signatures_path)) {
         Fail("{}: this run's chain is signed: resume it with --sign-key", signatures_path.string());
       }
+      // A line between two checkpoints is anchored by neither; in a signed run its signature
+      // pins it. Every kept line must be the one signed (before Rebuild signs the kept lines
+      // anew, which would launder an edited one).
+      if (signer && fs::exists(signatures_path)) CheckSignedLines(signatures_path, hashes_path, lines);
       // Signs the chain up to the checkpoint again (it may refuse the signatures file).
       if (signer) signer->Rebuild(lines, CompleteCheckpointSteps(options.run_dir));
     });
