@@ -16,7 +16,8 @@
 // best prefill and the best decode are kept. Tokens/s count every slot's tokens.
 //
 // Bandwidth: a streaming read (a sum of 64-bit words, four streams per thread) over
-// `--bandwidth-mib` MiB, far larger than the caches, split over the threads, best of 5. The decode bound at batch B:
+// `--bandwidth-mib` MiB, far larger than the caches, split over the threads, best of 5. The decode
+// bound at batch B:
 //   B · bandwidth / (parameter bytes read per step + B · KV-cache bytes read per token)
 // parameter bytes: every tensor but the token embeddings (one row of it is read), in fp32; KV
 // bytes: the keys and values each layer's attention reads (its window or every position), at
@@ -81,8 +82,8 @@ __attribute__((target("avx512f"))) uint64_t SumWordsAvx512(const uint64_t* p, in
     a2 = _mm512_add_epi64(a2, _mm512_load_si512(p + 2 * q + i));
     a3 = _mm512_add_epi64(a3, _mm512_load_si512(p + 3 * q + i));
   }
-  return static_cast<uint64_t>(
-      _mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3))));
+  return static_cast<uint64_t>(_mm512_reduce_add_epi64(
+      _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3))));
 }
 __attribute__((target("avx2"))) uint64_t SumWordsAvx2(const uint64_t* p, int64_t n) {
   const int64_t q = n / 4;
@@ -144,9 +145,9 @@ double ReadBandwidthGBps(int threads, int64_t mib) {
 
 // ---- the model's bytes ----------------------------------------------------------------------
 struct Bytes {
-  double parameters_total = 0;  // every tensor, fp32
-  double parameters_read = 0;   // read per decode step: all but the embedding table, + one row
-  double kv_read_per_token = 0; // keys and values read by attention, at the mean decode position
+  double parameters_total = 0;   // every tensor, fp32
+  double parameters_read = 0;    // read per decode step: all but the embedding table, + one row
+  double kv_read_per_token = 0;  // keys and values read by attention, at the mean decode position
 };
 
 Bytes ModelBytes(const lockstep::ModelConfig& c, int64_t prompt, int64_t decode) {
@@ -245,7 +246,8 @@ std::pair<double, double> Generate(infer::KvDecoder& decoder, const std::vector<
   start = Clock::now();
   for (int64_t step = 0; step < decode; ++step) {
     for (int64_t s = 0; s < batch; ++s) {
-      pieces[static_cast<size_t>(s)] = {s, std::span<const uint32_t>(&next[static_cast<size_t>(s)], 1)};
+      pieces[static_cast<size_t>(s)] = {
+          s, std::span<const uint32_t>(&next[static_cast<size_t>(s)], 1)};
     }
     logits = decoder.Append(pieces, false);
     pick();
@@ -329,7 +331,8 @@ int Main(int argc, char** argv) {
 
   std::map<int64_t, double> gbps;
   if (bandwidth) {
-    for (const int64_t t : thread_list) gbps[t] = ReadBandwidthGBps(static_cast<int>(t), bandwidth_mib);
+    for (const int64_t t : thread_list)
+      gbps[t] = ReadBandwidthGBps(static_cast<int>(t), bandwidth_mib);
   }
 
   std::string runs_json, profile_json;
@@ -340,7 +343,8 @@ int Main(int argc, char** argv) {
     for (const int64_t batch : batch_list) {
       infer::KvDecoder decoder(c, params, batch);
       std::vector<uint32_t> greedy;
-      const std::vector<uint32_t> warm(prompt.begin(), prompt.begin() + std::min<int64_t>(8, prompt_len));
+      const std::vector<uint32_t> warm(prompt.begin(),
+                                       prompt.begin() + std::min<int64_t>(8, prompt_len));
       Generate(decoder, warm, batch, 2, c.vocab, nullptr);  // warm-up: scratch, page faults
       Timing best;
       for (int64_t r = 0; r < reps; ++r) {
@@ -368,8 +372,8 @@ int Main(int argc, char** argv) {
           runs_json.empty() ? "" : ",\n", threads, batch, best.prefill,
           b * static_cast<double>(prompt_len) / best.prefill, best.decode, decode_tps,
           best.decode / static_cast<double>(decode_len) * 1e3, bound, ratio,
-          (bytes.parameters_read + b * bytes.kv_read_per_token) *
-              static_cast<double>(decode_len) / best.decode * 1e-9);
+          (bytes.parameters_read + b * bytes.kv_read_per_token) * static_cast<double>(decode_len) /
+              best.decode * 1e-9);
     }
     if (profile) {
       infer::KvDecoder decoder(c, params, 1);
@@ -422,7 +426,8 @@ int Main(int argc, char** argv) {
       "  \"parameter_bytes\": {:.0f},\n  \"parameter_bytes_read_per_decode_step\": {:.0f},\n"
       "  \"kv_bytes_read_per_token_mean\": {:.0f},\n  \"prompt_tokens\": {},\n"
       "  \"decode_tokens\": {},\n  \"reps\": {},\n  \"read_bandwidth\": [{}],\n"
-      "  \"bandwidth_buffer_mib\": {},\n  \"greedy_tokens_same\": {},\n  \"runs\": [\n{}\n  ]{}\n}}\n",
+      "  \"bandwidth_buffer_mib\": {},\n  \"greedy_tokens_same\": {},\n  \"runs\": [\n{}\n  "
+      "]{}\n}}\n",
       config.name, checkpoint.empty() ? "InitParameters seed 1" : checkpoint, load_seconds,
       lockstep::rk::ActiveIsa().name, params.NumParameters(), bytes.parameters_total,
       bytes.parameters_read, bytes.kv_read_per_token, prompt_len, decode_len, reps, bw_json,

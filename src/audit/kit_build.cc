@@ -146,10 +146,11 @@ Trajectory BuildKit(const KitBuildOptions& options) {
       }
     }
     if (signed_chain.lines.size() != lines.size()) {
-      Fail("{}: signs {} chain lines, but {} has {}: every line of a signed run is signed (step "
-           "{} is not; resume the run with --sign-key to sign it)",
-           signatures.string(), signed_chain.lines.size(), hashes_path.string(), lines.size(),
-           signed_chain.lines.size());
+      Fail(
+          "{}: signs {} chain lines, but {} has {}: every line of a signed run is signed (step "
+          "{} is not; resume the run with --sign-key to sign it)",
+          signatures.string(), signed_chain.lines.size(), hashes_path.string(), lines.size(),
+          signed_chain.lines.size());
     }
   }
 
@@ -175,9 +176,10 @@ Trajectory BuildKit(const KitBuildOptions& options) {
          options.run_dir.string());
   }
   if (checkpoints.front().step != 0) {
-    Fail("{}: no checkpoint of step 0 (the first is step {}): a kit's units cover the chain from "
-         "the init to the last checkpoint, and the first interval starts from step 0's",
-         options.run_dir.string(), checkpoints.front().step);
+    Fail(
+        "{}: no checkpoint of step 0 (the first is step {}): a kit's units cover the chain from "
+        "the init to the last checkpoint, and the first interval starts from step 0's",
+        options.run_dir.string(), checkpoints.front().step);
   }
   const std::string& descriptor = checkpoints.front().descriptor;
   const std::string descriptor_what = (checkpoints.front().dir / RunLayout::kMeta).string() +

@@ -363,7 +363,8 @@ RunConfig ConfigOfDescriptor(std::string_view descriptor, const std::string& sou
   // the name and train.schedule).
   for (const char* section : {"model", "train"}) {
     const nlohmann::json& fields = config[section];
-    if (!fields.is_object()) Fail("{}: the run descriptor's \"{}\" is not an object", source, section);
+    if (!fields.is_object())
+      Fail("{}: the run descriptor's \"{}\" is not an object", source, section);
     for (const auto& [field, value] : fields.items()) {
       const bool text = std::string_view(section) == "train" && field == "schedule";
       if (value.is_string() != text || value.is_structured() || value.is_null()) {

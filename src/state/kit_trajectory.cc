@@ -145,9 +145,10 @@ std::vector<std::string> VerifyKitChain(const std::filesystem::path& kit_dir) {
     return problems;  // nothing below can say where the chain starts
   }
   if (trajectory.units.front().kind != UnitKind::kInit) {
-    problems.push_back(fmt::format("{}: units[0] is {}, not the init unit (the units are the init, "
-                                   "then the intervals in step order)",
-                                   where, trajectory.units.front().name));
+    problems.push_back(
+        fmt::format("{}: units[0] is {}, not the init unit (the units are the init, "
+                    "then the intervals in step order)",
+                    where, trajectory.units.front().name));
   }
 
   // The kit's checkpoints, by step, each opened once (meta.json's step, hash and descriptor).
@@ -165,9 +166,10 @@ std::vector<std::string> VerifyKitChain(const std::filesystem::path& kit_dir) {
         problems.push_back(fmt::format("{}: meta.json's step is {}, but the directory is step {}",
                                        (kit_dir / h.path).string(), h.index->state.step, step));
       } else if (h.index->state.descriptor != trajectory.descriptor) {
-        problems.push_back(fmt::format("{}: its run descriptor is not {}'s \"descriptor\" (a kit "
-                                       "holds one run)",
-                                       (kit_dir / h.path).string(), where));
+        problems.push_back(
+            fmt::format("{}: its run descriptor is not {}'s \"descriptor\" (a kit "
+                        "holds one run)",
+                        (kit_dir / h.path).string(), where));
       }
     } catch (const Error& e) {
       h.error = e.what();
@@ -176,9 +178,10 @@ std::vector<std::string> VerifyKitChain(const std::filesystem::path& kit_dir) {
     held.emplace(step, std::move(h));
   }
   if (held.empty()) {
-    problems.push_back(fmt::format("{}: no complete checkpoint (checkpoints/step_*/COMPLETE): "
-                                   "nothing anchors the units' hashes",
-                                   kit_dir.string()));
+    problems.push_back(
+        fmt::format("{}: no complete checkpoint (checkpoints/step_*/COMPLETE): "
+                    "nothing anchors the units' hashes",
+                    kit_dir.string()));
     return problems;
   }
   const auto shown = [&](const std::string& kit_path) { return (kit_dir / kit_path).string(); };
@@ -188,16 +191,18 @@ std::vector<std::string> VerifyKitChain(const std::filesystem::path& kit_dir) {
                                  uint64_t step) -> const CheckpointIndex* {
     const std::string wanted = RunLayout{}.checkpoint(step).generic_string();
     if (path != wanted) {
-      problems.push_back(fmt::format("unit {}: field \"{}\" is \"{}\", but the checkpoint of step "
-                                     "{} is \"{}\"",
-                                     unit.name, field, path, step, wanted));
+      problems.push_back(
+          fmt::format("unit {}: field \"{}\" is \"{}\", but the checkpoint of step "
+                      "{} is \"{}\"",
+                      unit.name, field, path, step, wanted));
       return nullptr;
     }
     const auto it = held.find(step);
     if (it == held.end()) {
-      problems.push_back(fmt::format("unit {}: field \"{}\" is \"{}\", a checkpoint the kit does "
-                                     "not hold (no {}/COMPLETE)",
-                                     unit.name, field, path, shown(path)));
+      problems.push_back(
+          fmt::format("unit {}: field \"{}\" is \"{}\", a checkpoint the kit does "
+                      "not hold (no {}/COMPLETE)",
+                      unit.name, field, path, shown(path)));
       return nullptr;
     }
     if (!it->second.index) return nullptr;  // reported above
@@ -213,9 +218,10 @@ std::vector<std::string> VerifyKitChain(const std::filesystem::path& kit_dir) {
                                      unit.name, unit.data, kKitDataName));
     }
     if (unit.publisher_peak_rss_bytes) {
-      problems.push_back(fmt::format("unit {}: field \"publisher_peak_rss_bytes\" is {}, expected "
-                                     "null (lockstep train does not measure it)",
-                                     unit.name, *unit.publisher_peak_rss_bytes));
+      problems.push_back(
+          fmt::format("unit {}: field \"publisher_peak_rss_bytes\" is {}, expected "
+                      "null (lockstep train does not measure it)",
+                      unit.name, *unit.publisher_peak_rss_bytes));
     }
   };
 
@@ -228,9 +234,10 @@ std::vector<std::string> VerifyKitChain(const std::filesystem::path& kit_dir) {
         fmt::format("unit {}: field \"name\" is \"{}\", expected \"init\"", init.name, init.name));
   }
   if (init.publisher_wall_seconds) {
-    problems.push_back(fmt::format("unit {}: field \"publisher_wall_seconds\" is {}, expected null "
-                                   "(the init is not measured)",
-                                   init.name, *init.publisher_wall_seconds));
+    problems.push_back(
+        fmt::format("unit {}: field \"publisher_wall_seconds\" is {}, expected null "
+                    "(the init is not measured)",
+                    init.name, *init.publisher_wall_seconds));
   }
   std::optional<uint64_t> descriptor_seed;
   try {
@@ -249,14 +256,16 @@ std::vector<std::string> VerifyKitChain(const std::filesystem::path& kit_dir) {
                                    init.name, init.seed, *descriptor_seed));
   }
   if (const auto zero = held.find(0); zero == held.end()) {
-    problems.push_back(fmt::format("unit {}: the kit holds no checkpoint of step 0 ({}): nothing "
-                                   "links the init to the first interval",
-                                   init.name, shown(RunLayout{}.checkpoint(0).generic_string())));
+    problems.push_back(
+        fmt::format("unit {}: the kit holds no checkpoint of step 0 ({}): nothing "
+                    "links the init to the first interval",
+                    init.name, shown(RunLayout{}.checkpoint(0).generic_string())));
   } else if (zero->second.index && zero->second.index->state_hash != init.expected_hash) {
-    problems.push_back(fmt::format("unit {}: field \"expected_hash\" is {}, but {} has state hash "
-                                   "{}",
-                                   init.name, ToHex(init.expected_hash),
-                                   shown(zero->second.path), ToHex(zero->second.index->state_hash)));
+    problems.push_back(
+        fmt::format("unit {}: field \"expected_hash\" is {}, but {} has state hash "
+                    "{}",
+                    init.name, ToHex(init.expected_hash), shown(zero->second.path),
+                    ToHex(zero->second.index->state_hash)));
   }
 
   // The intervals, in order: each starts where the unit before it ends, from the checkpoint of
@@ -273,14 +282,16 @@ std::vector<std::string> VerifyKitChain(const std::filesystem::path& kit_dir) {
     fields_common(unit);
     const std::string name = fmt::format("interval_{}_{}", unit.start_step, unit.until_step);
     if (unit.name != name) {
-      problems.push_back(fmt::format("unit {}: field \"name\" is \"{}\", but its steps make it "
-                                     "\"{}\"",
-                                     unit.name, unit.name, name));
+      problems.push_back(
+          fmt::format("unit {}: field \"name\" is \"{}\", but its steps make it "
+                      "\"{}\"",
+                      unit.name, unit.name, name));
     }
     if (unit.until_step > kMaxKitStep) {
-      problems.push_back(fmt::format("unit {}: field \"until_step\" is {}, out of range (at most "
-                                     "{})",
-                                     unit.name, unit.until_step, kMaxKitStep));
+      problems.push_back(
+          fmt::format("unit {}: field \"until_step\" is {}, out of range (at most "
+                      "{})",
+                      unit.name, unit.until_step, kMaxKitStep));
     }
     if (!unit.publisher_wall_seconds || !(*unit.publisher_wall_seconds >= 0)) {
       problems.push_back(fmt::format(
@@ -328,8 +339,8 @@ std::vector<std::string> VerifyKitChain(const std::filesystem::path& kit_dir) {
     problems.push_back(fmt::format(
         "{}: the units end at step {} (unit {}), but the kit's last checkpoint is step {}: steps "
         "{} to {} are in no unit (a gap in the chain)",
-        where, before->until_step, before->name, last,
-        std::min(before->until_step, last) + 1, std::max(before->until_step, last)));
+        where, before->until_step, before->name, last, std::min(before->until_step, last) + 1,
+        std::max(before->until_step, last)));
   }
   return problems;
 }

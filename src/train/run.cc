@@ -240,16 +240,18 @@ void CheckSignedLines(const fs::path& signatures_path, const fs::path& hashes_pa
   }
   for (const StateHashLine& line : lines) {
     if (line.step >= signed_chain.lines.size()) {
-      Fail("{}: step {} holds {}, but {} signs no line for it: the chain was edited, or is not "
-           "this run's",
-           hashes_path.string(), line.step, ToHex(line.hash), signatures_path.string());
+      Fail(
+          "{}: step {} holds {}, but {} signs no line for it: the chain was edited, or is not "
+          "this run's",
+          hashes_path.string(), line.step, ToHex(line.hash), signatures_path.string());
     }
     const SignedLine& s = signed_chain.lines[line.step];
     if (s.hash != line.hash) {
-      Fail("{}: step {} holds {}, but {} signs {} for it: the chain was edited, or is not this "
-           "run's",
-           hashes_path.string(), line.step, ToHex(line.hash), signatures_path.string(),
-           ToHex(s.hash));
+      Fail(
+          "{}: step {} holds {}, but {} signs {} for it: the chain was edited, or is not this "
+          "run's",
+          hashes_path.string(), line.step, ToHex(line.hash), signatures_path.string(),
+          ToHex(s.hash));
     }
   }
 }
@@ -369,7 +371,8 @@ int Train(const TrainOptions& options, Comm& comm) {
       // A line between two checkpoints is anchored by neither; in a signed run its signature
       // pins it. Every kept line must be the one signed (before Rebuild signs the kept lines
       // anew, which would launder an edited one).
-      if (signer && fs::exists(signatures_path)) CheckSignedLines(signatures_path, hashes_path, lines);
+      if (signer && fs::exists(signatures_path))
+        CheckSignedLines(signatures_path, hashes_path, lines);
       // Signs the chain up to the checkpoint again (it may refuse the signatures file).
       if (signer) signer->Rebuild(lines, CompleteCheckpointSteps(options.run_dir));
     });

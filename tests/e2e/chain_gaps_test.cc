@@ -102,12 +102,11 @@ TEST_F(ChainGaps, ForgedUnitFieldsAreRefusedNamingTheUnitAndTheField) {
                 "\"interval_0_2\"");
   ExpectRefused(Forged("init_name", [](nlohmann::json& u) { u[0]["name"] = "start"; }),
                 "unit start: field \"name\" is \"start\", expected \"init\"");
-  ExpectRefused(Forged("target",
-                       [](nlohmann::json& u) {
-                         u[3]["target_checkpoint"] = "checkpoints/step_000000004";
-                       }),
-                "unit interval_4_6: field \"target_checkpoint\" is \"checkpoints/step_000000004\", "
-                "but the checkpoint of step 6 is \"checkpoints/step_000000006\"");
+  ExpectRefused(
+      Forged("target",
+             [](nlohmann::json& u) { u[3]["target_checkpoint"] = "checkpoints/step_000000004"; }),
+      "unit interval_4_6: field \"target_checkpoint\" is \"checkpoints/step_000000004\", "
+      "but the checkpoint of step 6 is \"checkpoints/step_000000006\"");
   ExpectRefused(Forged("until",
                        [](nlohmann::json& u) {
                          u[3]["until_step"] = uint64_t{18446744073709551615u};
@@ -115,14 +114,12 @@ TEST_F(ChainGaps, ForgedUnitFieldsAreRefusedNamingTheUnitAndTheField) {
                        }),
                 "unit interval_4_18446744073709551615: field \"until_step\" is "
                 "18446744073709551615, out of range");
-  ExpectRefused(Forged("seed",
-                       [](nlohmann::json& u) {
-                         u[0]["seed"] = u[0]["seed"].get<uint64_t>() + 1;
-                       }),
-                "unit init: field \"seed\" is 1235, but the run's train.seed is 1234");
-  ExpectRefused(Forged("expected",
-                       [](nlohmann::json& u) { u[3]["expected_hash"] = u[2]["expected_hash"]; }),
-                "unit interval_4_6: field \"expected_hash\" is ");
+  ExpectRefused(
+      Forged("seed", [](nlohmann::json& u) { u[0]["seed"] = u[0]["seed"].get<uint64_t>() + 1; }),
+      "unit init: field \"seed\" is 1235, but the run's train.seed is 1234");
+  ExpectRefused(
+      Forged("expected", [](nlohmann::json& u) { u[3]["expected_hash"] = u[2]["expected_hash"]; }),
+      "unit interval_4_6: field \"expected_hash\" is ");
   ExpectRefused(Forged("init_expected",
                        [](nlohmann::json& u) { u[0]["expected_hash"] = u[1]["expected_hash"]; }),
                 "unit init: field \"expected_hash\" is ");
@@ -140,8 +137,8 @@ TEST_F(ChainGaps, AnEditedUnanchoredLineOfASignedRunIsRefusedByResumeAndKitBuild
   edited[5].hash = lines[6].hash;
   WriteStateHashLines(dir_ / "edited/state_hashes.jsonl", edited);
   const std::string message = "step 5 holds " + ToHex(lines[6].hash) + ", but " +
-                              Path("edited/signatures.jsonl") + " signs " +
-                              ToHex(lines[5].hash) + " for it";
+                              Path("edited/signatures.jsonl") + " signs " + ToHex(lines[5].hash) +
+                              " for it";
 
   Result r = Lockstep("train --config tiny --data " + Path("data") + " --out " + Path("edited") +
                       " --no-progress --steps 13 --resume --sign-key " + Path("key"));

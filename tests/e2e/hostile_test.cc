@@ -100,8 +100,8 @@ TEST_F(Hostile, WorkLargerThanTheDiskIsRefusedBeforeAnythingIsWritten) {
   EXPECT_FALSE(fs::exists(Path("huge")));
   // A token file far larger than the model's positions is refused by its size, unread.
   const std::string sparse = Path("sparse.bin");
-  std::filesystem::resize_file(
-      (std::ofstream(sparse).close(), sparse), uintmax_t{1} << 40);  // 1 TiB, sparse
+  std::filesystem::resize_file((std::ofstream(sparse).close(), sparse),
+                               uintmax_t{1} << 40);  // 1 TiB, sparse
   const Result f = Lockstep("forward --checkpoint " + Path("run/checkpoints/step_000000004") +
                             " --tokens " + sparse + " --out " + Path("logits.safetensors"));
   EXPECT_EQ(f.exit_code, 2) << f.output;

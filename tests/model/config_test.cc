@@ -136,10 +136,11 @@ TEST(Config, ADescriptorsValuesKeepTheirTypes) {
   const RunConfig config = LoadRunConfig("tiny");
   nlohmann::json j = nlohmann::json::parse(DescriptorJson(config));
   EXPECT_EQ(ConfigOfDescriptor(j.dump(), "d").model.vocab, 512);
-  for (const auto& [section, field, value] :
-       {std::tuple{"model", "vocab", nlohmann::json("512")}, {"train", "lr", nlohmann::json("0.003")},
-        {"model", "qk_norm", nlohmann::json("true")}, {"train", "schedule", nlohmann::json(1)},
-        {"model", "window", nlohmann::json(nullptr)}}) {
+  for (const auto& [section, field, value] : {std::tuple{"model", "vocab", nlohmann::json("512")},
+                                              {"train", "lr", nlohmann::json("0.003")},
+                                              {"model", "qk_norm", nlohmann::json("true")},
+                                              {"train", "schedule", nlohmann::json(1)},
+                                              {"model", "window", nlohmann::json(nullptr)}}) {
     nlohmann::json forged = j;
     forged[section][field] = value;
     try {
