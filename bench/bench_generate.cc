@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "op_timer.h"
 #include "lockstep/core.h"
 #include "lockstep/infer.h"
 #include "lockstep/kernels.h"
@@ -82,8 +83,12 @@ __attribute__((target("avx512f"))) uint64_t SumWordsAvx512(const uint64_t* p, in
     a2 = _mm512_add_epi64(a2, _mm512_load_si512(p + 2 * q + i));
     a3 = _mm512_add_epi64(a3, _mm512_load_si512(p + 3 * q + i));
   }
-  return static_cast<uint64_t>(_mm512_reduce_add_epi64(
-      _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3))));
+  // Stored and added here: GCC 12's _mm512_reduce_add_epi64 trips its own -Wuninitialized.
+  alignas(64) uint64_t lanes[8];
+  _mm512_store_si512(lanes, _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+  uint64_t sum = 0;
+  for (const uint64_t lane : lanes) sum += lane;
+  return sum;
 }
 __attribute__((target("avx2"))) uint64_t SumWordsAvx2(const uint64_t* p, int64_t n) {
   const int64_t q = n / 4;
@@ -169,44 +174,7 @@ Bytes ModelBytes(const lockstep::ModelConfig& c, int64_t prompt, int64_t decode)
   return b;
 }
 
-// ---- op timer (as bench_train_step --profile) -------------------------------------------------
-class OpTimer : public lockstep::OpObserver {
- public:
-  struct Total {
-    int64_t calls = 0;
-    double seconds = 0, weight_bytes = 0;
-  };
-  void Context(uint64_t, int64_t) override {}
-  void Begin(std::string_view op, int64_t, std::span<const lockstep::OpArg> args,
-             std::span<const lockstep::OpTensor>) override {
-    key_ = std::string(op);
-    bytes_ = 0;
-    if (op.starts_with("gemm_")) {
-      double m = 0, n = 0, k = 0;
-      for (const lockstep::OpArg& a : args) {
-        if (a.name == "m") m = a.value;
-        if (a.name == "n") n = a.value;
-        if (a.name == "k") k = a.value;
-      }
-      key_ += fmt::format(" {}x{}x{}", m, n, k);
-      bytes_ = 4 * n * k;
-    }
-    start_ = Clock::now();
-  }
-  void End(std::span<const lockstep::OpOutput>) override {
-    Total& t = totals_[key_];
-    t.calls += 1;
-    t.seconds += Since(start_);
-    t.weight_bytes += bytes_;
-  }
-  const std::map<std::string, Total>& totals() const { return totals_; }
-
- private:
-  std::string key_;
-  double bytes_ = 0;
-  Clock::time_point start_;
-  std::map<std::string, Total> totals_;
-};
+using lockstep::bench::OpTimer;
 
 // ---- generation ---------------------------------------------------------------------------
 struct Timing {
@@ -316,7 +284,6 @@ int Main(int argc, char** argv) {
   const double load_seconds = Since(load_start);
   const lockstep::ParamStore& params = verified ? verified->params : *own;
   const lockstep::ModelConfig& c = config.model;
-  const int64_t max_batch = *std::max_element(batch_list.begin(), batch_list.end());
   if (prompt_len < 1 || decode_len < 1 || prompt_len + decode_len + 1 > c.seq_len) {
     lockstep::Fail("bench_generate: prompt {} + decode {} must fit in seq_len {}", prompt_len,
                    decode_len, c.seq_len);

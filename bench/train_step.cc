@@ -42,6 +42,7 @@
 #include <tuple>
 #include <vector>
 
+#include "op_timer.h"
 #include "lockstep/core.h"
 #include "lockstep/data.h"
 #include "lockstep/kernels.h"
@@ -248,44 +249,7 @@ int RunThroughput(const RunConfig& config, int steps, bool json) {
   return same ? 0 : 1;
 }
 
-// Times each observed op; GEMMs are keyed by form and shape, other ops by name.
-class OpTimer : public lockstep::OpObserver {
- public:
-  struct Total {
-    int64_t calls = 0;
-    double seconds = 0, flops = 0;
-  };
-  void Context(uint64_t, int64_t) override {}
-  void Begin(std::string_view op, int64_t, std::span<const lockstep::OpArg> args,
-             std::span<const lockstep::OpTensor>) override {
-    key_ = std::string(op);
-    flops_ = 0;
-    if (op.starts_with("gemm_")) {
-      double m = 0, n = 0, k = 0;
-      for (const lockstep::OpArg& a : args) {
-        if (a.name == "m") m = a.value;
-        if (a.name == "n") n = a.value;
-        if (a.name == "k") k = a.value;
-      }
-      key_ += fmt::format(" {}x{}x{}", m, n, k);
-      flops_ = 2 * m * n * k;
-    }
-    start_ = std::chrono::steady_clock::now();
-  }
-  void End(std::span<const lockstep::OpOutput>) override {
-    Total& t = totals_[key_];
-    t.calls += 1;
-    t.seconds += Seconds(start_);
-    t.flops += flops_;
-  }
-  const std::map<std::string, Total>& totals() const { return totals_; }
-
- private:
-  std::string key_;
-  double flops_ = 0;
-  std::chrono::steady_clock::time_point start_;
-  std::map<std::string, Total> totals_;
-};
+using lockstep::bench::OpTimer;
 
 int RunProfile(const RunConfig& config, int threads, int steps) {
   const TempDir tmp;

@@ -45,7 +45,9 @@ std::vector<uint8_t> SignedMessage(const json& receipt) {
   const std::string canonical = receipt.dump();
   const Digest digest =
       Blake2b256({reinterpret_cast<const uint8_t*>(canonical.data()), canonical.size()});
-  std::vector<uint8_t> message(kSignedPrefix, kSignedPrefix + sizeof(kSignedPrefix));  // with \0
+  const std::string_view prefix = kSignedPrefix;
+  std::vector<uint8_t> message(prefix.begin(), prefix.end());
+  message.push_back(0);
   message.insert(message.end(), digest.begin(), digest.end());
   return message;
 }

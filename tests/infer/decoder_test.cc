@@ -50,10 +50,6 @@ std::vector<float> TrainingLogits(const ModelConfig& c, const ParamStore& params
   return logits;
 }
 
-std::vector<float> Rows(const std::vector<float>& x, int64_t from, int64_t to, int64_t width) {
-  return {x.begin() + from * width, x.begin() + to * width};
-}
-
 struct Fixture {
   explicit Fixture(const ModelConfig& config) : c(config), params(ParameterSpecs(config)) {
     InitParameters(c, 7, params);
@@ -118,7 +114,7 @@ TEST(KvDecoder, ARequestsLogitsDoNotDependOnTheOthersInTheBatch) {
   for (const auto& s : seqs) alone.push_back(TrainingLogits(f.c, f.params, s));
   // The three together, in two orders and slot assignments, prefilled by unequal pieces and
   // then decoded side by side (a finished sequence drops out of the batch).
-  for (const std::vector<int> order : {std::vector{0, 1, 2}, std::vector{2, 0, 1}}) {
+  for (const std::vector<int>& order : {std::vector{0, 1, 2}, std::vector{2, 0, 1}}) {
     KvDecoder d(f.c, f.params, 3);
     std::vector<std::vector<float>> got(3);
     const auto take = [&](const std::vector<float>& logits, const std::vector<int>& who) {
