@@ -43,11 +43,11 @@
 #include <string>
 #include <vector>
 
-#include "op_timer.h"
 #include "lockstep/core.h"
 #include "lockstep/infer.h"
 #include "lockstep/kernels.h"
 #include "lockstep/model.h"
+#include "op_timer.h"
 
 namespace {
 

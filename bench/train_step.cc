@@ -42,13 +42,13 @@
 #include <tuple>
 #include <vector>
 
-#include "op_timer.h"
 #include "lockstep/core.h"
 #include "lockstep/data.h"
 #include "lockstep/kernels.h"
 #include "lockstep/model.h"
 #include "lockstep/state.h"
 #include "lockstep/train.h"
+#include "op_timer.h"
 
 namespace {
 
