@@ -317,6 +317,7 @@ struct TrainOptions {
   // Runs the step's ops that it runs (an OpenCL device; null: all on the CPU). Not part of the
   // run: the bits are the same.
   OpExecutor* executor = nullptr;
+  std::string device = "cpu";  // the --device flag as given: every rank must give the same
   // Signs every chain line and, after every checkpoint, a root over the chain so far, into
   // run_dir/signatures.jsonl (docs/formats/signatures.md).
   std::optional<std::filesystem::path> sign_key;

@@ -290,9 +290,15 @@ int Train(const TrainOptions& options, Comm& comm) {
       comm, {{"run descriptor (config and data manifest)", RunDescriptor(config, dataset)},
              {"--steps", std::to_string(target)},
              {"--resume", options.resume ? "given" : "not given"},
-             {"--full-gradients", options.checkpoint_gradients == Gradients::kFull ? "given" : "not given"},
+             {"--full-gradients",
+              options.checkpoint_gradients == Gradients::kFull ? "given" : "not given"},
              // Who holds what follows from it (OwnershipUnit); each rank's path is its own.
              {"--spill-dir", options.spill_dir ? "given" : "not given"},
+             // Where the ops run: the bits are the same on every device, but the ranks plan and
+             // exchange their memory alike only when they run alike.
+             {"--device", options.device},
+             // The writer signs; a rank that would sign when rank 0 does not is another job.
+             {"--sign-key", options.sign_key ? "given" : "not given"},
              {"--test-fault-* flags", FaultsText(options.faults)}});
   const Storage storage{options.spill_dir, options.activations};
   const fs::path hashes_path = RunLayout{options.run_dir}.hashes();

@@ -144,6 +144,19 @@ TEST_F(Distributed, RanksThatDisagreeAreRefusedAndRankZerosRefusalStopsEveryRank
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("rank 1 was started with another --steps than rank 0"), std::string::npos)
       << r.output;
+  // Another --device, and --sign-key on one rank only: refused before anything is planned.
+  std::tie(r, seconds) = two(args(Data(), 2), args(Data(), 2) + " --device opencl");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 1 was started with another --device than rank 0"),
+            std::string::npos)
+      << r.output;
+  ASSERT_EQ(Lockstep("keygen --out " + Run("agree-key")).exit_code, 0);
+  std::tie(r, seconds) = two(args(Data(), 2), args(Data(), 2) + " --sign-key " + Run("agree-key"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 1 was started with another --sign-key than rank 0"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(Run("agree") + "/state_hashes.jsonl")) << "a refused job wrote its run";
   // The run directory holds a run and --resume is missing: rank 0 alone can see it.
   ASSERT_EQ(Mpi(2, args(Data(), 2)).exit_code, 0);
   std::tie(r, seconds) = two(args(Data(), 2), args(Data(), 2));

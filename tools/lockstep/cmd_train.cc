@@ -70,6 +70,7 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
     std::string device_name;
     const std::unique_ptr<OpExecutor> executor = MakeExecutor(*device, &device_name);
     options->executor = executor.get();
+    options->device = *device;
     if (!sign_key->empty()) options->sign_key = *sign_key;
     if (*full_gradients) options->checkpoint_gradients = Gradients::kFull;
     if (steps_opt->count() > 0) options->steps = *steps;
