@@ -102,7 +102,6 @@ class KvDecoder {
   std::span<float> Cache(std::vector<float>& cache, int64_t slot, int64_t from, int64_t rows);
 
   ModelConfig config_;
-  const ParamStore& params_;
   std::span<const float> tok_, emb_norm_, final_norm_, output_;
   std::vector<LayerWeights> layers_;
   rk::RopeTable rope_;

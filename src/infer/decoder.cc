@@ -9,7 +9,6 @@ namespace lockstep::infer {
 
 KvDecoder::KvDecoder(const ModelConfig& config, const ParamStore& params, int64_t slots)
     : config_(config),
-      params_(params),
       rope_(rk::MakeRopeTable(config.seq_len, config.head_dim,
                               static_cast<float>(config.rope_theta))),
       scale_(dmath::Rsqrt(static_cast<float>(config.head_dim))),
