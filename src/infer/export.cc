@@ -164,7 +164,7 @@ bool Inside(const fs::path& child, const fs::path& parent) {
 class StagedOutput {
  public:
   StagedOutput(const fs::path& out, bool directory, const VerifiedModel& m, const fs::path& data)
-      : out_(out), directory_(directory) {
+      : out_(out) {
     std::error_code ec;
     if (out.filename().empty()) Fail("--out {}: names no file or directory", out.string());
     if (Inside(out, m.dir)) {
@@ -210,7 +210,7 @@ class StagedOutput {
 
  private:
   fs::path out_, tmp_;
-  bool directory_ = false, replace_empty_dir_ = false, committed_ = false;
+  bool replace_empty_dir_ = false, committed_ = false;
 };
 
 // ---- GGUF v3 ------------------------------------------------------------------------------------
