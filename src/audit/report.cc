@@ -267,6 +267,74 @@ std::vector<AuditRow> ReadAudit(const fs::path& path) {
   return rows;
 }
 
+// An audit report is shown on the page of one run or kit, so every row must be an audit of it:
+// a unit the kit holds (for a run: a step its chain holds, starting at one of its checkpoints)
+// with the same steps and expected hash, a known verdict that agrees with the hashes in the row,
+// each unit once. Anything else is another run's audit or an edited one, and is refused.
+void CheckAuditIsOfSource(const std::vector<AuditRow>& audit, const Source& s, const fs::path& path,
+                          const fs::path& source) {
+  std::set<std::string> seen;
+  for (size_t i = 0; i < audit.size(); ++i) {
+    const AuditRow& r = audit[i];
+    const std::string at = fmt::format("{}: [{}] (unit \"{}\")", path.string(), i, r.unit);
+    if (!seen.insert(r.unit).second) Fail("{}: the unit appears twice", at);
+    if (r.kind != "init" && r.kind != "interval") {
+      Fail("{}: field \"kind\" is \"{}\", not init or interval", at, r.kind);
+    }
+    const Digest expected = DigestFromHex(r.expected, at + ": field \"expected\"");
+    std::optional<Digest> replayed;
+    if (!r.replayed.empty()) {
+      replayed = DigestFromHex(r.replayed, at + ": field \"replay.state_hash\"");
+    }
+    if (r.verdict == "MATCH" && replayed != expected) {
+      Fail("{}: verdict MATCH, but the replayed hash {} is not the expected {}", at,
+           r.replayed.empty() ? "(none)" : r.replayed, r.expected);
+    } else if (r.verdict == "MISMATCH" && (!replayed || *replayed == expected)) {
+      Fail("{}: verdict MISMATCH, but the replayed hash {} is not a different one", at,
+           r.replayed.empty() ? "(none)" : r.replayed);
+    } else if (r.verdict == "ERROR" && (replayed || r.error.empty())) {
+      Fail("{}: verdict ERROR needs an \"error\" and no replay", at);
+    } else if (r.verdict != "MATCH" && r.verdict != "MISMATCH" && r.verdict != "ERROR") {
+      Fail("{}: field \"verdict\" is \"{}\", not MATCH, MISMATCH or ERROR", at, r.verdict);
+    }
+    if (r.kind == "init" && (r.start_step != 0 || r.until_step != 0)) {
+      Fail("{}: an init unit covers step 0, not {}-{}", at, r.start_step, r.until_step);
+    }
+    if (s.trajectory) {
+      const std::string trajectory = (source / kit::kTrajectoryName).string();
+      const auto unit = std::ranges::find(s.trajectory->units, r.unit, &kit::Unit::name);
+      if (unit == s.trajectory->units.end()) {
+        Fail("{}: {} has no such unit: this is not an audit of this kit", at, trajectory);
+      }
+      if (kit::UnitKindName(unit->kind) != r.kind || unit->start_step != r.start_step ||
+          unit->until_step != r.until_step || unit->expected_hash != expected) {
+        Fail("{}: {}'s unit is {} steps {}-{} expecting {}: this is not an audit of this kit", at,
+             trajectory, kit::UnitKindName(unit->kind), unit->start_step, unit->until_step,
+             ToHex(unit->expected_hash));
+      }
+      continue;
+    }
+    const auto line = std::ranges::find(s.chain, r.until_step, &StateHashLine::step);
+    if (line == s.chain.end()) {
+      Fail(
+          "{}: expects a hash at step {}, and {} has no such step: this is not an audit of this "
+          "run",
+          at, r.until_step, RunLayout{source}.hashes().string());
+    }
+    if (line->hash != expected) {
+      Fail("{}: expects {} at step {}, the run's chain has {}: this is not an audit of this run",
+           at, r.expected, r.until_step, ToHex(line->hash));
+    }
+    if (r.kind == "interval" && std::ranges::find(s.checkpoints, r.start_step,
+                                                  &CheckpointRow::step) == s.checkpoints.end()) {
+      Fail(
+          "{}: starts at step {}, where the run has no complete checkpoint: this is not an "
+          "audit of this run",
+          at, r.start_step);
+    }
+  }
+}
+
 constexpr std::string_view kStyle = R"(
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1180px; color: #1d2330; }
 h1 { font-size: 22px; margin-bottom: 2px; } h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #dde; }
@@ -287,6 +355,7 @@ th { background: #f4f6fa; } td.num { text-align: right; font-variant-numeric: ta
 void WriteReport(const ReportOptions& o) {
   const Source s = ReadSource(o.source);
   const std::vector<AuditRow> audit = o.audit ? ReadAudit(*o.audit) : std::vector<AuditRow>{};
+  if (o.audit) CheckAuditIsOfSource(audit, s, *o.audit, o.source);
   json descriptor = json::object();
   if (!s.descriptor.empty()) {
     descriptor = ParseJsonStrict(s.descriptor, o.source.string() + ": the run descriptor");

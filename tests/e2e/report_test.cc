@@ -10,6 +10,10 @@
 #include <functional>
 #include <regex>
 #include <string>
+#include <tuple>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "common/run_lockstep.h"
 #include "common/scratch_dir.h"
@@ -74,6 +78,67 @@ TEST_F(Report, ThePageOfAnAuditedRunShowsItsNumbersOffline) {
   }
   EXPECT_EQ(without_namespace.find("http"), std::string::npos);
 
+  // The kit's page: its units and chain, no metrics.
+  ASSERT_EQ(Lockstep("report " + d + "/kit --out " + d + "/kit.html").exit_code, 0);
+  const std::string kit_page = ReadFileText(dir_ / "kit.html");
+  EXPECT_NE(kit_page.find("id=\"no-metrics\""), std::string::npos);
+  EXPECT_NE(kit_page.find(ToHex(Sha256(ReadFileBytes(dir_ / "kit/kit.json")))), std::string::npos);
+
+  // Bad input is refused naming the file.
+  WriteFileSynced(dir_ / "bad.json", "{\"unit\": 1}");
+  const Result bad =
+      Lockstep("report " + d + "/run --audit " + d + "/bad.json --out " + d + "/bad.html");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.output.find("bad.json"), std::string::npos) << bad.output;
+  EXPECT_FALSE(fs::exists(dir_ / "bad.html"));
+
+  // An audit that is not of this run or kit, or contradicts itself, is refused, naming the row;
+  // the page shows only what it can check.
+  const nlohmann::json audit = nlohmann::json::parse(ReadFileText(dir_ / "audit.json"));
+  const std::string other_hash = std::string(64, 'a');
+  const std::vector<std::tuple<std::string, std::function<void(nlohmann::json&)>, std::string>>
+      edits = {
+          {"a unit the kit lacks", [](nlohmann::json& a) { a[1]["unit"] = "interval_0_30"; },
+           "no such unit"},
+          {"another run's expected hash",
+           [&](nlohmann::json& a) {
+             a[1]["expected"] = other_hash;
+             a[1]["replay"]["state_hash"] = other_hash;
+           },
+           "not an audit of this"},
+          {"a MATCH whose replayed hash differs",
+           [&](nlohmann::json& a) { a[2]["replay"]["state_hash"] = other_hash; },
+           "verdict MATCH, but the replayed hash"},
+          {"an unknown verdict", [](nlohmann::json& a) { a[0]["verdict"] = "PROBABLY"; },
+           "not MATCH, MISMATCH or ERROR"},
+          {"a two-character hash", [](nlohmann::json& a) { a[0]["expected"] = "ab"; },
+           "\"expected\""},
+          {"a unit twice", [](nlohmann::json& a) { a.push_back(a[0]); }, "appears twice"},
+          {"steps that are not the unit's", [](nlohmann::json& a) { a[1]["until_step"] = 20; },
+           "not an audit of this"},
+      };
+  for (const auto& [what, edit, message] : edits) {
+    for (const std::string source : {"run", "kit"}) {
+      // A run names no units: there a unit is checked by its steps and hashes.
+      if (source == "run" && what == "a unit the kit lacks") continue;
+      nlohmann::json edited = audit;
+      edit(edited);
+      WriteFileSynced(dir_ / "edited.json", edited.dump(2));
+      const Result refused = Lockstep("report " + d + "/" + source + " --audit " + d +
+                                      "/edited.json --out " + d + "/edited.html");
+      EXPECT_EQ(refused.exit_code, 2) << what << " (" << source << "): " << refused.output;
+      EXPECT_NE(refused.output.find("edited.json"), std::string::npos) << refused.output;
+      EXPECT_NE(refused.output.find(message), std::string::npos)
+          << what << " (" << source << "): " << refused.output;
+      EXPECT_FALSE(fs::exists(dir_ / "edited.html")) << what;
+    }
+  }
+  // The same audit is accepted on the kit's page too.
+  EXPECT_EQ(
+      Lockstep("report " + d + "/kit --audit " + d + "/audit.json --out " + d + "/kit-audit.html")
+          .exit_code,
+      0);
+
   if (!Have("chromium --version")) {
     GTEST_SKIP() << "chromium is not installed (scripts/install-deps.sh installs it): the page "
                     "was checked as text only";
@@ -115,20 +180,6 @@ TEST_F(Report, ThePageOfAnAuditedRunShowsItsNumbersOffline) {
     EXPECT_TRUE(std::regex_search(dom, row)) << unit;
   }
   EXPECT_NE(dom.find("3 of 3 units MATCH"), std::string::npos);
-
-  // The kit's page: its units and chain, no metrics.
-  ASSERT_EQ(Lockstep("report " + d + "/kit --out " + d + "/kit.html").exit_code, 0);
-  const std::string kit_page = ReadFileText(dir_ / "kit.html");
-  EXPECT_NE(kit_page.find("id=\"no-metrics\""), std::string::npos);
-  EXPECT_NE(kit_page.find(ToHex(Sha256(ReadFileBytes(dir_ / "kit/kit.json")))), std::string::npos);
-
-  // Bad input is refused naming the file.
-  WriteFileSynced(dir_ / "bad.json", "{\"unit\": 1}");
-  const Result bad =
-      Lockstep("report " + d + "/run --audit " + d + "/bad.json --out " + d + "/bad.html");
-  EXPECT_EQ(bad.exit_code, 2);
-  EXPECT_NE(bad.output.find("bad.json"), std::string::npos) << bad.output;
-  EXPECT_FALSE(fs::exists(dir_ / "bad.html"));
 }
 
 }  // namespace
