@@ -37,6 +37,10 @@ OpData ReadDump(const fs::path& path, std::string_view side, int64_t op) {
   }
   OpData data;
   for (const NamedTensor& t : file.tensors()) {
+    if (!t.name.starts_with("input.") && !t.name.starts_with("output.")) {
+      Fail("{}: tensor '{}' is neither an input.* nor an output.* of the op", path.string(),
+           t.name);
+    }
     const std::string prefix = std::string(side) + ".";
     if (!t.name.starts_with(prefix)) continue;
     const std::string role = t.name.substr(prefix.size());
@@ -80,8 +84,10 @@ OpData Recompute(const TraceRecord& r, const TraceRecord& other, OpData in) {
   return out;
 }
 
-// Whether `data` holds every tensor of `expected`, each with its digest.
+// Whether `data` holds exactly the tensors of `expected`, each with its digest (an extra tensor
+// is not what the record committed to, and as an input it could change what the op computes).
 bool SameDigests(const OpData& data, const std::vector<OpTensorDigest>& expected) {
+  if (data.f32.size() + data.u32.size() + data.f64.size() != expected.size()) return false;
   for (const OpTensorDigest& t : expected) {
     const bool present = t.dtype == "u32"   ? data.u32.contains(t.role)
                          : t.dtype == "f64" ? data.f64.contains(t.role)

@@ -7,12 +7,15 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "common/run_lockstep.h"
 #include "lockstep/core.h"
 #include "lockstep/dispute.h"
+#include "lockstep/state.h"
 
 namespace lockstep {
 namespace {
@@ -105,6 +108,37 @@ TEST_F(Dispute, AOneUlpFaultIsFoundAtItsStepAndOpAndTheHonestPartyWinsOnEitherSi
   r = Lockstep("referee --trace-a " + Path("TA1") + " --trace-b " + Path("TB1") + " --op " +
                std::to_string(k) + " --dump-a " + dump_b + " --dump-b " + dump_b);
   EXPECT_EQ(r.exit_code, 3) << "B's outputs revealed as A's: " << r.output;
+
+  // A dump holds exactly the record's tensors: one more output is not what A committed to, one
+  // more input in both dumps leaves no agreed inputs, and a tensor of neither side is refused.
+  const auto with_extra = [&](const std::string& from, const std::string& name,
+                              const std::string& to) {
+    const SafetensorsFile file = ReadSafetensors(from);
+    std::vector<NamedTensor> tensors = file.tensors();
+    const std::vector<float> extra = {1.0f, 2.0f};
+    tensors.push_back({name, {2}, extra});
+    std::map<std::string, std::string> metadata = file.metadata();
+    metadata["dtype." + name] = "f32";
+    WriteSafetensors(to, tensors, metadata);
+    return to;
+  };
+  const std::string referee = "referee --trace-a " + Path("TA1") + " --trace-b " + Path("TB1") +
+                              " --op " + std::to_string(k);
+  r = Lockstep(referee + " --dump-a " + with_extra(dump_a, "output.extra", Path("A_out.st")) +
+               " --dump-b " + dump_b);
+  EXPECT_EQ(r.exit_code, 3) << "A revealed an extra output: " << r.output;
+  EXPECT_EQ(Json::parse(r.output)["a"]["revealed_matches_record"], false) << r.output;
+  r = Lockstep(referee + " --dump-a " + with_extra(dump_a, "input.extra", Path("A_in.st")) +
+               " --dump-b " + with_extra(dump_b, "input.extra", Path("B_in.st")));
+  EXPECT_EQ(r.exit_code, 2) << "both revealed an extra input: " << r.output;
+  EXPECT_NE(r.output.find("holds inputs that hash to the agreed digests"), std::string::npos)
+      << r.output;
+  r = Lockstep(referee + " --dump-a " + with_extra(dump_a, "notes", Path("A_notes.st")) +
+               " --dump-b " + dump_b);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("tensor 'notes' is neither an input.* nor an output.*"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST_F(Dispute, FaultsInTheForwardTheBackwardTheUpdateAndTheDataAreLocalised) {
