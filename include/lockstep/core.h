@@ -45,6 +45,11 @@ inline constexpr int kInternalErrorExit = 70;
     if (!(condition)) LOCKSTEP_INTERNAL("{} (broken: {})", fmt::format(__VA_ARGS__), #condition); \
   } while (0)
 
+// ---- numbers in text ------------------------------------------------------------------------
+// `text` as a decimal integer from 0 to 2^64 - 1, or nothing: digits only (no sign, space or
+// other base), no leading zero but the number 0 itself, and never wrapped or saturated.
+std::optional<uint64_t> ParseDecimalU64(std::string_view text);
+
 // ---- threads ------------------------------------------------------------------------------
 // The number of worker threads kernels may use. Results never depend on it (the numerics
 // contract); only speed does. Default: 1.

@@ -143,6 +143,10 @@ class Dataset {
 // and every .idx against its .bin and the manifest. Fails naming the file, the field and the
 // value (for a digest mismatch: the shard file, the manifest's digest and the actual one).
 Dataset OpenDataset(const std::filesystem::path& dir);
+// The dataset's tokenizer file (manifest tokenizer.name, in its directory), its BLAKE2b checked
+// against the manifest's tokenizer.blake2b (fails naming the file, that digest and the
+// directory); nothing when the file is not there or the vocabulary is the bytes (no file).
+std::optional<std::filesystem::path> DatasetTokenizerFile(const Dataset& dataset);
 
 // ---- building corpora ------------------------------------------------------------------------
 inline constexpr uint64_t kDefaultSynthTokens = 4'000'000;

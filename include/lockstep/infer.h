@@ -68,17 +68,19 @@ std::vector<uint32_t> ReadTokenFile(const std::filesystem::path& path, uint64_t 
 // whatever other sequences share the call (docs/inference.md, "Exactness").
 class KvDecoder {
  public:
-  // `slots` sequences of up to config.seq_len positions each, cached in RAM.
+  // `slots` sequences of up to config.seq_len positions each, cached in RAM. The decoder reads
+  // the weights in `params` in place, never copied: the ParamStore must outlive it.
   KvDecoder(const ModelConfig& config, const ParamStore& params, int64_t slots);
 
   // New tokens of one sequence: they are its positions Length(slot) ..
   struct Piece {
     int64_t slot = 0;
     std::span<const uint32_t> tokens;
+    std::string_view what = {};  // names the piece in errors; empty: "slot N"
   };
   // Runs every piece's tokens (each slot at most once per call; a piece may be empty) and
   // returns the logits [rows, vocab]: of every new position in piece order with every_position,
-  // else of each non-empty piece's last position, in piece order. Fails, naming the slot and the
+  // else of each non-empty piece's last position, in piece order. Fails, naming the piece and the
   // sizes, when a sequence would exceed seq_len or a token is outside the vocabulary; the cache is
   // then unchanged.
   std::vector<float> Append(std::span<const Piece> pieces, bool every_position);

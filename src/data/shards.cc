@@ -431,4 +431,16 @@ Dataset OpenDataset(const std::filesystem::path& dir) {
   return dataset;
 }
 
+std::optional<std::filesystem::path> DatasetTokenizerFile(const Dataset& dataset) {
+  const Vocabulary& v = dataset.vocabulary();
+  const std::filesystem::path file = dataset.dir() / v.tokenizer_file;
+  std::error_code ec;
+  if (v.bytes() || !std::filesystem::is_regular_file(file, ec)) return std::nullopt;
+  if (Blake2b256(ReadFileBytes(file)) != v.tokenizer_blake2b) {
+    Fail("{}: its BLAKE2b is not the {} that {}'s manifest records (tokenizer.blake2b)",
+         file.string(), ToHex(v.tokenizer_blake2b), dataset.dir().string());
+  }
+  return file;
+}
+
 }  // namespace lockstep::data

@@ -90,13 +90,16 @@ std::vector<float> KvDecoder::Append(std::span<const Piece> pieces, bool every_p
       Fail("KvDecoder: slot {} given twice in one call", p.slot);
     seen[static_cast<size_t>(p.slot)] = true;
     const auto n = static_cast<int64_t>(p.tokens.size());
+    const auto what = [&] {
+      return p.what.empty() ? fmt::format("slot {}", p.slot) : std::string(p.what);
+    };
     if (n > c.seq_len - length) {
-      Fail("slot {}: {} positions and {} new tokens exceed the model's seq_len ({})", p.slot,
-           length, n, c.seq_len);
+      Fail("{}: {} positions and {} new tokens exceed the model's seq_len ({})", what(), length, n,
+           c.seq_len);
     }
     for (size_t i = 0; i < p.tokens.size(); ++i) {
       if (p.tokens[i] >= static_cast<uint64_t>(c.vocab)) {
-        Fail("slot {}: token {} is {}, outside the vocabulary (model.vocab = {})", p.slot, i,
+        Fail("{}: token {} is {}, outside the vocabulary (model.vocab = {})", what(), i,
              p.tokens[i], c.vocab);
       }
     }

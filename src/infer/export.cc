@@ -93,20 +93,15 @@ Tokenizer DatasetTokenizer(const VerifiedModel& m, const fs::path& data) {
     t.kind = Tokenizer::Kind::kBytes;
     return t;
   }
-  t.file = data / t.vocabulary.tokenizer_file;
-  std::error_code ec;
-  if (!fs::is_regular_file(t.file, ec)) {
-    t.kind = Tokenizer::Kind::kNone;
+  const std::optional<fs::path> file = data::DatasetTokenizerFile(dataset);
+  if (!file) {
     t.note = fmt::format(
         "no tokenizer written: the dataset's tokenizer file {} (manifest tokenizer.name) is not "
         "in {}; copy it there to export it",
         t.vocabulary.tokenizer_file, data.string());
     return t;
   }
-  if (Blake2b256(ReadFileBytes(t.file)) != t.vocabulary.tokenizer_blake2b) {
-    Fail("{}: its BLAKE2b is not the {} that {}'s manifest records (tokenizer.blake2b)",
-         t.file.string(), ToHex(t.vocabulary.tokenizer_blake2b), data.string());
-  }
+  t.file = *file;
   const std::string name = t.file.filename().string();
   if (name.ends_with(".model")) {
     t.kind = Tokenizer::Kind::kSentencePiece;
@@ -151,30 +146,13 @@ std::string BytePiece(int64_t id) {
 
 // ---- output: a temporary sibling renamed into place -------------------------------------------
 
-bool Inside(const fs::path& child, const fs::path& parent) {
-  const fs::path c = fs::weakly_canonical(child), p = fs::weakly_canonical(parent);
-  auto ci = c.begin();
-  for (auto pi = p.begin(); pi != p.end(); ++pi, ++ci) {
-    if (pi->empty()) continue;
-    if (ci == c.end() || *ci != *pi) return false;
-  }
-  return true;
-}
-
 class StagedOutput {
  public:
   StagedOutput(const fs::path& out, bool directory, const VerifiedModel& m, const fs::path& data)
       : out_(out) {
     std::error_code ec;
     if (out.filename().empty()) Fail("--out {}: names no file or directory", out.string());
-    if (Inside(out, m.dir)) {
-      Fail("--out {}: lies inside the checkpoint {}; an export never writes into its input",
-           out.string(), m.dir.string());
-    }
-    if (!data.empty() && Inside(out, data)) {
-      Fail("--out {}: lies inside the dataset {}; an export never writes into its input",
-           out.string(), data.string());
-    }
+    RefuseOutputsOntoInputs({{"--out", out}}, {{"--checkpoint", m.dir}, {"--data", data}});
     if (fs::exists(fs::symlink_status(out, ec))) {
       const bool empty_dir = directory && fs::is_directory(out, ec) && fs::is_empty(out, ec);
       if (!empty_dir) {

@@ -97,17 +97,12 @@ class ByteTokenizer final : public data::Tokenizer {
 std::unique_ptr<data::Tokenizer> OpenTrainingTokenizer(const data::Dataset& dataset) {
   const data::Vocabulary& v = dataset.vocabulary();
   if (v.bytes()) return std::make_unique<ByteTokenizer>();
-  const std::filesystem::path file = dataset.dir() / v.tokenizer_file;
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(file, ec)) {
+  const std::optional<std::filesystem::path> file = data::DatasetTokenizerFile(dataset);
+  if (!file) {
     Fail("{}: the dataset's tokenizer file {} (manifest tokenizer.name) is not there",
          dataset.dir().string(), v.tokenizer_file);
   }
-  if (Blake2b256(ReadFileBytes(file)) != v.tokenizer_blake2b) {
-    Fail("{}: its BLAKE2b is not the {} that {}'s manifest records (tokenizer.blake2b)",
-         file.string(), ToHex(v.tokenizer_blake2b), dataset.dir().string());
-  }
-  return data::OpenTokenizer(file);
+  return data::OpenTokenizer(*file);
 }
 
 std::vector<uint32_t> ReadTokenFile(const std::filesystem::path& path, uint64_t min_ids,

@@ -31,12 +31,9 @@ float FloatFromText(const json& object, const char* key, std::string_view what) 
 }
 uint64_t U64FromText(const json& object, const char* key, std::string_view what) {
   const std::string text = StringField(object, key, what);
-  uint64_t x = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), x);
-  if (ec != std::errc() || end != text.data() + text.size() || std::to_string(x) != text) {
-    Fail("{}: {} = \"{}\" is not a decimal integer from 0 to 2^64 - 1", what, key, text);
-  }
-  return x;
+  const std::optional<uint64_t> x = ParseDecimalU64(text);
+  if (!x) Fail("{}: {} = \"{}\" is not a decimal integer from 0 to 2^64 - 1", what, key, text);
+  return *x;
 }
 
 // The signed message: the prefix, a zero byte, and the BLAKE2b-256 of the receipt object's

@@ -1,4 +1,5 @@
-// Core: thread settings, ParallelFor and ParallelForEachThread coverage, the floating-point environment check.
+// Core: thread settings, ParallelFor and ParallelForEachThread coverage, decimal numbers in text,
+// the floating-point environment check.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -93,6 +94,16 @@ TEST(ProgressLine, CountsUnitsWithTheTimeLeftAndStaysQuietForShortWork) {
     for (int i = 0; i < 4; ++i) quiet.Add(1);
   }
   EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+}
+
+TEST(ParseDecimalU64, DigitsOnlyFromZeroTo2To64Minus1) {
+  EXPECT_EQ(ParseDecimalU64("0"), 0u);
+  EXPECT_EQ(ParseDecimalU64("1000"), 1000u);
+  EXPECT_EQ(ParseDecimalU64("18446744073709551615"), UINT64_MAX);
+  for (const char* bad : {"18446744073709551616", "99999999999999999999", "", "-1", "+1", " 1",
+                          "1 ", "0x10", "1e3", "1.5", "01", "00"}) {
+    EXPECT_EQ(ParseDecimalU64(bad), std::nullopt) << "'" << bad << "'";
+  }
 }
 
 TEST(FloatingPoint, IeeeByDefault) { EXPECT_NO_THROW(RequireIeeeFloatingPoint()); }

@@ -4,7 +4,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <charconv>
 #include <cstdio>
 #include <memory>
 
@@ -38,13 +37,12 @@ std::vector<infer::Request> ReadBatch(const fs::path& path, const data::Tokenize
     infer::Request r{i, {}};
     if (line.contains("id")) {
       const std::string id = line.at("id").is_string() ? line.at("id").get<std::string>() : "";
-      uint64_t value = 0;
-      const auto [end, ec] = std::from_chars(id.data(), id.data() + id.size(), value);
-      if (ec != std::errc() || end != id.data() + id.size() || std::to_string(value) != id) {
+      const std::optional<uint64_t> value = ParseDecimalU64(id);
+      if (!value) {
         Fail("{}: id = {} (a decimal string from \"0\" to \"18446744073709551615\")", what,
              ShownJson(line.at("id")));
       }
-      r.id = value;
+      r.id = *value;
     }
     const bool text = line.contains("prompt"), ids = line.contains("prompt_tokens");
     if (text == ids) Fail("{}: give exactly one of \"prompt\" and \"prompt_tokens\"", what);

@@ -3,7 +3,6 @@
 // flags, never environment variables: what changes a run's bits is on its command line.
 #include <fmt/format.h>
 
-#include <charconv>
 #include <memory>
 #include <optional>
 #include <string>
@@ -41,15 +40,10 @@ bool Decimal(std::string_view text, bool negative, bool fraction) {
   return i == text.size();
 }
 
-// `text` as a decimal integer from `min` to `max`, or nothing: no sign, so "-1" is refused,
-// never wrapped, and 2^64 is out of range, never saturated.
+// `text` as a decimal integer (ParseDecimalU64) from `min` to `max`, or nothing.
 std::optional<uint64_t> StrictUnsigned(std::string_view text, uint64_t min, uint64_t max) {
-  uint64_t v = 0;
-  if (!Decimal(text, /*negative=*/false, /*fraction=*/false)) return std::nullopt;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (error != std::errc() || end != text.data() + text.size() || v < min || v > max) {
-    return std::nullopt;
-  }
+  const std::optional<uint64_t> v = ParseDecimalU64(text);
+  if (!v || *v < min || *v > max) return std::nullopt;
   return v;
 }
 
