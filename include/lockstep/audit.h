@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "lockstep/infer.h"
+#include "lockstep/json.h"
 #include "lockstep/model.h"
 #include "lockstep/state.h"
 #include "lockstep/train.h"
@@ -144,6 +145,7 @@ HandoffVerdict VerifyHandoff(const std::filesystem::path& checkpoint, const Dige
 struct ReportOptions {
   std::filesystem::path source;  // a run directory (state_hashes.jsonl) or a kit (kit.json)
   std::optional<std::filesystem::path> audit;  // `lockstep audit --json-out` of it
+  std::optional<nlohmann::json> coverage;      // of the kit's receipts (kit.h, Coverage)
   std::filesystem::path out;                   // the HTML page
 };
 // Writes one self-contained HTML page (no script, no external resource): the chain's head and

@@ -173,8 +173,12 @@ uint64_t PeakRssBytes();       // VmHWM of /proc/self/status: the peak since sta
 bool ResetPeakRss();
 uint64_t CurrentRssBytes();    // VmRSS of /proc/self/status
 uint64_t MemAvailableBytes();  // MemAvailable of /proc/meminfo
+uint64_t ProcessReadBytes();   // rchar of /proc/self/io: bytes read by read(2) and the like
 // A size as lockstep shows it to people: "12.3 MiB".
 std::string MiB(uint64_t bytes);
+
+// The time now in UTC, ISO 8601 to the second: "2026-12-03T07:40:12Z".
+std::string UtcNow();
 
 // ---- progress -------------------------------------------------------------------------------
 // A progress line on stderr for long work ("label: 37% (2.4 / 6.4 GiB, 12 s, 20 s left)"): on a
@@ -308,6 +312,9 @@ std::string ReadFileText(const std::filesystem::path& path);
 // Writes the file and fsyncs it (not its directory). Fails naming the path.
 void WriteFileSynced(const std::filesystem::path& path, std::span<const uint8_t> bytes);
 void WriteFileSynced(const std::filesystem::path& path, std::string_view text);
+// `text` as the file at `path`, which is replaced whole or not at all (Directory::
+// WriteFileSynced in its parent directory, which must exist).
+void ReplaceFileSynced(const std::filesystem::path& path, std::string_view text);
 // Appends `text` (O_APPEND, created 0644 if absent) and fsyncs: for logs read line by line.
 void AppendFileSynced(const std::filesystem::path& path, std::string_view text);
 // The lines of `text` without their '\n', as std::getline gives them: a last line without a

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -44,5 +45,20 @@ void RequireFormat(const nlohmann::json& object, std::string_view format, uint64
                    std::string_view what);
 // A JSON value as an unsigned 64-bit integer; `what` names it (e.g. "file: field").
 uint64_t AsU64(const nlohmann::json& value, std::string_view what);
+
+// ---- the receipt envelope (docs/formats/receipt.md) ------------------------------------------
+// A receipt file is {"receipt": R} or, signed, {"receipt": R, "signature": {"ed25519": KEY,
+// "signature": SIG}}: Ed25519 over "lockstep/receipt/v1" \0 BLAKE2b-256(R's canonical text).
+// One envelope for every kind of receipt (generation, audit).
+// The file's text (indented JSON and a newline), signed with `key` when it is not null.
+std::string SealReceipt(const nlohmann::json& receipt, const Ed25519Seed* key);
+struct OpenedReceipt {
+  nlohmann::json receipt;                  // an object; its fields are the kind's to check
+  std::optional<Ed25519PublicKey> signer;  // set when signed (the signature verified)
+};
+// Parses the file's text strictly; a signature present must verify under its key; with `trusted`,
+// the receipt must be signed by that key. Fails (Error naming `what`) otherwise.
+OpenedReceipt OpenReceipt(std::string_view text, std::string_view what,
+                          const Ed25519PublicKey* trusted);
 
 }  // namespace lockstep

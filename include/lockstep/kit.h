@@ -15,6 +15,7 @@
 
 #include "lockstep/audit.h"
 #include "lockstep/core.h"
+#include "lockstep/json.h"
 #include "lockstep/state.h"  // the kit.json and trajectory.json formats (namespace kit)
 
 namespace lockstep::audit {
@@ -76,6 +77,7 @@ struct UnitOutcome {
   kit::Unit unit;
   std::optional<ReplayResult> result;  // absent when the replay failed with an error
   std::string error;
+  uint64_t read_bytes = 0;  // what the replay read (read(2) and the like: /proc/self/io rchar)
   bool match() const { return result && result->match.value_or(false); }
 };
 
@@ -85,10 +87,58 @@ struct UnitOutcome {
 // in its outcome and the audit goes on. Fails (Error) on an unknown unit name or unreadable kit.
 // Does not verify the kit's files: callers run VerifyKit first.
 std::vector<UnitOutcome> AuditKit(const KitAuditOptions& options);
+// Fails (naming `what`) unless `verdict` is MATCH with replayed == expected, MISMATCH with a
+// different replayed hash, or ERROR with an error and no replayed hash: the one reading of a
+// verdict written in an audit report or receipt.
+void CheckVerdictAgreesWithHashes(std::string_view verdict, const Digest& expected,
+                                  const std::optional<Digest>& replayed, bool has_error,
+                                  std::string_view what);
 // A fixed-width table: unit, mode, steps, expected, got, MATCH/MISMATCH/ERROR, wall s, peak RSS.
 std::string KitAuditTable(const std::vector<UnitOutcome>& outcomes);
 // A JSON array with one object per unit (the unit, the verdict, the publisher's measurements and
 // the replay's result object, or the error).
 std::string KitAuditJson(const std::vector<UnitOutcome>& outcomes);
+
+// ---- audit receipts (docs/formats/receipt.md, kind "audit") -------------------------------
+struct AuditReceiptContext {
+  std::string command;  // the command line as given
+  std::string device;   // "cpu" or the --device the interval units ran on
+  int threads = 1;
+  std::string started;  // when the audit started (UtcNow())
+};
+// The proof of replay of an interval unit: BLAKE2b-256 of "lockstep/replay-proof/v1" \0, the
+// signer's public key (32 zero bytes unsigned), the kit.json's sha256, the unit's name and \0,
+// start and until step (u64 little-endian) and the loss of every replayed step (binary32
+// little-endian, in step order). The losses are in no kit: only a replay (or the publisher's
+// metrics.jsonl) has them.
+Digest ReplayProof(const Ed25519PublicKey& signer, const Digest& kit_sha256, const kit::Unit& unit,
+                   std::span<const float> losses);
+// The receipt file's text for `outcomes` of the kit at `kit_dir`, signed with `key` if given.
+std::string AuditReceipt(const std::filesystem::path& kit_dir,
+                         const std::vector<UnitOutcome>& outcomes,
+                         const AuditReceiptContext& context, const Ed25519Seed* key);
+// The same facts as a human report (Markdown): kit, toolchain, command, checksums, result,
+// resources and what the audit does not show. `receipt_text` is AuditReceipt's output.
+std::string AuditReportMarkdown(const std::filesystem::path& kit_dir,
+                                const std::string& receipt_text);
+
+// ---- coverage (docs/audit.md, "Many auditors") -----------------------------------------------
+struct CoverageOptions {
+  std::filesystem::path kit_dir;
+  std::vector<std::filesystem::path> receipts;
+  // When set, only receipts signed by one of these keys count.
+  std::optional<std::vector<Ed25519PublicKey>> trusted_keys;
+  int threshold = 1;  // a unit is confirmed by at least this many distinct keys' MATCHes
+  // The publisher's metrics.jsonl of the run: with it, every MATCH's proof of replay is checked.
+  std::optional<std::filesystem::path> metrics;
+};
+// Reads every receipt (one that does not verify, is of another kit or unit, or whose proof does
+// not check is listed as refused and never counted) and returns the coverage document
+// (docs/audit.md, "coverage --json").
+nlohmann::json Coverage(const CoverageOptions& options);
+// The coverage table (HTML, for `lockstep coverage` and `lockstep report --receipt`).
+std::string CoverageHtmlSection(const nlohmann::json& coverage);
+// A self-contained page holding the coverage.
+std::string CoveragePage(const nlohmann::json& coverage);
 
 }  // namespace lockstep::audit

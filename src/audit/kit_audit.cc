@@ -87,6 +87,7 @@ std::vector<UnitOutcome> AuditKit(const KitAuditOptions& options) {
                  std::string(UnitKindName(unit->kind)).c_str(), Steps(*unit).c_str(),
                  options.threads, options.threads == 1 ? "" : "s");
     UnitOutcome outcome{*unit, std::nullopt, {}};
+    const uint64_t read_before = ProcessReadBytes();
     try {
       if (unit->kind == UnitKind::kInterval) {
         // The unit must start where trajectory.json says, in the run it describes.
@@ -106,9 +107,30 @@ std::vector<UnitOutcome> AuditKit(const KitAuditOptions& options) {
       outcome.error = e.what();
       std::fprintf(stderr, "audit: unit %s: error: %s\n", unit->name.c_str(), e.what());
     }
+    outcome.read_bytes = ProcessReadBytes() - read_before;
     outcomes.push_back(std::move(outcome));
   }
   return outcomes;
+}
+
+void CheckVerdictAgreesWithHashes(std::string_view verdict, const Digest& expected,
+                                  const std::optional<Digest>& replayed, bool has_error,
+                                  std::string_view what) {
+  const std::string shown = replayed ? ToHex(*replayed) : "(none)";
+  if (verdict == "MATCH") {
+    if (replayed != expected) {
+      Fail("{}: verdict MATCH, but the replayed hash {} is not the expected {}", what, shown,
+           ToHex(expected));
+    }
+  } else if (verdict == "MISMATCH") {
+    if (!replayed || *replayed == expected) {
+      Fail("{}: verdict MISMATCH, but the replayed hash {} is not a different one", what, shown);
+    }
+  } else if (verdict == "ERROR") {
+    if (replayed || !has_error) Fail("{}: verdict ERROR needs an \"error\" and no replay", what);
+  } else {
+    Fail("{}: verdict \"{}\" is not MATCH, MISMATCH or ERROR", what, verdict);
+  }
 }
 
 std::string KitAuditTable(const std::vector<UnitOutcome>& outcomes) {

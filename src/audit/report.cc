@@ -286,17 +286,7 @@ void CheckAuditIsOfSource(const std::vector<AuditRow>& audit, const Source& s, c
     if (!r.replayed.empty()) {
       replayed = DigestFromHex(r.replayed, at + ": field \"replay.state_hash\"");
     }
-    if (r.verdict == "MATCH" && replayed != expected) {
-      Fail("{}: verdict MATCH, but the replayed hash {} is not the expected {}", at,
-           r.replayed.empty() ? "(none)" : r.replayed, r.expected);
-    } else if (r.verdict == "MISMATCH" && (!replayed || *replayed == expected)) {
-      Fail("{}: verdict MISMATCH, but the replayed hash {} is not a different one", at,
-           r.replayed.empty() ? "(none)" : r.replayed);
-    } else if (r.verdict == "ERROR" && (replayed || r.error.empty())) {
-      Fail("{}: verdict ERROR needs an \"error\" and no replay", at);
-    } else if (r.verdict != "MATCH" && r.verdict != "MISMATCH" && r.verdict != "ERROR") {
-      Fail("{}: field \"verdict\" is \"{}\", not MATCH, MISMATCH or ERROR", at, r.verdict);
-    }
+    CheckVerdictAgreesWithHashes(r.verdict, expected, replayed, !r.error.empty(), at);
     if (r.kind == "init" && (r.start_step != 0 || r.until_step != 0)) {
       Fail("{}: an init unit covers step 0, not {}-{}", at, r.start_step, r.until_step);
     }
@@ -351,6 +341,99 @@ th { background: #f4f6fa; } td.num { text-align: right; font-variant-numeric: ta
 )";
 
 }  // namespace
+
+std::string CoverageHtmlSection(const json& c) {
+  const json& sum = c["summary"];
+  std::string html = fmt::format(
+      "<h2>Coverage</h2>\n<p id=\"coverage-summary\">{} of {} units confirmed by at least {} "
+      "distinct key{}; {} unaudited; {} disputed. Receipts: {} counted, {} not counted, {} "
+      "refused. Proofs of replay {}.</p>\n",
+      sum["confirmed"].get<size_t>(), sum["units"].get<size_t>(), c["threshold"].get<int>(),
+      c["threshold"].get<int>() == 1 ? "" : "s", sum["unaudited"].get<size_t>(),
+      sum["disputed"].get<size_t>(), sum["receipts_counted"].get<size_t>(),
+      sum["receipts_not_counted"].get<size_t>(), sum["receipts_refused"].get<size_t>(),
+      c["proofs_checked"].get<bool>() ? "checked against the publisher's losses"
+                                      : "not checked (no --metrics)");
+  const auto list = [](const json& values, bool keys) {
+    std::string out;
+    for (const json& v : values) {
+      const std::string text = v.get<std::string>();
+      out += (out.empty() ? "" : "<br>") +
+             (keys ? fmt::format("<span class=\"hash\" title=\"{}\">{}</span>", Escape(text),
+                                 Escape(text.substr(0, 16)))
+                   : Escape(text));
+    }
+    return out;
+  };
+  html +=
+      "<table id=\"coverage\"><tr><th>unit</th><th>steps</th><th>status</th>"
+      "<th>keys (MATCH)</th><th>CPUs</th><th>SIMD</th><th>devices</th><th>compilers</th>"
+      "</tr>";
+  for (const json& u : c["units"]) {
+    const std::string status = u["status"].get<std::string>();
+    html += fmt::format(
+        "<tr class=\"unit\" data-unit=\"{}\" data-status=\"{}\" data-keys=\"{}\"><td>{}</td>"
+        "<td class=\"num\">{}</td><td class=\"{}\">{}</td><td>{}</td><td>{}</td><td>{}</td>"
+        "<td>{}</td><td>{}</td></tr>",
+        Escape(u["unit"].get<std::string>()), Escape(status), u["match_keys"].size(),
+        Escape(u["unit"].get<std::string>()),
+        u["kind"] == "init" ? std::string("init")
+                            : fmt::format("{} → {}", u["start_step"].get<uint64_t>(),
+                                          u["until_step"].get<uint64_t>()),
+        status == "confirmed"                          ? "MATCH"
+        : status == "conflict" || status == "mismatch" ? "MISMATCH"
+                                                       : "",
+        Escape(status), list(u["match_keys"], true), list(u["cpus"], false),
+        list(u["simd_variants"], false), list(u["devices"], false), list(u["compilers"], false));
+  }
+  html += "</table>\n";
+  // Every receipt of a disputed unit, side by side.
+  std::string disputes;
+  for (const json& u : c["units"]) {
+    if (u["mismatch_keys"].empty()) continue;
+    for (const json& r : u["receipts"]) {
+      disputes += fmt::format(
+          "<tr class=\"dispute\" data-unit=\"{}\"><td>{}</td><td class=\"hash\">{}</td>"
+          "<td class=\"{}\">{}</td><td class=\"hash\">{}</td><td>{}</td><td>{}</td></tr>",
+          Escape(u["unit"].get<std::string>()), Escape(u["unit"].get<std::string>()),
+          Escape(r["signer"].get<std::string>().substr(0, 16)),
+          Escape(r["verdict"].get<std::string>()), Escape(r["verdict"].get<std::string>()),
+          Escape(r["replayed"].is_string() ? r["replayed"].get<std::string>() : "-"),
+          Escape(r["proof"].get<std::string>()), Escape(r["file"].get<std::string>()));
+    }
+  }
+  if (!disputes.empty()) {
+    html +=
+        "<h3>Disputed units: every receipt</h3>\n<table id=\"disputes\"><tr><th>unit</th>"
+        "<th>key</th><th>verdict</th><th>replayed</th><th>proof</th><th>receipt</th></tr>" +
+        disputes + "</table>\n";
+  }
+  html +=
+      "<h3>Receipts</h3>\n<table id=\"receipts\"><tr><th>receipt</th><th>key</th>"
+      "<th>status</th><th>why</th></tr>";
+  for (const json& r : c["receipts"]) {
+    const std::string status = r["status"].get<std::string>();
+    html += fmt::format(
+        "<tr class=\"receipt\" data-status=\"{}\"><td>{}</td><td class=\"hash\">{}</td>"
+        "<td class=\"{}\">{}</td><td>{}</td></tr>",
+        Escape(status), Escape(r["file"].get<std::string>()),
+        r["signer"].is_string() ? Escape(r["signer"].get<std::string>().substr(0, 16)) : "-",
+        status == "refused" ? "ERROR" : "", Escape(status),
+        r["reason"].is_string() ? Escape(r["reason"].get<std::string>()) : "");
+  }
+  return html + "</table>\n";
+}
+
+std::string CoveragePage(const json& coverage) {
+  return fmt::format(
+      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>lockstep "
+      "coverage: kit {}</title><style>{}</style></head><body>\n<h1>lockstep coverage</h1><div "
+      "class=\"sub\">kit.json sha256 <span class=\"hash\">{}</span> · {}</div>\n{}</body></html>\n",
+      Escape(coverage["kit_json_sha256"].get<std::string>().substr(0, 16)), kStyle,
+      Escape(coverage["kit_json_sha256"].get<std::string>()),
+      Escape(std::string("lockstep ") + build::kVersion + " " + build::kGitCommit),
+      CoverageHtmlSection(coverage));
+}
 
 void WriteReport(const ReportOptions& o) {
   const Source s = ReadSource(o.source);
@@ -505,6 +588,10 @@ void WriteReport(const ReportOptions& o) {
         "</td></tr><tr><th>built by</th><td>lockstep {} ({})</td></tr></table>\n",
         ToHex(s.kit_json_sha256), s.manifest->files.size(), MiB(bytes), s.trajectory->units.size(),
         Escape(s.manifest->lockstep_version), Escape(s.manifest->git_commit));
+  }
+  if (o.coverage) {
+    if (s.kind != "kit") Fail("--receipt: receipts are of a kit: give the kit as SOURCE");
+    html += CoverageHtmlSection(*o.coverage);
   }
   html += "</body></html>\n";
   const fs::path tmp = o.out.string() + ".tmp";

@@ -461,4 +461,10 @@ void Directory::Remove(std::string_view name) const {
   }
 }
 
+void ReplaceFileSynced(const std::filesystem::path& path, std::string_view text) {
+  const std::filesystem::path parent =
+      path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
+  Directory::Open(parent, false).WriteFileSynced(path.filename().string(), text);
+}
+
 }  // namespace lockstep

@@ -40,6 +40,13 @@ std::string MiB(uint64_t bytes) {
   return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
 }
 
+uint64_t ProcessReadBytes() {
+  for (const std::string& line : Lines(ReadFileText("/proc/self/io"))) {
+    if (line.starts_with("rchar: ")) return std::stoull(line.substr(7));
+  }
+  Fail("/proc/self/io: no \"rchar: <n>\" line");
+}
+
 uint64_t MemAvailableBytes() { return ProcKibField("/proc/meminfo", "MemAvailable"); }
 
 }  // namespace lockstep

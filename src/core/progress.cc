@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 
 #include "lockstep/core.h"
 
@@ -64,6 +65,15 @@ void ProgressLine::Draw(bool final) {
   std::fprintf(stderr, "%s%s: %3.0f%% (%s, %.0f s%s)%s", terminal_ ? "\r" : "", label_.c_str(),
                100.0 * fraction, amount.c_str(), elapsed, left.c_str(),
                terminal_ ? (final ? "\033[K\n" : "\033[K") : "\n");
+}
+
+std::string UtcNow() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
 }
 
 }  // namespace lockstep

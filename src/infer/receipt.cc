@@ -16,7 +16,6 @@ using json = nlohmann::json;
 
 constexpr char kFormat[] = "lockstep-receipt";
 constexpr uint64_t kFormatVersion = 1;
-constexpr char kSignedPrefix[] = "lockstep/receipt/v1";
 
 // A float as the shortest decimal that reads back to it (the receipt's real-valued fields).
 std::string FloatText(float x) { return fmt::format("{}", x); }
@@ -36,19 +35,6 @@ uint64_t U64FromText(const json& object, const char* key, std::string_view what)
   return *x;
 }
 
-// The signed message: the prefix, a zero byte, and the BLAKE2b-256 of the receipt object's
-// canonical text (compact, keys sorted: nlohmann::json's dump()).
-std::vector<uint8_t> SignedMessage(const json& receipt) {
-  const std::string canonical = receipt.dump();
-  const Digest digest =
-      Blake2b256({reinterpret_cast<const uint8_t*>(canonical.data()), canonical.size()});
-  const std::string_view prefix = kSignedPrefix;
-  std::vector<uint8_t> message(prefix.begin(), prefix.end());
-  message.push_back(0);
-  message.insert(message.end(), digest.begin(), digest.end());
-  return message;
-}
-
 json Ids(std::span<const uint32_t> ids) {
   return json(std::vector<uint32_t>(ids.begin(), ids.end()));
 }
@@ -64,42 +50,6 @@ std::vector<uint32_t> IdsField(const json& object, const char* key, std::string_
     ids.push_back(static_cast<uint32_t>(id));
   }
   return ids;
-}
-
-struct Parsed {
-  json receipt;
-  std::optional<Ed25519PublicKey> signer;
-};
-
-Parsed ParseReceipt(const std::filesystem::path& path, const Ed25519PublicKey* trusted) {
-  const std::string what = path.string();
-  const json file = ParseJsonStrict(ReadFileText(path), what);
-  Parsed p;
-  if (file.is_object() && file.contains("signature")) {
-    RequireKeys(file, {"receipt", "signature"}, what);
-    const json& sig = file.at("signature");
-    const std::string sig_what = what + ": signature";
-    RequireKeys(sig, {"ed25519", "signature"}, sig_what);
-    const auto key =
-        BytesFromHex<32>(StringField(sig, "ed25519", sig_what), sig_what + ": ed25519");
-    const auto signature =
-        BytesFromHex<64>(StringField(sig, "signature", sig_what), sig_what + ": signature");
-    if (trusted != nullptr && key != *trusted) {
-      Fail("{}: signed by key {}, not the trusted key {}", what, ToHex(key), ToHex(*trusted));
-    }
-    if (!VerifySignature(key, SignedMessage(file.at("receipt")), signature)) {
-      Fail(
-          "{}: the signature does not verify under its key {}: the receipt was changed after it "
-          "was signed, or the signature is forged",
-          what, ToHex(key));
-    }
-    p.signer = key;
-  } else {
-    RequireKeys(file, {"receipt"}, what);
-    if (trusted != nullptr) Fail("{}: the receipt is not signed (--trusted-key was given)", what);
-  }
-  p.receipt = file.at("receipt");
-  return p;
 }
 
 }  // namespace
@@ -148,18 +98,13 @@ std::string GenerationReceipt(const VerifiedModel& model, const ReceiptTokenizer
                     {"logits_chain", std::move(chain)}});
   }
   r["requests"] = std::move(list);
-  json file = {{"receipt", r}};
-  if (key != nullptr) {
-    file["signature"] = {{"ed25519", ToHex(PublicKeyOf(*key))},
-                         {"signature", ToHex(SignMessage(*key, SignedMessage(r)))}};
-  }
-  return file.dump(2) + "\n";
+  return SealReceipt(r, key);
 }
 
 ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path,
                                        const VerifiedModel& model, const Ed25519PublicKey* trusted,
                                        const OpHooks& hooks) {
-  const Parsed parsed = ParseReceipt(path, trusted);
+  const OpenedReceipt parsed = OpenReceipt(ReadFileText(path), path.string(), trusted);
   const json& r = parsed.receipt;
   const std::string what = path.string() + ": receipt";
   RequireKeys(r,

@@ -29,7 +29,7 @@ NO_INPUTS = {
 }
 # Help phrases that mark an option as something the command writes.
 OUTPUT_WORDS = re.compile(r"^(output|write|the trace directory to create|kit directory to create|"
-                          r"the secret key file|the HTML file to write|run directory$|destination|"
+                          r"the secret key file|the HTML (file|page) to write|also write|run directory$|destination|"
                           r"keep parameters|keep the state on disk|with a device: write|"
                           r"write each replayed|write a receipt|write the JSON report|"
                           r"the directory the hand-off)", re.I)
@@ -78,6 +78,8 @@ def main():
         audit = run(lockstep, ["audit", P("kit"), "--unit", "init"], check=False)
         open(P("audit.json"), "w").write(audit.stdout)
         run(lockstep, ["keygen", "--out", P("key")])
+        run(lockstep, ["audit", P("kit"), "--unit", "init", "--receipt", P("receipt.json"),
+                       "--sign-key", P("key")])
         open(P("text.txt"), "w").write("the quick brown fox\njumps over the lazy dog\n" * 50)
         open(P("tokens.bin"), "wb").write(bytes([116, 0, 0, 0, 104, 0, 0, 0, 101, 0, 0, 0]))
         open(P("batch.jsonl"), "w").write('{"prompt_tokens": [116, 104]}\n')
@@ -126,6 +128,18 @@ def main():
              [P("kit", "kit.json"), P("kit")]),
             ("report", "--out", ["report", P("kit"), "--audit", P("audit.json"), "--out", "{OUT}"],
              [P("kit", "kit.json"), P("audit.json")]),
+            ("report", "--out", ["report", P("kit"), "--receipt", P("receipt.json"), "--metrics",
+                                 P("run", "metrics.jsonl"), "--out", "{OUT}"],
+             [P("receipt.json"), P("run", "metrics.jsonl")]),
+            ("audit", "--receipt", ["audit", P("kit"), "--unit", "init", "--sign-key", P("key"),
+                                    "--receipt", "{OUT}"], [P("kit", "kit.json"), P("key")]),
+            ("audit", "--report", ["audit", P("kit"), "--unit", "init", "--receipt", P("r2.json"),
+                                   "--report", "{OUT}"], [P("kit", "kit.json"), P("kit")]),
+            ("coverage", "--out", ["coverage", "--kit", P("kit"), P("receipt.json"), "--out", "{OUT}"],
+             [P("kit", "kit.json"), P("receipt.json")]),
+            ("coverage", "--json", ["coverage", "--kit", P("kit"), P("receipt.json"), "--metrics",
+                                    P("run", "metrics.jsonl"), "--out", P("c.html"), "--json", "{OUT}"],
+             [P("kit", "trajectory.json"), P("receipt.json"), P("run", "metrics.jsonl")]),
             ("trace", "--out", ["trace", "--checkpoint", ckpt10, "--data", P("data"), "--step", "11",
                                 "--out", "{OUT}"], [ckpt10, P("data")]),
         ]
@@ -134,7 +148,8 @@ def main():
         if missing:
             sys.exit(f"output options without a case: {sorted(missing)}")
 
-        protected = [P("data"), P("run"), P("kit"), P("audit.json"), P("key"), P("key.pub"),
+        protected = [P("data"), P("run"), P("kit"), P("audit.json"), P("receipt.json"), P("key"),
+                     P("key.pub"),
                      P("text.txt"), P("tokens.bin"), P("batch.jsonl"), P("corpus.bin"),
                      P("corpus.idx"), P("tokenizer.json")]
         before = snapshot(protected)

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/chromium.h"
 #include "common/run_lockstep.h"
 #include "common/scratch_dir.h"
 #include "lockstep/train.h"
@@ -22,32 +23,11 @@
 namespace lockstep {
 namespace {
 namespace fs = std::filesystem;
+using test::Count;
+using test::Have;
 using test::Lockstep;
+using test::RenderedDom;
 using test::Result;
-
-bool Have(const std::string& command) {
-  return std::system((command + " > /dev/null 2>&1").c_str()) == 0;
-}
-
-size_t Count(const std::string& text, const std::string& needle) {
-  size_t n = 0;
-  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
-  return n;
-}
-
-// The DOM Chromium builds from the page, with the process cut off from every network (a fresh
-// network namespace where unshare may make one, as root in CI).
-std::string RenderedDom(const fs::path& page, const fs::path& scratch) {
-  const std::string isolate = Have("unshare -n true") ? "unshare -n " : "";
-  const fs::path dom = scratch / "dom.html";
-  const std::string command = fmt::format(
-      "timeout 120 {}chromium --headless --no-sandbox --disable-gpu --user-data-dir={} "
-      "--dump-dom file://{} > {} 2>/dev/null",
-      isolate, (scratch / "chromium-profile").string(), fs::absolute(page).string(),
-      dom.string());
-  EXPECT_EQ(std::system(command.c_str()), 0) << command;
-  return ReadFileText(dom);
-}
 
 class Report : public test::ScratchDirTest {};
 

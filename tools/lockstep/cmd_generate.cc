@@ -152,9 +152,7 @@ int RunGenerate(const GenerateOptions& o) {
   if (!o.receipt.empty()) {
     const std::string text =
         infer::GenerationReceipt(model, bound, o.sampling, requests, out, key ? &*key : nullptr);
-    const fs::path parent =
-        o.receipt.parent_path().empty() ? fs::path(".") : o.receipt.parent_path();
-    Directory::Open(parent, false).WriteFileSynced(o.receipt.filename().string(), text);
+    ReplaceFileSynced(o.receipt, text);
     fmt::print(stderr, "wrote {}{}\n", o.receipt.string(), key ? " (signed)" : "");
   }
   return 0;

@@ -136,12 +136,34 @@ struct AuditCommand {
   bool all = false;
   std::string json_out;
   VerifyFlags trust;
+  std::string receipt, sign_key, report;
 };
 
+// The audit as a command line, for the receipt and its report.
+std::string AuditCommandLine(const AuditCommand& c) {
+  std::string line = "lockstep audit " + c.options.kit_dir.string();
+  for (const std::string& unit : c.options.units) line += " --unit " + unit;
+  line += fmt::format(" --threads {} --device {}", c.options.threads, c.device);
+  if (!c.trust.trusted_key.empty()) line += " --trusted-key " + c.trust.trusted_key;
+  if (c.options.force) line += " --force";
+  line += " --receipt " + c.receipt;
+  if (!c.sign_key.empty()) line += " --sign-key " + c.sign_key;
+  if (!c.report.empty()) line += " --report " + c.report;
+  return line;
+}
+
 int RunAudit(const AuditCommand& command) {
-  RefuseOutputsOntoInputs(
-      {{"--json-out", command.json_out}},
-      {{"KIT", command.options.kit_dir}, {"--trusted-key", command.trust.trusted_key}});
+  if (command.receipt.empty() && (!command.sign_key.empty() || !command.report.empty())) {
+    Fail("{} needs --receipt", command.sign_key.empty() ? "--report" : "--sign-key");
+  }
+  RefuseOutputsOntoInputs({{"--json-out", command.json_out},
+                           {"--receipt", command.receipt},
+                           {"--report", command.report}},
+                          {{"KIT", command.options.kit_dir},
+                           {"--trusted-key", command.trust.trusted_key},
+                           {"--sign-key", command.sign_key}});
+  std::optional<Ed25519Seed> key;
+  if (!command.sign_key.empty()) key = ReadSigningKey(command.sign_key);
   const std::vector<std::string> problems = KitProblems(command.options.kit_dir, command.trust);
   if (ReportProblems(problems, "audit: kit verify") > 0) {
     if (!command.options.force) {
@@ -154,8 +176,23 @@ int RunAudit(const AuditCommand& command) {
   audit::KitAuditOptions options = command.options;
   const std::unique_ptr<OpExecutor> executor = MakeExecutor(command.device, &options.device);
   options.executor = executor.get();
+  const audit::AuditReceiptContext context{.command = AuditCommandLine(command),
+                                           .device = command.device,
+                                           .threads = options.threads,
+                                           .started = UtcNow()};
   const std::vector<audit::UnitOutcome> outcomes = audit::AuditKit(options);
   const std::string table = audit::KitAuditTable(outcomes), json = audit::KitAuditJson(outcomes);
+  if (!command.receipt.empty()) {
+    const std::string receipt =
+        audit::AuditReceipt(options.kit_dir, outcomes, context, key ? &*key : nullptr);
+    ReplaceFileSynced(command.receipt, receipt);
+    fmt::print(stderr, "audit: wrote the receipt {}{}\n", command.receipt,
+               key ? " (signed)" : " (unsigned: it counts on no coverage page)");
+    if (!command.report.empty()) {
+      ReplaceFileSynced(command.report, audit::AuditReportMarkdown(options.kit_dir, receipt));
+      fmt::print(stderr, "audit: wrote the report {}\n", command.report);
+    }
+  }
   // stdout holds one kind of content: the JSON report, or the table when the JSON goes to a file.
   if (command.json_out.empty()) {
     fmt::print(stderr, "{}", table);
@@ -167,6 +204,99 @@ int RunAudit(const AuditCommand& command) {
   const bool all_match = std::all_of(outcomes.begin(), outcomes.end(),
                                      [](const audit::UnitOutcome& o) { return o.match(); });
   return all_match && problems.empty() ? 0 : 1;
+}
+
+// --trusted-keys FILE: one Ed25519 public key per line (64 hex digits, as in KEY.pub); blank
+// lines and lines starting with '#' are skipped.
+std::vector<Ed25519PublicKey> ReadTrustedKeys(const fs::path& path) {
+  std::vector<Ed25519PublicKey> keys;
+  const std::vector<std::string> lines = Lines(ReadFileText(path));
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string& line = lines[i];
+    if (line.empty() || line.starts_with('#')) continue;
+    keys.push_back(BytesFromHex<32>(line, fmt::format("{}: line {}", path.string(), i + 1)));
+  }
+  if (keys.empty()) Fail("{}: no key (one 64-hex Ed25519 public key per line)", path.string());
+  return keys;
+}
+
+// The coverage options `coverage` and `report` share.
+struct CoverageFlags {
+  std::vector<fs::path> receipts;
+  std::string trusted_keys, metrics;
+  int threshold = 1;
+};
+
+void AddCoverageFlags(CLI::App* cmd, CoverageFlags& flags, bool receipts_positional) {
+  if (receipts_positional) {
+    cmd->add_option("RECEIPT", flags.receipts, "audit receipts (lockstep audit --receipt)")
+        ->required()
+        ->check(CLI::ExistingFile);
+  } else {
+    cmd->add_option("--receipt", flags.receipts,
+                    "an audit receipt of the kit (repeatable): the page shows its coverage")
+        ->check(CLI::ExistingFile);
+  }
+  cmd->add_option("--trusted-keys", flags.trusted_keys,
+                  "only receipts signed by a key in this file count (one 64-hex public key per "
+                  "line, '#' comments)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--threshold", flags.threshold,
+                  "a unit is confirmed when at least this many distinct keys' receipts MATCH it "
+                  "and none MISMATCH")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--metrics", flags.metrics,
+                  "the publisher's metrics.jsonl of the run: every MATCH's proof of replay is "
+                  "checked against its losses, and a proof that does not check is refused")
+      ->check(CLI::ExistingFile);
+}
+
+audit::CoverageOptions CoverageOptionsOf(const fs::path& kit_dir, const CoverageFlags& flags) {
+  audit::CoverageOptions o{.kit_dir = kit_dir,
+                           .receipts = flags.receipts,
+                           .trusted_keys = {},
+                           .threshold = flags.threshold,
+                           .metrics = {}};
+  if (!flags.trusted_keys.empty()) o.trusted_keys = ReadTrustedKeys(flags.trusted_keys);
+  if (!flags.metrics.empty()) o.metrics = flags.metrics;
+  return o;
+}
+
+std::vector<NamedPath> CoverageInputs(const CoverageFlags& flags) {
+  std::vector<NamedPath> inputs = {{"--trusted-keys", flags.trusted_keys},
+                                   {"--metrics", flags.metrics}};
+  for (const fs::path& r : flags.receipts) inputs.push_back({"a receipt", r});
+  return inputs;
+}
+
+struct CoverageCommand {
+  fs::path kit_dir, out, json_out;
+  CoverageFlags flags;
+};
+
+int RunCoverage(const CoverageCommand& c) {
+  std::vector<NamedPath> inputs = CoverageInputs(c.flags);
+  inputs.push_back({"--kit", c.kit_dir});
+  RefuseOutputsOntoInputs({{"--out", c.out}, {"--json", c.json_out}}, inputs);
+  const nlohmann::json coverage = audit::Coverage(CoverageOptionsOf(c.kit_dir, c.flags));
+  ReplaceFileSynced(c.out, audit::CoveragePage(coverage));
+  if (!c.json_out.empty()) ReplaceFileSynced(c.json_out, coverage.dump(2) + "\n");
+  const nlohmann::json& sum = coverage["summary"];
+  fmt::print(
+      "coverage: {} of {} units confirmed (threshold {}), {} unaudited, {} disputed; "
+      "receipts: {} counted, {} not counted, {} refused; wrote {}\n",
+      sum["confirmed"].get<size_t>(), sum["units"].get<size_t>(), c.flags.threshold,
+      sum["unaudited"].get<size_t>(), sum["disputed"].get<size_t>(),
+      sum["receipts_counted"].get<size_t>(), sum["receipts_not_counted"].get<size_t>(),
+      sum["receipts_refused"].get<size_t>(), c.out.string());
+  for (const nlohmann::json& r : coverage["receipts"]) {
+    if (r["status"] != "counted") {
+      fmt::print(stderr, "coverage: {}: {}: {}\n", r["file"].get<std::string>(),
+                 r["status"].get<std::string>(), r["reason"].get<std::string>());
+    }
+  }
+  return sum["confirmed"] == sum["units"] ? 0 : 1;
 }
 
 }  // namespace
@@ -246,10 +376,38 @@ void AddKitCommands(CLI::App& app, int* exit_code) {
                       "replay even when the kit does not verify or the memory plan exceeds the "
                       "machine (the verdict still counts every problem)");
   AddDeviceOption(audit_cmd, &audit->device);
+  audit_cmd->add_option("--receipt", audit->receipt,
+                        "write an audit receipt here (docs/formats/receipt.md, kind \"audit\"): "
+                        "per unit the verdict, the hashes and a proof of replay, with this "
+                        "machine, binary and resources; written for failed replays too");
+  audit_cmd->add_option("--sign-key", audit->sign_key,
+                        "sign the receipt with this key (lockstep keygen); only signed receipts "
+                        "count on a coverage page");
+  audit_cmd->add_option("--report", audit->report,
+                        "also write the receipt's facts as a human report (Markdown): kit, "
+                        "toolchain, command, checksums, result, resources, limits");
   audit_cmd->final_callback([audit, exit_code] { *exit_code = RunAudit(*audit); });
+
+  auto coverage = std::make_shared<CoverageCommand>();
+  CLI::App* coverage_cmd = app.add_subcommand(
+      "coverage",
+      "gather many auditors' receipts of one kit into a self-contained HTML page (and JSON): per "
+      "unit the distinct keys that confirmed it, their hardware and compilers, conflicts with "
+      "every receipt, units nobody audited; receipts that do not verify, are of another kit or "
+      "whose proof of replay does not check are listed as refused and never counted. Exit 0 when "
+      "every unit is confirmed, 1 otherwise, 2 on bad input");
+  coverage_cmd->add_option("--kit", coverage->kit_dir, "the kit the receipts are of")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  AddCoverageFlags(coverage_cmd, coverage->flags, true);
+  coverage_cmd->add_option("--out", coverage->out, "the HTML page to write")->required();
+  coverage_cmd->add_option("--json", coverage->json_out,
+                           "also write the coverage as JSON (docs/audit.md)");
+  coverage_cmd->final_callback([coverage, exit_code] { *exit_code = RunCoverage(*coverage); });
 
   auto report = std::make_shared<audit::ReportOptions>();
   auto report_audit = std::make_shared<std::string>();
+  auto report_coverage = std::make_shared<CoverageFlags>();
   CLI::App* report_cmd = app.add_subcommand(
       "report",
       "write one self-contained HTML page (works offline, no scripts) about a run directory or a "
@@ -263,11 +421,19 @@ void AddKitCommands(CLI::App& app, int* exit_code) {
   report_cmd->add_option("--audit", *report_audit,
                          "the JSON report of `lockstep audit KIT --json-out PATH`")
       ->check(CLI::ExistingFile);
+  AddCoverageFlags(report_cmd, *report_coverage, false);
   report_cmd->add_option("--out", report->out, "the HTML file to write")->required();
-  report_cmd->final_callback([report, report_audit, exit_code] {
+  report_cmd->final_callback([report, report_audit, report_coverage, exit_code] {
     if (!report_audit->empty()) report->audit = *report_audit;
-    RefuseOutputsOntoInputs({{"--out", report->out}},
-                            {{"SOURCE", report->source}, {"--audit", *report_audit}});
+    std::vector<NamedPath> inputs = CoverageInputs(*report_coverage);
+    inputs.push_back({"SOURCE", report->source});
+    inputs.push_back({"--audit", *report_audit});
+    RefuseOutputsOntoInputs({{"--out", report->out}}, inputs);
+    if (!report_coverage->receipts.empty()) {
+      report->coverage = audit::Coverage(CoverageOptionsOf(report->source, *report_coverage));
+    } else if (!report_coverage->trusted_keys.empty() || !report_coverage->metrics.empty()) {
+      Fail("--trusted-keys and --metrics need --receipt");
+    }
     audit::WriteReport(*report);
     fmt::print("wrote {}\n", report->out.string());
     *exit_code = 0;

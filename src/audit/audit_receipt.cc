@@ -1,0 +1,428 @@
+// Audit receipts (docs/formats/receipt.md, kind "audit"), the human report made from one
+// (docs/audit.md, "Receipts"), and the coverage of a kit by many auditors' receipts.
+#include <fmt/format.h>
+#include <sys/utsname.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "lockstep/build_info.h"
+#include "lockstep/json.h"
+#include "lockstep/kernels.h"
+#include "lockstep/kit.h"
+#include "lockstep/train.h"
+
+namespace lockstep::audit {
+namespace {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr char kFormat[] = "lockstep-receipt";
+constexpr uint64_t kFormatVersion = 1;
+constexpr char kProofPrefix[] = "lockstep/replay-proof/v1";
+
+std::string_view Verdict(const UnitOutcome& o) {
+  return !o.result ? "ERROR" : o.match() ? "MATCH" : "MISMATCH";
+}
+
+// The first value of a "key : value" line of a /proc or /etc file, or "".
+std::string FileField(const char* path, std::string_view key, char separator) {
+  try {
+    for (const std::string& line : Lines(ReadFileText(path))) {
+      if (!line.starts_with(key)) continue;
+      const size_t at = line.find(separator);
+      if (at == std::string::npos) continue;
+      std::string value = line.substr(at + 1);
+      value.erase(0, value.find_first_not_of(" \t\""));
+      while (!value.empty() && (value.back() == '"' || value.back() == ' ')) value.pop_back();
+      return value;
+    }
+  } catch (const Error&) {
+  }
+  return "";
+}
+
+json MachineFacts(const AuditReceiptContext& context, int threads) {
+  utsname u{};
+  uname(&u);
+  const std::string os_release = FileField("/etc/os-release", "PRETTY_NAME", '=');
+  return {{"cpu", FileField("/proc/cpuinfo", "model name", ':')},
+          {"simd_variant", rk::ActiveIsa().name},
+          {"threads", threads},
+          {"device", context.device},
+          {"os", fmt::format("{} {} {}{}", u.sysname, u.release, u.machine,
+                             os_release.empty() ? "" : " (" + os_release + ")")}};
+}
+
+Digest DescriptorDigest(const std::string& descriptor) {
+  return Blake2b256({reinterpret_cast<const uint8_t*>(descriptor.data()), descriptor.size()});
+}
+
+}  // namespace
+
+Digest ReplayProof(const Ed25519PublicKey& signer, const Digest& kit_sha256,
+                   const kit::Unit& unit, std::span<const float> losses) {
+  Blake2b h;
+  h.Update(std::string_view(kProofPrefix, sizeof kProofPrefix));  // with its zero byte
+  h.Update(signer).Update(kit_sha256);
+  h.Update(std::string_view(unit.name.c_str(), unit.name.size() + 1));
+  h.UpdateU64(unit.start_step).UpdateU64(unit.until_step).Update(losses);
+  return h.Final();
+}
+
+std::string AuditReceipt(const fs::path& kit_dir, const std::vector<UnitOutcome>& outcomes,
+                         const AuditReceiptContext& context, const Ed25519Seed* key) {
+  const Digest kit_sha256 = Sha256(ReadFileBytes(kit_dir / kit::kManifestName));
+  const kit::Trajectory trajectory = kit::ReadTrajectory(kit_dir);
+  const Ed25519PublicKey signer = key != nullptr ? PublicKeyOf(*key) : Ed25519PublicKey{};
+  json units = json::array();
+  for (const UnitOutcome& o : outcomes) {
+    const kit::Unit& u = o.unit;
+    const bool proven = o.result && u.kind == kit::UnitKind::kInterval;
+    units.push_back(
+        {{"unit", u.name},
+         {"kind", kit::UnitKindName(u.kind)},
+         {"start_step", u.start_step},
+         {"until_step", u.until_step},
+         {"expected", ToHex(u.expected_hash)},
+         {"replayed", o.result ? json(ToHex(o.result->state_hash)) : json(nullptr)},
+         {"verdict", Verdict(o)},
+         {"error", o.result ? json(nullptr) : json(o.error)},
+         {"proof", proven ? json(ToHex(ReplayProof(signer, kit_sha256, u, o.result->losses)))
+                          : json(nullptr)},
+         {"wall_ms", o.result ? static_cast<uint64_t>(o.result->wall_seconds * 1000 + 0.5) : 0},
+         {"peak_rss_bytes", o.result ? o.result->peak_rss_bytes : 0},
+         {"read_bytes", o.read_bytes}});
+  }
+  const json receipt = {
+      {"format", kFormat},
+      {"format_version", kFormatVersion},
+      {"kind", "audit"},
+      {"lockstep_version", build::kVersion},
+      {"contract_version", build::kContractVersion},
+      {"binary", {{"git_commit", build::kGitCommit}, {"compiler", build::kCompiler}}},
+      {"machine", MachineFacts(context, context.threads)},
+      {"kit",
+       {{"kit_json_sha256", ToHex(kit_sha256)},
+        {"descriptor_blake2b", ToHex(DescriptorDigest(trajectory.descriptor))}}},
+      {"command", context.command},
+      {"started", context.started},
+      {"units", std::move(units)}};
+  return SealReceipt(receipt, key);
+}
+
+
+std::string AuditReportMarkdown(const fs::path& kit_dir, const std::string& receipt_text) {
+  const OpenedReceipt opened = OpenReceipt(receipt_text, "the audit receipt", nullptr);
+  const json& r = opened.receipt;
+  const json& m = r.at("machine");
+  const kit::KitManifest manifest = kit::ReadManifest(kit_dir);
+  std::string md = fmt::format("# Audit of kit {}\n\n", r["kit"]["kit_json_sha256"].get<std::string>());
+  md += fmt::format(
+      "Replayed on {} by lockstep {}; the receipt is {}.\n\n## Kit\n\n"
+      "- `kit.json` sha256: `{}` (compare with the one the publisher announced)\n"
+      "- run descriptor BLAKE2b: `{}`\n- numerics contract: v{}\n- {} files, every one checked "
+      "against `kit.json` (size and sha256) before anything was replayed\n\n",
+      r["started"].get<std::string>(), r["lockstep_version"].get<std::string>(),
+      opened.signer ? fmt::format("signed by Ed25519 key `{}`", ToHex(*opened.signer))
+                    : std::string("unsigned"),
+      r["kit"]["kit_json_sha256"].get<std::string>(),
+      r["kit"]["descriptor_blake2b"].get<std::string>(), r["contract_version"].get<int>(),
+      manifest.files.size());
+  md += fmt::format(
+      "## Toolchain and machine\n\n| | |\n|---|---|\n| lockstep | {} (commit {}) |\n"
+      "| compiler | {} |\n| CPU | {} |\n| SIMD variant | {} |\n| threads | {} |\n"
+      "| device | {} |\n| OS | {} |\n\n",
+      r["lockstep_version"].get<std::string>(), r["binary"]["git_commit"].get<std::string>(),
+      r["binary"]["compiler"].get<std::string>(), m["cpu"].get<std::string>(),
+      m["simd_variant"].get<std::string>(), m["threads"].get<int>(),
+      m["device"].get<std::string>(), m["os"].get<std::string>());
+  md += fmt::format("## Command\n\n```\n{}\n```\n\n", r["command"].get<std::string>());
+  md += "## Checksums (from `kit.json`)\n\n| file | bytes | sha256 |\n|---|---:|---|\n";
+  for (const kit::KitFile& f : manifest.files) {
+    md += fmt::format("| `{}` | {} | `{}` |\n", f.path, f.size, ToHex(f.sha256));
+  }
+  md += "\n## Result\n\n| unit | steps | expected | replayed | verdict | proof of replay |\n"
+        "|---|---|---|---|---|---|\n";
+  size_t matched = 0;
+  for (const json& u : r["units"]) {
+    const std::string verdict = u["verdict"].get<std::string>();
+    matched += verdict == "MATCH";
+    md += fmt::format(
+        "| {} | {} | `{}` | {} | **{}** | {} |\n", u["unit"].get<std::string>(),
+        u["kind"] == "init" ? std::string("init (step 0)")
+                            : fmt::format("{} → {}", u["start_step"].get<uint64_t>(),
+                                          u["until_step"].get<uint64_t>()),
+        u["expected"].get<std::string>(),
+        u["replayed"].is_null() ? "error: " + u["error"].get<std::string>()
+                                : "`" + u["replayed"].get<std::string>() + "`",
+        verdict,
+        u["proof"].is_null() ? std::string("none (nothing withheld)")
+                             : "`" + u["proof"].get<std::string>().substr(0, 16) + "…`");
+  }
+  md += fmt::format("\n{} of {} units MATCH.\n\n", matched, r["units"].size());
+  md += "## Resources\n\n| unit | wall s | peak RSS | read |\n|---|---:|---:|---:|\n";
+  for (const json& u : r["units"]) {
+    md += fmt::format("| {} | {:.2f} | {} | {} |\n", u["unit"].get<std::string>(),
+                      static_cast<double>(u["wall_ms"].get<uint64_t>()) / 1000,
+                      MiB(u["peak_rss_bytes"].get<uint64_t>()), MiB(u["read_bytes"].get<uint64_t>()));
+  }
+  md += R"(
+## What this audit shows, and what it does not
+
+- It shows that this binary, on this machine, recomputed each MATCH unit's state from the kit's
+  files and reached the hash the publisher committed to, bit for bit; a MISMATCH or an error is
+  reported as it happened.
+- The proof of replay of an interval unit is a digest of the losses of every replayed step, bound
+  to the signer's key and this kit. The losses are in no kit, so the publisher, holding the run's
+  `metrics.jsonl`, can check that the signer computed them (`lockstep coverage --metrics`). It
+  does not show that the signer computed them alone: someone who gives the signer the losses
+  (the publisher, or another auditor's `--json-out` report) makes the proof possible without a
+  replay. An init unit has no proof: its state is the kit's step-0 checkpoint.
+- The machine and toolchain above are what the binary read on the machine it ran on, stated by
+  the signer; nothing proves them.
+- It says nothing about units not listed, and nothing about whether the run's data or
+  configuration were sound: only that the published states follow from them.
+)";
+  return md;
+}
+
+
+namespace {
+
+// One receipt read for coverage: refused (with the reason) or its checked units.
+struct ReadReceipt {
+  std::string file, status, reason;  // status: counted | unsigned | untrusted | refused
+  std::optional<Ed25519PublicKey> signer;
+  json receipt;
+  std::map<std::string, std::string> proof;  // unit -> checked | unchecked | none | fails
+};
+
+// Checks one receipt against the kit; Error on anything that makes it not count.
+void CheckReceipt(ReadReceipt& rr, const CoverageOptions& o, const kit::KitManifest& manifest,
+                  const Digest& kit_sha256, const kit::Trajectory& trajectory,
+                  const std::optional<std::map<uint64_t, float>>& losses) {
+  const std::string what = rr.file + ": receipt";
+  const json& r = rr.receipt;
+  RequireKeys(r,
+              {"format", "format_version", "kind", "lockstep_version", "contract_version",
+               "binary", "machine", "kit", "command", "started", "units"},
+              what);
+  RequireFormat(r, kFormat, kFormatVersion, what);
+  if (StringField(r, "kind", what) != "audit") {
+    Fail("{}: kind = {}, not \"audit\"", what, ShownJson(r.at("kind")));
+  }
+  for (const char* key : {"lockstep_version", "command", "started"}) StringField(r, key, what);
+  RequireKeys(r.at("binary"), {"git_commit", "compiler"}, what + ": binary");
+  for (const char* key : {"git_commit", "compiler"}) StringField(r.at("binary"), key, what);
+  RequireKeys(r.at("machine"), {"cpu", "simd_variant", "threads", "device", "os"},
+              what + ": machine");
+  for (const char* key : {"cpu", "simd_variant", "device", "os"}) {
+    StringField(r.at("machine"), key, what + ": machine");
+  }
+  U64Field(r.at("machine"), "threads", what + ": machine");
+  RequireKeys(r.at("kit"), {"kit_json_sha256", "descriptor_blake2b"}, what + ": kit");
+  const Digest their_kit = DigestField(r.at("kit"), "kit_json_sha256", what + ": kit");
+  if (their_kit != kit_sha256) {
+    Fail("{}: a receipt of another kit (kit.json sha256 {}, this kit's is {})", what,
+         ToHex(their_kit), ToHex(kit_sha256));
+  }
+  if (DigestField(r.at("kit"), "descriptor_blake2b", what + ": kit") !=
+      DescriptorDigest(trajectory.descriptor)) {
+    Fail("{}: kit.descriptor_blake2b is not this kit's run descriptor's", what);
+  }
+  const uint64_t contract = U64Field(r, "contract_version", what);
+  if (contract != static_cast<uint64_t>(manifest.contract_version)) {
+    Fail("{}: made under numerics contract v{}, the kit's is v{}", what, contract,
+         manifest.contract_version);
+  }
+  const json& units = r.at("units");
+  if (!units.is_array() || units.empty()) Fail("{}: units is not a non-empty array", what);
+  const Ed25519PublicKey signer = rr.signer.value_or(Ed25519PublicKey{});
+  for (size_t i = 0; i < units.size(); ++i) {
+    const json& u = units[i];
+    const std::string at = fmt::format("{}: units[{}]", what, i);
+    RequireKeys(u,
+                {"unit", "kind", "start_step", "until_step", "expected", "replayed", "verdict",
+                 "error", "proof", "wall_ms", "peak_rss_bytes", "read_bytes"},
+                at);
+    const std::string name = StringField(u, "unit", at);
+    if (rr.proof.contains(name)) Fail("{}: unit {} appears twice", at, name);
+    const auto unit = std::ranges::find(trajectory.units, name, &kit::Unit::name);
+    if (unit == trajectory.units.end()) Fail("{}: the kit has no unit \"{}\"", at, name);
+    const Digest expected = DigestField(u, "expected", at);
+    if (StringField(u, "kind", at) != kit::UnitKindName(unit->kind) ||
+        U64Field(u, "start_step", at) != unit->start_step ||
+        U64Field(u, "until_step", at) != unit->until_step || expected != unit->expected_hash) {
+      Fail("{}: unit {} is not the kit's (kind, steps or expected hash differ)", at, name);
+    }
+    for (const char* key : {"wall_ms", "peak_rss_bytes", "read_bytes"}) U64Field(u, key, at);
+    const std::optional<Digest> replayed =
+        u.at("replayed").is_null() ? std::nullopt
+                                   : std::optional(DigestField(u, "replayed", at));
+    if (!u.at("error").is_null()) StringField(u, "error", at);
+    CheckVerdictAgreesWithHashes(StringField(u, "verdict", at), expected, replayed,
+                                 !u.at("error").is_null(), at);
+    std::string& proof = rr.proof[name];
+    if (u.at("proof").is_null()) {
+      if (unit->kind == kit::UnitKind::kInterval && replayed) {
+        Fail("{}: an interval unit that was replayed has no proof of replay", at);
+      }
+      proof = "none";
+      continue;
+    }
+    if (unit->kind != kit::UnitKind::kInterval || !replayed) {
+      Fail("{}: a proof of replay where there can be none (an init unit or an error)", at);
+    }
+    const Digest claimed = DigestField(u, "proof", at);
+    proof = "unchecked";
+    if (!losses || u.at("verdict") != "MATCH") continue;
+    std::vector<float> steps;
+    for (uint64_t step = unit->start_step + 1; step <= unit->until_step; ++step) {
+      const auto it = losses->find(step);
+      if (it == losses->end()) break;
+      steps.push_back(it->second);
+    }
+    if (steps.size() != unit->until_step - unit->start_step) continue;  // a non-finite loss
+    if (ReplayProof(signer, kit_sha256, *unit, steps) != claimed) {
+      Fail("{}: unit {}: the proof of replay does not check against the publisher's losses "
+           "({}): it was not made from a replay of this unit by this key",
+           at, name, o.metrics->string());
+    }
+    proof = "checked";
+  }
+}
+
+std::vector<std::string> Sorted(const std::set<std::string>& set) { return {set.begin(), set.end()}; }
+
+}  // namespace
+
+json Coverage(const CoverageOptions& o) {
+  if (o.threshold < 1) Fail("--threshold {}: must be at least 1", o.threshold);
+  const kit::KitManifest manifest = kit::ReadManifest(o.kit_dir);
+  const Digest kit_sha256 = Sha256(ReadFileBytes(o.kit_dir / kit::kManifestName));
+  const kit::Trajectory trajectory = kit::ReadTrajectory(o.kit_dir);
+  // The publisher's losses by step (a non-finite one absent: its bits are not in the file).
+  std::optional<std::map<uint64_t, float>> losses;
+  if (o.metrics) {
+    const std::vector<train::MetricsLine> lines = train::ReadMetrics(*o.metrics);
+    losses.emplace();
+    for (const train::MetricsLine& m : lines) {
+      if (std::isfinite(m.loss)) (*losses)[m.step] = static_cast<float>(m.loss);
+    }
+    const uint64_t last = trajectory.units.empty() ? 0 : trajectory.units.back().until_step;
+    if (lines.empty() || lines.back().step < last) {
+      Fail("--metrics {}: ends at step {}, the kit's units reach step {}: not this run's "
+           "metrics.jsonl",
+           o.metrics->string(), lines.empty() ? 0 : lines.back().step, last);
+    }
+  }
+  std::vector<ReadReceipt> receipts;
+  for (const fs::path& path : o.receipts) {
+    ReadReceipt rr{.file = path.string(), .status = "counted", .reason = {}, .signer = {},
+                   .receipt = {}, .proof = {}};
+    try {
+      const uint64_t size = fs::file_size(path);
+      if (size > kMaxJsonBytes) Fail("{}: {} bytes, larger than any receipt", rr.file, size);
+      OpenedReceipt opened = OpenReceipt(ReadFileText(path), rr.file, nullptr);
+      rr.signer = opened.signer;
+      rr.receipt = std::move(opened.receipt);
+      CheckReceipt(rr, o, manifest, kit_sha256, trajectory, losses);
+      if (!rr.signer) {
+        rr.status = "unsigned";
+        rr.reason = "not signed: nobody vouches for it, so it is not counted";
+      } else if (o.trusted_keys && std::ranges::find(*o.trusted_keys, *rr.signer) ==
+                                       o.trusted_keys->end()) {
+        rr.status = "untrusted";
+        rr.reason = "signed by a key not in --trusted-keys: not counted";
+      }
+    } catch (const std::exception& e) {  // Error, or the file system's
+      rr.status = "refused";
+      rr.reason = e.what();
+    }
+    receipts.push_back(std::move(rr));
+  }
+
+  json doc = {{"kit_json_sha256", ToHex(kit_sha256)},
+              {"threshold", o.threshold},
+              {"proofs_checked", o.metrics.has_value()},
+              {"receipts", json::array()},
+              {"units", json::array()}};
+  for (const ReadReceipt& rr : receipts) {
+    doc["receipts"].push_back({{"file", rr.file},
+                               {"status", rr.status},
+                               {"reason", rr.reason.empty() ? json(nullptr) : json(rr.reason)},
+                               {"signer", rr.signer ? json(ToHex(*rr.signer)) : json(nullptr)}});
+  }
+  size_t confirmed = 0, unaudited = 0, conflicts = 0;
+  for (const kit::Unit& unit : trajectory.units) {
+    std::map<std::string, std::set<std::string>> keys;  // verdict -> distinct signers
+    std::set<std::string> cpus, variants, devices, compilers;
+    json rows = json::array();
+    for (const ReadReceipt& rr : receipts) {
+      if (rr.status != "counted") continue;
+      for (const json& u : rr.receipt["units"]) {
+        if (u["unit"] != unit.name) continue;
+        const std::string verdict = u["verdict"].get<std::string>(), key = ToHex(*rr.signer);
+        keys[verdict].insert(key);
+        const json& m = rr.receipt["machine"];
+        cpus.insert(m["cpu"].get<std::string>());
+        variants.insert(m["simd_variant"].get<std::string>());
+        devices.insert(m["device"].get<std::string>());
+        compilers.insert(rr.receipt["binary"]["compiler"].get<std::string>());
+        rows.push_back({{"file", rr.file},
+                        {"signer", key},
+                        {"verdict", verdict},
+                        {"replayed", u["replayed"]},
+                        {"proof", rr.proof.at(unit.name)},
+                        {"cpu", m["cpu"]},
+                        {"simd_variant", m["simd_variant"]},
+                        {"device", m["device"]},
+                        {"compiler", rr.receipt["binary"]["compiler"]}});
+      }
+    }
+    const size_t matches = keys["MATCH"].size(), mismatches = keys["MISMATCH"].size();
+    const bool is_confirmed = mismatches == 0 && matches >= static_cast<size_t>(o.threshold);
+    const std::string status = mismatches > 0 && matches > 0 ? "conflict"
+                               : mismatches > 0              ? "mismatch"
+                               : is_confirmed                ? "confirmed"
+                               : matches > 0                 ? "below threshold"
+                               : rows.empty()                ? "unaudited"
+                                                             : "errors only";
+    confirmed += is_confirmed;
+    unaudited += rows.empty();
+    conflicts += mismatches > 0;
+    doc["units"].push_back({{"unit", unit.name},
+                            {"kind", kit::UnitKindName(unit.kind)},
+                            {"start_step", unit.start_step},
+                            {"until_step", unit.until_step},
+                            {"expected", ToHex(unit.expected_hash)},
+                            {"status", status},
+                            {"confirmed", is_confirmed},
+                            {"match_keys", Sorted(keys["MATCH"])},
+                            {"mismatch_keys", Sorted(keys["MISMATCH"])},
+                            {"error_keys", Sorted(keys["ERROR"])},
+                            {"cpus", Sorted(cpus)},
+                            {"simd_variants", Sorted(variants)},
+                            {"devices", Sorted(devices)},
+                            {"compilers", Sorted(compilers)},
+                            {"receipts", std::move(rows)}});
+  }
+  const auto count = [&](std::string_view status) {
+    return std::ranges::count_if(receipts, [&](const ReadReceipt& r) { return r.status == status; });
+  };
+  doc["summary"] = {{"units", trajectory.units.size()},
+                    {"confirmed", confirmed},
+                    {"unaudited", unaudited},
+                    {"disputed", conflicts},
+                    {"receipts_counted", count("counted")},
+                    {"receipts_not_counted", count("unsigned") + count("untrusted")},
+                    {"receipts_refused", count("refused")}};
+  return doc;
+}
+
+}  // namespace lockstep::audit
