@@ -1,8 +1,8 @@
-// The one JSON reader for everything lockstep reads from disk or the network (DESIGN.md, lesson
-// 13), and the checked fields every format's reader is made of: each failure names the file
-// (`what`), the field and the value. nlohmann::json parses without a depth bound and serialises
-// recursively, and its iterator input stops at nothing a C string would not: so the text is checked
-// first.
+// The one JSON reader for everything lockstep reads from disk or the network (docs/architecture.md,
+// "Lessons that became tests": hostile JSON), and the checked fields every format's reader is made
+// of: each failure names the file (`what`), the field and the value. nlohmann::json parses without
+// a depth bound and serialises recursively, and its iterator input stops at nothing a C string
+// would not: so the text is checked first.
 #pragma once
 
 #include <cstddef>

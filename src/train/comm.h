@@ -1,7 +1,7 @@
-// Data parallelism's one small interface (DESIGN.md: "data parallelism over MPI lives here,
-// behind one small interface"). Collectives move bytes; they never add floats for us: MPI_SUM
-// may combine in any order, so every float sum of a distributed step happens in lockstep's own
-// code, in the order docs/distributed.md gives.
+// Data parallelism's one small interface: only comm.cc calls MPI (docs/architecture.md, "Where
+// the state lives"; docs/distributed.md). Collectives move bytes; they never add floats for us:
+// MPI_SUM may combine in any order, so every float sum of a distributed step happens in
+// lockstep's own code, in the order docs/distributed.md gives.
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,6 @@
-// The one strict JSON reader (src/core/json.h; DESIGN.md lesson 13): deep nesting, NUL bytes,
-// oversize texts, duplicate keys and trailing junk are refused with an Error naming the source,
-// never a crash or a silent acceptance.
+// The one strict JSON reader (include/lockstep/json.h; docs/architecture.md, "Lessons that became
+// tests"): deep nesting, NUL bytes, oversize texts, duplicate keys and trailing junk are refused
+// with an Error naming the source, never a crash or a silent acceptance.
 #include <gtest/gtest.h>
 
 #include <string>
