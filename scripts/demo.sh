@@ -2,8 +2,8 @@
 # The main job on the built-in default, the whole story: install dependencies, build, prove the
 # kernels' determinism on this machine, synthesize the demo corpus, train `smoke` with
 # checkpoints and the chained state hash, build the audit kit, verify it, and audit (replay)
-# every unit of it, printing the MATCH table, and write the report page of it all. Rerunnable: it
-# starts over in out/demo/.
+# every unit of it, printing the MATCH table, with a signed audit receipt, its report and the
+# coverage page, and write the report page of it all. Rerunnable: it starts over in out/demo/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -22,9 +22,15 @@ echo
 $ls kit build --run out/demo/run --data out/demo/data --out out/demo/kit
 $ls kit verify out/demo/kit
 echo
-$ls audit out/demo/kit --all --threads "$threads" --json-out out/demo/audit.json
+$ls keygen --out out/demo/auditor.key
+$ls audit out/demo/kit --all --threads "$threads" --json-out out/demo/audit.json \
+  --receipt out/demo/receipt.json --sign-key out/demo/auditor.key --report out/demo/audit.md
+echo
+$ls coverage --kit out/demo/kit out/demo/receipt.json --metrics out/demo/run/metrics.jsonl \
+  --out out/demo/coverage.html
 echo
 $ls report out/demo/run --audit out/demo/audit.json --out out/demo/report.html
 echo
-echo "run: out/demo/run  kit: out/demo/kit  audit: out/demo/audit.json"
+echo "run: out/demo/run  kit: out/demo/kit  audit: out/demo/audit.json, out/demo/audit.md and"
+echo "the signed receipt out/demo/receipt.json  coverage: out/demo/coverage.html"
 echo "report (open it in a browser): $(pwd)/out/demo/report.html"

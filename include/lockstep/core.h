@@ -343,8 +343,8 @@ struct NamedPath {
 // kit, a run, a dataset). Compared by identity -- device and inode, links
 // resolved -- so that another spelling, a symbolic link or a hard link is caught; an output that
 // does not exist yet is judged by the directories that will hold it. Fails naming both options
-// and both paths. Empty paths (options not given) and inputs that do not exist are skipped: the
-// command refuses those itself.
+// and both paths. Nor may two outputs be one file. Empty paths (options not given) and inputs
+// that do not exist are skipped: the command refuses those itself.
 void RefuseOutputsOntoInputs(const std::vector<NamedPath>& outputs,
                              const std::vector<NamedPath>& inputs);
 

@@ -50,6 +50,10 @@ uint64_t AsU64(const nlohmann::json& value, std::string_view what);
 // A receipt file is {"receipt": R} or, signed, {"receipt": R, "signature": {"ed25519": KEY,
 // "signature": SIG}}: Ed25519 over "lockstep/receipt/v1" \0 BLAKE2b-256(R's canonical text).
 // One envelope for every kind of receipt (generation, audit).
+// Every kind's receipt object has "format": kReceiptFormat, "format_version":
+// kReceiptFormatVersion.
+inline constexpr char kReceiptFormat[] = "lockstep-receipt";
+inline constexpr uint64_t kReceiptFormatVersion = 1;
 // The file's text (indented JSON and a newline), signed with `key` when it is not null.
 std::string SealReceipt(const nlohmann::json& receipt, const Ed25519Seed* key);
 struct OpenedReceipt {

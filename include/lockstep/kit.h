@@ -79,6 +79,7 @@ struct UnitOutcome {
   std::string error;
   uint64_t read_bytes = 0;  // what the replay read (read(2) and the like: /proc/self/io rchar)
   bool match() const { return result && result->match.value_or(false); }
+  std::string_view verdict() const { return !result ? "ERROR" : match() ? "MATCH" : "MISMATCH"; }
 };
 
 // Checks that this lockstep implements the kit's numerics contract, then replays each

@@ -21,13 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-constexpr char kFormat[] = "lockstep-receipt";
-constexpr uint64_t kFormatVersion = 1;
 constexpr char kProofPrefix[] = "lockstep/replay-proof/v1";
-
-std::string_view Verdict(const UnitOutcome& o) {
-  return !o.result ? "ERROR" : o.match() ? "MATCH" : "MISMATCH";
-}
 
 // The first value of a "key : value" line of a /proc or /etc file, or "".
 std::string FileField(const char* path, std::string_view key, char separator) {
@@ -46,13 +40,13 @@ std::string FileField(const char* path, std::string_view key, char separator) {
   return "";
 }
 
-json MachineFacts(const AuditReceiptContext& context, int threads) {
+json MachineFacts(const AuditReceiptContext& context) {
   utsname u{};
   uname(&u);
   const std::string os_release = FileField("/etc/os-release", "PRETTY_NAME", '=');
   return {{"cpu", FileField("/proc/cpuinfo", "model name", ':')},
           {"simd_variant", rk::ActiveIsa().name},
-          {"threads", threads},
+          {"threads", context.threads},
           {"device", context.device},
           {"os", fmt::format("{} {} {}{}", u.sysname, u.release, u.machine,
                              os_release.empty() ? "" : " (" + os_release + ")")}};
@@ -64,8 +58,8 @@ Digest DescriptorDigest(const std::string& descriptor) {
 
 }  // namespace
 
-Digest ReplayProof(const Ed25519PublicKey& signer, const Digest& kit_sha256,
-                   const kit::Unit& unit, std::span<const float> losses) {
+Digest ReplayProof(const Ed25519PublicKey& signer, const Digest& kit_sha256, const kit::Unit& unit,
+                   std::span<const float> losses) {
   Blake2b h;
   h.Update(std::string_view(kProofPrefix, sizeof kProofPrefix));  // with its zero byte
   h.Update(signer).Update(kit_sha256);
@@ -90,7 +84,7 @@ std::string AuditReceipt(const fs::path& kit_dir, const std::vector<UnitOutcome>
          {"until_step", u.until_step},
          {"expected", ToHex(u.expected_hash)},
          {"replayed", o.result ? json(ToHex(o.result->state_hash)) : json(nullptr)},
-         {"verdict", Verdict(o)},
+         {"verdict", o.verdict()},
          {"error", o.result ? json(nullptr) : json(o.error)},
          {"proof", proven ? json(ToHex(ReplayProof(signer, kit_sha256, u, o.result->losses)))
                           : json(nullptr)},
@@ -99,13 +93,13 @@ std::string AuditReceipt(const fs::path& kit_dir, const std::vector<UnitOutcome>
          {"read_bytes", o.read_bytes}});
   }
   const json receipt = {
-      {"format", kFormat},
-      {"format_version", kFormatVersion},
+      {"format", kReceiptFormat},
+      {"format_version", kReceiptFormatVersion},
       {"kind", "audit"},
       {"lockstep_version", build::kVersion},
       {"contract_version", build::kContractVersion},
       {"binary", {{"git_commit", build::kGitCommit}, {"compiler", build::kCompiler}}},
-      {"machine", MachineFacts(context, context.threads)},
+      {"machine", MachineFacts(context)},
       {"kit",
        {{"kit_json_sha256", ToHex(kit_sha256)},
         {"descriptor_blake2b", ToHex(DescriptorDigest(trajectory.descriptor))}}},
@@ -115,13 +109,13 @@ std::string AuditReceipt(const fs::path& kit_dir, const std::vector<UnitOutcome>
   return SealReceipt(receipt, key);
 }
 
-
 std::string AuditReportMarkdown(const fs::path& kit_dir, const std::string& receipt_text) {
   const OpenedReceipt opened = OpenReceipt(receipt_text, "the audit receipt", nullptr);
   const json& r = opened.receipt;
   const json& m = r.at("machine");
   const kit::KitManifest manifest = kit::ReadManifest(kit_dir);
-  std::string md = fmt::format("# Audit of kit {}\n\n", r["kit"]["kit_json_sha256"].get<std::string>());
+  std::string md =
+      fmt::format("# Audit of kit {}\n\n", r["kit"]["kit_json_sha256"].get<std::string>());
   md += fmt::format(
       "Replayed on {} by lockstep {}; the receipt is {}.\n\n## Kit\n\n"
       "- `kit.json` sha256: `{}` (compare with the one the publisher announced)\n"
@@ -139,37 +133,39 @@ std::string AuditReportMarkdown(const fs::path& kit_dir, const std::string& rece
       "| device | {} |\n| OS | {} |\n\n",
       r["lockstep_version"].get<std::string>(), r["binary"]["git_commit"].get<std::string>(),
       r["binary"]["compiler"].get<std::string>(), m["cpu"].get<std::string>(),
-      m["simd_variant"].get<std::string>(), m["threads"].get<int>(),
-      m["device"].get<std::string>(), m["os"].get<std::string>());
+      m["simd_variant"].get<std::string>(), m["threads"].get<int>(), m["device"].get<std::string>(),
+      m["os"].get<std::string>());
   md += fmt::format("## Command\n\n```\n{}\n```\n\n", r["command"].get<std::string>());
   md += "## Checksums (from `kit.json`)\n\n| file | bytes | sha256 |\n|---|---:|---|\n";
   for (const kit::KitFile& f : manifest.files) {
     md += fmt::format("| `{}` | {} | `{}` |\n", f.path, f.size, ToHex(f.sha256));
   }
-  md += "\n## Result\n\n| unit | steps | expected | replayed | verdict | proof of replay |\n"
-        "|---|---|---|---|---|---|\n";
+  md +=
+      "\n## Result\n\n| unit | steps | expected | replayed | verdict | proof of replay |\n"
+      "|---|---|---|---|---|---|\n";
   size_t matched = 0;
   for (const json& u : r["units"]) {
     const std::string verdict = u["verdict"].get<std::string>();
     matched += verdict == "MATCH";
-    md += fmt::format(
-        "| {} | {} | `{}` | {} | **{}** | {} |\n", u["unit"].get<std::string>(),
-        u["kind"] == "init" ? std::string("init (step 0)")
-                            : fmt::format("{} → {}", u["start_step"].get<uint64_t>(),
-                                          u["until_step"].get<uint64_t>()),
-        u["expected"].get<std::string>(),
-        u["replayed"].is_null() ? "error: " + u["error"].get<std::string>()
-                                : "`" + u["replayed"].get<std::string>() + "`",
-        verdict,
-        u["proof"].is_null() ? std::string("none (nothing withheld)")
-                             : "`" + u["proof"].get<std::string>().substr(0, 16) + "…`");
+    md += fmt::format("| {} | {} | `{}` | {} | **{}** | {} |\n", u["unit"].get<std::string>(),
+                      u["kind"] == "init" ? std::string("init (step 0)")
+                                          : fmt::format("{} → {}", u["start_step"].get<uint64_t>(),
+                                                        u["until_step"].get<uint64_t>()),
+                      u["expected"].get<std::string>(),
+                      u["replayed"].is_null() ? "error: " + u["error"].get<std::string>()
+                                              : "`" + u["replayed"].get<std::string>() + "`",
+                      verdict,
+                      u["proof"].is_null()
+                          ? std::string("none (nothing withheld)")
+                          : "`" + u["proof"].get<std::string>().substr(0, 16) + "…`");
   }
   md += fmt::format("\n{} of {} units MATCH.\n\n", matched, r["units"].size());
   md += "## Resources\n\n| unit | wall s | peak RSS | read |\n|---|---:|---:|---:|\n";
   for (const json& u : r["units"]) {
-    md += fmt::format("| {} | {:.2f} | {} | {} |\n", u["unit"].get<std::string>(),
-                      static_cast<double>(u["wall_ms"].get<uint64_t>()) / 1000,
-                      MiB(u["peak_rss_bytes"].get<uint64_t>()), MiB(u["read_bytes"].get<uint64_t>()));
+    md +=
+        fmt::format("| {} | {:.2f} | {} | {} |\n", u["unit"].get<std::string>(),
+                    static_cast<double>(u["wall_ms"].get<uint64_t>()) / 1000,
+                    MiB(u["peak_rss_bytes"].get<uint64_t>()), MiB(u["read_bytes"].get<uint64_t>()));
   }
   md += R"(
 ## What this audit shows, and what it does not
@@ -191,7 +187,6 @@ std::string AuditReportMarkdown(const fs::path& kit_dir, const std::string& rece
   return md;
 }
 
-
 namespace {
 
 // One receipt read for coverage: refused (with the reason) or its checked units.
@@ -209,20 +204,29 @@ void CheckReceipt(ReadReceipt& rr, const CoverageOptions& o, const kit::KitManif
   const std::string what = rr.file + ": receipt";
   const json& r = rr.receipt;
   RequireKeys(r,
-              {"format", "format_version", "kind", "lockstep_version", "contract_version",
-               "binary", "machine", "kit", "command", "started", "units"},
+              {"format", "format_version", "kind", "lockstep_version", "contract_version", "binary",
+               "machine", "kit", "command", "started", "units"},
               what);
-  RequireFormat(r, kFormat, kFormatVersion, what);
+  RequireFormat(r, kReceiptFormat, kReceiptFormatVersion, what);
   if (StringField(r, "kind", what) != "audit") {
     Fail("{}: kind = {}, not \"audit\"", what, ShownJson(r.at("kind")));
   }
-  for (const char* key : {"lockstep_version", "command", "started"}) StringField(r, key, what);
+  // The facts a page shows, each at most kMaxFact bytes (a page repeats them per unit).
+  constexpr size_t kMaxFact = 4096;
+  const auto fact = [&](const json& object, const char* key, const std::string& where) {
+    const std::string value = StringField(object, key, where);
+    if (value.size() > kMaxFact) {
+      Fail("{}: {} is {} bytes long, more than the {} a receipt's facts may hold", where, key,
+           value.size(), kMaxFact);
+    }
+  };
+  for (const char* key : {"lockstep_version", "command", "started"}) fact(r, key, what);
   RequireKeys(r.at("binary"), {"git_commit", "compiler"}, what + ": binary");
-  for (const char* key : {"git_commit", "compiler"}) StringField(r.at("binary"), key, what);
+  for (const char* key : {"git_commit", "compiler"}) fact(r.at("binary"), key, what + ": binary");
   RequireKeys(r.at("machine"), {"cpu", "simd_variant", "threads", "device", "os"},
               what + ": machine");
   for (const char* key : {"cpu", "simd_variant", "device", "os"}) {
-    StringField(r.at("machine"), key, what + ": machine");
+    fact(r.at("machine"), key, what + ": machine");
   }
   U64Field(r.at("machine"), "threads", what + ": machine");
   RequireKeys(r.at("kit"), {"kit_json_sha256", "descriptor_blake2b"}, what + ": kit");
@@ -251,9 +255,10 @@ void CheckReceipt(ReadReceipt& rr, const CoverageOptions& o, const kit::KitManif
                  "error", "proof", "wall_ms", "peak_rss_bytes", "read_bytes"},
                 at);
     const std::string name = StringField(u, "unit", at);
-    if (rr.proof.contains(name)) Fail("{}: unit {} appears twice", at, name);
+    const std::string shown = ShownJson(u.at("unit"));
+    if (rr.proof.contains(name)) Fail("{}: unit {} appears twice", at, shown);
     const auto unit = std::ranges::find(trajectory.units, name, &kit::Unit::name);
-    if (unit == trajectory.units.end()) Fail("{}: the kit has no unit \"{}\"", at, name);
+    if (unit == trajectory.units.end()) Fail("{}: the kit has no unit {}", at, shown);
     const Digest expected = DigestField(u, "expected", at);
     if (StringField(u, "kind", at) != kit::UnitKindName(unit->kind) ||
         U64Field(u, "start_step", at) != unit->start_step ||
@@ -262,8 +267,7 @@ void CheckReceipt(ReadReceipt& rr, const CoverageOptions& o, const kit::KitManif
     }
     for (const char* key : {"wall_ms", "peak_rss_bytes", "read_bytes"}) U64Field(u, key, at);
     const std::optional<Digest> replayed =
-        u.at("replayed").is_null() ? std::nullopt
-                                   : std::optional(DigestField(u, "replayed", at));
+        u.at("replayed").is_null() ? std::nullopt : std::optional(DigestField(u, "replayed", at));
     if (!u.at("error").is_null()) StringField(u, "error", at);
     CheckVerdictAgreesWithHashes(StringField(u, "verdict", at), expected, replayed,
                                  !u.at("error").is_null(), at);
@@ -289,20 +293,32 @@ void CheckReceipt(ReadReceipt& rr, const CoverageOptions& o, const kit::KitManif
     }
     if (steps.size() != unit->until_step - unit->start_step) continue;  // a non-finite loss
     if (ReplayProof(signer, kit_sha256, *unit, steps) != claimed) {
-      Fail("{}: unit {}: the proof of replay does not check against the publisher's losses "
-           "({}): it was not made from a replay of this unit by this key",
-           at, name, o.metrics->string());
+      Fail(
+          "{}: unit {}: the proof of replay does not check against the publisher's losses "
+          "({}): it was not made from a replay of this unit by this key",
+          at, name, o.metrics->string());
     }
     proof = "checked";
   }
 }
 
-std::vector<std::string> Sorted(const std::set<std::string>& set) { return {set.begin(), set.end()}; }
+std::vector<std::string> Sorted(const std::set<std::string>& set) {
+  return {set.begin(), set.end()};
+}
 
 }  // namespace
 
 json Coverage(const CoverageOptions& o) {
   if (o.threshold < 1) Fail("--threshold {}: must be at least 1", o.threshold);
+  // Receipts name the kit by its kit.json, which vouches for the rest only when the files agree.
+  const std::vector<std::string> problems = kit::VerifyKit(o.kit_dir);
+  if (!problems.empty()) {
+    Fail(
+        "{}: the kit does not verify ({} problem{}; the first: {}): lockstep kit verify {} "
+        "lists them",
+        o.kit_dir.string(), problems.size(), problems.size() == 1 ? "" : "s", problems.front(),
+        o.kit_dir.string());
+  }
   const kit::KitManifest manifest = kit::ReadManifest(o.kit_dir);
   const Digest kit_sha256 = Sha256(ReadFileBytes(o.kit_dir / kit::kManifestName));
   const kit::Trajectory trajectory = kit::ReadTrajectory(o.kit_dir);
@@ -315,19 +331,32 @@ json Coverage(const CoverageOptions& o) {
       if (std::isfinite(m.loss)) (*losses)[m.step] = static_cast<float>(m.loss);
     }
     const uint64_t last = trajectory.units.empty() ? 0 : trajectory.units.back().until_step;
-    if (lines.empty() || lines.back().step < last) {
-      Fail("--metrics {}: ends at step {}, the kit's units reach step {}: not this run's "
-           "metrics.jsonl",
-           o.metrics->string(), lines.empty() ? 0 : lines.back().step, last);
+    for (uint64_t step = 1; step <= last; ++step) {
+      if (step > lines.size() || lines[step - 1].step != step) {
+        Fail(
+            "--metrics {}: no line for step {} where the kit's units reach step {}: not the "
+            "whole metrics.jsonl of this run",
+            o.metrics->string(), step, last);
+      }
     }
   }
   std::vector<ReadReceipt> receipts;
   for (const fs::path& path : o.receipts) {
-    ReadReceipt rr{.file = path.string(), .status = "counted", .reason = {}, .signer = {},
-                   .receipt = {}, .proof = {}};
+    ReadReceipt rr{.file = path.string(),
+                   .status = "counted",
+                   .reason = {},
+                   .signer = {},
+                   .receipt = {},
+                   .proof = {}};
     try {
+      if (!fs::is_regular_file(path)) Fail("{}: not a regular file", rr.file);
+      // A receipt of a kit of 10,000 units is about 7 MiB.
+      constexpr uint64_t kMaxReceiptBytes = uint64_t{16} << 20;
       const uint64_t size = fs::file_size(path);
-      if (size > kMaxJsonBytes) Fail("{}: {} bytes, larger than any receipt", rr.file, size);
+      if (size > kMaxReceiptBytes) {
+        Fail("{}: {} bytes, more than a receipt may hold ({})", rr.file, size,
+             MiB(kMaxReceiptBytes));
+      }
       OpenedReceipt opened = OpenReceipt(ReadFileText(path), rr.file, nullptr);
       rr.signer = opened.signer;
       rr.receipt = std::move(opened.receipt);
@@ -335,14 +364,16 @@ json Coverage(const CoverageOptions& o) {
       if (!rr.signer) {
         rr.status = "unsigned";
         rr.reason = "not signed: nobody vouches for it, so it is not counted";
-      } else if (o.trusted_keys && std::ranges::find(*o.trusted_keys, *rr.signer) ==
-                                       o.trusted_keys->end()) {
+      } else if (o.trusted_keys &&
+                 std::ranges::find(*o.trusted_keys, *rr.signer) == o.trusted_keys->end()) {
         rr.status = "untrusted";
         rr.reason = "signed by a key not in --trusted-keys: not counted";
       }
     } catch (const std::exception& e) {  // Error, or the file system's
+      constexpr size_t kMaxReason = 1000;
       rr.status = "refused";
       rr.reason = e.what();
+      if (rr.reason.size() > kMaxReason) rr.reason = rr.reason.substr(0, kMaxReason) + "…";
     }
     receipts.push_back(std::move(rr));
   }
@@ -358,7 +389,7 @@ json Coverage(const CoverageOptions& o) {
                                {"reason", rr.reason.empty() ? json(nullptr) : json(rr.reason)},
                                {"signer", rr.signer ? json(ToHex(*rr.signer)) : json(nullptr)}});
   }
-  size_t confirmed = 0, unaudited = 0, conflicts = 0;
+  size_t confirmed = 0, unaudited = 0, conflicts = 0, unchecked = 0;
   for (const kit::Unit& unit : trajectory.units) {
     std::map<std::string, std::set<std::string>> keys;  // verdict -> distinct signers
     std::set<std::string> cpus, variants, devices, compilers;
@@ -374,6 +405,7 @@ json Coverage(const CoverageOptions& o) {
         variants.insert(m["simd_variant"].get<std::string>());
         devices.insert(m["device"].get<std::string>());
         compilers.insert(rr.receipt["binary"]["compiler"].get<std::string>());
+        unchecked += rr.proof.at(unit.name) == "unchecked";
         rows.push_back({{"file", rr.file},
                         {"signer", key},
                         {"verdict", verdict},
@@ -413,7 +445,8 @@ json Coverage(const CoverageOptions& o) {
                             {"receipts", std::move(rows)}});
   }
   const auto count = [&](std::string_view status) {
-    return std::ranges::count_if(receipts, [&](const ReadReceipt& r) { return r.status == status; });
+    return std::ranges::count_if(receipts,
+                                 [&](const ReadReceipt& r) { return r.status == status; });
   };
   doc["summary"] = {{"units", trajectory.units.size()},
                     {"confirmed", confirmed},
@@ -421,7 +454,8 @@ json Coverage(const CoverageOptions& o) {
                     {"disputed", conflicts},
                     {"receipts_counted", count("counted")},
                     {"receipts_not_counted", count("unsigned") + count("untrusted")},
-                    {"receipts_refused", count("refused")}};
+                    {"receipts_refused", count("refused")},
+                    {"proofs_unchecked", unchecked}};
   return doc;
 }
 

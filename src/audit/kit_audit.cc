@@ -42,10 +42,6 @@ ReplayOptions ReplayOptionsFor(const Unit& unit, const KitAuditOptions& options)
   return replay;
 }
 
-std::string_view Verdict(const UnitOutcome& o) {
-  return !o.result ? "ERROR" : o.match() ? "MATCH" : "MISMATCH";
-}
-
 std::string Steps(const Unit& unit) {
   return unit.kind == UnitKind::kInit ? "0"
                                       : fmt::format("{}-{}", unit.start_step, unit.until_step);
@@ -117,6 +113,10 @@ void CheckVerdictAgreesWithHashes(std::string_view verdict, const Digest& expect
                                   const std::optional<Digest>& replayed, bool has_error,
                                   std::string_view what) {
   const std::string shown = replayed ? ToHex(*replayed) : "(none)";
+  if (has_error && verdict != "ERROR") {
+    Fail("{}: verdict {} with an \"error\": only an ERROR has one", what,
+         ShownJson(nlohmann::json(verdict)));
+  }
   if (verdict == "MATCH") {
     if (replayed != expected) {
       Fail("{}: verdict MATCH, but the replayed hash {} is not the expected {}", what, shown,
@@ -129,7 +129,8 @@ void CheckVerdictAgreesWithHashes(std::string_view verdict, const Digest& expect
   } else if (verdict == "ERROR") {
     if (replayed || !has_error) Fail("{}: verdict ERROR needs an \"error\" and no replay", what);
   } else {
-    Fail("{}: verdict \"{}\" is not MATCH, MISMATCH or ERROR", what, verdict);
+    Fail("{}: verdict {} is not MATCH, MISMATCH or ERROR", what,
+         ShownJson(nlohmann::json(verdict)));
   }
 }
 
@@ -142,8 +143,8 @@ std::string KitAuditTable(const std::vector<UnitOutcome>& outcomes) {
     const std::string got = o.result ? ToHex(o.result->state_hash).substr(0, 16) : "-";
     const std::string wall = o.result ? fmt::format("{:.2f}", o.result->wall_seconds) : "-";
     const std::string rss = o.result ? MiB(o.result->peak_rss_bytes) : "-";
-    table += fmt::format(kRow, o.unit.name, UnitKindName(o.unit.kind), Steps(o.unit), expected,
-                         got, Verdict(o), wall, rss);
+    table += fmt::format(kRow, o.unit.name, UnitKindName(o.unit.kind), Steps(o.unit), expected, got,
+                         o.verdict(), wall, rss);
   }
   return table;
 }
@@ -158,7 +159,7 @@ std::string KitAuditJson(const std::vector<UnitOutcome>& outcomes) {
         {"start_step", u.start_step},
         {"until_step", u.until_step},
         {"expected", ToHex(u.expected_hash)},
-        {"verdict", Verdict(o)},
+        {"verdict", o.verdict()},
         {"publisher_wall_seconds",
          u.publisher_wall_seconds ? nlohmann::json(*u.publisher_wall_seconds) : nullptr},
         {"publisher_peak_rss_bytes",

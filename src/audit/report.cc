@@ -337,7 +337,7 @@ th { background: #f4f6fa; } td.num { text-align: right; font-variant-numeric: ta
 .plot .legend { font-size: 11px; } .plot .frame { fill: none; stroke: #c9cfdb; }
 .plot .grid { stroke: #eceff5; } .plot .checkpoint { stroke: #7d8aa6; stroke-dasharray: 3 3; }
 .plot .threshold { stroke: #d08a00; stroke-dasharray: 6 3; } .plot .skipped { fill: #b3261e; }
-.plot .clipped { fill: #d08a00; } td { white-space: nowrap; }
+.plot .clipped { fill: #d08a00; } td { white-space: nowrap; } td.why { white-space: normal; min-width: 420px; }
 )";
 
 }  // namespace
@@ -347,13 +347,14 @@ std::string CoverageHtmlSection(const json& c) {
   std::string html = fmt::format(
       "<h2>Coverage</h2>\n<p id=\"coverage-summary\">{} of {} units confirmed by at least {} "
       "distinct key{}; {} unaudited; {} disputed. Receipts: {} counted, {} not counted, {} "
-      "refused. Proofs of replay {}.</p>\n",
+      "refused. Proofs of replay {}; {} of the counted receipts' unit proofs unchecked.</p>\n",
       sum["confirmed"].get<size_t>(), sum["units"].get<size_t>(), c["threshold"].get<int>(),
       c["threshold"].get<int>() == 1 ? "" : "s", sum["unaudited"].get<size_t>(),
       sum["disputed"].get<size_t>(), sum["receipts_counted"].get<size_t>(),
       sum["receipts_not_counted"].get<size_t>(), sum["receipts_refused"].get<size_t>(),
       c["proofs_checked"].get<bool>() ? "checked against the publisher's losses"
-                                      : "not checked (no --metrics)");
+                                      : "not checked (no --metrics)",
+      sum["proofs_unchecked"].get<size_t>());
   const auto list = [](const json& values, bool keys) {
     std::string out;
     for (const json& v : values) {
@@ -415,7 +416,7 @@ std::string CoverageHtmlSection(const json& c) {
     const std::string status = r["status"].get<std::string>();
     html += fmt::format(
         "<tr class=\"receipt\" data-status=\"{}\"><td>{}</td><td class=\"hash\">{}</td>"
-        "<td class=\"{}\">{}</td><td>{}</td></tr>",
+        "<td class=\"{}\">{}</td><td class=\"why\">{}</td></tr>",
         Escape(status), Escape(r["file"].get<std::string>()),
         r["signer"].is_string() ? Escape(r["signer"].get<std::string>().substr(0, 16)) : "-",
         status == "refused" ? "ERROR" : "", Escape(status),
@@ -594,9 +595,7 @@ void WriteReport(const ReportOptions& o) {
     html += CoverageHtmlSection(*o.coverage);
   }
   html += "</body></html>\n";
-  const fs::path tmp = o.out.string() + ".tmp";
-  WriteFileSynced(tmp, html);
-  fs::rename(tmp, o.out);
+  ReplaceFileSynced(o.out, html);
 }
 
 }  // namespace lockstep::audit

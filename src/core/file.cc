@@ -301,6 +301,22 @@ void RequireFreeSpace(const std::filesystem::path& path, uint64_t bytes, std::st
 
 void RefuseOutputsOntoInputs(const std::vector<NamedPath>& outputs,
                              const std::vector<NamedPath>& inputs) {
+  // Two outputs of one command: the second would replace the first. Compared by their paths
+  // resolved as far as they exist, and by identity where both exist.
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (size_t j = i + 1; j < outputs.size(); ++j) {
+      const NamedPath &a = outputs[i], &b = outputs[j];
+      if (a.path.empty() || b.path.empty()) continue;
+      std::error_code ec_a, ec_b;
+      const std::filesystem::path ca = std::filesystem::weakly_canonical(a.path, ec_a),
+                                  cb = std::filesystem::weakly_canonical(b.path, ec_b);
+      const std::optional<FileIdentity> ia = IdentityOf(a.path), ib = IdentityOf(b.path);
+      if ((!ec_a && !ec_b && ca == cb) || (ia && ib && *ia == *ib)) {
+        Fail("{} {} and {} {} are the same file: one output would replace the other", a.name,
+             a.path.string(), b.name, b.path.string());
+      }
+    }
+  }
   for (const NamedPath& out : outputs) {
     if (out.path.empty()) continue;
     const std::vector<FileIdentity> holders = SelfAndAncestors(out.path);

@@ -14,9 +14,6 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr char kFormat[] = "lockstep-receipt";
-constexpr uint64_t kFormatVersion = 1;
-
 // A float as the shortest decimal that reads back to it (the receipt's real-valued fields).
 std::string FloatText(float x) { return fmt::format("{}", x); }
 float FloatFromText(const json& object, const char* key, std::string_view what) {
@@ -61,8 +58,8 @@ std::string GenerationReceipt(const VerifiedModel& model, const ReceiptTokenizer
     LOCKSTEP_INTERNAL("{} requests, {} generations", requests.size(), generations.size());
   }
   json r;
-  r["format"] = kFormat;
-  r["format_version"] = kFormatVersion;
+  r["format"] = kReceiptFormat;
+  r["format_version"] = kReceiptFormatVersion;
   r["kind"] = "generation";
   r["lockstep_version"] = build::kVersion;
   r["contract_version"] = build::kContractVersion;
@@ -111,7 +108,7 @@ ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path,
               {"format", "format_version", "kind", "lockstep_version", "contract_version",
                "checkpoint", "tokenizer", "eod", "sampling", "requests"},
               what);
-  RequireFormat(r, kFormat, kFormatVersion, what);
+  RequireFormat(r, kReceiptFormat, kReceiptFormatVersion, what);
   if (StringField(r, "kind", what) != "generation") {
     Fail("{}: kind = {} (this command verifies \"generation\" receipts)", what,
          ShownJson(r.at("kind")));

@@ -108,7 +108,9 @@ TEST_F(Coverage, DistinctKeysCountOnceConflictsShowAndReceiptsWithoutAReplayAreR
       continue;
     }
     std::vector<uint8_t> message;
-    const auto append = [&](std::string_view bytes) { message.insert(message.end(), bytes.begin(), bytes.end()); };
+    const auto append = [&](std::string_view bytes) {
+      message.insert(message.end(), bytes.begin(), bytes.end());
+    };
     append(std::string_view("lockstep/replay-proof/v1\0", 25));
     message.insert(message.end(), a.begin(), a.end());
     const Digest kit = DigestFromHex(kit_sha256, "kit");
@@ -158,9 +160,9 @@ TEST_F(Coverage, DistinctKeysCountOnceConflictsShowAndReceiptsWithoutAReplayAreR
 
   // Two receipts of one key count once; two keys twice; unsigned counts for nobody.
   int exit_code = 0;
-  Json c = CoverageJson(Path("rA.json") + " " + Path("rA2.json") + " " + Path("rB.json") + " " +
-                            Path("rU.json"),
-                        " --threshold 2", &exit_code);
+  Json c = CoverageJson(
+      Path("rA.json") + " " + Path("rA2.json") + " " + Path("rB.json") + " " + Path("rU.json"),
+      " --threshold 2", &exit_code);
   EXPECT_EQ(exit_code, 0);
   EXPECT_EQ(UnitOf(c, "interval_10_20")["match_keys"].size(), 2u);
   EXPECT_EQ(UnitOf(c, "interval_10_20")["receipts"].size(), 3u);  // A twice, B once
@@ -222,6 +224,28 @@ TEST_F(Coverage, DistinctKeysCountOnceConflictsShowAndReceiptsWithoutAReplayAreR
   r = Lockstep("report " + Path("run") + " --receipt " + Path("rA.json") + " --out " +
                Path("run.html"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
+
+  // Bad input is refused before anything is written: two outputs that are one file, metrics that
+  // are not the whole run's, a kit whose files no longer match its kit.json.
+  r = Lockstep("coverage --kit " + Path("kit") + " " + Path("rA.json") + " --out " +
+               Path("same") + " --json " + Path("same"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("are the same file"), std::string::npos) << r.output;
+  const std::vector<std::string> lines = Lines(ReadFileText(dir_ / "run/metrics.jsonl"));
+  std::string gap;
+  for (size_t i = 0; i < lines.size(); ++i) gap += i == 4 ? "" : lines[i] + "\n";
+  WriteFileSynced(dir_ / "gap.jsonl", gap);
+  r = Lockstep("coverage --kit " + Path("kit") + " " + Path("rA.json") + " --metrics " +
+               Path("gap.jsonl") + " --out " + Path("gap.html"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("no line for step 5"), std::string::npos) << r.output;
+  fs::copy(dir_ / "kit", dir_ / "kit2", fs::copy_options::recursive);
+  WriteFileSynced(dir_ / "kit2/trajectory.json", "{}");
+  r = Lockstep("coverage --kit " + Path("kit2") + " " + Path("rA.json") + " --out " +
+               Path("kit2.html"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("the kit does not verify"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "kit2.html"));
 
   // The page, rendered: one row per unit with its status and number of keys, the disputed
   // unit's receipts side by side, the refused receipts listed.

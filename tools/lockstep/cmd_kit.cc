@@ -162,6 +162,18 @@ int RunAudit(const AuditCommand& command) {
                           {{"KIT", command.options.kit_dir},
                            {"--trusted-key", command.trust.trusted_key},
                            {"--sign-key", command.sign_key}});
+  // The outputs must be writable files before anything is replayed, which may take hours.
+  for (const auto& [name, path] :
+       {std::pair<std::string_view, fs::path>{"--json-out", command.json_out},
+        {"--receipt", command.receipt},
+        {"--report", command.report}}) {
+    if (path.empty()) continue;
+    const fs::path parent = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+    if (fs::is_directory(path)) Fail("{} {}: a directory, not a file", name, path.string());
+    if (!fs::is_directory(parent)) {
+      Fail("{} {}: there is no directory {} to write it in", name, path.string(), parent.string());
+    }
+  }
   std::optional<Ed25519Seed> key;
   if (!command.sign_key.empty()) key = ReadSigningKey(command.sign_key);
   const std::vector<std::string> problems = KitProblems(command.options.kit_dir, command.trust);
@@ -209,12 +221,21 @@ int RunAudit(const AuditCommand& command) {
 // --trusted-keys FILE: one Ed25519 public key per line (64 hex digits, as in KEY.pub); blank
 // lines and lines starting with '#' are skipped.
 std::vector<Ed25519PublicKey> ReadTrustedKeys(const fs::path& path) {
+  constexpr uint64_t kMaxBytes = 1 << 20;  // 15,000 keys
+  if (fs::is_regular_file(path) && fs::file_size(path) > kMaxBytes) {
+    Fail("--trusted-keys {}: {} bytes, more than a list of keys may hold ({})", path.string(),
+         fs::file_size(path), MiB(kMaxBytes));
+  }
   std::vector<Ed25519PublicKey> keys;
   const std::vector<std::string> lines = Lines(ReadFileText(path));
   for (size_t i = 0; i < lines.size(); ++i) {
-    const std::string& line = lines[i];
+    std::string line = lines[i];
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
     if (line.empty() || line.starts_with('#')) continue;
-    keys.push_back(BytesFromHex<32>(line, fmt::format("{}: line {}", path.string(), i + 1)));
+    keys.push_back(BytesFromHex<32>(
+        line, fmt::format("{}: line {} (a key is 64 lowercase hex digits: the \"ed25519\" value "
+                          "of a KEY.pub)",
+                          path.string(), i + 1)));
   }
   if (keys.empty()) Fail("{}: no key (one 64-hex Ed25519 public key per line)", path.string());
   return keys;
@@ -281,7 +302,11 @@ int RunCoverage(const CoverageCommand& c) {
   RefuseOutputsOntoInputs({{"--out", c.out}, {"--json", c.json_out}}, inputs);
   const nlohmann::json coverage = audit::Coverage(CoverageOptionsOf(c.kit_dir, c.flags));
   ReplaceFileSynced(c.out, audit::CoveragePage(coverage));
-  if (!c.json_out.empty()) ReplaceFileSynced(c.json_out, coverage.dump(2) + "\n");
+  if (!c.json_out.empty()) {
+    // File names and refusal messages may hold bytes that are not UTF-8: shown as U+FFFD.
+    ReplaceFileSynced(
+        c.json_out, coverage.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  }
   const nlohmann::json& sum = coverage["summary"];
   fmt::print(
       "coverage: {} of {} units confirmed (threshold {}), {} unaudited, {} disputed; "
@@ -430,6 +455,10 @@ void AddKitCommands(CLI::App& app, int* exit_code) {
     inputs.push_back({"--audit", *report_audit});
     RefuseOutputsOntoInputs({{"--out", report->out}}, inputs);
     if (!report_coverage->receipts.empty()) {
+      if (!fs::exists(report->source / kit::kManifestName)) {
+        Fail("--receipt: receipts are of a kit, and SOURCE {} is not one (no kit.json)",
+             report->source.string());
+      }
       report->coverage = audit::Coverage(CoverageOptionsOf(report->source, *report_coverage));
     } else if (!report_coverage->trusted_keys.empty() || !report_coverage->metrics.empty()) {
       Fail("--trusted-keys and --metrics need --receipt");
