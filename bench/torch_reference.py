@@ -89,7 +89,7 @@ def load_config(name_or_path):
 
 
 def learning_rate(t, step):
-    """LearningRate() of src/train/trainer.cc (in fp64: only the timing depends on it here)."""
+    """LearningRate() of src/train/schedule.cc (in fp64: only the timing depends on it here)."""
     peak, floor = t["lr"], t["min_lr"]
     if step <= t["warmup_steps"]:
         return peak * step / t["warmup_steps"]

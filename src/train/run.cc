@@ -14,49 +14,11 @@
 #include "lockstep/json.h"
 #include "lockstep/train.h"
 #include "train/comm.h"
+#include "train/metrics_log.h"
 
 namespace lockstep::train {
 namespace {
 namespace fs = std::filesystem;
-
-// metrics.jsonl: one JSON object per step, appended and flushed as the step ends.
-class MetricsLog {
- public:
-  explicit MetricsLog(fs::path path) : path_(std::move(path)) {}
-
-  // Keeps the lines of steps <= last_step (a resume drops what followed its checkpoint).
-  void TruncateAfter(uint64_t last_step) {
-    if (!fs::exists(path_)) return;
-    std::string kept;
-    int number = 0;
-    for (const std::string& line : Lines(ReadFileText(path_))) {
-      ++number;
-      nlohmann::json j;
-      try {
-        j = ParseJsonStrict(line, fmt::format("{}: line {}", path_.string(), number));
-      } catch (const Error&) {
-        break;  // a line cut short by a crash is the end of the log
-      }
-      if (!j.contains("step") || !j["step"].is_number_unsigned()) {
-        Fail("{}: line {} has no unsigned \"step\"", path_.string(), number);
-      }
-      if (j["step"].get<uint64_t>() > last_step) break;
-      kept += line + "\n";
-    }
-    const fs::path tmp = path_.string() + ".tmp";
-    WriteFileSynced(tmp, kept);
-    fs::rename(tmp, path_);
-  }
-
-  void Append(const StepReport& r, const StepState& state) {
-    File log = File::OpenForAppend(path_);
-    log.Write(MetricsLineJson(r, state) + "\n");
-    log.Close();
-  }
-
- private:
-  fs::path path_;
-};
 
 // A number field that may be null (a non-finite value, which JSON cannot hold): NaN then.
 double NumberOrNull(const nlohmann::json& j, const char* key, const std::string& what) {
@@ -175,6 +137,31 @@ std::vector<MetricsLine> ReadMetrics(const fs::path& path, TornLine torn) {
     metrics.push_back(m);
   }
   return metrics;
+}
+
+void MetricsLog::TruncateAfter(uint64_t last_step) const {
+  if (!fs::exists(path_)) return;
+  const std::string text = ReadFileText(path_);
+  const std::vector<MetricsLine> lines = ReadMetrics(path_, TornLine::kDrop);
+  // ReadMetrics insists that steps increase: the lines kept are the first ones, each ending
+  // with its '\n' (a torn line is the last and has none).
+  size_t end = 0;
+  for (const MetricsLine& m : lines) {
+    if (m.step > last_step) break;
+    end = text.find('\n', end) + 1;
+  }
+  fs::path temp = path_;
+  temp += ".tmp";
+  WriteFileSynced(temp, std::string_view(text).substr(0, end));
+  std::error_code ec;
+  fs::rename(temp, path_, ec);
+  if (ec) Fail("{}: cannot rename to {}: {}", temp.string(), path_.string(), ec.message());
+  const fs::path parent = path_.parent_path();
+  SyncDirectory(parent.empty() ? "." : parent);
+}
+
+void MetricsLog::Append(const StepReport& r, const StepState& state) const {
+  AppendFileSynced(path_, MetricsLineJson(r, state) + "\n");
 }
 
 namespace {

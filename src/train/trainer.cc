@@ -18,33 +18,11 @@
 #include "lockstep/train.h"
 #include "train/comm.h"
 #include "train/exchange.h"
+#include "train/schedule.h"
 #include "train/state_store.h"
 
 namespace lockstep::train {
 namespace fs = std::filesystem;
-
-float LearningRate(const TrainConfig& c, int64_t step) {
-  const float peak = static_cast<float>(c.lr), floor = static_cast<float>(c.min_lr);
-  if (step <= c.warmup_steps) {
-    return peak * (static_cast<float>(step) / static_cast<float>(c.warmup_steps));
-  }
-  const int64_t span = c.steps - c.warmup_steps;
-  if (span <= 0 || step > c.steps) return floor;
-  if (c.schedule == "cosine") {
-    // floor + (peak - floor) * 0.5 * (1 + cos(pi * progress)), progress in (0, 1].
-    const float progress = static_cast<float>(step - c.warmup_steps) / static_cast<float>(span);
-    const float cosine = dmath::Cos(3.14159265f * progress);
-    return floor + (peak - floor) * (0.5f * (1.0f + cosine));
-  }
-  // "wsd": warmup, stable at peak, then a linear decay to floor over the last
-  // wsd_decay_fraction of the steps (at least one step).
-  const int64_t decay_steps =
-      std::max<int64_t>(1, static_cast<int64_t>(std::llround(c.wsd_decay_fraction * c.steps)));
-  const int64_t decay_start = c.steps - decay_steps;
-  if (step <= decay_start) return peak;
-  const float remaining = static_cast<float>(c.steps - step) / static_cast<float>(decay_steps);
-  return floor + (peak - floor) * remaining;
-}
 
 std::string RunDescriptor(const RunConfig& config, const data::Dataset& dataset) {
   nlohmann::json descriptor = nlohmann::json::parse(DescriptorJson(config));
@@ -538,8 +516,7 @@ void CheckScalars(const StepState& s, const RunConfig& config, const std::vector
     refuse("clip_factor_bits", fmt::format("{:08x}", bits(s.clip_factor)),
            fmt::format("step {}'s grad_norm and train.clip_norm give {:08x}", s.step, bits(clip)));
   }
-  if (!s.skipped && s.step > 0 &&
-      !(std::isfinite(s.grad_norm) && s.grad_norm <= static_cast<float>(tc.spike_threshold))) {
+  if (!s.skipped && s.step > 0 && NormSkips(s.grad_norm, tc.spike_threshold)) {
     refuse("skipped", "false",
            fmt::format("a grad_norm of {} is a spike (train.spike_threshold {})", s.grad_norm,
                        tc.spike_threshold));
@@ -1121,20 +1098,15 @@ StepReport Trainer::Step() {
              {{"norm", {&report.grad_norm, 1}}},
              [&] { report.grad_norm = rk::NormOfBlockSums(block_sums, blocks); });
 
-  // 3. Spike protocol: a non-finite loss or norm, or a norm above the threshold, skips the
-  //    update; spike_max_skips skips within spike_window steps halt the run.
-  report.skipped = !std::isfinite(report.loss + report.zloss) || !std::isfinite(report.grad_norm) ||
-                   report.grad_norm > static_cast<float>(tc.spike_threshold);
-  SpikeState& spike = state_.spike;
-  std::erase_if(spike.recent_skips, [&](uint64_t s) {
-    return report.step - s >= static_cast<uint64_t>(tc.spike_window);
-  });
+  // 3. Spike protocol (schedule.h): a non-finite loss or norm, or a norm above the threshold,
+  //    skips the update; spike_max_skips skips within spike_window steps halt the run.
+  SpikeOutcome spike =
+      SpikeRule(tc, state_.spike, report.step, report.loss, report.zloss, report.grad_norm);
+  report.skipped = spike.skipped;
+  report.halt = spike.halt;
+  state_.spike = std::move(spike.state);
   rk::AdamWParams adam;
-  if (report.skipped) {
-    spike.total_skips += 1;
-    spike.recent_skips.push_back(report.step);
-    report.halt = spike.recent_skips.size() >= static_cast<size_t>(tc.spike_max_skips);
-  } else {
+  if (!report.skipped) {
     // 4. Stateless clipping, then AdamW per tensor (weight decay only where the spec says).
     report.clip_factor = rk::ClipFactor(report.grad_norm, static_cast<float>(tc.clip_norm));
     state_.optimizer_step += 1;
