@@ -149,6 +149,8 @@ class CurlHandle {
     curl_easy_setopt(handle_, CURLOPT_PROTOCOLS_STR, "file,http,https");
     curl_easy_setopt(handle_, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(handle_, CURLOPT_FOLLOWLOCATION, 1L);
+    // A redirect loop ends in "Number of redirects hit maximum amount", not in headers piling up.
+    curl_easy_setopt(handle_, CURLOPT_MAXREDIRS, 10L);
     curl_easy_setopt(handle_, CURLOPT_FAILONERROR, 1L);  // an HTTP status >= 400 is an error
     curl_easy_setopt(handle_, CURLOPT_CONNECTTIMEOUT, options.stall_seconds);
     curl_easy_setopt(handle_, CURLOPT_LOW_SPEED_LIMIT, options.min_rate);

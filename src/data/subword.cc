@@ -263,7 +263,10 @@ fs::path TrainTokenizer(std::span<const fs::path> inputs, uint64_t vocab, std::s
   if (model_type != "unigram" && model_type != "bpe") {
     Fail("tokenizer train: --model '{}' (unigram or bpe)", model_type);
   }
-  if (vocab < 8 || vocab > kMaxVocab) Fail("tokenizer train: --vocab {} is outside 8 .. {}", vocab, kMaxVocab);
+  // SentencePiece reads the size as a signed 32-bit int: the largest is kMaxVocab - 1.
+  if (vocab < 8 || vocab >= kMaxVocab) {
+    Fail("tokenizer train: --vocab {} is outside 8 .. {}", vocab, kMaxVocab - 1);
+  }
   std::vector<std::string> lines;
   for (const fs::path& input : inputs) {
     const std::vector<uint8_t> bytes = ReadFileBytes(input);

@@ -28,6 +28,12 @@ root, port_file, log_file, corrupt, ranges = sys.argv[1:6]
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         rel = self.path.lstrip('/')
+        if rel.startswith('loop/'):  # a redirect to itself, forever
+            self.send_response(302)
+            self.send_header('Location', self.path)
+            self.send_header('Content-Length', '0')
+            self.end_headers()
+            return
         path = os.path.join(root, rel)
         if '..' in rel.split('/') or not os.path.isfile(path):
             self.send_error(404)
@@ -218,6 +224,13 @@ TEST_F(KitTest, FetchRefusesAUrlWithoutAHostOrMalformed) {
                     {"no host"});
   test::ExpectError([&] { audit::FetchKit(FetchOptions("http://a b/kit", dir_ / "dest")); },
                     {"URL \"http://a b/kit\" is malformed", "(libcurl: "});
+}
+
+TEST_F(KitTest, ARedirectLoopEndsAfterTenRedirects) {
+  LocalServer server(published().kit, dir_);
+  ASSERT_FALSE(server.url().empty()) << "the local HTTP server did not start";
+  test::ExpectError([&] { audit::FetchKit(FetchOptions(server.url() + "/loop", dir_ / "dest")); },
+                    {"/loop/kit.json", "Maximum (10) redirects followed"});
 }
 
 TEST_F(KitTest, FetchWithoutKitJsonSaysUrlMustBeTheKitsDirectory) {

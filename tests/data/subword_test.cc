@@ -6,6 +6,7 @@
 #include <functional>
 #include <regex>
 
+#include "common/expect_error.h"
 #include "data/data_test_util.h"
 
 namespace lockstep::data {
@@ -113,6 +114,9 @@ TEST(Subword, AVocabularyOfTheWrongSizeIsRefusedWithOneThatWorks) {
     EXPECT_FALSE(fs::exists(tmp / "a"));
     EXPECT_FALSE(fs::exists(tmp / "b"));
   }
+  // SentencePiece holds the size in a signed 32-bit int.
+  test::ExpectError([&] { TrainTokenizer(files, uint64_t{1} << 31, "bpe", tmp / "c"); },
+                    {"--vocab 2147483648 is outside 8 .. 2147483647"});
 }
 
 TEST(Subword, BadInputsAreRefusedClearly) {
