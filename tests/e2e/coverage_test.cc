@@ -227,8 +227,8 @@ TEST_F(Coverage, DistinctKeysCountOnceConflictsShowAndReceiptsWithoutAReplayAreR
 
   // Bad input is refused before anything is written: two outputs that are one file, metrics that
   // are not the whole run's, a kit whose files no longer match its kit.json.
-  r = Lockstep("coverage --kit " + Path("kit") + " " + Path("rA.json") + " --out " +
-               Path("same") + " --json " + Path("same"));
+  r = Lockstep("coverage --kit " + Path("kit") + " " + Path("rA.json") + " --out " + Path("same") +
+               " --json " + Path("same"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("are the same file"), std::string::npos) << r.output;
   const std::vector<std::string> lines = Lines(ReadFileText(dir_ / "run/metrics.jsonl"));
