@@ -45,9 +45,8 @@ void PlanDeviceMemory(const RunConfig& config, const Storage& storage, int ranks
     if (!storage.spill_dir) state += sizeof(float) * static_cast<uint64_t>(params + 3 * held);
   }
   const uint64_t group = GroupBufferBytes(config, ranks, storage);
-  const auto activations = static_cast<uint64_t>(
-      Model::AllocatedBytes(m, config.train.vocab_chunk, config.train.microbatch, m.seq_len,
-                            storage.activations));
+  const auto activations = static_cast<uint64_t>(Model::AllocatedBytes(
+      m, config.train.vocab_chunk, config.train.microbatch, m.seq_len, storage.activations));
   // One op's temporaries: the head's logits, and for a state on disk one update's pieces.
   const auto floats = [](int64_t n) { return sizeof(float) * static_cast<uint64_t>(n); };
   const uint64_t pieces =
@@ -70,8 +69,8 @@ bool FullySharded(const RunConfig& config, int processes, const Storage& storage
 }
 
 uint64_t GroupBufferBytes(const RunConfig& config, int processes, const Storage& storage) {
-  const bool needed = (config.train.grad_groups > 1 || processes > 1) &&
-                      !FullySharded(config, processes, storage);
+  const bool needed =
+      (config.train.grad_groups > 1 || processes > 1) && !FullySharded(config, processes, storage);
   return needed ? StateBytes(config.model) / kStateArrayCount : 0;
 }
 

@@ -18,8 +18,7 @@ TEST(Release, TheVersionIsTheChangelogsTopRelease) {
   ASSERT_TRUE(std::regex_search(changelog, top, std::regex(R"(\n## (\d+\.\d+\.\d+)\b)")))
       << "CHANGELOG.md has no \"## X.Y.Z\" release section";
   const size_t unreleased = changelog.find("\n## Unreleased");
-  ASSERT_TRUE(unreleased == std::string::npos ||
-              unreleased < static_cast<size_t>(top.position(0)))
+  ASSERT_TRUE(unreleased == std::string::npos || unreleased < static_cast<size_t>(top.position(0)))
       << "an Unreleased section must come before the releases";
   EXPECT_EQ(top[1].str(), build::kVersion);
   const test::Result r = test::Lockstep("--version");
