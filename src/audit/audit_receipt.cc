@@ -52,10 +52,6 @@ json MachineFacts(const AuditReceiptContext& context) {
                              os_release.empty() ? "" : " (" + os_release + ")")}};
 }
 
-Digest DescriptorDigest(const std::string& descriptor) {
-  return Blake2b256({reinterpret_cast<const uint8_t*>(descriptor.data()), descriptor.size()});
-}
-
 }  // namespace
 
 Digest ReplayProof(const Ed25519PublicKey& signer, const Digest& kit_sha256, const kit::Unit& unit,
@@ -102,7 +98,7 @@ std::string AuditReceipt(const fs::path& kit_dir, const std::vector<UnitOutcome>
       {"machine", MachineFacts(context)},
       {"kit",
        {{"kit_json_sha256", ToHex(kit_sha256)},
-        {"descriptor_blake2b", ToHex(DescriptorDigest(trajectory.descriptor))}}},
+        {"descriptor_blake2b", ToHex(Blake2b().Update(trajectory.descriptor).Final())}}},
       {"command", context.command},
       {"started", context.started},
       {"units", std::move(units)}};
@@ -236,7 +232,7 @@ void CheckReceipt(ReadReceipt& rr, const CoverageOptions& o, const kit::KitManif
          ToHex(their_kit), ToHex(kit_sha256));
   }
   if (DigestField(r.at("kit"), "descriptor_blake2b", what + ": kit") !=
-      DescriptorDigest(trajectory.descriptor)) {
+      Blake2b().Update(trajectory.descriptor).Final()) {
     Fail("{}: kit.descriptor_blake2b is not this kit's run descriptor's", what);
   }
   const uint64_t contract = U64Field(r, "contract_version", what);

@@ -65,8 +65,7 @@ std::string GenerationReceipt(const VerifiedModel& model, const ReceiptTokenizer
   r["contract_version"] = build::kContractVersion;
   const auto& d = model.descriptor;
   r["checkpoint"] = {{"state_hash", ToHex(model.state_hash)},
-                     {"descriptor_blake2b",
-                      ToHex(Blake2b256({reinterpret_cast<const uint8_t*>(d.data()), d.size()}))},
+                     {"descriptor_blake2b", ToHex(Blake2b().Update(d).Final())},
                      {"step", model.step}};
   if (!tokenizer.vocabulary.has_value()) {
     r["tokenizer"] = nullptr;
@@ -127,7 +126,7 @@ ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path,
   const Digest descriptor = DigestField(ckpt, "descriptor_blake2b", ckpt_what);
   const uint64_t step = U64Field(ckpt, "step", ckpt_what);
   const auto& d = model.descriptor;
-  const Digest have_descriptor = Blake2b256({reinterpret_cast<const uint8_t*>(d.data()), d.size()});
+  const Digest have_descriptor = Blake2b().Update(d).Final();
   if (state_hash != model.state_hash || descriptor != have_descriptor || step != model.step) {
     return {false, fmt::format("the receipt is of the checkpoint with state hash {} (step {}, "
                                "descriptor {}); {} has state hash {} (step {}, descriptor {})",
