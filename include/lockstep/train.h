@@ -232,6 +232,11 @@ class Trainer {
   // then hashes the state.
   // Returns the bytes it digested.
   uint64_t UpdateAndHash(bool update, const rk::AdamWParams& adam_template, float clip_factor);
+  // UpdateAndHash's end: every rank's chunk digests from this rank's (per tensor, per array),
+  // the next step's parameter copies checked or shared, and the state hash.
+  void ShareAndHash(
+      const std::vector<std::array<std::vector<Digest>, kStateArrayCount>>& held_chunks,
+      bool update);
   // body(i, begin, count) on every store piece of the elements this rank holds, tensor by
   // tensor, with each piece's `arrays` prefetched (StateStore::Prefetch) ahead: the next piece,
   // and more while they hold at most one full piece. On disk, the next pieces are read while
@@ -246,8 +251,21 @@ class Trainer {
   std::vector<float> RunGroup(int64_t g, uint64_t cursor, TensorAccess& access,
                               std::vector<uint32_t>& tokens, ProgressLine& progress);
   // Adds the gradients of round j's groups (in the group buffer of each rank) into the owners'
-  // gradients, in group order.
+  // gradients, in group order (nothing to add where the route put them there: one process's
+  // first round, full sharding).
   void FoldRound(int64_t round);
+  // The step's microbatch groups, round by round, each over its route to the state
+  // (src/train/routes.h), their gradients folded into the owners' in group order.
+  struct GroupsDone {
+    float loss = 0, zloss = 0;  // the step's mean losses over its tokens
+    Digest tokens_digest{};     // of every token consumed, in microbatch order
+    // Per tensor, its gradient's block squares where the route summed them (else empty).
+    std::vector<std::vector<double>> squares;
+  };
+  GroupsDone RunGroups(uint64_t step);
+  // The global norm of the step's gradients (docs/training.md), from the block squares given and
+  // those of every other gradient this rank holds, which it reads (making a NaN canonical).
+  float GlobalNorm(uint64_t step, std::vector<std::vector<double>> squares);
   // The host memory the executor may keep copies of: the state in RAM and the group buffer.
   std::vector<std::span<const float>> KeptRegions() const;
   // Every kept region brought back from the executor; with host_writes, its copies dropped too

@@ -252,219 +252,286 @@ std::string FaultsText(const TestFaults& f) {
   return text.empty() ? "none" : text;
 }
 
-int Train(const TrainOptions& options, Comm& comm) {
-  SetThreads(options.threads);
-  // Only rank 0 writes the run directory; every rank reads the checkpoint it resumes from.
-  const bool writer = comm.rank() == 0;
-  // Every check below that may refuse is made under AgreeOrFail: one rank's refusal (rank 0's of
-  // the run directory, another rank's of its own --data) stops every rank at once.
-  std::optional<RunConfig> loaded_config;
-  std::optional<data::Dataset> loaded_dataset;
+// The job every rank must agree on: its config, its data and how many steps it runs.
+struct Job {
+  RunConfig config;
+  data::Dataset dataset;
+  uint64_t target = 0;  // the step to stop at
+};
+
+// Loads the config and the data, and checks that every rank runs the same job: the same
+// descriptor and every flag that changes what the run commits. Every check that may refuse is
+// made under AgreeOrFail: one rank's refusal (rank 0's of the run directory, another rank's of
+// its own --data) stops every rank at once.
+Job LoadJob(const TrainOptions& options, Comm& comm) {
+  std::optional<Job> job;
   AgreeOrFail(comm, [&] {
-    loaded_config.emplace(LoadRunConfig(options.config));
-    loaded_dataset.emplace(data::OpenDataset(options.data_dir));
+    RunConfig config = LoadRunConfig(options.config);
+    data::Dataset dataset = data::OpenDataset(options.data_dir);
     if (options.steps && *options.steps < 0) Fail("--steps = {} (must be >= 0)", *options.steps);
     if (fs::exists(options.run_dir) && !fs::is_directory(options.run_dir)) {
       Fail("--out {}: exists and is not a directory", options.run_dir.string());
     }
+    const auto target = static_cast<uint64_t>(options.steps.value_or(config.train.steps));
+    job.emplace(Job{std::move(config), std::move(dataset), target});
   });
-  const RunConfig& config = *loaded_config;
-  const data::Dataset& dataset = *loaded_dataset;
-  const uint64_t target = static_cast<uint64_t>(options.steps.value_or(config.train.steps));
-  // Every rank runs the same job: the same descriptor and every flag that changes what the run
-  // commits.
   RequireSameOnEveryRank(
-      comm, {{"run descriptor (config and data manifest)", RunDescriptor(config, dataset)},
-             {"--steps", std::to_string(target)},
-             {"--resume", options.resume ? "given" : "not given"},
-             {"--full-gradients",
-              options.checkpoint_gradients == Gradients::kFull ? "given" : "not given"},
-             // Who holds what follows from it (OwnershipUnit); each rank's path is its own.
-             {"--spill-dir", options.spill_dir ? "given" : "not given"},
-             // Where the ops run: the bits are the same on every device, but the ranks plan and
-             // exchange their memory alike only when they run alike.
-             {"--device", options.device},
-             // The writer signs; a rank that would sign when rank 0 does not is another job.
-             {"--sign-key", options.sign_key ? "given" : "not given"},
-             {"--test-fault-* flags", FaultsText(options.faults)}});
-  const Storage storage{options.spill_dir, options.activations};
-  const fs::path hashes_path = RunLayout{options.run_dir}.hashes();
-  const fs::path metrics_path = RunLayout{options.run_dir}.metrics();
+      comm,
+      {{"run descriptor (config and data manifest)", RunDescriptor(job->config, job->dataset)},
+       {"--steps", std::to_string(job->target)},
+       {"--resume", options.resume ? "given" : "not given"},
+       {"--full-gradients",
+        options.checkpoint_gradients == Gradients::kFull ? "given" : "not given"},
+       // Who holds what follows from it (OwnershipUnit); each rank's path is its own.
+       {"--spill-dir", options.spill_dir ? "given" : "not given"},
+       // Where the ops run: the bits are the same on every device, but the ranks plan and
+       // exchange their memory alike only when they run alike.
+       {"--device", options.device},
+       // The writer signs; a rank that would sign when rank 0 does not is another job.
+       {"--sign-key", options.sign_key ? "given" : "not given"},
+       {"--test-fault-* flags", FaultsText(options.faults)}});
+  return std::move(*job);
+}
+
+// Refuses, before anything is allocated, a run whose state does not fit: on the device
+// (PlanDeviceMemory), or one process's in RAM (rather than be killed).
+void CheckMemory(const TrainOptions& options, const RunConfig& config, const Storage& storage,
+                 Comm& comm) {
   if (options.executor != nullptr) {
     AgreeOrFail(comm, [&] {
-      PlanDeviceMemory(config, storage, comm.size(), comm.rank(),
-                       *options.executor);
+      PlanDeviceMemory(config, storage, comm.size(), comm.rank(), *options.executor);
     });
   }
-  if (!options.spill_dir && comm.size() == 1) {
-    // Say so before allocating rather than be killed.
-    uint64_t needed = static_cast<uint64_t>(
-        Model::AllocatedBytes(config.model, config.train.vocab_chunk, config.train.microbatch,
-                              config.model.seq_len, options.activations));
-    for (const auto& [what, bytes] : StorePlan(config, {})) needed += bytes;
-    if (needed > MemAvailableBytes()) {
-      const bool grouped = config.train.grad_groups > 1;
-      Fail("{}: parameters, AdamW moments, gradients{} and activations need {:.2f} GiB of RAM but "
-           "MemAvailable is {:.2f} GiB: {}",
-           options.config, grouped ? " and a microbatch group's gradients" : "",
-           static_cast<double>(needed) / (1 << 30),
-           static_cast<double>(MemAvailableBytes()) / (1 << 30),
-           grouped ? "train it with more processes (mpirun; docs/distributed.md), which share the "
-                     "moments and gradients"
-                   : "give --spill-dir DIR to keep them on disk");
-    }
-  }
-  std::optional<Trainer> built;
-  AgreeOrFail(comm, [&] {
-    built.emplace(config, dataset, RunDescriptor(config, dataset), storage, &comm);
-    built->set_faults(options.faults);
-  });
-  Trainer& trainer = *built;
-  trainer.set_progress(options.progress && writer);
-  trainer.set_executor(options.executor);
-  if (writer && comm.size() > 1) {
-    std::fprintf(stderr, "training with %d processes (train.grad_groups = %lld): %s\n",
-                 comm.size(), static_cast<long long>(config.train.grad_groups),
-                 trainer.fully_sharded()
-                     ? "fully sharded, each rank holding its range of the parameters, gradients "
-                       "and moments (docs/distributed.md)"
-                     : "every rank holding every parameter and a group buffer, its range of the "
-                       "gradients and moments (docs/distributed.md)");
-  }
-  MetricsLog metrics(metrics_path);
-  const fs::path signatures_path = RunLayout{options.run_dir}.signatures();
-  std::optional<ChainSigner> signer;
-  AgreeOrFail(comm, [&] {
-    if (options.sign_key && writer) signer.emplace(signatures_path, *options.sign_key);
-  });
+  if (options.spill_dir || comm.size() > 1) return;
+  uint64_t needed = static_cast<uint64_t>(
+      Model::AllocatedBytes(config.model, config.train.vocab_chunk, config.train.microbatch,
+                            config.model.seq_len, options.activations));
+  for (const auto& [what, bytes] : StorePlan(config, {})) needed += bytes;
+  if (needed <= MemAvailableBytes()) return;
+  const bool grouped = config.train.grad_groups > 1;
+  Fail(
+      "{}: parameters, AdamW moments, gradients{} and activations need {:.2f} GiB of RAM but "
+      "MemAvailable is {:.2f} GiB: {}",
+      options.config, grouped ? " and a microbatch group's gradients" : "",
+      static_cast<double>(needed) / (1 << 30), static_cast<double>(MemAvailableBytes()) / (1 << 30),
+      grouped ? "train it with more processes (mpirun; docs/distributed.md), which share the "
+                "moments and gradients"
+              : "give --spill-dir DIR to keep them on disk");
+}
 
-  if (options.resume) {
-    std::optional<fs::path> latest;
-    std::vector<StateHashLine> lines;  // rank 0's: the chain up to the checkpoint
+// What rank 0 (the writer) keeps in the run directory beside the checkpoints: the chain, the
+// metrics and, with --sign-key, the signatures. Every other rank holds one that writes nothing.
+struct RunLogs {
+  RunLogs(const TrainOptions& options, Comm& comm)
+      : writer(comm.rank() == 0), layout{options.run_dir}, metrics(layout.metrics()) {
     AgreeOrFail(comm, [&] {
-      latest = LatestCompleteCheckpoint(options.run_dir);
-      if (!latest) {
-        Fail("--resume: {} has no complete checkpoint (checkpoints/step_*/COMPLETE): the run was "
-             "stopped before its step-0 checkpoint was saved, so there is nothing to resume; "
-             "delete the directory and start the run again",
-             options.run_dir.string());
-      }
-      trainer.Restore(OpenCheckpoint(*latest));
-      if (!writer) return;  // the logs are rank 0's
-      // The logs may run past the checkpoint (a crash after it): keep what the checkpoint covers,
-      // and insist that the chain kept is the one the checkpoints (this one and every earlier
-      // one) record: an edited or deleted line is not carried forward.
-      lines = ReadStateHashLines(hashes_path, TornLine::kDrop);
-      std::erase_if(lines, [&](const StateHashLine& l) { return l.step > trainer.state().step; });
-      CheckChainAncestry(hashes_path, lines,
-                         CheckpointAnchors(options.run_dir, trainer.state().step));
-      if (!signer && fs::exists(signatures_path)) {
-        Fail("{}: this run's chain is signed: resume it with --sign-key", signatures_path.string());
-      }
-      // A line between two checkpoints is anchored by neither; in a signed run its signature
-      // pins it. Every kept line must be the one signed (before Rebuild signs the kept lines
-      // anew, which would launder an edited one).
-      if (signer && fs::exists(signatures_path))
-        CheckSignedLines(signatures_path, hashes_path, lines);
-      // Signs the chain up to the checkpoint again (it may refuse the signatures file).
-      if (signer) signer->Rebuild(lines, CompleteCheckpointSteps(options.run_dir));
+      if (options.sign_key && writer) signer.emplace(layout.signatures(), *options.sign_key);
     });
-    RequireSameOnEveryRank(comm, {{"checkpoint to resume from (its state hash)", ToHex(trainer.hash())}});
-    if (writer) {
-      WriteStateHashLines(hashes_path, lines);
-      metrics.TruncateAfter(trainer.state().step);
-      std::fprintf(stderr, "resumed from %s (step %llu, hash %s)\n", latest->c_str(),
-                   static_cast<unsigned long long>(trainer.state().step), ToHex(trainer.hash()).c_str());
-    }
-  } else {
-    AgreeOrFail(comm, [&] {
-      if (!writer) return;
-      if (fs::exists(hashes_path) || fs::exists(RunLayout{options.run_dir}.checkpoints())) {
-        Fail("{} already holds a run (state_hashes.jsonl or checkpoints/): {}",
-             options.run_dir.string(),
-             LatestCompleteCheckpoint(options.run_dir)
-                 ? "use --resume to continue it, or choose another --out"
-                 : "it has no complete checkpoint (it was stopped before step 0 was saved), so "
-                   "it cannot be resumed: delete it, or choose another --out");
-      }
-      fs::create_directories(options.run_dir);
-    });
-    trainer.Initialize();
-    if (writer) AppendStateHashLine(hashes_path, {0, trainer.hash()});
-    if (signer) {
-      signer->Start();
-      signer->Line(0, trainer.hash());
-    }
-    // Step 0 is a checkpoint too: the start of the first interval an auditor can replay.
-    trainer.WriteCheckpoint(options.run_dir, options.checkpoint_gradients);
+  }
+  // Step `step`'s chain line, signed, and its metrics line.
+  void Step(const StepReport& r, const Trainer& trainer) {
+    if (!writer) return;
+    AppendStateHashLine(layout.hashes(), {r.step, trainer.hash()});
+    if (signer) signer->Line(r.step, trainer.hash());
+    metrics.Append(r, trainer.state());
+  }
+  // After a checkpoint: a signed root over the chain so far.
+  void Checkpointed() {
     if (signer) signer->Root();
   }
 
+  const bool writer;
+  const RunLayout layout;
+  MetricsLog metrics;
+  std::optional<ChainSigner> signer;  // the writer's, with --sign-key
+};
+
+// A new run: the directory made (refusing one that holds a run), step 0 initialised, its chain
+// line and its checkpoint (the start of the first interval an auditor can replay).
+void StartRun(const TrainOptions& options, Comm& comm, Trainer& trainer, RunLogs& logs) {
+  AgreeOrFail(comm, [&] {
+    if (!logs.writer) return;
+    if (fs::exists(logs.layout.hashes()) || fs::exists(logs.layout.checkpoints())) {
+      Fail("{} already holds a run (state_hashes.jsonl or checkpoints/): {}",
+           options.run_dir.string(),
+           LatestCompleteCheckpoint(options.run_dir)
+               ? "use --resume to continue it, or choose another --out"
+               : "it has no complete checkpoint (it was stopped before step 0 was saved), so "
+                 "it cannot be resumed: delete it, or choose another --out");
+    }
+    fs::create_directories(options.run_dir);
+  });
+  trainer.Initialize();
+  if (logs.writer) AppendStateHashLine(logs.layout.hashes(), {0, trainer.hash()});
+  if (logs.signer) {
+    logs.signer->Start();
+    logs.signer->Line(0, trainer.hash());
+  }
+  trainer.WriteCheckpoint(options.run_dir, options.checkpoint_gradients);
+  logs.Checkpointed();
+}
+
+// --resume: the latest complete checkpoint restored on every rank; the logs cut back to it.
+void ResumeRun(const TrainOptions& options, Comm& comm, Trainer& trainer, RunLogs& logs) {
+  std::optional<fs::path> latest;
+  std::vector<StateHashLine> lines;  // rank 0's: the chain up to the checkpoint
+  const fs::path hashes_path = logs.layout.hashes(), signatures_path = logs.layout.signatures();
+  AgreeOrFail(comm, [&] {
+    latest = LatestCompleteCheckpoint(options.run_dir);
+    if (!latest) {
+      Fail(
+          "--resume: {} has no complete checkpoint (checkpoints/step_*/COMPLETE): the run was "
+          "stopped before its step-0 checkpoint was saved, so there is nothing to resume; "
+          "delete the directory and start the run again",
+          options.run_dir.string());
+    }
+    trainer.Restore(OpenCheckpoint(*latest));
+    if (!logs.writer) return;  // the logs are rank 0's
+    // The logs may run past the checkpoint (a crash after it): keep what the checkpoint covers,
+    // and insist that the chain kept is the one the checkpoints (this one and every earlier
+    // one) record: an edited or deleted line is not carried forward.
+    lines = ReadStateHashLines(hashes_path, TornLine::kDrop);
+    std::erase_if(lines, [&](const StateHashLine& l) { return l.step > trainer.state().step; });
+    CheckChainAncestry(hashes_path, lines,
+                       CheckpointAnchors(options.run_dir, trainer.state().step));
+    if (!logs.signer && fs::exists(signatures_path)) {
+      Fail("{}: this run's chain is signed: resume it with --sign-key", signatures_path.string());
+    }
+    // A line between two checkpoints is anchored by neither; in a signed run its signature
+    // pins it. Every kept line must be the one signed (before Rebuild signs the kept lines
+    // anew, which would launder an edited one).
+    if (logs.signer && fs::exists(signatures_path)) {
+      CheckSignedLines(signatures_path, hashes_path, lines);
+    }
+    // Signs the chain up to the checkpoint again (it may refuse the signatures file).
+    if (logs.signer) logs.signer->Rebuild(lines, CompleteCheckpointSteps(options.run_dir));
+  });
+  RequireSameOnEveryRank(comm,
+                         {{"checkpoint to resume from (its state hash)", ToHex(trainer.hash())}});
+  if (!logs.writer) return;
+  WriteStateHashLines(hashes_path, lines);
+  logs.metrics.TruncateAfter(trainer.state().step);
+  std::fprintf(stderr, "resumed from %s (step %llu, hash %s)\n", latest->c_str(),
+               static_cast<unsigned long long>(trainer.state().step),
+               ToHex(trainer.hash()).c_str());
+}
+
+// The progress line of step r, of a run that started this process at step `first`.
+std::string StepLine(const StepReport& r, uint64_t first, uint64_t target, double elapsed) {
+  const double eta =
+      elapsed / static_cast<double>(r.step - first) * static_cast<double>(target - r.step);
+  return fmt::format(
+      "step {}/{}  loss {:.4f}  gnorm {:.3f}  lr {:.2e}  {:.0f} tok/s  elapsed {}  eta {}{}",
+      r.step, target, r.loss, r.grad_norm, r.lr, r.tokens / r.seconds, Duration(elapsed),
+      Duration(eta), r.skipped ? "  SKIPPED (spike)" : "");
+}
+
+// Steps until `target` or the spike protocol's halt, each logged, with a checkpoint every
+// train.ckpt_every steps and at the last. Returns the exit code: 0 done, 1 halted.
+int StepUntil(const TrainOptions& options, const RunConfig& config, uint64_t target,
+              Trainer& trainer, RunLogs& logs) {
   const bool tty = options.progress && isatty(STDERR_FILENO);
+  const bool show = options.progress && logs.writer;
   const auto start = std::chrono::steady_clock::now();
   const uint64_t first = trainer.state().step;
-  const OpExecutor::Traffic device_before =
-      options.executor != nullptr ? options.executor->traffic() : OpExecutor::Traffic{};
   int exit_code = 0;
   while (trainer.state().step < target) {
     const StepReport r = trainer.Step();
-    if (writer) {
-      AppendStateHashLine(hashes_path, {r.step, trainer.hash()});
-      if (signer) signer->Line(r.step, trainer.hash());
-      metrics.Append(r, trainer.state());
-    }
+    logs.Step(r, trainer);
     const bool last = r.step == target || r.halt;
     if (last || (config.train.ckpt_every > 0 && r.step % config.train.ckpt_every == 0)) {
       trainer.WriteCheckpoint(options.run_dir, options.checkpoint_gradients);
-      if (signer) signer->Root();
+      logs.Checkpointed();
     }
-    if (options.progress && writer) {
+    if (show) {
       const double elapsed =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const double eta = elapsed / static_cast<double>(r.step - first) *
-                         static_cast<double>(target - r.step);
-      const std::string line = fmt::format(
-          "step {}/{}  loss {:.4f}  gnorm {:.3f}  lr {:.2e}  {:.0f} tok/s  elapsed {}  eta {}{}",
-          r.step, target, r.loss, r.grad_norm, r.lr, r.tokens / r.seconds, Duration(elapsed),
-          Duration(eta), r.skipped ? "  SKIPPED (spike)" : "");
-      std::fprintf(stderr, tty ? "\r%s\033[K" : "%s\n", line.c_str());
+      std::fprintf(stderr, tty ? "\r%s\033[K" : "%s\n",
+                   StepLine(r, first, target, elapsed).c_str());
     }
     if (r.halt) {
-      if (writer) std::fprintf(stderr, "\nhalted by the spike protocol: %zu skipped steps within %lld steps "
-                   "(train.spike_max_skips = %lld); state saved at step %llu\n",
-                   trainer.state().spike.recent_skips.size(),
-                   static_cast<long long>(config.train.spike_window),
-                   static_cast<long long>(config.train.spike_max_skips),
-                   static_cast<unsigned long long>(r.step));
+      if (logs.writer) {
+        std::fprintf(stderr,
+                     "\nhalted by the spike protocol: %zu skipped steps within %lld steps "
+                     "(train.spike_max_skips = %lld); state saved at step %llu\n",
+                     trainer.state().spike.recent_skips.size(),
+                     static_cast<long long>(config.train.spike_window),
+                     static_cast<long long>(config.train.spike_max_skips),
+                     static_cast<unsigned long long>(r.step));
+      }
       exit_code = 1;
       break;
     }
   }
-  if (tty && writer) std::fprintf(stderr, "\n");
-  // Each process's peak RSS (the moments' share falls as 1/N: docs/distributed.md).
+  if (tty && logs.writer) std::fprintf(stderr, "\n");
+  return exit_code;
+}
+
+// Each process's peak RSS (the moments' share falls as 1/N: docs/distributed.md) and, on a
+// device, what keeping the state there cost per step since step `first` (the copies for the
+// hash and checkpoints), on rank 0's stderr.
+void PrintCosts(const TrainOptions& options, Comm& comm, const Trainer& trainer, uint64_t first,
+                const OpExecutor::Traffic& device_before) {
   const uint64_t peak = PeakRssBytes();
   std::vector<uint64_t> peaks(static_cast<size_t>(comm.size()));
   comm.Allgather(std::as_bytes(std::span(&peak, 1)), std::as_writable_bytes(std::span(peaks)));
-  if (writer) {
-    std::string line;
-    for (size_t r = 0; r < peaks.size(); ++r) {
-      line += fmt::format("{}{:.1f} MiB", r == 0 ? "" : ", ", static_cast<double>(peaks[r]) / (1 << 20));
-    }
-    std::fprintf(stderr, "peak RSS %s: %s\n", comm.size() == 1 ? "of the process" : "per rank",
-                 line.c_str());
-    if (options.executor != nullptr && trainer.state().step > first) {
-      // What keeping the state on the device costs: the copies for the hash and checkpoints.
-      const OpExecutor::Traffic t = options.executor->traffic();
-      const auto steps = static_cast<double>(trainer.state().step - first);
-      std::fprintf(stderr,
-                   "device copies per step: %.2f MiB to the device, %.2f MiB back (%.2f MiB kept "
-                   "there)\n",
-                   static_cast<double>(t.to_device - device_before.to_device) / steps / (1 << 20),
-                   static_cast<double>(t.to_host - device_before.to_host) / steps / (1 << 20),
-                   static_cast<double>(t.kept) / (1 << 20));
-    }
-    PrintLossCurve(metrics_path, dataset.unigram_entropy_nats());
+  if (comm.rank() != 0) return;
+  std::string line;
+  for (size_t r = 0; r < peaks.size(); ++r) {
+    line +=
+        fmt::format("{}{:.1f} MiB", r == 0 ? "" : ", ", static_cast<double>(peaks[r]) / (1 << 20));
   }
+  std::fprintf(stderr, "peak RSS %s: %s\n", comm.size() == 1 ? "of the process" : "per rank",
+               line.c_str());
+  if (options.executor == nullptr || trainer.state().step == first) return;
+  const OpExecutor::Traffic t = options.executor->traffic();
+  const auto steps = static_cast<double>(trainer.state().step - first);
+  std::fprintf(stderr,
+               "device copies per step: %.2f MiB to the device, %.2f MiB back (%.2f MiB kept "
+               "there)\n",
+               static_cast<double>(t.to_device - device_before.to_device) / steps / (1 << 20),
+               static_cast<double>(t.to_host - device_before.to_host) / steps / (1 << 20),
+               static_cast<double>(t.kept) / (1 << 20));
+}
+
+// The distribution of a run with more than one process, on rank 0's stderr.
+void PrintDistribution(Comm& comm, const RunConfig& config, const Trainer& trainer) {
+  if (comm.rank() != 0 || comm.size() == 1) return;
+  std::fprintf(stderr, "training with %d processes (train.grad_groups = %lld): %s\n", comm.size(),
+               static_cast<long long>(config.train.grad_groups),
+               trainer.fully_sharded()
+                   ? "fully sharded, each rank holding its range of the parameters, gradients "
+                     "and moments (docs/distributed.md)"
+                   : "every rank holding every parameter and a group buffer, its range of the "
+                     "gradients and moments (docs/distributed.md)");
+}
+
+int Train(const TrainOptions& options, Comm& comm) {
+  SetThreads(options.threads);
+  const Job job = LoadJob(options, comm);
+  const Storage storage{options.spill_dir, options.activations};
+  CheckMemory(options, job.config, storage, comm);
+  std::optional<Trainer> built;
+  AgreeOrFail(comm, [&] {
+    built.emplace(job.config, job.dataset, RunDescriptor(job.config, job.dataset), storage, &comm);
+    built->set_faults(options.faults);
+  });
+  Trainer& trainer = *built;
+  trainer.set_progress(options.progress && comm.rank() == 0);
+  trainer.set_executor(options.executor);
+  PrintDistribution(comm, job.config, trainer);
+  RunLogs logs(options, comm);
+  if (options.resume) {
+    ResumeRun(options, comm, trainer, logs);
+  } else {
+    StartRun(options, comm, trainer, logs);
+  }
+  const uint64_t first = trainer.state().step;
+  const OpExecutor::Traffic device_before =
+      options.executor != nullptr ? options.executor->traffic() : OpExecutor::Traffic{};
+  const int exit_code = StepUntil(options, job.config, job.target, trainer, logs);
+  PrintCosts(options, comm, trainer, first, device_before);
+  if (logs.writer) PrintLossCurve(logs.layout.metrics(), job.dataset.unigram_entropy_nats());
   return exit_code;
 }
 

@@ -18,6 +18,7 @@
 #include "lockstep/train.h"
 #include "train/comm.h"
 #include "train/exchange.h"
+#include "train/routes.h"
 #include "train/schedule.h"
 #include "train/state_store.h"
 
@@ -275,6 +276,34 @@ void Trainer::ForEachHeldPiece(std::initializer_list<StateArray> arrays, Body&& 
   }
 }
 
+namespace {
+
+// The step's update of one piece: the gradient scaled by the clip factor (when it is not 1), then
+// AdamW on the parameters and moments.
+void UpdatePiece(const OpHooks& hooks, size_t i, const std::array<Piece, kStateArrayCount>& p,
+                 const rk::AdamWParams& adam, float clip_factor) {
+  const std::span<float> grad = p[int(StateArray::kGrad)].data;
+  const std::span<float> param = p[int(StateArray::kParam)].data;
+  const std::span<float> m = p[int(StateArray::kM)].data, v = p[int(StateArray::kV)].data;
+  if (clip_factor != 1.0f) {
+    ObservedOp(hooks, rk::Op::kScale, -1, {{"tensor", double(i)}, {"factor", clip_factor}},
+               {{"x", grad}}, {{"x", grad}}, [&] { rk::Scale(grad, clip_factor); });
+  }
+  ObservedOp(hooks, rk::Op::kAdamW, -1,
+             {{"tensor", double(i)},
+              {"lr", adam.lr},
+              {"beta1", adam.beta1},
+              {"beta2", adam.beta2},
+              {"eps", adam.eps},
+              {"weight_decay", adam.weight_decay},
+              {"step", double(adam.step)}},
+             {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}},
+             {{"param", param}, {"m", m}, {"v", v}},
+             [&] { rk::AdamWUpdate(adam, param, grad, m, v); });
+}
+
+}  // namespace
+
 uint64_t Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_template,
                                 float clip_factor) {
   // Only a spilled pass is long enough to show (it reads and writes the state on disk).
@@ -327,27 +356,19 @@ uint64_t Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_templat
       p[a] = store_->Acquire(static_cast<StateArray>(a), i, begin, count, /*load=*/true);
     }
     if (update) {
-      const std::span<float> grad = p[int(StateArray::kGrad)].data;
-      const std::span<float> param = p[int(StateArray::kParam)].data;
-      const std::span<float> m = p[int(StateArray::kM)].data, v = p[int(StateArray::kV)].data;
-      if (clip_factor != 1.0f) {
-        ObservedOp(hooks_, rk::Op::kScale, -1, {{"tensor", double(i)}, {"factor", clip_factor}},
-                   {{"x", grad}}, {{"x", grad}}, [&] { rk::Scale(grad, clip_factor); });
-      }
       rk::AdamWParams adam = adam_template;
       if (!specs_[i].weight_decay) adam.weight_decay = 0.0f;
-      ObservedOp(hooks_, rk::Op::kAdamW, -1,
-                 {{"tensor", double(i)}, {"lr", adam.lr}, {"beta1", adam.beta1},
-                  {"beta2", adam.beta2}, {"eps", adam.eps}, {"weight_decay", adam.weight_decay},
-                  {"step", double(adam.step)}},
-                 {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}},
-                 {{"param", param}, {"m", m}, {"v", v}},
-                 [&] { rk::AdamWUpdate(adam, param, grad, m, v); });
+      UpdatePiece(hooks_, i, p, adam, clip_factor);
     }
   };
   ForEachHeldPiece({StateArray::kParam, StateArray::kM, StateArray::kV, StateArray::kGrad},
                    update_and_digest);
   if (!batch.empty()) hash_batch();
+  ShareAndHash(held_chunks, update);
+  return hashed_bytes;
+}
+
+void Trainer::ShareAndHash(const ChunkTable& held_chunks, bool update) {
   const ChunkTable chunks = exchange_->ShareChunkDigests(held_chunks);
   std::vector<TensorDigest> digests;
   for (size_t i = 0; i < specs_.size(); ++i) {
@@ -374,7 +395,6 @@ uint64_t Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_templat
                                    faults_.replica->step == state_.step);
   }
   hash_ = StateHashFromDigests(state_, digests);
-  return hashed_bytes;
 }
 
 void Trainer::Initialize() {
@@ -609,231 +629,6 @@ void Trainer::ReadPiece(size_t i, StateArray array, int64_t begin, std::span<flo
   }
 }
 
-namespace {
-
-// The store's TensorAccess, which also sums the squares of each gradient's norm blocks
-// (rk::BlockSquares) whenever the Model closes it: the last close leaves the step's gradient,
-// so the global norm need not read the gradients back (a spilled store would read every
-// gradient from disk again). squares[i] is empty until tensor i's gradient is closed.
-class SquaringAccess final : public TensorAccess {
- public:
-  SquaringAccess(TensorAccess& store, size_t tensors)
-      : store_(store), open_(tensors), squares_(tensors) {}
-  std::span<const float> OpenParam(size_t i) override { return store_.OpenParam(i); }
-  void CloseParam(size_t i) override { store_.CloseParam(i); }
-  std::span<float> OpenGrad(size_t i, bool accumulate) override {
-    return open_.at(i) = store_.OpenGrad(i, accumulate);
-  }
-  void CloseGrad(size_t i) override {
-    squares_.at(i) = rk::BlockSquares(open_[i]);
-    store_.CloseGrad(i);
-  }
-  void WillOpenParam(size_t i) override { store_.WillOpenParam(i); }
-  std::vector<std::vector<double>> TakeSquares() { return std::move(squares_); }
-
- private:
-  TensorAccess& store_;
-  std::vector<std::span<float>> open_;
-  std::vector<std::vector<double>> squares_;
-};
-
-// The Model's tensors during a microbatch group other than a single process's first: the
-// parameters from the store, the gradients into the group buffer (overwritten by the group's
-// first microbatch, accumulated by the rest).
-class GroupAccess final : public TensorAccess {
- public:
-  GroupAccess(TensorAccess& params, ParamStore& grads) : params_(params), grads_(grads) {}
-  std::span<const float> OpenParam(size_t i) override { return params_.OpenParam(i); }
-  void CloseParam(size_t i) override { params_.CloseParam(i); }
-  std::span<float> OpenGrad(size_t i, bool) override { return grads_.Tensor(i); }
-  void CloseGrad(size_t) override {}
-  void WillOpenParam(size_t i) override { params_.WillOpenParam(i); }
-
- private:
-  TensorAccess& params_;
-  ParamStore& grads_;
-};
-
-// Full sharding (docs/distributed.md, "Full sharding"): each parameter gathered whole from its
-// owners when the Model says it will open it (WillOpenParam: the next layer's while this one
-// computes) and dropped when it closes it, in the forward and again in the backward; each
-// gradient, final when the Model closes it (a group is one microbatch), sent to the owners of
-// its elements at once, and added there, on the exchange's thread, into G in group order (round
-// 0's first group copied, every later one added), as FoldRound adds a round's group buffers.
-// A parameter the Model closes and asks for again at once (the head, from the forward into the
-// backward) is kept, not gathered again. The parameters gathered in the forward are checked
-// against their owners' chunk digests of the last step (when this process has them: not in the
-// first step after a restore). Finish waits for every transfer; the gradients are in G after it.
-class ShardedAccess final : public TensorAccess {
- public:
-  ShardedAccess(StateStore& store, const Exchange& exchange, OpExecutor* executor, int64_t round,
-                const std::vector<std::vector<Digest>>& param_chunks, bool corrupt)
-      : store_(store),
-        exchange_(exchange),
-        executor_(executor),
-        param_chunks_(param_chunks),
-        corrupt_(corrupt),
-        first_group_(round == 0) {
-    LOCKSTEP_CHECK(store.location() == StateStore::Location::kRam, "a fully sharded store in RAM");
-    // This rank's G, written on the exchange's thread: views into RAM, made current on the host
-    // here (an OpExecutor is called from this thread only).
-    for (size_t i = 0; i < exchange.specs().size(); ++i) {
-      const ElementRange held = exchange.Held(i);
-      grads_.push_back(store.Acquire(StateArray::kGrad, i, held.begin, held.size(), round > 0));
-      if (executor_ != nullptr) {
-        if (round > 0) executor_->ToHost(grads_.back().data);
-        executor_->HostWrites(grads_.back().data);
-      }
-    }
-  }
-  ShardedAccess(const ShardedAccess&) = delete;
-  ShardedAccess& operator=(const ShardedAccess&) = delete;
-  ~ShardedAccess() override {
-    // Unwinding: the exchange's thread may still use the buffers below.
-    try {
-      WaitForAll();
-    } catch (...) {  // the error that unwinds is the one to report
-    }
-  }
-
-  void WillOpenParam(size_t i) override {
-    if (closed_ && closed_->first != i) closed_.reset();
-    if (params_.contains(i)) return;
-    OpenParamState& p = params_[i];
-    const ElementRange held = exchange_.Held(i);
-    p.mine = store_.Acquire(StateArray::kParam, i, held.begin, held.size(), /*load=*/true);
-    if (closed_) {  // closed by the call before: still whole here
-      p.whole = std::move(closed_->second);
-      closed_.reset();
-      return;
-    }
-    if (executor_ != nullptr) executor_->ToHost(p.mine.data);
-    p.whole.resize(static_cast<size_t>(exchange_.specs()[i].numel()));
-    last_ = p.ticket = exchange_.StartGatherParameter(i, p.mine.data, p.whole);
-  }
-  std::span<const float> OpenParam(size_t i) override {
-    WillOpenParam(i);
-    OpenParamState& p = params_.at(i);
-    exchange_.comm().Wait(p.ticket);
-    if (checked_.insert(i).second && !param_chunks_.empty()) Check(i, p.whole);
-    return p.whole;
-  }
-  void CloseParam(size_t i) override {
-    const auto it = params_.find(i);
-    LOCKSTEP_CHECK(it != params_.end(), "parameter {} closed, not open", i);
-    store_.Release(it->second.mine, /*store=*/false);
-    closed_.emplace(i, std::move(it->second.whole));
-    params_.erase(it);
-  }
-  std::span<float> OpenGrad(size_t i, bool accumulate) override {
-    LOCKSTEP_CHECK(!accumulate, "a fully sharded group accumulates no microbatches");
-    closed_.reset();
-    grad_.swap(spare_);  // a buffer a finished send left, if any
-    grad_.resize(static_cast<size_t>(exchange_.specs()[i].numel()));
-    return grad_;
-  }
-  void CloseGrad(size_t i) override {
-    closed_.reset();
-    // At most kSendsInFlight gradients on their way at once (and one open): the memory bound.
-    while (!sends_.empty() && exchange_.comm().Done(sends_.front().ticket)) Retire();
-    if (sends_.size() == kSendsInFlight) {
-      exchange_.comm().Wait(sends_.front().ticket);
-      Retire();
-    }
-    sends_.push_back({std::move(grad_), 0});
-    grad_ = {};
-    Send& send = sends_.back();
-    send.ticket = exchange_.StartGatherTensorToOwners(
-        i, send.tensor,
-        [this](size_t t, int64_t begin, int64_t count, std::span<const float> parts) {
-          Fold(t, begin, count, parts);
-        });
-    last_ = send.ticket;
-  }
-
-  // Every transfer done: the group's gradients are in G, and G's pieces released.
-  void Finish() {
-    WaitForAll();
-    for (const Piece& g : grads_) store_.Release(g, /*store=*/true);
-    grads_.clear();
-  }
-  // This rank's first received chunk that differs from its owner's digest, as {tensor, owner,
-  // first element}, or all -1 (Exchange::StopOnDivergedCopies).
-  const std::array<int64_t, 3>& diverged() const { return diverged_; }
-
- private:
-  static constexpr size_t kSendsInFlight = 2;
-
-  struct OpenParamState {
-    Piece mine;                // this rank's range of it, in the store
-    std::vector<float> whole;  // gathered
-    Comm::Ticket ticket = 0;
-  };
-  struct Send {
-    std::vector<float> tensor;
-    Comm::Ticket ticket = 0;
-  };
-
-  void WaitForAll() {
-    exchange_.comm().Wait(last_);
-    sends_.clear();
-    spare_ = {};
-    closed_.reset();
-  }
-  // The oldest send is done: its buffer is kept for the next gradient (no fresh pages to fault
-  // in), the larger of the two if one is kept already.
-  void Retire() {
-    std::vector<float>& done = sends_.front().tensor;
-    if (done.capacity() > spare_.capacity()) spare_.swap(done);
-    sends_.pop_front();
-  }
-
-  // On the exchange's thread: every rank's part of [begin, begin + count) of tensor t's
-  // gradient, in rank order, added into this rank's G in that order.
-  void Fold(size_t t, int64_t begin, int64_t count, std::span<const float> parts) {
-    const Piece& g = grads_[t];
-    const std::span<float> total =
-        g.data.subspan(static_cast<size_t>(begin - g.begin), static_cast<size_t>(count));
-    for (int r = 0; r < exchange_.ranks(); ++r) {
-      const auto part = parts.subspan(static_cast<size_t>(r * count), static_cast<size_t>(count));
-      if (first_group_ && r == 0) {
-        std::ranges::copy(part, total.begin());
-      } else {
-        rk::AddInto(part, total);
-      }
-    }
-  }
-
-  void Check(size_t i, std::span<float> whole) {
-    for (int r = 0; r < exchange_.ranks(); ++r) {
-      const ElementRange range = exchange_.Held(i, r);
-      if (r == exchange_.rank() || range.size() == 0) continue;
-      Exchange::CheckCopy(
-          whole.subspan(static_cast<size_t>(range.begin), static_cast<size_t>(range.size())), i, r,
-          range.begin, param_chunks_[i], corrupt_, diverged_);
-    }
-  }
-
-  StateStore& store_;
-  const Exchange& exchange_;
-  OpExecutor* executor_;
-  const std::vector<std::vector<Digest>>& param_chunks_;
-  bool corrupt_;
-  const bool first_group_;
-  std::vector<Piece> grads_;                 // this rank's range of G, per tensor
-  std::map<size_t, OpenParamState> params_;  // gathered or on their way, by tensor
-  // The parameter the last call closed, whole, while no other call has come.
-  std::optional<std::pair<size_t, std::vector<float>>> closed_;
-  std::vector<float> grad_;   // the one gradient open
-  std::vector<float> spare_;  // a finished send's buffer
-  std::deque<Send> sends_;    // gradients on their way to their owners
-  Comm::Ticket last_ = 0;     // the last transfer started
-  std::set<size_t> checked_;  // tensors checked (in the forward)
-  std::array<int64_t, 3> diverged_{-1, -1, -1};
-};
-
-}  // namespace
-
 std::vector<float> Trainer::RunGroup(int64_t group, uint64_t cursor, TensorAccess& access,
                                      std::vector<uint32_t>& tokens, ProgressLine& progress) {
   const TrainConfig& tc = config_.train;
@@ -862,6 +657,7 @@ std::vector<float> Trainer::RunGroup(int64_t group, uint64_t cursor, TensorAcces
 }
 
 void Trainer::FoldRound(int64_t round) {
+  if (sharded_) return;  // the route added the gradients at their owners
   if (ranks_ == 1) {
     if (round == 0) return;  // group 0 accumulated in place
     for (size_t i = 0; i < specs_.size(); ++i) {
@@ -921,58 +717,30 @@ void Trainer::RefuseDiscarded(std::string_view what) const {
   }
 }
 
-StepReport Trainer::Step() {
-  RefuseDiscarded("a step");
-  const auto start = std::chrono::steady_clock::now();
-  const Comm::Traffic traffic = comm_.traffic();
+Trainer::GroupsDone Trainer::RunGroups(uint64_t step) {
   const TrainConfig& tc = config_.train;
-  StepReport report;
-  report.step = state_.step + 1;
-  report.lr = LearningRate(tc, static_cast<int64_t>(report.step));
-  report.tokens = tokens_per_step();
-
-  // 1. Microbatch groups in rounds: in round j rank r computes group j·N + r, so a round's
-  //    groups, gathered in rank order, are in group order. Losses and tokens are gathered per
-  //    microbatch and added / digested in microbatch order; group gradients are added into the
-  //    owners' gradients in group order (FoldRound).
-  PhaseClock phases(*store_, report.phases);
-  phases.Start("forward and backward");
   const int64_t per_group = tc.microbatches / tc.grad_groups, rounds = tc.grad_groups / ranks_;
-  Blake2b consumed;
   const uint64_t cursor = state_.data_cursor;
+  GroupsDone done;
+  done.squares.resize(specs_.size());
+  Blake2b consumed;
   std::vector<float> sums;  // (loss, zloss) of each microbatch, in microbatch order
-  // Per tensor, its gradient's block squares when the backward left them (a spilled store,
-  // one process, one round: nothing changes a gradient after the Model closes it).
-  std::vector<std::vector<double>> squares(specs_.size());
-  const bool spilled = store_->location() == StateStore::Location::kDisk;
   // A long step shows its microbatches going by; one done within 2 s prints nothing.
-  ProgressLine microbatches(fmt::format("step {}: forward and backward", report.step),
+  ProgressLine microbatches(fmt::format("step {}: forward and backward", step),
                             static_cast<uint64_t>(rounds * per_group), progress_, "microbatches",
                             /*delay_seconds=*/2);
+  const RouteParts parts{*store_,      *exchange_,      sharded_,
+                         group_.get(), hooks_.executor, param_chunks_};
   for (int64_t round = 0; round < rounds; ++round) {
     const int64_t group = round * ranks_ + rank_;
-    comm_.set_phase(fmt::format("step {}: microbatch group {}", report.step, group));
+    comm_.set_phase(fmt::format("step {}: microbatch group {}", step, group));
+    const bool corrupt_copy = faults_.replica && faults_.replica->rank == rank_ &&
+                              faults_.replica->step == step && round == 0;
+    const std::unique_ptr<GroupRoute> route =
+        MakeGroupRoute(parts, round, rounds, step, corrupt_copy);
     std::vector<uint32_t> tokens;
-    std::vector<float> group_sums;
-    if (ranks_ == 1 && rounds == 1 && spilled) {
-      SquaringAccess access(*store_, specs_.size());
-      group_sums = RunGroup(group, cursor, access, tokens, microbatches);  // adds in place
-      squares = access.TakeSquares();
-    } else if (ranks_ == 1 && round == 0) {
-      group_sums = RunGroup(group, cursor, *store_, tokens, microbatches);  // adds in place
-    } else if (sharded_) {
-      ShardedAccess access(*store_, *exchange_, hooks_.executor, round, param_chunks_,
-                           faults_.replica && faults_.replica->rank == rank_ &&
-                               faults_.replica->step == report.step && round == 0);
-      group_sums = RunGroup(group, cursor, access, tokens, microbatches);
-      access.Finish();
-      exchange_->StopOnDivergedCopies(
-          access.diverged(),
-          [&](size_t i) -> const std::vector<Digest>& { return param_chunks_[i]; }, report.step);
-    } else {
-      GroupAccess access(*store_, *group_);
-      group_sums = RunGroup(group, cursor, access, tokens, microbatches);
-    }
+    const std::vector<float> group_sums = RunGroup(group, cursor, *route, tokens, microbatches);
+    route->Finish(done.squares);
     const std::vector<uint32_t> round_tokens = exchange_->AllgatherInRankOrder(
         tokens, tokens.size() * static_cast<size_t>(ranks_));
     consumed.Update(std::span(reinterpret_cast<const uint8_t*>(round_tokens.data()),
@@ -980,26 +748,24 @@ StepReport Trainer::Step() {
     const std::vector<float> round_sums = exchange_->AllgatherInRankOrder(
         group_sums, group_sums.size() * static_cast<size_t>(ranks_));
     sums.insert(sums.end(), round_sums.begin(), round_sums.end());
-    if (!sharded_) FoldRound(round);
+    FoldRound(round);
   }
   float loss_sum = 0.0f, zloss_sum = 0.0f;
   for (size_t mb = 0; mb < sums.size(); mb += 2) {
     loss_sum = loss_sum + sums[mb];
     zloss_sum = zloss_sum + sums[mb + 1];
   }
-  const float inv_tokens = 1.0f / static_cast<float>(report.tokens);
-  report.loss = loss_sum * inv_tokens;
-  report.zloss = zloss_sum * inv_tokens;
-
+  const float inv_tokens = 1.0f / static_cast<float>(tokens_per_step());
+  done.loss = loss_sum * inv_tokens;
+  done.zloss = zloss_sum * inv_tokens;
+  done.tokens_digest = consumed.Final();
   microbatches.Finish();
+  return done;
+}
 
-  // 2. Global norm over every gradient in parameter order: each rank sums the squares of the
-  //    kNormBlock blocks it holds; the block sums are shared and added in parameter order. A NaN
-  //    gradient (whose bits the kernels do not fix) is made the canonical NaN here, before
-  //    anything hashes or writes it; the scan runs only in a piece whose sums hold a NaN.
-  phases.Start("global norm");
-  comm_.set_phase(fmt::format("step {}: global norm", report.step));
-  if (hooks_.observer != nullptr) hooks_.observer->Context(report.step, -1);
+float Trainer::GlobalNorm(uint64_t step, std::vector<std::vector<double>> squares) {
+  comm_.set_phase(fmt::format("step {}: global norm", step));
+  if (hooks_.observer != nullptr) hooks_.observer->Context(step, -1);
   std::vector<int64_t> blocks;    // per tensor
   std::vector<size_t> unsummed;  // tensors whose gradient is read for its squares
   for (size_t i = 0; i < specs_.size(); ++i) {
@@ -1031,10 +797,39 @@ StepReport Trainer::Step() {
   const std::vector<double> block_sums = exchange_->AllgatherInRankOrder(
       my_blocks, static_cast<size_t>(std::reduce(blocks.begin(), blocks.end())));
   const std::vector<double> block_counts(blocks.begin(), blocks.end());
+  float norm = 0;
   ObservedOp(hooks_, rk::Op::kGlobalNorm, -1, {{"tensors", double(blocks.size())}},
              {{"sums", {}, {}, block_sums}, {"blocks", {}, {}, block_counts}},
-             {{"norm", {&report.grad_norm, 1}}},
-             [&] { report.grad_norm = rk::NormOfBlockSums(block_sums, blocks); });
+             {{"norm", {&norm, 1}}}, [&] { norm = rk::NormOfBlockSums(block_sums, blocks); });
+  return norm;
+}
+
+StepReport Trainer::Step() {
+  RefuseDiscarded("a step");
+  const auto start = std::chrono::steady_clock::now();
+  const Comm::Traffic traffic = comm_.traffic();
+  const TrainConfig& tc = config_.train;
+  StepReport report;
+  report.step = state_.step + 1;
+  report.lr = LearningRate(tc, static_cast<int64_t>(report.step));
+  report.tokens = tokens_per_step();
+  PhaseClock phases(*store_, report.phases);
+
+  // 1. Microbatch groups in rounds, each over its route to the state (routes.h): in round j
+  //    rank r computes group j·N + r, so a round's groups, gathered in rank order, are in group
+  //    order. Losses and tokens are gathered per microbatch and added / digested in microbatch
+  //    order; group gradients are added into the owners' gradients in group order (FoldRound).
+  phases.Start("forward and backward");
+  GroupsDone groups = RunGroups(report.step);
+  report.loss = groups.loss;
+  report.zloss = groups.zloss;
+
+  // 2. Global norm over every gradient in parameter order: each rank sums the squares of the
+  //    kNormBlock blocks it holds; the block sums are shared and added in parameter order. A NaN
+  //    gradient (whose bits the kernels do not fix) is made the canonical NaN here, before
+  //    anything hashes or writes it; the scan runs only in a piece whose sums hold a NaN.
+  phases.Start("global norm");
+  report.grad_norm = GlobalNorm(report.step, std::move(groups.squares));
 
   // 3. Spike protocol (schedule.h): a non-finite loss or norm, or a norm above the threshold,
   //    skips the update; spike_max_skips skips within spike_window steps halt the run.
@@ -1064,8 +859,8 @@ StepReport Trainer::Step() {
   state_.grad_norm = report.grad_norm;
   state_.clip_factor = report.clip_factor;
   state_.skipped = report.skipped;
-  state_.tokens_digest = consumed.Final();
-  state_.data_cursor = cursor + static_cast<uint64_t>(tc.microbatches * tc.microbatch);
+  state_.tokens_digest = groups.tokens_digest;
+  state_.data_cursor += static_cast<uint64_t>(tc.microbatches * tc.microbatch);
   phases.Start("update and hash");
   phases.End(UpdateAndHash(!report.skipped, adam, report.clip_factor));
   if (attached_) {  // restored in place: the checkpoint is checked now that the step read it
