@@ -91,6 +91,7 @@ struct ParamSpec {
   std::vector<int64_t> shape;
   bool weight_decay = false;  // AdamW decays it: the linear layers' matrices and output.weight
   bool is_matrix = false;     // 2-D: initialised from the truncated normal (else: ones)
+  int64_t layer = -1;         // the l of layers.l.*; -1 for the tensors outside the layers
   int64_t numel() const;
 };
 

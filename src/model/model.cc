@@ -80,15 +80,16 @@ Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int6
   rope_ = rk::MakeRopeTable(config.seq_len, config.head_dim, static_cast<float>(config.rope_theta));
   // ParamIndex's positions are ParameterSpecs's order, tensor by tensor.
   const ParamIndex P(config);
-  const auto at = [&](size_t i, std::string_view name) {
-    LOCKSTEP_CHECK(i < specs_.size() && specs_[i].name == name, "ParamIndex: {} at {}", name, i);
+  const auto at = [&](size_t i, std::string_view name, int64_t layer = -1) {
+    LOCKSTEP_CHECK(i < specs_.size() && specs_[i].name == name && specs_[i].layer == layer,
+                   "ParamIndex: {} at {}", name, i);
   };
   at(P.tok, "tok_embeddings.weight");
   if (config.embedding_norm) at(P.emb_norm, "emb_norm.weight");
   for (int64_t l = 0; l < config.n_layers; ++l) {
     for (size_t which = 0; which < kTensorsPerLayer; ++which) {
       at(P.Layer(l, which),
-         fmt::format("layers.{}.{}", l, model_internal::kLayerTensorNames[which]));
+         fmt::format("layers.{}.{}", l, model_internal::kLayerTensorNames[which]), l);
     }
   }
   at(P.final_norm, "final_norm.weight");

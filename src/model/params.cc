@@ -40,6 +40,7 @@ std::vector<ParamSpec> ParameterSpecs(const ModelConfig& c) {
         case model_internal::kWGateUp: matrix(name, 2 * c.ffn_hidden, d); break;  // gate, then up
         case model_internal::kWDown: matrix(name, d, c.ffn_hidden); break;
       }
+      specs.back().layer = l;
     }
   }
   gain("final_norm.weight");

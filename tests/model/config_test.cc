@@ -104,6 +104,7 @@ TEST(Config, ParameterOrderAndGroups) {
   for (const ParamSpec& s : specs) {
     EXPECT_EQ(s.is_matrix, s.shape.size() == 2) << s.name;
     EXPECT_EQ(s.weight_decay, s.is_matrix && s.name != "tok_embeddings.weight") << s.name;
+    EXPECT_EQ(s.layer, s.name.starts_with("layers.") ? s.name[7] - '0' : -1) << s.name;
   }
 }
 
