@@ -6,7 +6,8 @@
 # backend, tested on the CPU through PoCL; clang-15, libclc-15: the PTX of the device programs for
 # the CUDA runtime, made at build time (scripts/ptx-build.sh) and checked by scripts/ptx-check.sh; iproute2, procps: the two-host test,
 # tests/e2e/two_hosts.sh, makes network namespaces and watches its ranks; clang-format: the check
-# that changed lines follow .clang-format, scripts/format-check.sh.)
+# that changed lines follow .clang-format, scripts/format-check.sh; universal-ctags: the function
+# lengths, scripts/function-lengths.sh.)
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git python3 clang
@@ -14,7 +15,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev libmpfr-dev libgmp-dev libopenblas-dev
   libcurl4-openssl-dev libopenmpi-dev openmpi-bin openssh-client libsentencepiece-dev libpcre2-dev chromium
   pocl-opencl-icd ocl-icd-opencl-dev opencl-headers clinfo clang-15 libclc-15
-  iproute2 procps clang-format
+  iproute2 procps clang-format universal-ctags
   python3-nacl  # Ed25519 in tests/e2e/receipt_check.py: a receipt's signature checked outside lockstep
 )
 # node and npm run the JavaScript clients the tests check against (@huggingface/tokenizers,

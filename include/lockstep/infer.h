@@ -99,8 +99,6 @@ class KvDecoder {
   void Layer(int64_t l, std::span<const Piece> pieces, const std::vector<int64_t>& first_row);
   void Norm(int64_t layer, std::span<const float> x, std::span<const float> gain,
             std::span<float> y, int64_t rows, int64_t cols);
-  void Linear(int64_t layer, std::span<const float> x, std::span<const float> w, std::span<float> y,
-              int64_t rows, int64_t out, int64_t in);
   std::span<float> Cache(std::vector<float>& cache, int64_t slot, int64_t from, int64_t rows);
 
   ModelConfig config_;

@@ -43,20 +43,20 @@ struct TrainConfig {
   // place, the group sums are added in group order (docs/training.md). A run of N processes
   // needs N to divide K. Optional in YAML (default 1).
   int64_t grad_groups = 1;
-  int64_t steps = 0;         // default total number of steps
+  int64_t steps = 0;  // default total number of steps
   double lr = 0, min_lr = 0;
   int64_t warmup_steps = 0;
   std::string schedule;  // "cosine" | "wsd"
   double wsd_decay_fraction = 0;
   double beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
-  double clip_norm = 0;           // 0: no clipping
-  double spike_threshold = 0;     // grad norm above which the update is skipped
-  int64_t spike_max_skips = 0;    // K: halt after K skips ...
-  int64_t spike_window = 0;       // ... within this many steps
-  int64_t ckpt_every = 0;         // 0: checkpoint only at the end
-  uint64_t seed = 0;              // initialisation
-  uint64_t data_seed = 0;         // data stream
-  int64_t vocab_chunk = 0;        // fused cross-entropy chunk (a positive multiple of 256)
+  double clip_norm = 0;         // 0: no clipping
+  double spike_threshold = 0;   // grad norm above which the update is skipped
+  int64_t spike_max_skips = 0;  // K: halt after K skips ...
+  int64_t spike_window = 0;     // ... within this many steps
+  int64_t ckpt_every = 0;       // 0: checkpoint only at the end
+  uint64_t seed = 0;            // initialisation
+  uint64_t data_seed = 0;       // data stream
+  int64_t vocab_chunk = 0;      // fused cross-entropy chunk (a positive multiple of 256)
 };
 
 struct RunConfig {
@@ -118,7 +118,9 @@ struct CacheLineAllocator {
   T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlignment)); }
   void deallocate(T* p, size_t) { ::operator delete(p, kAlignment); }
   template <typename U>
-  bool operator==(const CacheLineAllocator<U>&) const { return true; }
+  bool operator==(const CacheLineAllocator<U>&) const {
+    return true;
+  }
 };
 
 // One contiguous fp32 buffer holding every tensor of `specs`, each starting at a 64-byte
@@ -233,18 +235,16 @@ void CheckOpCall(const rk::OpSpec& op, std::span<const OpArg> args,
 
 // Runs op `op`: on the executor when one is installed and runs it, else `kernel` (its CPU
 // kernel); between observer->Begin and ->End when an observer is installed, the call checked
-// against the op table whenever a hook is.
+// against the op table whenever a hook is. The model, the decoder and the trainer call ops through
+// the typed functions of lockstep/op_calls.h, which make the record from the op table.
 template <typename Kernel>
 void ObservedOp(const OpHooks& hooks, rk::Op op, int64_t layer, std::span<const OpArg> args,
-                std::initializer_list<OpTensor> inputs, std::initializer_list<OpOutput> outputs,
-                Kernel&& kernel) {
+                std::span<const OpTensor> in, std::span<const OpOutput> out, Kernel&& kernel) {
   if (hooks.observer == nullptr && hooks.executor == nullptr) {
     kernel();
     return;
   }
   const rk::OpSpec& spec = rk::Spec(op);
-  const std::span<const OpTensor> in(inputs.begin(), inputs.size());
-  const std::span<const OpOutput> out(outputs.begin(), outputs.size());
   CheckOpCall(spec, args, in, out);
   OpExecutor* const executor = hooks.executor;
   // The host reads the inputs (an observer, or the CPU kernel) and writes the outputs (the CPU
@@ -274,17 +274,6 @@ void ObservedOp(const OpHooks& hooks, rk::Op op, int64_t layer, std::span<const 
     hooks.observer->End(out);
   }
 }
-template <typename Kernel>
-void ObservedOp(const OpHooks& hooks, rk::Op op, int64_t layer,
-                std::initializer_list<OpArg> args, std::initializer_list<OpTensor> inputs,
-                std::initializer_list<OpOutput> outputs, Kernel&& kernel) {
-  ObservedOp(hooks, op, layer, std::span<const OpArg>(args.begin(), args.size()), inputs,
-             outputs, std::forward<Kernel>(kernel));
-}
-// The recorded arguments of the attention and cross-entropy ops (docs/disputes.md); "past" only
-// where it is not 0.
-std::vector<OpArg> AttentionArgs(const rk::AttentionShape& s);
-std::array<OpArg, 6> CrossEntropyArgs(const rk::CrossEntropyShape& s, float grad_scale);
 
 struct LossSums {
   float loss = 0;   // Σ over rows of the cross-entropy (rk::RowSum lane rule, fp32)
@@ -326,8 +315,8 @@ class Model {
   // params). accumulate = false overwrites every gradient tensor; accumulate = true adds this
   // microbatch's gradient to it as docs/model.md defines ("Gradient accumulation").
   void Backward(TensorAccess& access, float grad_scale, bool accumulate);
-  LossSums ForwardBackward(TensorAccess& access, std::span<const uint32_t> tokens,
-                           float grad_scale, bool accumulate);
+  LossSums ForwardBackward(TensorAccess& access, std::span<const uint32_t> tokens, float grad_scale,
+                           bool accumulate);
   // The same on ParamStores in RAM (their tensors must be the model's, by name and shape).
   LossSums Forward(const ParamStore& params, std::span<const uint32_t> tokens);
   LossSums ForwardBackward(const ParamStore& params, std::span<const uint32_t> tokens,
@@ -374,11 +363,20 @@ class Model {
   // or x_final_).
   void ForwardLayer(const OpHooks& hooks, int64_t l, std::span<const std::span<const float>> w,
                     bool output);
-  // The observed forms of the ops used in several places (docs/disputes.md, "Records").
-  void RmsNorm(const OpHooks& hooks, int64_t layer, std::span<const float> x,
-               std::span<const float> gain, std::span<float> y, std::span<float> rstd,
-               int64_t rows, int64_t cols);
-  void AddInto(const OpHooks& hooks, int64_t layer, std::span<const float> x, std::span<float> y);
+  // Layer l's backward from its activations with parameters w: on entry dx_ holds the gradient
+  // of the layer's output, on exit that of its input; the layer's parameter gradients are
+  // written through `access` (stored, or with accumulate added to the accumulated ones).
+  void BackwardLayer(TensorAccess& access, int64_t l, std::span<const std::span<const float>> w,
+                     bool accumulate);
+  // Gradient i = dyᵀ · x [out, in], stored or added to the accumulated one by the GEMM itself.
+  void WeightGrad(TensorAccess& access, int64_t layer, size_t i, std::span<const float> dy,
+                  std::span<const float> x, int64_t out, int64_t in, bool accumulate);
+  // Gradient i of a norm gain from dgain_ (RmsNormBackward overwrites it there): copied, or
+  // added to the accumulated one.
+  void GainGrad(TensorAccess& access, int64_t layer, size_t i, bool accumulate);
+  // Gradient i opened for a kernel that accumulates into it (the embedding's and the output
+  // head's): zeroed first unless accumulate.
+  std::span<float> ScatterGrad(TensorAccess& access, size_t i, bool accumulate);
   rk::AttentionShape AttentionShape(int64_t layer) const;
   rk::CrossEntropyShape CrossEntropyShape() const;
   OpHooks hooks_;

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "lockstep/infer.h"
+#include "lockstep/op_calls.h"
 
 namespace lockstep::infer {
 
@@ -64,19 +65,7 @@ void KvDecoder::Norm(int64_t layer, std::span<const float> x, std::span<const fl
                      std::span<float> y, int64_t rows, int64_t cols) {
   const float eps = static_cast<float>(config_.norm_eps);
   const std::span<float> rstd = std::span(rstd_).first(static_cast<size_t>(rows));
-  const std::initializer_list<OpTensor> with_gain = {{"x", x}, {"gain", gain}};
-  const std::initializer_list<OpTensor> without = {{"x", x}};
-  ObservedOp(hooks_, rk::Op::kRmsNormFwd, layer,
-             {{"rows", double(rows)}, {"cols", double(cols)}, {"eps", eps}},
-             gain.empty() ? without : with_gain, {{"y", y}, {"rstd", rstd}},
-             [&] { rk::RmsNormForward(x, gain, eps, y, rstd, rows, cols); });
-}
-
-void KvDecoder::Linear(int64_t layer, std::span<const float> x, std::span<const float> w,
-                       std::span<float> y, int64_t rows, int64_t out, int64_t in) {
-  ObservedOp(hooks_, rk::Op::kGemmXWt, layer,
-             {{"m", double(rows)}, {"n", double(out)}, {"k", double(in)}, {"accumulate", 0}},
-             {{"x", x}, {"w", w}}, {{"y", y}}, [&] { rk::GemmXWt(x, w, y, rows, out, in); });
+  ops::RmsNormFwd(hooks_, layer, x, gain, eps, y, rstd, rows, cols);
 }
 
 std::vector<float> KvDecoder::Append(std::span<const Piece> pieces, bool every_position) {
@@ -128,13 +117,8 @@ std::vector<float> KvDecoder::Append(std::span<const Piece> pieces, bool every_p
   size(act_, n * c.ffn_hidden);
 
   // Embedding (+ optional RMSNorm): x[N, d].
-  {
-    const std::span<float> out = c.embedding_norm ? std::span<float>(y_) : std::span<float>(x_);
-    ObservedOp(hooks_, rk::Op::kEmbeddingFwd, -1, {{"vocab", double(c.vocab)}, {"d", double(d)}},
-               {{"table", tok_}, {"ids", {}, ids}}, {{"out", out}},
-               [&] { rk::EmbeddingForward(tok_, ids, out, c.vocab, d); });
-    if (c.embedding_norm) Norm(-1, y_, emb_norm_, x_, n, d);
-  }
+  ops::EmbeddingFwd(hooks_, -1, tok_, ids, c.embedding_norm ? y_ : x_, c.vocab, d);
+  if (c.embedding_norm) Norm(-1, y_, emb_norm_, x_, n, d);
   for (int64_t l = 0; l < c.n_layers; ++l) Layer(l, pieces, first_row);
   for (size_t i = 0; i < pieces.size(); ++i) {
     lengths_[static_cast<size_t>(pieces[i].slot)] += first_row[i + 1] - first_row[i];
@@ -155,7 +139,7 @@ std::vector<float> KvDecoder::Append(std::span<const Piece> pieces, bool every_p
   const std::span<float> xf = std::span(h_).first(static_cast<size_t>(rows * d));
   Norm(-1, x, final_norm_, xf, rows, d);
   std::vector<float> logits(static_cast<size_t>(rows * c.vocab));
-  Linear(-1, xf, output_, logits, rows, c.vocab, d);
+  ops::GemmXWt(hooks_, -1, xf, output_, logits, rows, c.vocab, d);
   return logits;
 }
 
@@ -168,15 +152,15 @@ void KvDecoder::Layer(int64_t l, std::span<const Piece> pieces,
   const float theta = static_cast<float>(c.rope_theta);
   Norm(l, x_, w.attn_norm, h_, n, d);
   if (c.qk_norm) {
-    Linear(l, h_, w.wq, q_raw_, n, q_dim, d);
-    Linear(l, h_, w.wk, k_raw_, n, kv, d);
+    ops::GemmXWt(hooks_, l, h_, w.wq, q_raw_, n, q_dim, d);
+    ops::GemmXWt(hooks_, l, h_, w.wk, k_raw_, n, kv, d);
     Norm(l, q_raw_, {}, q_, n * c.n_heads, hd);
     Norm(l, k_raw_, {}, k_, n * c.n_kv_heads, hd);
   } else {
-    Linear(l, h_, w.wq, q_, n, q_dim, d);
-    Linear(l, h_, w.wk, k_, n, kv, d);
+    ops::GemmXWt(hooks_, l, h_, w.wq, q_, n, q_dim, d);
+    ops::GemmXWt(hooks_, l, h_, w.wk, k_, n, kv, d);
   }
-  Linear(l, h_, w.wv, v_, n, kv, d);
+  ops::GemmXWt(hooks_, l, h_, w.wv, v_, n, kv, d);
   // Per piece: RoPE at its positions, its k and v into the cache, attention over the cache.
   rk::AttentionShape shape{1, 0, c.n_heads, c.n_kv_heads, hd, LayerWindow(c, l), scale_};
   for (size_t i = 0; i < pieces.size(); ++i) {
@@ -187,54 +171,27 @@ void KvDecoder::Layer(int64_t l, std::span<const Piece> pieces,
       return std::span(v).subspan(static_cast<size_t>(first_row[i] * width),
                                   static_cast<size_t>(rows * width));
     };
-    for (const auto& [x, heads] :
-         {std::pair{piece(q_, q_dim), c.n_heads}, std::pair{piece(k_, kv), c.n_kv_heads}}) {
-      const std::span<float> rotated = x;
-      const int64_t h = heads;  // (structured bindings cannot be captured by Clang 14)
-      ObservedOp(hooks_, rk::Op::kRopeFwd, l,
-                 {{"batch", 1},
-                  {"seq", double(rows)},
-                  {"heads", double(h)},
-                  {"head_dim", double(hd)},
-                  {"table_seq", double(c.seq_len)},
-                  {"theta", theta},
-                  {"position", double(past)}},
-                 {{"x", rotated}}, {{"y", rotated}},
-                 [&] { rk::RopeForward(rotated, rotated, rope_, 1, rows, h, hd, past); });
-    }
-    for (const auto& [from, cache] :
-         {std::pair{piece(k_, kv), &k_cache_[static_cast<size_t>(l)]},
-          std::pair{piece(v_, kv), &v_cache_[static_cast<size_t>(l)]}}) {
-      const std::span<const float> source = from;
-      const std::span<float> into = Cache(*cache, slot, past, rows);
-      ObservedOp(hooks_, rk::Op::kCopy, l, {{"n", double(source.size())}}, {{"x", source}},
-                 {{"y", into}}, [&] { std::ranges::copy(source, into.begin()); });
-    }
+    const std::span<float> q = piece(q_, q_dim), k = piece(k_, kv);
+    ops::RopeFwd(hooks_, l, rope_, theta, q, q, 1, rows, c.n_heads, hd, past);
+    ops::RopeFwd(hooks_, l, rope_, theta, k, k, 1, rows, c.n_kv_heads, hd, past);
+    ops::Copy(hooks_, l, k, Cache(k_cache_[static_cast<size_t>(l)], slot, past, rows));
+    ops::Copy(hooks_, l, piece(v_, kv), Cache(v_cache_[static_cast<size_t>(l)], slot, past, rows));
     shape.seq = rows;
     shape.past = past;
     const std::span<const float> keys =
         Cache(k_cache_[static_cast<size_t>(l)], slot, 0, past + rows);
     const std::span<const float> values =
         Cache(v_cache_[static_cast<size_t>(l)], slot, 0, past + rows);
-    const std::span<const float> q = piece(q_, q_dim);
-    const std::span<float> out = piece(attn_, q_dim);
     const std::span<float> lse = std::span(rstd_).first(static_cast<size_t>(rows * c.n_heads));
-    ObservedOp(hooks_, rk::Op::kAttentionFwd, l, AttentionArgs(shape),
-               {{"q", q}, {"k", keys}, {"v", values}}, {{"out", out}, {"lse", lse}},
-               [&] { rk::AttentionForward(shape, q, keys, values, out, lse); });
+    ops::AttentionFwd(hooks_, l, shape, q, keys, values, piece(attn_, q_dim), lse);
   }
-  const auto add_into = [&](std::span<const float> x, std::span<float> y) {
-    ObservedOp(hooks_, rk::Op::kAddInto, l, {{"n", double(x.size())}}, {{"x", x}, {"y", y}},
-               {{"y", y}}, [&] { rk::AddInto(x, y); });
-  };
-  Linear(l, attn_, w.wo, y_, n, d, q_dim);  // y = x + attn · woᵀ
-  add_into(x_, y_);
+  ops::GemmXWt(hooks_, l, attn_, w.wo, y_, n, d, q_dim);  // y = x + attn · woᵀ
+  ops::AddInto(hooks_, l, x_, y_);
   Norm(l, y_, w.ffn_norm, h_, n, d);
-  Linear(l, h_, w.w_gate_up, gu_, n, 2 * f, d);
-  ObservedOp(hooks_, rk::Op::kSwigluFwd, l, {{"rows", double(n)}, {"f", double(f)}}, {{"gu", gu_}},
-             {{"act", act_}}, [&] { rk::SwigluForward(gu_, act_, n, f); });
-  Linear(l, act_, w.w_down, x_, n, d, f);  // x = y + act · w_downᵀ
-  add_into(y_, x_);
+  ops::GemmXWt(hooks_, l, h_, w.w_gate_up, gu_, n, 2 * f, d);
+  ops::SwigluFwd(hooks_, l, gu_, act_, n, f);
+  ops::GemmXWt(hooks_, l, act_, w.w_down, x_, n, d, f);  // x = y + act · w_downᵀ
+  ops::AddInto(hooks_, l, y_, x_);
 }
 
 }  // namespace lockstep::infer

@@ -8,14 +8,15 @@
 #include "lockstep/core.h"
 #include "lockstep/kernels.h"
 #include "lockstep/model.h"
+#include "lockstep/op_calls.h"
 #include "model/layer_tensors.h"
 
 namespace lockstep {
 namespace {
 
 using model_internal::kAttnNorm, model_internal::kWq, model_internal::kWk, model_internal::kWv,
-    model_internal::kWo, model_internal::kFfnNorm, model_internal::kWGateUp,
-    model_internal::kWDown, model_internal::kTensorsPerLayer;
+    model_internal::kWo, model_internal::kFfnNorm, model_internal::kWGateUp, model_internal::kWDown,
+    model_internal::kTensorsPerLayer;
 
 // Index of each tensor in ParameterSpecs order.
 struct ParamIndex {
@@ -227,23 +228,15 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
   const ModelConfig& c = config_;
   const ParamIndex P(c);
   const int64_t n = rows_, d = c.d_model;
+  const float eps = static_cast<float>(c.norm_eps);
   const OpHooks& obs = hooks_;
-  auto rmsnorm = [&](int64_t layer, std::span<const float> x, std::span<const float> gain,
-                     std::span<float> y, std::span<float> rstd, int64_t rows, int64_t cols) {
-    RmsNorm(obs, layer, x, gain, y, rstd, rows, cols);
-  };
   // Embedding (+ optional RMSNorm): x[N, d].
-  std::span<float> x0 = A(layers_[0].x_in);
-  {
-    const std::span<const float> table = Param(access, P.tok);
-    const std::span<float> out = c.embedding_norm ? A(emb_) : x0;
-    ObservedOp(obs, rk::Op::kEmbeddingFwd, -1, {{"vocab", double(c.vocab)}, {"d", double(d)}},
-               {{"table", table}, {"ids", {}, inputs_}}, {{"out", out}},
-               [&] { rk::EmbeddingForward(table, inputs_, out, c.vocab, d); });
-  }
+  const std::span<float> x0 = A(layers_[0].x_in);
+  ops::EmbeddingFwd(obs, -1, Param(access, P.tok), inputs_, c.embedding_norm ? A(emb_) : x0,
+                    c.vocab, d);
   access.CloseParam(P.tok);
   if (c.embedding_norm) {
-    rmsnorm(-1, A(emb_), Param(access, P.emb_norm), x0, A(emb_rstd_), n, d);
+    ops::RmsNormFwd(obs, -1, A(emb_), Param(access, P.emb_norm), eps, x0, A(emb_rstd_), n, d);
     access.CloseParam(P.emb_norm);
   }
 
@@ -264,207 +257,80 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
   }
 
   // Final RMSNorm and the fused output head + cross-entropy + z-loss.
-  rmsnorm(-1, A(x_final_), Param(access, P.final_norm), A(xf_), A(final_rstd_), n, d);
+  ops::RmsNormFwd(obs, -1, A(x_final_), Param(access, P.final_norm), eps, A(xf_), A(final_rstd_), n,
+                  d);
   access.CloseParam(P.final_norm);
-  {
-    const std::span<const float> head = Param(access, P.output);
-    const rk::CrossEntropyShape shape = CrossEntropyShape();
-    ObservedOp(obs, rk::Op::kCrossEntropyFwd, -1, CrossEntropyArgs(shape, 0),
-               {{"h", A(xf_)}, {"w", head}, {"targets", {}, targets_}},
-               {{"loss", A(loss_)}, {"zloss", A(zloss_)}, {"lse", A(lse_)}}, [&] {
-                 rk::CrossEntropyForward(shape, A(xf_), head, targets_, A(loss_), A(zloss_),
-                                         A(lse_), A(logits_));
-               });
-  }
+  ops::CrossEntropyFwd(obs, -1, CrossEntropyShape(), A(xf_), Param(access, P.output), targets_,
+                       A(loss_), A(zloss_), A(lse_), A(logits_));
   access.CloseParam(P.output);
   LossSums sums;
-  for (const auto& [span, total] : {std::pair{A(loss_), &sums.loss}, std::pair{A(zloss_), &sums.zloss}}) {
-    const std::span<const float> rows = span;
-    float* const sum = total;  // (structured bindings cannot be captured by Clang 14)
-    ObservedOp(obs, rk::Op::kRowSum, -1, {{"rows", 1}, {"cols", double(n)}}, {{"x", rows}},
-               {{"sum", {sum, 1}}}, [&] { rk::RowSum(rows, {sum, 1}, 1, n); });
-  }
+  ops::RowSum(obs, -1, A(loss_), {&sums.loss, 1}, 1, n);
+  ops::RowSum(obs, -1, A(zloss_), {&sums.zloss, 1}, 1, n);
   have_forward_ = true;
   logits_kept_ = logits_.size > 0;
   return sums;
 }
 
-void Model::RmsNorm(const OpHooks& hooks, int64_t layer, std::span<const float> x,
-                    std::span<const float> gain, std::span<float> y, std::span<float> rstd,
-                    int64_t rows, int64_t cols) {
-  const float eps = static_cast<float>(config_.norm_eps);
-  const std::initializer_list<OpTensor> with_gain = {{"x", x}, {"gain", gain}};
-  const std::initializer_list<OpTensor> without = {{"x", x}};
-  ObservedOp(hooks, rk::Op::kRmsNormFwd, layer,
-             {{"rows", double(rows)}, {"cols", double(cols)}, {"eps", eps}},
-             gain.empty() ? without : with_gain, {{"y", y}, {"rstd", rstd}},
-             [&] { rk::RmsNormForward(x, gain, eps, y, rstd, rows, cols); });
-}
-
-void Model::AddInto(const OpHooks& hooks, int64_t layer, std::span<const float> x,
-                    std::span<float> y) {
-  ObservedOp(hooks, rk::Op::kAddInto, layer, {{"n", double(x.size())}}, {{"x", x}, {"y", y}},
-             {{"y", y}}, [&] { rk::AddInto(x, y); });
-}
-
-void Model::ForwardLayer(const OpHooks& obs, int64_t l,
-                         std::span<const std::span<const float>> w, bool output) {
+void Model::ForwardLayer(const OpHooks& obs, int64_t l, std::span<const std::span<const float>> w,
+                         bool output) {
   const ModelConfig& c = config_;
   const int64_t n = rows_, d = c.d_model, f = c.ffn_hidden, hd = c.head_dim;
   const int64_t q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
-  const float theta = static_cast<float>(c.rope_theta);
+  const float eps = static_cast<float>(c.norm_eps), theta = static_cast<float>(c.rope_theta);
   LayerActivations& a = layers_[static_cast<size_t>(l)];
-  // The recorded forms of the ops used more than once (docs/disputes.md, "Records").
-  auto linear = [&](std::span<const float> x, std::span<const float> weight, std::span<float> y,
-                    int64_t out, int64_t in) {
-    ObservedOp(obs, rk::Op::kGemmXWt, l,
-               {{"m", double(n)}, {"n", double(out)}, {"k", double(in)}, {"accumulate", 0}},
-               {{"x", x}, {"w", weight}}, {{"y", y}},
-               [&] { rk::GemmXWt(x, weight, y, n, out, in); });
-  };
-  auto rope = [&](std::span<float> x, int64_t heads) {
-    ObservedOp(obs, rk::Op::kRopeFwd, l,
-               {{"batch", double(batch_)}, {"seq", double(seq_)}, {"heads", double(heads)},
-                {"head_dim", double(hd)}, {"table_seq", double(c.seq_len)}, {"theta", theta}},
-               {{"x", x}}, {{"y", x}},
-               [&] { rk::RopeForward(x, x, rope_, batch_, seq_, heads, hd); });
-  };
   // Attention block: x_mid = x_in + attn(RMSNorm(x_in)) · Woᵀ.
-  RmsNorm(obs, l, A(a.x_in), w[kAttnNorm], A(a.h), A(a.attn_rstd), n, d);  // h[N,d]
+  ops::RmsNormFwd(obs, l, A(a.x_in), w[kAttnNorm], eps, A(a.h), A(a.attn_rstd), n, d);  // h[N,d]
   if (c.qk_norm) {
-    linear(A(a.h), w[kWq], A(a.q_raw), q_dim, d);   // q_raw[N, Q]
-    linear(A(a.h), w[kWk], A(a.k_raw), kv_dim, d);  // k_raw[N, K]
-    RmsNorm(obs, l, A(a.q_raw), {}, A(a.q), A(a.q_rstd), n * c.n_heads, hd);
-    RmsNorm(obs, l, A(a.k_raw), {}, A(a.k), A(a.k_rstd), n * c.n_kv_heads, hd);
+    ops::GemmXWt(obs, l, A(a.h), w[kWq], A(a.q_raw), n, q_dim, d);   // q_raw[N, Q]
+    ops::GemmXWt(obs, l, A(a.h), w[kWk], A(a.k_raw), n, kv_dim, d);  // k_raw[N, K]
+    ops::RmsNormFwd(obs, l, A(a.q_raw), {}, eps, A(a.q), A(a.q_rstd), n * c.n_heads, hd);
+    ops::RmsNormFwd(obs, l, A(a.k_raw), {}, eps, A(a.k), A(a.k_rstd), n * c.n_kv_heads, hd);
   } else {
-    linear(A(a.h), w[kWq], A(a.q), q_dim, d);
-    linear(A(a.h), w[kWk], A(a.k), kv_dim, d);
+    ops::GemmXWt(obs, l, A(a.h), w[kWq], A(a.q), n, q_dim, d);
+    ops::GemmXWt(obs, l, A(a.h), w[kWk], A(a.k), n, kv_dim, d);
   }
-  linear(A(a.h), w[kWv], A(a.v), kv_dim, d);  // v[N, K]
-  rope(A(a.q), c.n_heads);
-  rope(A(a.k), c.n_kv_heads);
-  const rk::AttentionShape shape = AttentionShape(l);
-  ObservedOp(obs, rk::Op::kAttentionFwd, l, AttentionArgs(shape),
-             {{"q", A(a.q)}, {"k", A(a.k)}, {"v", A(a.v)}},
-             {{"out", A(a.attn)}, {"lse", A(a.attn_lse)}}, [&] {
-               rk::AttentionForward(shape, A(a.q), A(a.k), A(a.v), A(a.attn),
-                                    A(a.attn_lse));  // attn[N, Q]
-             });
-  linear(A(a.attn), w[kWo], A(a.x_mid), d, q_dim);  // x_mid[N, d]
-  AddInto(obs, l, A(a.x_in), A(a.x_mid));
+  ops::GemmXWt(obs, l, A(a.h), w[kWv], A(a.v), n, kv_dim, d);  // v[N, K]
+  ops::RopeFwd(obs, l, rope_, theta, A(a.q), A(a.q), batch_, seq_, c.n_heads, hd);
+  ops::RopeFwd(obs, l, rope_, theta, A(a.k), A(a.k), batch_, seq_, c.n_kv_heads, hd);
+  ops::AttentionFwd(obs, l, AttentionShape(l), A(a.q), A(a.k), A(a.v), A(a.attn),
+                    A(a.attn_lse));                                  // attn[N, Q]
+  ops::GemmXWt(obs, l, A(a.attn), w[kWo], A(a.x_mid), n, d, q_dim);  // x_mid[N, d]
+  ops::AddInto(obs, l, A(a.x_in), A(a.x_mid));
   // Feed-forward block: x_out = x_mid + SwiGLU(RMSNorm(x_mid) · W_guᵀ) · W_downᵀ.
-  RmsNorm(obs, l, A(a.x_mid), w[kFfnNorm], A(a.h2), A(a.ffn_rstd), n, d);
-  linear(A(a.h2), w[kWGateUp], A(a.gu), 2 * f, d);  // gu[N, 2F]: gate | up
-  ObservedOp(obs, rk::Op::kSwigluFwd, l, {{"rows", double(n)}, {"f", double(f)}}, {{"gu", A(a.gu)}},
-             {{"act", A(a.act)}}, [&] { rk::SwigluForward(A(a.gu), A(a.act), n, f); });
+  ops::RmsNormFwd(obs, l, A(a.x_mid), w[kFfnNorm], eps, A(a.h2), A(a.ffn_rstd), n, d);
+  ops::GemmXWt(obs, l, A(a.h2), w[kWGateUp], A(a.gu), n, 2 * f, d);  // gu[N, 2F]: gate | up
+  ops::SwigluFwd(obs, l, A(a.gu), A(a.act), n, f);                   // act[N, F]
   if (!output) return;  // a recomputation: the backward reads no further
   const Span x_out = l + 1 < c.n_layers ? layers_[static_cast<size_t>(l + 1)].x_in : x_final_;
-  linear(A(a.act), w[kWDown], A(x_out), d, f);  // x_out[N, d]
-  AddInto(obs, l, A(a.x_mid), A(x_out));
+  ops::GemmXWt(obs, l, A(a.act), w[kWDown], A(x_out), n, d, f);  // x_out[N, d]
+  ops::AddInto(obs, l, A(a.x_mid), A(x_out));
 }
 
 void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
   if (!have_forward_) Fail("Model::Backward: called before Forward");
   const ModelConfig& c = config_;
   const ParamIndex P(c);
-  const int64_t n = rows_, d = c.d_model, f = c.ffn_hidden, hd = c.head_dim;
-  const int64_t q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
+  const int64_t n = rows_, d = c.d_model;
   const OpHooks& obs = hooks_;
-  const float theta = static_cast<float>(c.rope_theta);
-  auto rmsnorm_bwd = [&](int64_t layer, std::span<const float> dy, std::span<const float> x,
-                         std::span<const float> gain, std::span<const float> rstd,
-                         std::span<float> dx, std::span<float> dgain, int64_t rows,
-                         int64_t cols) {
-    const std::initializer_list<OpTensor> with_gain = {
-        {"dy", dy}, {"x", x}, {"gain", gain}, {"rstd", rstd}};
-    const std::initializer_list<OpTensor> without = {{"dy", dy}, {"x", x}, {"rstd", rstd}};
-    const std::initializer_list<OpOutput> out_gain = {{"dx", dx}, {"dgain", dgain}};
-    const std::initializer_list<OpOutput> out = {{"dx", dx}};
-    ObservedOp(obs, rk::Op::kRmsNormBwd, layer, {{"rows", double(rows)}, {"cols", double(cols)}},
-               gain.empty() ? without : with_gain, gain.empty() ? out : out_gain,
-               [&] { rk::RmsNormBackward(dy, x, gain, rstd, dx, dgain, rows, cols); });
-  };
-  auto add_into = [&](int64_t layer, std::span<const float> x, std::span<float> y) {
-    AddInto(obs, layer, x, y);
-  };
-  // dx = dy · w (accumulate: dx += ...).
-  auto input_grad = [&](int64_t layer, std::span<const float> dy, std::span<const float> w,
-                        std::span<float> dx, int64_t out, int64_t in, bool add) {
-    const std::initializer_list<OpTensor> plain = {{"dy", dy}, {"w", w}};
-    const std::initializer_list<OpTensor> onto = {{"dy", dy}, {"w", w}, {"dx", dx}};
-    ObservedOp(obs, rk::Op::kGemmDyW, layer,
-               {{"m", double(n)}, {"n", double(out)}, {"k", double(in)}, {"accumulate", double(add)}},
-               add ? onto : plain, {{"dx", dx}},
-               [&] { rk::GemmDyW(dy, w, dx, n, out, in, add); });
-  };
-  auto rope_bwd = [&](int64_t layer, std::span<float> dx, int64_t heads) {
-    ObservedOp(obs, rk::Op::kRopeBwd, layer,
-               {{"batch", double(batch_)}, {"seq", double(seq_)}, {"heads", double(heads)},
-                {"head_dim", double(hd)}, {"table_seq", double(c.seq_len)}, {"theta", theta}},
-               {{"dy", dx}}, {{"dx", dx}},
-               [&] { rk::RopeBackward(dx, dx, rope_, batch_, seq_, heads, hd); });
-  };
-  // Gain gradients come out of RmsNormBackward overwritten (in dgain_); they are then stored or
-  // added to the accumulated gradient.
-  auto store_gain = [&](int64_t layer, size_t i) {
-    const std::span<float> g = Grad(access, i, accumulate);
-    if (accumulate) {
-      add_into(layer, A(dgain_), g);
-    } else {
-      ObservedOp(obs, rk::Op::kCopy, layer, {{"n", double(g.size())}}, {{"x", A(dgain_)}}, {{"y", g}},
-                 [&] { std::copy(A(dgain_).begin(), A(dgain_).end(), g.begin()); });
-    }
-    access.CloseGrad(i);
-  };
-  // dW = dyᵀ · x, stored or added to the accumulated gradient by the GEMM itself.
-  auto weight_grad = [&](int64_t layer, size_t i, std::span<const float> dy,
-                         std::span<const float> x, int64_t rows_out, int64_t cols) {
-    const std::span<float> dw = Grad(access, i, accumulate);
-    const std::initializer_list<OpTensor> plain = {{"dy", dy}, {"x", x}};
-    const std::initializer_list<OpTensor> onto = {{"dy", dy}, {"x", x}, {"dw", dw}};
-    ObservedOp(obs, rk::Op::kGemmDytX, layer,
-               {{"m", double(n)}, {"n", double(rows_out)}, {"k", double(cols)},
-                {"accumulate", double(accumulate)}},
-               accumulate ? onto : plain, {{"dw", dw}},
-               [&] { rk::GemmDytX(dy, x, dw, n, rows_out, cols, accumulate); });
-    access.CloseGrad(i);
-  };
-  // The embedding and output-head gradients are accumulated into by their kernels.
-  auto scatter_grad = [&](size_t i) {
-    const std::span<float> g = Grad(access, i, accumulate);
-    if (!accumulate) {
-      if (obs.executor != nullptr) obs.executor->HostWrites(g);
-      std::ranges::fill(g, 0.0f);
-    }
-    return g;
-  };
-
   // Output head and final norm: dx = d x_final [N, d].
   access.WillOpenParam(P.output);
   access.WillOpenParam(P.final_norm);
   WillOpenLayer(access, c.n_layers - 1);
   {
     const std::span<const float> head = Param(access, P.output);
-    const std::span<float> dw = scatter_grad(P.output);
-    const rk::CrossEntropyShape shape = CrossEntropyShape();
-    ObservedOp(obs, rk::Op::kCrossEntropyBwd, -1, CrossEntropyArgs(shape, grad_scale),
-               {{"h", A(xf_)}, {"w", head}, {"targets", {}, targets_}, {"lse", A(lse_)},
-                {"dw", dw}},
-               {{"dh", A(dh_)}, {"dw", dw}}, [&] {
-                 rk::CrossEntropyBackward(shape, A(xf_), head, targets_, A(lse_), grad_scale,
-                                          A(dh_), dw, logits_kept_ ? A(logits_) : std::span<float>());
-               });
+    const std::span<float> dw = ScatterGrad(access, P.output, accumulate);
+    ops::CrossEntropyBwd(obs, -1, CrossEntropyShape(), A(xf_), head, targets_, A(lse_), grad_scale,
+                         A(dh_), dw, logits_kept_ ? A(logits_) : std::span<float>());
   }
   logits_kept_ = false;  // the backward overwrote them
   access.CloseGrad(P.output);
   access.CloseParam(P.output);
-  rmsnorm_bwd(-1, A(dh_), A(x_final_), Param(access, P.final_norm), A(final_rstd_), A(dx_),
-              A(dgain_), n, d);
+  ops::RmsNormBwd(obs, -1, A(dh_), A(x_final_), Param(access, P.final_norm), A(final_rstd_), A(dx_),
+                  A(dgain_), n, d);
   access.CloseParam(P.final_norm);
-  store_gain(-1, P.final_norm);
+  GainGrad(access, -1, P.final_norm, accumulate);
 
   for (int64_t l = c.n_layers - 1; l >= 0; --l) {
-    const LayerActivations& a = layers_[static_cast<size_t>(l)];
     std::array<std::span<const float>, kTensorsPerLayer> w;
     for (size_t which = 0; which < kTensorsPerLayer; ++which) {
       w[which] = Param(access, P.Layer(l, which));
@@ -480,63 +346,89 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
     if (activations_ == Activations::kRecomputed && l + 1 < c.n_layers) {
       ForwardLayer({.observer = nullptr, .executor = obs.executor}, l, w, /*output=*/false);
     }
-    auto G = [&](size_t which) { return P.Layer(l, which); };
-    // Feed-forward block; on entry dx = d x_out, on exit dx = d x_mid.
-    input_grad(l, A(dx_), w[kWDown], A(dact_), d, f, false);      // dact[N, F]
-    weight_grad(l, G(kWDown), A(dx_), A(a.act), d, f);            // dW_down[d, F]
-    ObservedOp(obs, rk::Op::kSwigluBwd, l, {{"rows", double(n)}, {"f", double(f)}},
-               {{"gu", A(a.gu)}, {"dact", A(dact_)}}, {{"dgu", A(dgu_)}},
-               [&] { rk::SwigluBackward(A(a.gu), A(dact_), A(dgu_), n, f); });  // dgu[N, 2F]
-    input_grad(l, A(dgu_), w[kWGateUp], A(dh_), 2 * f, d, false);  // dh2[N, d]
-    weight_grad(l, G(kWGateUp), A(dgu_), A(a.h2), 2 * f, d);       // dW_gu[2F, d]
-    rmsnorm_bwd(l, A(dh_), A(a.x_mid), w[kFfnNorm], A(a.ffn_rstd), A(dh_), A(dgain_), n, d);
-    store_gain(l, G(kFfnNorm));
-    add_into(l, A(dh_), A(dx_));
-    // Attention block; on exit dx = d x_in.
-    input_grad(l, A(dx_), w[kWo], A(dattn_), d, q_dim, false);  // dattn[N, Q]
-    weight_grad(l, G(kWo), A(dx_), A(a.attn), d, q_dim);        // dWo[d, Q]
-    const rk::AttentionShape shape = AttentionShape(l);
-    ObservedOp(obs, rk::Op::kAttentionBwd, l, AttentionArgs(shape),
-               {{"q", A(a.q)}, {"k", A(a.k)}, {"v", A(a.v)}, {"out", A(a.attn)},
-                {"lse", A(a.attn_lse)}, {"dout", A(dattn_)}},
-               {{"dq", A(dq_)}, {"dk", A(dk_)}, {"dv", A(dv_)}}, [&] {
-                 rk::AttentionBackward(shape, A(a.q), A(a.k), A(a.v), A(a.attn), A(a.attn_lse),
-                                       A(dattn_), A(dq_), A(dk_), A(dv_));
-               });  // dq[N, Q], dk/dv[N, K]
-    rope_bwd(l, A(dq_), c.n_heads);
-    rope_bwd(l, A(dk_), c.n_kv_heads);
-    if (c.qk_norm) {
-      rmsnorm_bwd(l, A(dq_), A(a.q_raw), {}, A(a.q_rstd), A(dq_), {}, n * c.n_heads, hd);
-      rmsnorm_bwd(l, A(dk_), A(a.k_raw), {}, A(a.k_rstd), A(dk_), {}, n * c.n_kv_heads, hd);
-    }
-    // dh[N, d] = dq · Wq + dk · Wk + dv · Wv (the latter two GEMMs accumulate into dh).
-    input_grad(l, A(dq_), w[kWq], A(dh_), q_dim, d, false);
-    input_grad(l, A(dk_), w[kWk], A(dh_), kv_dim, d, true);
-    input_grad(l, A(dv_), w[kWv], A(dh_), kv_dim, d, true);
-    weight_grad(l, G(kWq), A(dq_), A(a.h), q_dim, d);   // dWq[Q, d]
-    weight_grad(l, G(kWk), A(dk_), A(a.h), kv_dim, d);  // dWk[K, d]
-    weight_grad(l, G(kWv), A(dv_), A(a.h), kv_dim, d);  // dWv[K, d]
-    rmsnorm_bwd(l, A(dh_), A(a.x_in), w[kAttnNorm], A(a.attn_rstd), A(dh_), A(dgain_), n, d);
-    store_gain(l, G(kAttnNorm));
-    add_into(l, A(dh_), A(dx_));
-    for (size_t which = 0; which < kTensorsPerLayer; ++which) access.CloseParam(G(which));
+    BackwardLayer(access, l, w, accumulate);
+    for (size_t which = 0; which < kTensorsPerLayer; ++which) access.CloseParam(P.Layer(l, which));
   }
 
   // Embedding norm and embedding.
   if (c.embedding_norm) {
-    rmsnorm_bwd(-1, A(dx_), A(emb_), Param(access, P.emb_norm), A(emb_rstd_), A(dx_), A(dgain_),
-                n, d);
+    ops::RmsNormBwd(obs, -1, A(dx_), A(emb_), Param(access, P.emb_norm), A(emb_rstd_), A(dx_),
+                    A(dgain_), n, d);
     access.CloseParam(P.emb_norm);
-    store_gain(-1, P.emb_norm);
+    GainGrad(access, -1, P.emb_norm, accumulate);
   }
-  {
-    const std::span<float> dtable = scatter_grad(P.tok);
-    ObservedOp(obs, rk::Op::kEmbeddingBwd, -1, {{"vocab", double(c.vocab)}, {"d", double(d)}},
-               {{"dout", A(dx_)}, {"ids", {}, inputs_}, {"dtable", dtable}},
-               {{"dtable", dtable}},
-               [&] { rk::EmbeddingBackward(A(dx_), inputs_, dtable, c.vocab, d); });
-  }
+  ops::EmbeddingBwd(obs, -1, A(dx_), inputs_, ScatterGrad(access, P.tok, accumulate), c.vocab, d);
   access.CloseGrad(P.tok);
+}
+
+void Model::BackwardLayer(TensorAccess& access, int64_t l,
+                          std::span<const std::span<const float>> w, bool accumulate) {
+  const ModelConfig& c = config_;
+  const ParamIndex P(c);
+  const int64_t n = rows_, d = c.d_model, f = c.ffn_hidden, hd = c.head_dim;
+  const int64_t q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
+  const float theta = static_cast<float>(c.rope_theta);
+  const OpHooks& obs = hooks_;
+  const LayerActivations& a = layers_[static_cast<size_t>(l)];
+  const auto weight_grad = [&](size_t which, std::span<const float> dy, std::span<const float> x,
+                               int64_t out, int64_t in) {
+    WeightGrad(access, l, P.Layer(l, which), dy, x, out, in, accumulate);
+  };
+  // Feed-forward block; on entry dx = d x_out, on exit dx = d x_mid.
+  ops::GemmDyW(obs, l, A(dx_), w[kWDown], A(dact_), n, d, f);       // dact[N, F]
+  weight_grad(kWDown, A(dx_), A(a.act), d, f);                      // dW_down[d, F]
+  ops::SwigluBwd(obs, l, A(a.gu), A(dact_), A(dgu_), n, f);         // dgu[N, 2F]
+  ops::GemmDyW(obs, l, A(dgu_), w[kWGateUp], A(dh_), n, 2 * f, d);  // dh2[N, d]
+  weight_grad(kWGateUp, A(dgu_), A(a.h2), 2 * f, d);                // dW_gu[2F, d]
+  ops::RmsNormBwd(obs, l, A(dh_), A(a.x_mid), w[kFfnNorm], A(a.ffn_rstd), A(dh_), A(dgain_), n, d);
+  GainGrad(access, l, P.Layer(l, kFfnNorm), accumulate);
+  ops::AddInto(obs, l, A(dh_), A(dx_));
+  // Attention block; on exit dx = d x_in.
+  ops::GemmDyW(obs, l, A(dx_), w[kWo], A(dattn_), n, d, q_dim);  // dattn[N, Q]
+  weight_grad(kWo, A(dx_), A(a.attn), d, q_dim);                 // dWo[d, Q]
+  ops::AttentionBwd(obs, l, AttentionShape(l), A(a.q), A(a.k), A(a.v), A(a.attn), A(a.attn_lse),
+                    A(dattn_), A(dq_), A(dk_), A(dv_));  // dq[N, Q], dk/dv[N, K]
+  ops::RopeBwd(obs, l, rope_, theta, A(dq_), A(dq_), batch_, seq_, c.n_heads, hd);
+  ops::RopeBwd(obs, l, rope_, theta, A(dk_), A(dk_), batch_, seq_, c.n_kv_heads, hd);
+  if (c.qk_norm) {
+    ops::RmsNormBwd(obs, l, A(dq_), A(a.q_raw), {}, A(a.q_rstd), A(dq_), {}, n * c.n_heads, hd);
+    ops::RmsNormBwd(obs, l, A(dk_), A(a.k_raw), {}, A(a.k_rstd), A(dk_), {}, n * c.n_kv_heads, hd);
+  }
+  // dh[N, d] = dq · Wq + dk · Wk + dv · Wv (the latter two GEMMs accumulate into dh).
+  ops::GemmDyW(obs, l, A(dq_), w[kWq], A(dh_), n, q_dim, d);
+  ops::GemmDyW(obs, l, A(dk_), w[kWk], A(dh_), n, kv_dim, d, /*accumulate=*/true);
+  ops::GemmDyW(obs, l, A(dv_), w[kWv], A(dh_), n, kv_dim, d, /*accumulate=*/true);
+  weight_grad(kWq, A(dq_), A(a.h), q_dim, d);   // dWq[Q, d]
+  weight_grad(kWk, A(dk_), A(a.h), kv_dim, d);  // dWk[K, d]
+  weight_grad(kWv, A(dv_), A(a.h), kv_dim, d);  // dWv[K, d]
+  ops::RmsNormBwd(obs, l, A(dh_), A(a.x_in), w[kAttnNorm], A(a.attn_rstd), A(dh_), A(dgain_), n, d);
+  GainGrad(access, l, P.Layer(l, kAttnNorm), accumulate);
+  ops::AddInto(obs, l, A(dh_), A(dx_));
+}
+
+void Model::WeightGrad(TensorAccess& access, int64_t layer, size_t i, std::span<const float> dy,
+                       std::span<const float> x, int64_t out, int64_t in, bool accumulate) {
+  ops::GemmDytX(hooks_, layer, dy, x, Grad(access, i, accumulate), rows_, out, in, accumulate);
+  access.CloseGrad(i);
+}
+
+void Model::GainGrad(TensorAccess& access, int64_t layer, size_t i, bool accumulate) {
+  const std::span<float> g = Grad(access, i, accumulate);
+  if (accumulate) {
+    ops::AddInto(hooks_, layer, A(dgain_), g);
+  } else {
+    ops::Copy(hooks_, layer, A(dgain_), g);
+  }
+  access.CloseGrad(i);
+}
+
+std::span<float> Model::ScatterGrad(TensorAccess& access, size_t i, bool accumulate) {
+  const std::span<float> g = Grad(access, i, accumulate);
+  if (!accumulate) {
+    if (hooks_.executor != nullptr) hooks_.executor->HostWrites(g);
+    std::ranges::fill(g, 0.0f);
+  }
+  return g;
 }
 
 LossSums Model::ForwardBackward(TensorAccess& access, std::span<const uint32_t> tokens,
@@ -582,33 +474,21 @@ void CheckOpCall(const rk::OpSpec& op, std::span<const OpArg> args,
   for (const OpTensor& t : inputs) in.push_back(RoleOf(t));
   for (const OpOutput& t : outputs) out.push_back(RoleOf(t));
   if (!rk::CallFits(op, names, in, out)) {
-    LOCKSTEP_INTERNAL("a call of op '{}' does not fit its entry in the op table "
-         "(src/kernels/op_table.cc)",
-         op.name);
+    LOCKSTEP_INTERNAL(
+        "a call of op '{}' does not fit its entry in the op table "
+        "(src/kernels/op_table.cc)",
+        op.name);
   }
 }
 
-std::vector<OpArg> AttentionArgs(const rk::AttentionShape& s) {
-  std::vector<OpArg> args = {{"batch", double(s.batch)},
-                             {"seq", double(s.seq)},
-                             {"q_heads", double(s.q_heads)},
-                             {"kv_heads", double(s.kv_heads)},
-                             {"head_dim", double(s.head_dim)},
-                             {"window", double(s.window)},
-                             {"scale", s.scale}};
-  if (s.past != 0) args.push_back({"past", double(s.past)});
-  return args;
-}
-
-std::array<OpArg, 6> CrossEntropyArgs(const rk::CrossEntropyShape& s, float grad_scale) {
-  return {{{"rows", double(s.rows)}, {"d", double(s.d)}, {"vocab", double(s.vocab)},
-           {"vocab_chunk", double(s.vocab_chunk)}, {"z_loss", s.z_loss},
-           {"grad_scale", grad_scale}}};
-}
-
 rk::AttentionShape Model::AttentionShape(int64_t layer) const {
-  return {batch_, seq_, config_.n_heads, config_.n_kv_heads, config_.head_dim,
-          LayerWindow(config_, layer), dmath::Rsqrt(static_cast<float>(config_.head_dim))};
+  return {batch_,
+          seq_,
+          config_.n_heads,
+          config_.n_kv_heads,
+          config_.head_dim,
+          LayerWindow(config_, layer),
+          dmath::Rsqrt(static_cast<float>(config_.head_dim))};
 }
 
 rk::CrossEntropyShape Model::CrossEntropyShape() const {

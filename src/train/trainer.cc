@@ -15,6 +15,7 @@
 #include <set>
 
 #include "lockstep/kernels.h"
+#include "lockstep/op_calls.h"
 #include "lockstep/train.h"
 #include "train/comm.h"
 #include "train/exchange.h"
@@ -285,21 +286,8 @@ void UpdatePiece(const OpHooks& hooks, size_t i, const std::array<Piece, kStateA
   const std::span<float> grad = p[int(StateArray::kGrad)].data;
   const std::span<float> param = p[int(StateArray::kParam)].data;
   const std::span<float> m = p[int(StateArray::kM)].data, v = p[int(StateArray::kV)].data;
-  if (clip_factor != 1.0f) {
-    ObservedOp(hooks, rk::Op::kScale, -1, {{"tensor", double(i)}, {"factor", clip_factor}},
-               {{"x", grad}}, {{"x", grad}}, [&] { rk::Scale(grad, clip_factor); });
-  }
-  ObservedOp(hooks, rk::Op::kAdamW, -1,
-             {{"tensor", double(i)},
-              {"lr", adam.lr},
-              {"beta1", adam.beta1},
-              {"beta2", adam.beta2},
-              {"eps", adam.eps},
-              {"weight_decay", adam.weight_decay},
-              {"step", double(adam.step)}},
-             {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}},
-             {{"param", param}, {"m", m}, {"v", v}},
-             [&] { rk::AdamWUpdate(adam, param, grad, m, v); });
+  if (clip_factor != 1.0f) ops::Scale(hooks, -1, static_cast<int64_t>(i), clip_factor, grad);
+  ops::AdamW(hooks, -1, static_cast<int64_t>(i), adam, param, grad, m, v);
 }
 
 }  // namespace
@@ -665,9 +653,7 @@ void Trainer::FoldRound(int64_t round) {
         const Piece total = store_->Acquire(StateArray::kGrad, i, begin, count, /*load=*/true);
         const std::span<const float> part =
             group_->Tensor(i).subspan(static_cast<size_t>(begin), static_cast<size_t>(count));
-        ObservedOp(hooks_, rk::Op::kAddInto, -1, {{"tensor", double(i)}, {"n", double(count)}},
-                   {{"x", part}, {"y", total.data}}, {{"y", total.data}},
-                   [&] { rk::AddInto(part, total.data); });
+        ops::AddInto(hooks_, -1, part, total.data, static_cast<int64_t>(i));
         store_->Release(total, /*store=*/true);
       });
     }
@@ -776,16 +762,11 @@ float Trainer::GlobalNorm(uint64_t step, std::vector<std::vector<double>> square
   }
   const auto block_squares = [&](size_t i, int64_t begin, int64_t count) {
     const Piece g = store_->Acquire(StateArray::kGrad, i, begin, count, /*load=*/true);
-    std::vector<double> sums(static_cast<size_t>((count + rk::kNormBlock - 1) / rk::kNormBlock));
-    ObservedOp(hooks_, rk::Op::kBlockSquares, -1, {{"tensor", double(i)}, {"begin", double(begin)}},
-               {{"x", g.data}}, {{"sums", {}, sums}},
-               [&] { std::ranges::copy(rk::BlockSquares(g.data), sums.begin()); });
+    const std::vector<double> sums =
+        ops::BlockSquares(hooks_, -1, static_cast<int64_t>(i), begin, g.data);
     // A NaN sum means a NaN element: the piece is written back canonical.
     const bool nan = std::ranges::any_of(sums, [](double x) { return std::isnan(x); });
-    if (nan) {
-      ObservedOp(hooks_, rk::Op::kCanonicalizeNaNs, -1, {{"tensor", double(i)}}, {{"x", g.data}},
-                 {{"x", g.data}}, [&] { rk::CanonicalizeNaNs(g.data); });
-    }
+    if (nan) ops::CanonicalizeNaNs(hooks_, -1, static_cast<int64_t>(i), g.data);
     store_->Release(g, /*store=*/nan);
     squares[i].insert(squares[i].end(), sums.begin(), sums.end());
   };
@@ -796,12 +777,7 @@ float Trainer::GlobalNorm(uint64_t step, std::vector<std::vector<double>> square
   }
   const std::vector<double> block_sums = exchange_->AllgatherInRankOrder(
       my_blocks, static_cast<size_t>(std::reduce(blocks.begin(), blocks.end())));
-  const std::vector<double> block_counts(blocks.begin(), blocks.end());
-  float norm = 0;
-  ObservedOp(hooks_, rk::Op::kGlobalNorm, -1, {{"tensors", double(blocks.size())}},
-             {{"sums", {}, {}, block_sums}, {"blocks", {}, {}, block_counts}},
-             {{"norm", {&norm, 1}}}, [&] { norm = rk::NormOfBlockSums(block_sums, blocks); });
-  return norm;
+  return ops::GlobalNorm(hooks_, -1, block_sums, blocks);
 }
 
 StepReport Trainer::Step() {
