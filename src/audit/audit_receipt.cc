@@ -335,8 +335,25 @@ json Coverage(const CoverageOptions& o) {
             o.metrics->string(), step, last);
       }
     }
+    // The kit records the publisher's time over each interval, added up from this file's
+    // step_seconds in step order when the kit was built: another run's file adds up to another.
+    for (const kit::Unit& unit : trajectory.units) {
+      if (!unit.publisher_wall_seconds) continue;
+      double total = 0;
+      for (uint64_t step = unit.start_step + 1; step <= unit.until_step; ++step) {
+        total += lines[step - 1].step_seconds;
+      }
+      if (total != *unit.publisher_wall_seconds) {
+        Fail(
+            "--metrics {}: its step_seconds over {} add up to {} s, but the kit's "
+            "trajectory.json records publisher_wall_seconds {} s: not the metrics.jsonl of the "
+            "run this kit was built from",
+            o.metrics->string(), unit.name, total, *unit.publisher_wall_seconds);
+      }
+    }
   }
   std::vector<ReadReceipt> receipts;
+  std::map<Digest, std::string> seen;  // each receipt's bytes (SHA-256) -> the first file
   for (const fs::path& path : o.receipts) {
     ReadReceipt rr{.file = path.string(),
                    .status = "counted",
@@ -353,7 +370,16 @@ json Coverage(const CoverageOptions& o) {
         Fail("{}: {} bytes, more than a receipt may hold ({})", rr.file, size,
              MiB(kMaxReceiptBytes));
       }
-      OpenedReceipt opened = OpenReceipt(ReadFileText(path), rr.file, nullptr);
+      const std::string text = ReadFileText(path);
+      const auto [first, fresh] = seen.emplace(
+          Sha256({reinterpret_cast<const uint8_t*>(text.data()), text.size()}), rr.file);
+      if (!fresh) {
+        rr.status = "duplicate";
+        rr.reason = fmt::format("the same bytes as {}, listed before: counted once", first->second);
+        receipts.push_back(std::move(rr));
+        continue;
+      }
+      OpenedReceipt opened = OpenReceipt(text, rr.file, nullptr);
       rr.signer = opened.signer;
       rr.receipt = std::move(opened.receipt);
       CheckReceipt(rr, o, manifest, kit_sha256, trajectory, losses);
@@ -444,14 +470,15 @@ json Coverage(const CoverageOptions& o) {
     return std::ranges::count_if(receipts,
                                  [&](const ReadReceipt& r) { return r.status == status; });
   };
-  doc["summary"] = {{"units", trajectory.units.size()},
-                    {"confirmed", confirmed},
-                    {"unaudited", unaudited},
-                    {"disputed", conflicts},
-                    {"receipts_counted", count("counted")},
-                    {"receipts_not_counted", count("unsigned") + count("untrusted")},
-                    {"receipts_refused", count("refused")},
-                    {"proofs_unchecked", unchecked}};
+  doc["summary"] = {
+      {"units", trajectory.units.size()},
+      {"confirmed", confirmed},
+      {"unaudited", unaudited},
+      {"disputed", conflicts},
+      {"receipts_counted", count("counted")},
+      {"receipts_not_counted", count("unsigned") + count("untrusted") + count("duplicate")},
+      {"receipts_refused", count("refused")},
+      {"proofs_unchecked", unchecked}};
   return doc;
 }
 

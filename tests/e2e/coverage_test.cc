@@ -239,6 +239,30 @@ TEST_F(Coverage, DistinctKeysCountOnceConflictsShowAndReceiptsWithoutAReplayAreR
                Path("gap.jsonl") + " --out " + Path("gap.html"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("no line for step 5"), std::string::npos) << r.output;
+  // Another run's metrics (here: one step's time differs) are refused as such, not held against
+  // the auditors' proofs.
+  Json slower = Json::parse(lines[12]);
+  slower["step_seconds"] = slower["step_seconds"].get<double>() + 0.5;
+  std::string other;
+  for (size_t i = 0; i < lines.size(); ++i) other += (i == 12 ? slower.dump() : lines[i]) + "\n";
+  WriteFileSynced(dir_ / "other.jsonl", other);
+  r = Lockstep("coverage --kit " + Path("kit") + " " + Path("rA.json") + " --metrics " +
+               Path("other.jsonl") + " --out " + Path("other.html"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("interval_10_20 add up to"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("not the metrics.jsonl of the run this kit was built from"),
+            std::string::npos)
+      << r.output;
+  // The same receipt twice (the same bytes under any name) is listed twice and counted once.
+  fs::copy_file(dir_ / "rA.json", dir_ / "rA-copy.json");
+  c = CoverageJson(Path("rA.json") + " " + Path("rA-copy.json"), "", &exit_code);
+  ASSERT_EQ(c["receipts"].size(), 2u);
+  EXPECT_EQ(c["receipts"][0]["status"], "counted");
+  EXPECT_EQ(c["receipts"][1]["status"], "duplicate");
+  EXPECT_NE(c["receipts"][1]["reason"].get<std::string>().find("rA.json, listed before"),
+            std::string::npos);
+  EXPECT_EQ(UnitOf(c, "interval_10_20")["receipts"].size(), 1u);
+  EXPECT_EQ(c["summary"]["receipts_not_counted"], 1);
   fs::copy(dir_ / "kit", dir_ / "kit2", fs::copy_options::recursive);
   WriteFileSynced(dir_ / "kit2/trajectory.json", "{}");
   r = Lockstep("coverage --kit " + Path("kit2") + " " + Path("rA.json") + " --out " +
