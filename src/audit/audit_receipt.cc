@@ -187,7 +187,7 @@ namespace {
 
 // One receipt read for coverage: refused (with the reason) or its checked units.
 struct ReadReceipt {
-  std::string file, status, reason;  // status: counted | unsigned | untrusted | refused
+  std::string file, status, reason;  // status: counted|unsigned|untrusted|duplicate|refused
   std::optional<Ed25519PublicKey> signer;
   json receipt;
   std::map<std::string, std::string> proof;  // unit -> checked | unchecked | none | fails
@@ -302,56 +302,47 @@ std::vector<std::string> Sorted(const std::set<std::string>& set) {
   return {set.begin(), set.end()};
 }
 
-}  // namespace
+// The publisher's losses by step from --metrics (a non-finite one absent: its bits are not in
+// the file), after checking that the file is the whole metrics.jsonl of the kit's run.
+std::map<uint64_t, float> PublisherLosses(const fs::path& metrics,
+                                          const kit::Trajectory& trajectory) {
+  std::map<uint64_t, float> losses;
+  const std::vector<train::MetricsLine> lines = train::ReadMetrics(metrics);
+  for (const train::MetricsLine& m : lines) {
+    if (std::isfinite(m.loss)) losses[m.step] = static_cast<float>(m.loss);
+  }
+  const uint64_t last = trajectory.units.empty() ? 0 : trajectory.units.back().until_step;
+  for (uint64_t step = 1; step <= last; ++step) {
+    if (step > lines.size() || lines[step - 1].step != step) {
+      Fail(
+          "--metrics {}: no line for step {} where the kit's units reach step {}: not the "
+          "whole metrics.jsonl of this run",
+          metrics.string(), step, last);
+    }
+  }
+  // The kit records the publisher's time over each interval, added up from this file's
+  // step_seconds in step order when the kit was built: another run's file adds up to another.
+  for (const kit::Unit& unit : trajectory.units) {
+    if (!unit.publisher_wall_seconds) continue;
+    double total = 0;
+    for (uint64_t step = unit.start_step + 1; step <= unit.until_step; ++step) {
+      total += lines[step - 1].step_seconds;
+    }
+    if (total != *unit.publisher_wall_seconds) {
+      Fail(
+          "--metrics {}: its step_seconds over {} add up to {} s, but the kit's "
+          "trajectory.json records publisher_wall_seconds {} s: not the metrics.jsonl of the "
+          "run this kit was built from",
+          metrics.string(), unit.name, total, *unit.publisher_wall_seconds);
+    }
+  }
+  return losses;
+}
 
-json Coverage(const CoverageOptions& o) {
-  if (o.threshold < 1) Fail("--threshold {}: must be at least 1", o.threshold);
-  // Receipts name the kit by its kit.json, which vouches for the rest only when the files agree.
-  const std::vector<std::string> problems = kit::VerifyKit(o.kit_dir);
-  if (!problems.empty()) {
-    Fail(
-        "{}: the kit does not verify ({} problem{}; the first: {}): lockstep kit verify {} "
-        "lists them",
-        o.kit_dir.string(), problems.size(), problems.size() == 1 ? "" : "s", problems.front(),
-        o.kit_dir.string());
-  }
-  const kit::KitManifest manifest = kit::ReadManifest(o.kit_dir);
-  const Digest kit_sha256 = Sha256(ReadFileBytes(o.kit_dir / kit::kManifestName));
-  const kit::Trajectory trajectory = kit::ReadTrajectory(o.kit_dir);
-  // The publisher's losses by step (a non-finite one absent: its bits are not in the file).
-  std::optional<std::map<uint64_t, float>> losses;
-  if (o.metrics) {
-    const std::vector<train::MetricsLine> lines = train::ReadMetrics(*o.metrics);
-    losses.emplace();
-    for (const train::MetricsLine& m : lines) {
-      if (std::isfinite(m.loss)) (*losses)[m.step] = static_cast<float>(m.loss);
-    }
-    const uint64_t last = trajectory.units.empty() ? 0 : trajectory.units.back().until_step;
-    for (uint64_t step = 1; step <= last; ++step) {
-      if (step > lines.size() || lines[step - 1].step != step) {
-        Fail(
-            "--metrics {}: no line for step {} where the kit's units reach step {}: not the "
-            "whole metrics.jsonl of this run",
-            o.metrics->string(), step, last);
-      }
-    }
-    // The kit records the publisher's time over each interval, added up from this file's
-    // step_seconds in step order when the kit was built: another run's file adds up to another.
-    for (const kit::Unit& unit : trajectory.units) {
-      if (!unit.publisher_wall_seconds) continue;
-      double total = 0;
-      for (uint64_t step = unit.start_step + 1; step <= unit.until_step; ++step) {
-        total += lines[step - 1].step_seconds;
-      }
-      if (total != *unit.publisher_wall_seconds) {
-        Fail(
-            "--metrics {}: its step_seconds over {} add up to {} s, but the kit's "
-            "trajectory.json records publisher_wall_seconds {} s: not the metrics.jsonl of the "
-            "run this kit was built from",
-            o.metrics->string(), unit.name, total, *unit.publisher_wall_seconds);
-      }
-    }
-  }
+// Every receipt file given, read and checked on its own (ReadReceipt::status says how it counts).
+std::vector<ReadReceipt> ReadReceipts(const CoverageOptions& o, const kit::KitManifest& manifest,
+                                      const Digest& kit_sha256, const kit::Trajectory& trajectory,
+                                      const std::optional<std::map<uint64_t, float>>& losses) {
   std::vector<ReadReceipt> receipts;
   std::map<Digest, std::string> seen;  // each receipt's bytes (SHA-256) -> the first file
   for (const fs::path& path : o.receipts) {
@@ -399,6 +390,30 @@ json Coverage(const CoverageOptions& o) {
     }
     receipts.push_back(std::move(rr));
   }
+
+  return receipts;
+}
+
+}  // namespace
+
+json Coverage(const CoverageOptions& o) {
+  if (o.threshold < 1) Fail("--threshold {}: must be at least 1", o.threshold);
+  // Receipts name the kit by its kit.json, which vouches for the rest only when the files agree.
+  const std::vector<std::string> problems = kit::VerifyKit(o.kit_dir);
+  if (!problems.empty()) {
+    Fail(
+        "{}: the kit does not verify ({} problem{}; the first: {}): lockstep kit verify {} "
+        "lists them",
+        o.kit_dir.string(), problems.size(), problems.size() == 1 ? "" : "s", problems.front(),
+        o.kit_dir.string());
+  }
+  const kit::KitManifest manifest = kit::ReadManifest(o.kit_dir);
+  const Digest kit_sha256 = Sha256(ReadFileBytes(o.kit_dir / kit::kManifestName));
+  const kit::Trajectory trajectory = kit::ReadTrajectory(o.kit_dir);
+  std::optional<std::map<uint64_t, float>> losses;
+  if (o.metrics) losses = PublisherLosses(*o.metrics, trajectory);
+  const std::vector<ReadReceipt> receipts =
+      ReadReceipts(o, manifest, kit_sha256, trajectory, losses);
 
   json doc = {{"kit_json_sha256", ToHex(kit_sha256)},
               {"threshold", o.threshold},
