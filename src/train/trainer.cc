@@ -8,11 +8,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <deque>
-#include <map>
 #include <numeric>
 #include <optional>
-#include <set>
 
 #include "lockstep/kernels.h"
 #include "lockstep/op_calls.h"
