@@ -15,7 +15,7 @@ namespace lockstep::train {
 namespace {
 
 // The store itself: the group's microbatches accumulate in place.
-class StoreRoute final : public GroupRoute {
+class StoreRoute : public GroupRoute {
  public:
   explicit StoreRoute(TensorAccess& store) : store_(store) {}
   std::span<const float> OpenParam(size_t i) override { return store_.OpenParam(i); }
@@ -35,24 +35,20 @@ class StoreRoute final : public GroupRoute {
 // (rk::BlockSquares) whenever the Model closes it: the last close leaves the step's gradient,
 // so the global norm need not read the gradients back (a spilled store would read every
 // gradient from disk again). squares[i] is empty until tensor i's gradient is closed.
-class SquaringRoute final : public GroupRoute {
+class SquaringRoute final : public StoreRoute {
  public:
   SquaringRoute(TensorAccess& store, size_t tensors)
-      : store_(store), open_(tensors), squares_(tensors) {}
-  std::span<const float> OpenParam(size_t i) override { return store_.OpenParam(i); }
-  void CloseParam(size_t i) override { store_.CloseParam(i); }
+      : StoreRoute(store), open_(tensors), squares_(tensors) {}
   std::span<float> OpenGrad(size_t i, bool accumulate) override {
-    return open_.at(i) = store_.OpenGrad(i, accumulate);
+    return open_.at(i) = StoreRoute::OpenGrad(i, accumulate);
   }
   void CloseGrad(size_t i) override {
     squares_.at(i) = rk::BlockSquares(open_[i]);
-    store_.CloseGrad(i);
+    StoreRoute::CloseGrad(i);
   }
-  void WillOpenParam(size_t i) override { store_.WillOpenParam(i); }
   void Finish(std::vector<std::vector<double>>& squares) override { squares = std::move(squares_); }
 
  private:
-  TensorAccess& store_;
   std::vector<std::span<float>> open_;
   std::vector<std::vector<double>> squares_;
 };
