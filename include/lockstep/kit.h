@@ -94,6 +94,12 @@ std::vector<UnitOutcome> AuditKit(const KitAuditOptions& options);
 void CheckVerdictAgreesWithHashes(std::string_view verdict, const Digest& expected,
                                   const std::optional<Digest>& replayed, bool has_error,
                                   std::string_view what);
+// The unit of `trajectory` (read from `trajectory_path`) that a row of an audit report or
+// receipt names, which must have the row's kind, steps and expected hash; fails naming `what`
+// otherwise: the one reading of "this row is of this kit".
+const kit::Unit& KitUnitOf(const kit::Trajectory& trajectory, std::string_view trajectory_path,
+                           std::string_view name, std::string_view kind, uint64_t start_step,
+                           uint64_t until_step, const Digest& expected, std::string_view what);
 // A fixed-width table: unit, mode, steps, expected, got, MATCH/MISMATCH/ERROR, wall s, peak RSS.
 std::string KitAuditTable(const std::vector<UnitOutcome>& outcomes);
 // A JSON array with one object per unit (the unit, the verdict, the publisher's measurements and

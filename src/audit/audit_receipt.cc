@@ -253,14 +253,10 @@ void CheckReceipt(ReadReceipt& rr, const CoverageOptions& o, const kit::KitManif
     const std::string name = StringField(u, "unit", at);
     const std::string shown = ShownJson(u.at("unit"));
     if (rr.proof.contains(name)) Fail("{}: unit {} appears twice", at, shown);
-    const auto unit = std::ranges::find(trajectory.units, name, &kit::Unit::name);
-    if (unit == trajectory.units.end()) Fail("{}: the kit has no unit {}", at, shown);
     const Digest expected = DigestField(u, "expected", at);
-    if (StringField(u, "kind", at) != kit::UnitKindName(unit->kind) ||
-        U64Field(u, "start_step", at) != unit->start_step ||
-        U64Field(u, "until_step", at) != unit->until_step || expected != unit->expected_hash) {
-      Fail("{}: unit {} is not the kit's (kind, steps or expected hash differ)", at, name);
-    }
+    const kit::Unit* const unit =
+        &KitUnitOf(trajectory, kit::kTrajectoryName, name, StringField(u, "kind", at),
+                   U64Field(u, "start_step", at), U64Field(u, "until_step", at), expected, at);
     for (const char* key : {"wall_ms", "peak_rss_bytes", "read_bytes"}) U64Field(u, key, at);
     const std::optional<Digest> replayed =
         u.at("replayed").is_null() ? std::nullopt : std::optional(DigestField(u, "replayed", at));

@@ -109,6 +109,26 @@ std::vector<UnitOutcome> AuditKit(const KitAuditOptions& options) {
   return outcomes;
 }
 
+const kit::Unit& KitUnitOf(const kit::Trajectory& trajectory, std::string_view trajectory_path,
+                           std::string_view name, std::string_view kind, uint64_t start_step,
+                           uint64_t until_step, const Digest& expected, std::string_view what) {
+  const auto unit = std::ranges::find(trajectory.units, name, &kit::Unit::name);
+  if (unit == trajectory.units.end()) {
+    Fail("{}: {} has no such unit ({}): this is not an audit of this kit", what, trajectory_path,
+         ShownJson(nlohmann::json(name)));
+  }
+  if (kit::UnitKindName(unit->kind) != kind || unit->start_step != start_step ||
+      unit->until_step != until_step || unit->expected_hash != expected) {
+    Fail(
+        "{}: {}'s unit {} is {} steps {}-{} expecting {}, not {} steps {}-{} expecting {}: this "
+        "is not an audit of this kit",
+        what, trajectory_path, unit->name, kit::UnitKindName(unit->kind), unit->start_step,
+        unit->until_step, ToHex(unit->expected_hash), ShownJson(nlohmann::json(kind)), start_step,
+        until_step, ToHex(expected));
+  }
+  return *unit;
+}
+
 void CheckVerdictAgreesWithHashes(std::string_view verdict, const Digest& expected,
                                   const std::optional<Digest>& replayed, bool has_error,
                                   std::string_view what) {

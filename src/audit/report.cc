@@ -291,17 +291,8 @@ void CheckAuditIsOfSource(const std::vector<AuditRow>& audit, const Source& s, c
       Fail("{}: an init unit covers step 0, not {}-{}", at, r.start_step, r.until_step);
     }
     if (s.trajectory) {
-      const std::string trajectory = (source / kit::kTrajectoryName).string();
-      const auto unit = std::ranges::find(s.trajectory->units, r.unit, &kit::Unit::name);
-      if (unit == s.trajectory->units.end()) {
-        Fail("{}: {} has no such unit: this is not an audit of this kit", at, trajectory);
-      }
-      if (kit::UnitKindName(unit->kind) != r.kind || unit->start_step != r.start_step ||
-          unit->until_step != r.until_step || unit->expected_hash != expected) {
-        Fail("{}: {}'s unit is {} steps {}-{} expecting {}: this is not an audit of this kit", at,
-             trajectory, kit::UnitKindName(unit->kind), unit->start_step, unit->until_step,
-             ToHex(unit->expected_hash));
-      }
+      KitUnitOf(*s.trajectory, (source / kit::kTrajectoryName).string(), r.unit, r.kind,
+                r.start_step, r.until_step, expected, at);
       continue;
     }
     const auto line = std::ranges::find(s.chain, r.until_step, &StateHashLine::step);
