@@ -357,6 +357,10 @@ class Model {
   std::span<const float> Param(TensorAccess& access, size_t i) const;
   // access.WillOpenParam for every tensor of `layer`.
   void WillOpenLayer(TensorAccess& access, int64_t layer) const;
+  // Layer `layer`'s parameters opened into w (kTensorsPerLayer, in LayerTensor order), and
+  // closed.
+  void OpenLayer(TensorAccess& access, int64_t layer, std::span<std::span<const float>> w) const;
+  void CloseLayer(TensorAccess& access, int64_t layer) const;
   std::span<float> Grad(TensorAccess& access, size_t i, bool accumulate) const;
   // Layer l's forward from its input with parameters w (kTensorsPerLayer tensors): every
   // activation its backward reads, and with `output` the layer's output (the next layer's input,

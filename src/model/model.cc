@@ -183,6 +183,22 @@ void Model::WillOpenLayer(TensorAccess& access, int64_t layer) const {
   }
 }
 
+void Model::OpenLayer(TensorAccess& access, int64_t layer,
+                      std::span<std::span<const float>> w) const {
+  const ParamIndex P(config_);
+  LOCKSTEP_CHECK(w.size() == kTensorsPerLayer, "OpenLayer into {} spans", w.size());
+  for (size_t which = 0; which < kTensorsPerLayer; ++which) {
+    w[which] = Param(access, P.Layer(layer, which));
+  }
+}
+
+void Model::CloseLayer(TensorAccess& access, int64_t layer) const {
+  const ParamIndex P(config_);
+  for (size_t which = 0; which < kTensorsPerLayer; ++which) {
+    access.CloseParam(P.Layer(layer, which));
+  }
+}
+
 std::span<const float> Model::Param(TensorAccess& access, size_t i) const {
   const std::span<const float> p = access.OpenParam(i);
   if (static_cast<int64_t>(p.size()) != specs_[i].numel()) {
@@ -243,9 +259,7 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
   WillOpenLayer(access, 0);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     std::array<std::span<const float>, kTensorsPerLayer> w;
-    for (size_t which = 0; which < kTensorsPerLayer; ++which) {
-      w[which] = Param(access, P.Layer(l, which));
-    }
+    OpenLayer(access, l, w);
     if (l + 1 < c.n_layers) {
       WillOpenLayer(access, l + 1);
     } else {
@@ -253,7 +267,7 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
       access.WillOpenParam(P.output);
     }
     ForwardLayer(obs, l, w, /*output=*/true);
-    for (size_t which = 0; which < kTensorsPerLayer; ++which) access.CloseParam(P.Layer(l, which));
+    CloseLayer(access, l);
   }
 
   // Final RMSNorm and the fused output head + cross-entropy + z-loss.
@@ -332,9 +346,7 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
 
   for (int64_t l = c.n_layers - 1; l >= 0; --l) {
     std::array<std::span<const float>, kTensorsPerLayer> w;
-    for (size_t which = 0; which < kTensorsPerLayer; ++which) {
-      w[which] = Param(access, P.Layer(l, which));
-    }
+    OpenLayer(access, l, w);
     if (l > 0) {
       WillOpenLayer(access, l - 1);
     } else if (c.embedding_norm) {
@@ -347,7 +359,7 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
       ForwardLayer({.observer = nullptr, .executor = obs.executor}, l, w, /*output=*/false);
     }
     BackwardLayer(access, l, w, accumulate);
-    for (size_t which = 0; which < kTensorsPerLayer; ++which) access.CloseParam(P.Layer(l, which));
+    CloseLayer(access, l);
   }
 
   // Embedding norm and embedding.
