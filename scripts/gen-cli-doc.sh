@@ -87,6 +87,35 @@ naming the option.
 
 ## Outputs
 
+Every output of every command is one of four kinds, checked when the command line is read
+(before any work) and again when it is written:
+
+- **a file replaced whole** (`generate --receipt`, `audit --receipt`, `--report` and
+  `--json-out`, `coverage --out` and `--json`, `report --out`, `forward --out`, `replay
+  --loss-log`): absent, or a regular file. It is written under a staging name beside it and
+  renamed onto it when whole (`--loss-log`, which grows as the replay runs, is truncated in
+  place instead), so the old file stays until the new one is complete.
+- **a new file** (`keygen --out` and its `KEY.pub`, `export --format gguf --out`): absent. It
+  never replaces anything, not even a file that appears while it is written (the rename is
+  RENAME_NOREPLACE).
+- **a new directory** (`data synth`, `data tokenize`, `data import` and `tokenizer train
+  --out`, `kit build --out`, `export --format hf --out`, `trace --out`): absent (made with its
+  parents) or empty. `kit build` and `export` fill a staging directory beside it and rename it
+  into place, so the output is absent or whole.
+- **a directory the command adds to** (`train --out`, `train` and `replay --spill-dir`,
+  `replay --save-checkpoint-dir`, `kit fetch DEST`, `selftest --dump-programs`): absent (made
+  with its parents) or a directory.
+
+For every kind, a symbolic link, a character or block device, a FIFO or a socket at the output
+path is refused with exit status 2 naming the option and the path, and left as it was: an output
+is never written through a link, into a device or into a FIFO, and never replaces one. So is an
+empty path, and, for a file, a path that names a directory (`DIR/`, `.`, `..`) or lies in a
+directory that does not exist. A staging name is `.NAME.PID-N.tmp` beside the output NAME, made
+exclusively (`O_EXCL`, `mkdir`): a name already taken, by anything of anyone's, is passed over
+and never removed, and when a command fails it removes only what it made itself. A write that
+fails part-way (a full disk) names the file and how many of its bytes were written, and leaves
+no staging behind and the output as it was.
+
 No command writes over what it reads. Before a command opens an output (a file or a directory
 it creates or fills), the output is compared with every input the command reads and every
 directory it reads from (a checkpoint, a run and its chain, a kit, a dataset), by identity:

@@ -218,7 +218,8 @@ class File {
   // A regular file, read-only; a FIFO, device or directory is refused at once ("not a regular
   // file"), never waited on.
   static File OpenForReading(const std::filesystem::path& path);
-  // Write-only, created 0644 or truncated.
+  // Write-only, created 0644 or truncated: a regular file only. A symbolic link at the path is
+  // never followed, and a device, FIFO, socket or directory there is refused, untouched.
   static File Create(const std::filesystem::path& path);
   // Read-write, created with `permissions`; an existing file is refused (O_EXCL), so nothing of
   // someone else's is ever replaced, and a secret is never readable by others, even briefly.
@@ -283,6 +284,11 @@ class Directory {
   // `path` itself (made, with its parents, when `create` and absent); refused when it is a
   // symbolic link or not a directory.
   static Directory Open(const std::filesystem::path& path, bool create);
+  // The directory that holds `path` ("." for a bare name), which must exist; links in the
+  // directory's own path are followed (it is where the user put the output).
+  static Directory HolderOf(const std::filesystem::path& path);
+  // The same directory, on a descriptor of its own.
+  Directory Duplicate() const;
   // The subdirectory `relative` (no "..", no root): each component made when absent and opened
   // without following a link; a link among them is refused.
   Directory Subdirectory(const std::filesystem::path& relative) const;
@@ -293,14 +299,19 @@ class Directory {
   // A symbolic link, a FIFO, a directory or a file with another hard link is refused.
   File OpenForReading(std::string_view name) const;
   File OpenForAppend(std::string_view name) const;
-  // `text` as file `name`: written and fsynced under a fresh temporary name, renamed over `name`
-  // (which replaces a link there, never writes through it), the directory fsynced.
+  // A new file `name`, read-write, made with O_EXCL: nothing when the name is taken (by
+  // anything, a dangling link included); fails naming the path on any other error.
+  std::optional<File> CreateNew(std::string_view name, unsigned permissions) const;
+  // `text` as file `name`: a StagedFile of kind OutputKind::kFile (a regular file there is
+  // replaced whole; anything else there is refused, untouched).
   void WriteFileSynced(std::string_view name, std::string_view text) const;
   void Rename(std::string_view from, std::string_view to) const;
   void Remove(std::string_view name) const;  // a file; nothing when absent
   void Sync() const { dir_.Sync(); }
 
  private:
+  friend class StagedFile;
+  friend class StagedDirectory;
   explicit Directory(File dir) : dir_(std::move(dir)) {}
   File OpenRegular(std::string_view name, int flags, const char* what) const;
   File dir_;
@@ -312,8 +323,8 @@ std::string ReadFileText(const std::filesystem::path& path);
 // Writes the file and fsyncs it (not its directory). Fails naming the path.
 void WriteFileSynced(const std::filesystem::path& path, std::span<const uint8_t> bytes);
 void WriteFileSynced(const std::filesystem::path& path, std::string_view text);
-// `text` as the file at `path`, which is replaced whole or not at all (Directory::
-// WriteFileSynced in its parent directory, which must exist).
+// `text` as the file at `path`, which is replaced whole or not at all: a StagedFile of kind
+// OutputKind::kFile in the directory that holds it, which must exist.
 void ReplaceFileSynced(const std::filesystem::path& path, std::string_view text);
 // Appends `text` (O_APPEND, created 0644 if absent) and fsyncs: for logs read line by line.
 void AppendFileSynced(const std::filesystem::path& path, std::string_view text);
@@ -347,5 +358,76 @@ struct NamedPath {
 // that do not exist are skipped: the command refuses those itself.
 void RefuseOutputsOntoInputs(const std::vector<NamedPath>& outputs,
                              const std::vector<NamedPath>& inputs);
+
+// ---- outputs: what a command may write at a path (docs/cli.md, "Outputs") ---------------------
+// Every output of every command is one of these kinds, checked when the command line is read
+// (OutputProblem) and again by the writer when it commits (StagedFile, StagedDirectory,
+// File::Create). A symbolic link, a device, a FIFO or a socket at an output path is refused for
+// every kind: never written through, never replaced.
+enum class OutputKind {
+  kFile,          // a file replaced whole: absent, or a regular file
+  kNewFile,       // a file that never replaces anything: absent
+  kNewDirectory,  // a directory the command fills: absent (made with its parents) or empty
+  kDirectory,     // a directory the command adds to (a run, a download, scratch space): absent
+                  // (made with its parents) or a directory
+};
+// Why `path` cannot be an output of `kind`, as "PATH: reason" (e.g. "/dev/null: a character
+// device, not a regular file: an output is never written into or over one"); nothing when it
+// can. Also refused: an empty path; for a file, a path that names a directory ("DIR/", ".",
+// "..") or whose directory does not exist.
+std::optional<std::string> OutputProblem(const std::filesystem::path& path, OutputKind kind);
+// Fails "OPTION PATH-problem" when OutputProblem finds one.
+void CheckOutput(const NamedPath& out, OutputKind kind);
+
+// A file written under a fresh name beside its destination (".NAME.PID-N.tmp", made with
+// O_EXCL, so nothing already there is ever touched) and renamed onto it when whole: the one way
+// lockstep writes an output file. The destination is checked (OutputProblem, for kFile or
+// kNewFile) when the staging file is made and again just before the rename; kNewFile renames
+// with RENAME_NOREPLACE, so a file that appeared meanwhile is not replaced either. Until Commit,
+// the destructor removes the staging file -- and only it: a failed write (a full disk) leaves
+// nothing behind and nothing changed.
+class StagedFile {
+ public:
+  StagedFile(const std::filesystem::path& out, OutputKind kind, unsigned permissions = 0644);
+  StagedFile(const Directory& dir, std::string_view name, OutputKind kind,
+             unsigned permissions = 0644);
+  StagedFile(const StagedFile&) = delete;
+  StagedFile& operator=(const StagedFile&) = delete;
+  ~StagedFile();
+  File& file() { return file_; }
+  // fsync, close, rename onto the destination, fsync the directory.
+  void Commit();
+
+ private:
+  Directory dir_;
+  std::string name_, temp_;
+  OutputKind kind_;
+  File file_;
+  bool committed_ = false;
+};
+
+// A directory filled under a fresh name beside its destination (".NAME.PID-N.tmp", made with
+// mkdir, which never takes an existing name) and renamed onto it when whole, so that the
+// destination is absent or complete. The destination must be absent or an empty directory
+// (kNewDirectory), checked when staging starts and by rename(2) itself at Commit. Until Commit,
+// the destructor removes the staging directory with what the command put in it -- and nothing
+// else: a directory of the user's at any name is never removed.
+class StagedDirectory {
+ public:
+  explicit StagedDirectory(const std::filesystem::path& out);
+  StagedDirectory(const StagedDirectory&) = delete;
+  StagedDirectory& operator=(const StagedDirectory&) = delete;
+  ~StagedDirectory();
+  // Where to write: the staging directory.
+  const std::filesystem::path& path() const { return staging_; }
+  // fsync the staging directory, rename it onto the destination, fsync the holder.
+  void Commit();
+
+ private:
+  Directory holder_;
+  std::string name_, temp_;
+  std::filesystem::path staging_;
+  bool committed_ = false;
+};
 
 }  // namespace lockstep

@@ -28,8 +28,9 @@ struct NamedTensor {
 };
 
 // Writes `tensors` (data laid out in the given order) and `metadata` (the "__metadata__" entry,
-// omitted when empty) and fsyncs the file. The bytes are a pure function of the arguments.
-// Fails on duplicate, empty or reserved names and on a data size that does not match the shape.
+// omitted when empty) as the file at `path`, replaced whole (a StagedFile). The bytes are a pure
+// function of the arguments. Fails on duplicate, empty or reserved names and on a data size that
+// does not match the shape.
 void WriteSafetensors(const std::filesystem::path& path, std::span<const NamedTensor> tensors,
                       const std::map<std::string, std::string>& metadata);
 // The exact bytes WriteSafetensors writes.

@@ -92,11 +92,17 @@ std::string ConfigYaml(const Json& descriptor, std::string_view what) {
   return yaml;
 }
 
+// A copy of `from` at the new path `to` (its directories made), fsynced.
 void CopyFile(const fs::path& from, const fs::path& to) {
   std::error_code ec;
   fs::create_directories(to.parent_path(), ec);
   if (!ec) fs::copy_file(from, to, fs::copy_options::none, ec);
-  if (ec) Fail("copying {} to {}: {}", from.string(), to.string(), ec.message());
+  if (ec) {
+    const std::string why = ec.message();
+    Fail("copying {} ({} bytes) to {}: {}", from.string(), fs::file_size(from, ec), to.string(),
+         why);
+  }
+  File::OpenForReading(to).Sync();
 }
 
 // Every regular file under `dir`, described, sorted by relative path; kit.json excluded.
@@ -117,10 +123,7 @@ std::vector<KitFile> DescribeTree(const fs::path& dir) {
 }  // namespace
 
 Trajectory BuildKit(const KitBuildOptions& options) {
-  if (fs::exists(options.out_dir)) {
-    Fail("--out {}: already exists (a kit is built into a new directory)",
-         options.out_dir.string());
-  }
+  CheckOutput({"--out", options.out_dir}, OutputKind::kNewDirectory);
   const fs::path hashes_path = RunLayout{options.run_dir}.hashes();
   const std::vector<StateHashLine> lines = ReadStateHashLines(hashes_path);
   if (lines.empty()) Fail("{}: no line for step 0 (the init)", hashes_path.string());
@@ -254,21 +257,28 @@ Trajectory BuildKit(const KitBuildOptions& options) {
     trajectory.units.push_back(std::move(unit));
   }
 
-  // Built in a temporary sibling and renamed, so that out_dir is either absent or a whole kit.
-  const fs::path out = options.out_dir.lexically_normal();
-  const fs::path tmp = out.parent_path() / (".tmp-" + out.filename().string());
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
-  CopyFile(options.data_dir / "manifest.json", tmp / kDataDir / "manifest.json");
+  // What the kit copies, from where to where (relative to the kit).
+  std::vector<std::pair<fs::path, fs::path>> copies = {
+      {options.data_dir / "manifest.json", fs::path(kDataDir) / "manifest.json"}};
   for (const data::ShardInfo& shard : dataset.shards()) {
     for (const std::string& name : {shard.bin, shard.idx}) {
-      CopyFile(options.data_dir / name, tmp / kDataDir / name);
+      copies.emplace_back(options.data_dir / name, fs::path(kDataDir) / name);
     }
   }
   for (const PublishedCheckpoint& c : checkpoints) {
-    for (const std::string& name : c.files) CopyFile(c.dir / name, tmp / kit_checkpoint(c) / name);
+    for (const std::string& name : c.files)
+      copies.emplace_back(c.dir / name, fs::path(kit_checkpoint(c)) / name);
   }
-  if (fs::exists(signatures)) CopyFile(signatures, tmp / kSignaturesName);
+  if (fs::exists(signatures)) copies.emplace_back(signatures, kSignaturesName);
+  uint64_t bytes = 0;
+  for (const auto& [from, to] : copies) bytes += fs::file_size(from);
+  RequireFreeSpace(options.out_dir, bytes, "the kit");
+
+  // Built in a staging directory beside it and renamed, so that out_dir is either absent or a
+  // whole kit; on any failure the staging directory goes, with only what was copied into it.
+  StagedDirectory staged(options.out_dir);
+  const fs::path& tmp = staged.path();
+  for (const auto& [from, to] : copies) CopyFile(from, tmp / to);
   WriteFileSynced(tmp / kConfigName, config_yaml);
   WriteFileSynced(tmp / kTrajectoryName, TrajectoryJson(trajectory));
 
@@ -278,11 +288,7 @@ Trajectory BuildKit(const KitBuildOptions& options) {
   manifest.contract_version = build::kContractVersion;
   manifest.files = DescribeTree(tmp);
   WriteFileSynced(tmp / kManifestName, ManifestJson(manifest));
-  SyncDirectory(tmp);
-  std::error_code ec;
-  fs::rename(tmp, out, ec);
-  if (ec) Fail("renaming {} to {}: {}", tmp.string(), out.string(), ec.message());
-  SyncDirectory(out.parent_path().empty() ? fs::path(".") : out.parent_path());
+  staged.Commit();
   return trajectory;
 }
 

@@ -38,7 +38,21 @@ File File::OpenForReading(const std::filesystem::path& path) {
 }
 
 File File::Create(const std::filesystem::path& path) {
-  return Open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644, "for writing");
+  if (const std::optional<std::string> problem = OutputProblem(path, OutputKind::kFile)) {
+    Fail("{}", *problem);
+  }
+  // Truncated only once known to be a regular file; O_NOFOLLOW and O_NONBLOCK keep a link or a
+  // FIFO that took the name since the check from being written through or waited on.
+  File file = Open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK, 0644, "for writing");
+  struct stat st {};
+  if (::fstat(file.fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    Fail("{}: not a regular file: refusing to write into it", path.string());
+  }
+  if (::ftruncate(file.fd_, 0) != 0) {
+    Fail("{}: cannot truncate: {}", path.string(), std::strerror(errno));
+  }
+  ::fcntl(file.fd_, F_SETFL, ::fcntl(file.fd_, F_GETFL) & ~O_NONBLOCK);
+  return file;
 }
 
 File File::CreateExclusive(const std::filesystem::path& path, unsigned permissions) {
@@ -153,7 +167,10 @@ void File::Write(std::span<const uint8_t> bytes) {
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd_, bytes.data() + done, bytes.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) Fail("{}: write failed: {}", path_.string(), std::strerror(errno));
+    if (n < 0) {
+      Fail("{}: write failed after {} of {} bytes: {}", path_.string(), done, bytes.size(),
+           std::strerror(errno));
+    }
     done += static_cast<size_t>(n);
   }
 }
@@ -169,8 +186,8 @@ void File::WriteAt(uint64_t offset, std::span<const uint8_t> bytes) {
                                static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      Fail("{}: write failed at byte {}: {}", path_.string(), offset + done,
-           n == 0 ? "nothing written" : std::strerror(errno));
+      Fail("{}: write failed at byte {} ({} of {} bytes written): {}", path_.string(),
+           offset + done, done, bytes.size(), n == 0 ? "nothing written" : std::strerror(errno));
     }
     done += static_cast<size_t>(n);
   }
@@ -385,10 +402,20 @@ Directory Directory::Open(const std::filesystem::path& path, bool create) {
   return Directory(File(fd, path));
 }
 
-Directory Directory::Subdirectory(const std::filesystem::path& relative) const {
+Directory Directory::HolderOf(const std::filesystem::path& path) {
+  return Directory(File::OpenDirectory(path.parent_path().empty() ? std::filesystem::path(".")
+                                                                  : path.parent_path()));
+}
+
+Directory Directory::Duplicate() const {
   const int self = ::fcntl(dir_.fd(), F_DUPFD_CLOEXEC, 0);
-  if (self < 0) Fail("{}: cannot duplicate its descriptor: {}", path().string(), std::strerror(errno));
-  File at(self, path());
+  if (self < 0)
+    Fail("{}: cannot duplicate its descriptor: {}", path().string(), std::strerror(errno));
+  return Directory(File(self, path()));
+}
+
+Directory Directory::Subdirectory(const std::filesystem::path& relative) const {
+  File at = Duplicate().dir_;
   for (const std::filesystem::path& component : relative) {
     const std::string name = component.string();
     if (name.empty() || name == ".") continue;
@@ -441,24 +468,18 @@ File Directory::OpenForAppend(std::string_view name) const {
   return OpenRegular(name, O_WRONLY | O_APPEND | O_CREAT, "for appending");
 }
 
-void Directory::WriteFileSynced(std::string_view name, std::string_view text) const {
+std::optional<File> Directory::CreateNew(std::string_view name, unsigned permissions) const {
   CheckName(path(), name);
-  // A fresh name: O_EXCL refuses anything already there, a link included.
-  std::string temp;
-  int fd = -1;
-  for (int attempt = 0; fd < 0; ++attempt) {
-    temp = fmt::format(".{}.{}-{}.tmp", name, ::getpid(), attempt);
-    fd = OpenAt(dir_.fd(), temp, O_WRONLY | O_CREAT | O_EXCL, 0644);
-    if (fd < 0 && (errno != EEXIST || attempt >= 100)) {
-      Fail("{}: cannot create: {}", (path() / temp).string(), std::strerror(errno));
-    }
-  }
-  File file(fd, path() / temp);
-  file.Write(text);
-  file.Sync();
-  file.Close();
-  Rename(temp, name);
-  Sync();
+  const int fd = OpenAt(dir_.fd(), std::string(name), O_RDWR | O_CREAT | O_EXCL, permissions);
+  if (fd < 0 && errno == EEXIST) return std::nullopt;
+  if (fd < 0) Fail("{}: cannot create: {}", (path() / name).string(), std::strerror(errno));
+  return File(fd, path() / name);
+}
+
+void Directory::WriteFileSynced(std::string_view name, std::string_view text) const {
+  StagedFile staged(*this, name, OutputKind::kFile);
+  staged.file().Write(text);
+  staged.Commit();
 }
 
 void Directory::Rename(std::string_view from, std::string_view to) const {
@@ -478,9 +499,245 @@ void Directory::Remove(std::string_view name) const {
 }
 
 void ReplaceFileSynced(const std::filesystem::path& path, std::string_view text) {
-  const std::filesystem::path parent =
+  StagedFile staged(path, OutputKind::kFile);
+  staged.file().Write(text);
+  staged.Commit();
+}
+
+// ---- outputs --------------------------------------------------------------------------------
+
+namespace {
+
+bool IsFileKind(OutputKind kind) {
+  return kind == OutputKind::kFile || kind == OutputKind::kNewFile;
+}
+
+const char* TypeName(mode_t mode) {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "a special file";
+}
+
+// What is wrong with what `st` describes (lstat: a link is not followed) as an output of `kind`,
+// emptiness aside; nothing when a command may write there.
+std::optional<std::string> ExistingProblem(const std::string& shown, const struct stat& st,
+                                           OutputKind kind) {
+  const mode_t mode = st.st_mode;
+  if (S_ISLNK(mode)) {
+    return fmt::format(
+        "{}: a symbolic link: an output is never written through a link nor "
+        "replaces one (name the file itself, or another path)",
+        shown);
+  }
+  if (!S_ISREG(mode) && !S_ISDIR(mode)) {
+    return fmt::format("{}: {}: an output is never written into nor replaces one", shown,
+                       TypeName(mode));
+  }
+  switch (kind) {
+    case OutputKind::kFile:
+      if (S_ISDIR(mode)) return fmt::format("{}: a directory, not a file", shown);
+      return std::nullopt;
+    case OutputKind::kNewFile:
+      return fmt::format(
+          "{}: exists ({}): this output never replaces anything (remove it or "
+          "name another path)",
+          shown, TypeName(mode));
+    case OutputKind::kNewDirectory:
+    case OutputKind::kDirectory:
+      if (!S_ISDIR(mode)) return fmt::format("{}: {}, not a directory", shown, TypeName(mode));
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+std::string StagingName(std::string_view name, int attempt) {
+  return fmt::format(".{}.{}-{}.tmp", name, ::getpid(), attempt);
+}
+constexpr int kStagingAttempts = 1000;
+
+// The directory that will hold output file `out`, once `out` is known to be a possible output.
+Directory CheckedHolder(const std::filesystem::path& out, OutputKind kind) {
+  if (const std::optional<std::string> problem = OutputProblem(out, kind)) Fail("{}", *problem);
+  return Directory::HolderOf(out);
+}
+
+// `out` without trailing separators ("kit/" is the directory "kit").
+std::filesystem::path WithoutTrailingSlash(std::filesystem::path out) {
+  while (!out.has_filename() && out.has_parent_path() && out != out.root_path()) {
+    out = out.parent_path();
+  }
+  return out;
+}
+
+// The directory that will hold output directory `out` (made, with its parents, when absent).
+Directory StagingHolder(const std::filesystem::path& out) {
+  if (const std::optional<std::string> problem = OutputProblem(out, OutputKind::kNewDirectory)) {
+    Fail("{}", *problem);
+  }
+  const std::filesystem::path target = WithoutTrailingSlash(out);
+  const std::filesystem::path name = target.filename();
+  if (name.empty() || name == "." || name == "..") {
+    Fail("{}: names no directory that can be made (name the new directory itself)", out.string());
+  }
+  if (target.has_parent_path()) {
+    std::error_code ec;
+    std::filesystem::create_directories(target.parent_path(), ec);
+    if (ec) Fail("{}: cannot make the directory: {}", target.parent_path().string(), ec.message());
+  }
+  return Directory::HolderOf(target);
+}
+
+}  // namespace
+
+std::optional<std::string> OutputProblem(const std::filesystem::path& path, OutputKind kind) {
+  const bool file = IsFileKind(kind);
+  if (path.empty()) {
+    return fmt::format("'': an empty path names no {}", file ? "file" : "directory");
+  }
+  const std::string shown = path.string();
+  const std::filesystem::path name = path.filename();
+  if (file && (name.empty() || name == "." || name == "..")) {
+    return fmt::format("{}: names a directory, not a file", shown);
+  }
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (std::optional<std::string> problem = ExistingProblem(shown, st, kind)) return problem;
+    if (kind == OutputKind::kNewDirectory) {
+      std::error_code ec;
+      const bool empty = std::filesystem::is_empty(path, ec);
+      if (ec) return fmt::format("{}: cannot list the directory: {}", shown, ec.message());
+      if (!empty) {
+        return fmt::format(
+            "{}: a directory that is not empty (this output must be absent or an "
+            "empty directory)",
+            shown);
+      }
+    }
+    return std::nullopt;
+  }
+  if (errno == ENOTDIR) return fmt::format("{}: a part of the path is not a directory", shown);
+  if (errno != ENOENT)
+    return fmt::format("{}: cannot be examined: {}", shown, std::strerror(errno));
+  if (!file) return std::nullopt;  // made with its parents
+  const std::filesystem::path holder =
       path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
-  Directory::Open(parent, false).WriteFileSynced(path.filename().string(), text);
+  struct stat hs {};
+  if (::stat(holder.c_str(), &hs) != 0) {
+    return fmt::format("{}: there is no directory {} to write it in{}", shown, holder.string(),
+                       errno == ENOENT ? "" : fmt::format(" ({})", std::strerror(errno)));
+  }
+  if (!S_ISDIR(hs.st_mode)) {
+    return fmt::format("{}: {} is {}, not a directory", shown, holder.string(),
+                       TypeName(hs.st_mode));
+  }
+  return std::nullopt;
+}
+
+void CheckOutput(const NamedPath& out, OutputKind kind) {
+  if (const std::optional<std::string> problem = OutputProblem(out.path, kind)) {
+    Fail("{} {}", out.name, *problem);
+  }
+}
+
+StagedFile::StagedFile(const std::filesystem::path& out, OutputKind kind, unsigned permissions)
+    : StagedFile(CheckedHolder(out, kind), out.filename().string(), kind, permissions) {}
+
+StagedFile::StagedFile(const Directory& dir, std::string_view name, OutputKind kind,
+                       unsigned permissions)
+    : dir_(dir.Duplicate()), name_(name), kind_(kind), file_([&] {
+        LOCKSTEP_CHECK(IsFileKind(kind), "StagedFile of a directory kind");
+        CheckName(dir_.path(), name_);
+        struct stat st {};
+        if (::fstatat(dir_.dir_.fd(), name_.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+          if (auto problem = ExistingProblem((dir_.path() / name_).string(), st, kind)) {
+            Fail("{}", *problem);
+          }
+        }
+        for (int attempt = 0;; ++attempt) {
+          temp_ = StagingName(name_, attempt);
+          if (std::optional<File> file = dir_.CreateNew(temp_, permissions))
+            return std::move(*file);
+          if (attempt + 1 == kStagingAttempts) {
+            Fail("{}: {} staging names beside it are taken", (dir_.path() / name_).string(),
+                 kStagingAttempts);
+          }
+        }
+      }()) {}
+
+StagedFile::~StagedFile() {
+  if (!committed_) ::unlinkat(dir_.dir_.fd(), temp_.c_str(), 0);
+}
+
+void StagedFile::Commit() {
+  file_.Sync();
+  file_.Close();
+  const int fd = dir_.dir_.fd();
+  const std::string target = (dir_.path() / name_).string();
+  struct stat st {};
+  if (::fstatat(fd, name_.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    if (auto problem = ExistingProblem(target, st, kind_)) Fail("{}", *problem);
+  } else if (errno != ENOENT) {
+    Fail("{}: cannot be examined: {}", target, std::strerror(errno));
+  }
+  int rc;
+  if (kind_ == OutputKind::kNewFile) {
+    rc = ::renameat2(fd, temp_.c_str(), fd, name_.c_str(), RENAME_NOREPLACE);
+    if (rc != 0 && errno == EINVAL) {  // a file system without RENAME_NOREPLACE: link, unlink
+      rc = ::linkat(fd, temp_.c_str(), fd, name_.c_str(), 0);
+      if (rc == 0) ::unlinkat(fd, temp_.c_str(), 0);
+    }
+  } else {
+    rc = ::renameat(fd, temp_.c_str(), fd, name_.c_str());
+  }
+  if (rc != 0) {
+    if (errno == EEXIST) Fail("{}: appeared while it was written: never replaced", target);
+    Fail("renaming {} to {}: {}", (dir_.path() / temp_).string(), target, std::strerror(errno));
+  }
+  committed_ = true;
+  dir_.Sync();
+}
+
+StagedDirectory::StagedDirectory(const std::filesystem::path& out)
+    : holder_(StagingHolder(out)), name_(WithoutTrailingSlash(out).filename().string()) {
+  for (int attempt = 0;; ++attempt) {
+    temp_ = StagingName(name_, attempt);
+    if (::mkdirat(holder_.dir_.fd(), temp_.c_str(), 0755) == 0) break;
+    if (errno != EEXIST) {
+      Fail("{}: cannot make the directory: {}", (holder_.path() / temp_).string(),
+           std::strerror(errno));
+    }
+    if (attempt + 1 == kStagingAttempts) {
+      Fail("{}: {} staging names beside it are taken", (holder_.path() / name_).string(),
+           kStagingAttempts);
+    }
+  }
+  staging_ = holder_.path() / temp_;
+}
+
+StagedDirectory::~StagedDirectory() {
+  if (committed_) return;
+  std::error_code ignored;
+  std::filesystem::remove_all(staging_, ignored);
+}
+
+void StagedDirectory::Commit() {
+  SyncDirectory(staging_);
+  const int fd = holder_.dir_.fd();
+  const std::string target = (holder_.path() / name_).string();
+  if (::renameat(fd, temp_.c_str(), fd, name_.c_str()) != 0) {
+    if (errno == ENOTEMPTY || errno == EEXIST) {
+      Fail("{}: no longer an empty directory: nothing replaced", target);
+    }
+    if (errno == ENOTDIR) Fail("{}: exists and is not a directory: nothing replaced", target);
+    Fail("renaming {} to {}: {}", staging_.string(), target, std::strerror(errno));
+  }
+  committed_ = true;
+  holder_.Sync();
 }
 
 }  // namespace lockstep

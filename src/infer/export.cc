@@ -144,53 +144,6 @@ std::string BytePiece(int64_t id) {
   return fmt::format("<|unused_{}|>", id);
 }
 
-// ---- output: a temporary sibling renamed into place -------------------------------------------
-
-class StagedOutput {
- public:
-  StagedOutput(const fs::path& out, bool directory, const VerifiedModel& m, const fs::path& data)
-      : out_(out) {
-    std::error_code ec;
-    if (out.filename().empty()) Fail("--out {}: names no file or directory", out.string());
-    RefuseOutputsOntoInputs({{"--out", out}}, {{"--checkpoint", m.dir}, {"--data", data}});
-    if (fs::exists(fs::symlink_status(out, ec))) {
-      const bool empty_dir = directory && fs::is_directory(out, ec) && fs::is_empty(out, ec);
-      if (!empty_dir) {
-        Fail("--out {}: exists; an export never writes over anything ({})", out.string(),
-             directory ? "an empty directory is accepted" : "remove it or name another file");
-      }
-      replace_empty_dir_ = true;
-    }
-    const fs::path parent = out.parent_path().empty() ? fs::path(".") : out.parent_path();
-    if (!fs::is_directory(parent, ec)) {
-      Fail("--out {}: its directory {} does not exist", out.string(), parent.string());
-    }
-    tmp_ = parent / fmt::format(".tmp-{}-{}", out.filename().string(), ::getpid());
-    fs::remove_all(tmp_, ec);
-    if (directory) fs::create_directory(tmp_);
-  }
-  ~StagedOutput() {
-    if (!committed_) {
-      std::error_code ec;
-      fs::remove_all(tmp_, ec);
-    }
-  }
-  StagedOutput(const StagedOutput&) = delete;
-  StagedOutput& operator=(const StagedOutput&) = delete;
-
-  const fs::path& path() const { return tmp_; }
-  void Commit() {
-    if (replace_empty_dir_) fs::remove(out_);  // fails (and keeps tmp_ away) unless still empty
-    fs::rename(tmp_, out_);
-    committed_ = true;
-    SyncDirectory(out_.parent_path().empty() ? fs::path(".") : out_.parent_path());
-  }
-
- private:
-  fs::path out_, tmp_;
-  bool replace_empty_dir_ = false, committed_ = false;
-};
-
 // ---- GGUF v3 ------------------------------------------------------------------------------------
 
 enum class GgufType : uint32_t {
@@ -248,7 +201,7 @@ class GgufWriter {
     Tensor(std::move(name), std::move(shape), std::span<const float>(*owned_.back()));
   }
 
-  void Write(const fs::path& path) {
+  void Write(File& file) {
     std::vector<uint8_t> head;
     auto put = [&](const auto& v) {
       const auto* b = reinterpret_cast<const uint8_t*>(&v);
@@ -270,19 +223,12 @@ class GgufWriter {
       offset += Padded(t.data.size_bytes());
     }
     head.resize(Padded(head.size()), 0);
-    std::FILE* f = std::fopen(path.c_str(), "wb");
-    if (f == nullptr) Fail("{}: cannot create: {}", path.string(), std::strerror(errno));
-    bool ok = std::fwrite(head.data(), 1, head.size(), f) == head.size();
+    file.Write(head);
     static const uint8_t zeros[kGgufAlignment] = {};
     for (const TensorEntry& t : tensors_) {
-      const size_t n = t.data.size_bytes();
-      ok = ok && std::fwrite(t.data.data(), 1, n, f) == n;
-      const size_t pad = Padded(n) - n;
-      ok = ok && std::fwrite(zeros, 1, pad, f) == pad;
+      file.Write(std::span(reinterpret_cast<const uint8_t*>(t.data.data()), t.data.size_bytes()));
+      file.Write(std::span(zeros, Padded(t.data.size_bytes()) - t.data.size_bytes()));
     }
-    ok = ok && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
-    ok = (std::fclose(f) == 0) && ok;
-    if (!ok) Fail("{}: write failed: {}", path.string(), std::strerror(errno));
   }
 
  private:
@@ -588,8 +534,8 @@ std::string GgufTokenizer(GgufWriter& g, const std::string& arch, const ModelCon
   return "tokenizer: " + what;
 }
 
-void WriteGguf(const VerifiedModel& m, const std::string& arch, const Tokenizer& tok,
-               const fs::path& path, std::vector<std::string>& notes) {
+void WriteGguf(const VerifiedModel& m, const std::string& arch, const Tokenizer& tok, File& file,
+               std::vector<std::string>& notes) {
   const ModelConfig& c = m.config.model;
   const Params p(m.params);
   GgufWriter g;
@@ -650,7 +596,7 @@ void WriteGguf(const VerifiedModel& m, const std::string& arch, const Tokenizer&
   }
   g.Tensor("output_norm.weight", {c.d_model}, p.Get("final_norm.weight"));
   g.Tensor("output.weight", {c.vocab, c.d_model}, p.Get("output.weight"));
-  g.Write(path);
+  g.Write(file);
 }
 
 // ---- Hugging Face ---------------------------------------------------------------------------
@@ -868,18 +814,24 @@ ExportResult Export(const VerifiedModel& m, ExportFormat format, const fs::path&
                     const fs::path& data) {
   ExportResult result;
   result.architecture = ExportArchitecture(m.config.model, format);
+  const NamedPath named_out{"--out", out};
+  CheckOutput(named_out,
+              format == ExportFormat::kHf ? OutputKind::kNewDirectory : OutputKind::kNewFile);
+  RefuseOutputsOntoInputs({named_out}, {{"--checkpoint", m.dir}, {"--data", data}});
   const Tokenizer tok = DatasetTokenizer(m, data);
   // The tensors in fp32 (hf also splits w_gate_up, the same bytes), plus headers and tokenizer.
   RequireFreeSpace(out, static_cast<uint64_t>(m.params.NumParameters()) * 4 + (uint64_t{64} << 20),
                    "export");
-  StagedOutput staged(out, format == ExportFormat::kHf, m, data);
+  // Written under a staging name beside it and renamed: the output appears whole or not at all.
   if (format == ExportFormat::kHf) {
+    StagedDirectory staged(out);
     WriteHf(m, result.architecture, tok, staged.path(), result.notes);
-    SyncDirectory(staged.path());
+    staged.Commit();
   } else {
-    WriteGguf(m, result.architecture, tok, staged.path(), result.notes);
+    StagedFile staged(out, OutputKind::kNewFile);
+    WriteGguf(m, result.architecture, tok, staged.file(), result.notes);
+    staged.Commit();
   }
-  staged.Commit();
   return result;
 }
 

@@ -109,7 +109,9 @@ std::vector<uint8_t> SafetensorsBytes(std::span<const NamedTensor> tensors,
 
 void WriteSafetensors(const std::filesystem::path& path, std::span<const NamedTensor> tensors,
                       const std::map<std::string, std::string>& metadata) {
-  WriteFileSynced(path, Serialize(tensors, metadata, path.string()));
+  StagedFile staged(path, OutputKind::kFile);
+  staged.file().Write(Serialize(tensors, metadata, path.string()));
+  staged.Commit();
 }
 
 SafetensorsFile ParseSafetensors(std::vector<uint8_t> bytes, const std::filesystem::path& path) {

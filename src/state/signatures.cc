@@ -32,19 +32,27 @@ std::array<uint8_t, N> HexField(const Json& object, const char* key, std::string
 void WriteSigningKey(const fs::path& key_path, const Ed25519Seed& seed) {
   fs::path pub_path = key_path;
   pub_path += ".pub";
-  for (const fs::path& p : {key_path, pub_path}) {
-    if (fs::exists(p)) Fail("{} already exists: a key is never overwritten", p.string());
-  }
+  CheckOutput({"--out", key_path}, OutputKind::kNewFile);
+  CheckOutput({"KEY.pub", pub_path}, OutputKind::kNewFile);
   const std::string secret =
       Json{{"format", kKeyFormat}, {"format_version", kKeyVersion}, {"ed25519_seed", ToHex(seed)}}
           .dump(2) +
       "\n";
-  // Created 0600 in one step (exclusive): the seed is never readable by others, even briefly.
-  File key = File::CreateExclusive(key_path, 0600);
-  key.Write(secret);
-  key.Sync();
-  key.Close();
-  WriteFileSynced(pub_path, PublicKeyJson(PublicKeyOf(seed)));
+  // Both written whole under staging names before either takes its name, the secret made 0600
+  // in one step (never readable by others, even briefly): a full disk leaves neither file, and
+  // an existing file, or one that appears meanwhile, is never replaced.
+  StagedFile key(key_path, OutputKind::kNewFile, 0600);
+  key.file().Write(secret);
+  StagedFile pub(pub_path, OutputKind::kNewFile);
+  pub.file().Write(PublicKeyJson(PublicKeyOf(seed)));
+  key.Commit();
+  try {
+    pub.Commit();
+  } catch (const Error&) {
+    std::error_code ignored;
+    fs::remove(key_path, ignored);  // the key this call just made, useless without its .pub
+    throw;
+  }
 }
 
 std::string PublicKeyJson(const Ed25519PublicKey& key) {

@@ -70,7 +70,8 @@ TEST_F(KitTest, BuildIsDeterministicAndRefusesAnExistingDirectory) {
   }
   const Result exists = Lockstep(build + (dir_ / "again").string());
   EXPECT_EQ(exists.exit_code, 2);
-  EXPECT_NE(exists.output.find("already exists"), std::string::npos) << exists.output;
+  EXPECT_NE(exists.output.find("a directory that is not empty"), std::string::npos)
+      << exists.output;
 }
 
 TEST_F(KitTest, BuildRefusesADatasetTheRunDidNotTrainOn) {

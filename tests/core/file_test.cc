@@ -80,8 +80,8 @@ TEST_F(FileTest, LogLinesRefuseOrDropATornLastLine) {
 }
 
 // A Directory never reaches outside itself: a symbolic link on the way or at the name, and a
-// file with a second hard link, are refused by name; WriteFileSynced replaces a link at its name
-// instead of writing through it; Subdirectory makes what is missing.
+// file with a second hard link, are refused by name (WriteFileSynced neither writes through a
+// link at its name nor replaces it); Subdirectory makes what is missing.
 TEST_F(FileTest, ADirectoryNeverReachesOutsideItself) {
   const fs::path outside = dir_ / "outside.txt";
   WriteFileSynced(outside, "theirs");
@@ -102,10 +102,14 @@ TEST_F(FileTest, ADirectoryNeverReachesOutsideItself) {
   EXPECT_FALSE(fs::exists(dir_ / "x"));
   EXPECT_THROW(Directory::Open(dir_ / "dest/up", false), Error);
 
-  sub.WriteFileSynced("symlinked", "mine");
-  EXPECT_FALSE(fs::is_symlink(dir_ / "dest/a/b/symlinked"));
-  EXPECT_EQ(ReadFileText(dir_ / "dest/a/b/symlinked"), "mine");
+  // A link is neither written through nor replaced (the output rule), and no staging is left.
+  EXPECT_THROW(sub.WriteFileSynced("symlinked", "mine"), Error);
+  EXPECT_TRUE(fs::is_symlink(dir_ / "dest/a/b/symlinked"));
   EXPECT_EQ(ReadFileText(outside), "theirs");
+  sub.WriteFileSynced("plain", "mine");
+  sub.WriteFileSynced("plain", "mine again");
+  EXPECT_EQ(ReadFileText(dir_ / "dest/a/b/plain"), "mine again");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_ / "dest/a/b"), fs::directory_iterator()), 4);
   sub.Rename("new", "renamed");
   sub.Remove("renamed");
   sub.Remove("renamed");  // absent: nothing

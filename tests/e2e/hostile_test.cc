@@ -48,7 +48,7 @@ fs::path Hostile::dir_;
 
 TEST_F(Hostile, PathsOfTheWrongKind) {
   WriteFileSynced(dir_ / "a_file", "x");
-  ExpectRefused(Lockstep(Train("a_file", "--steps 1")), "exists and is not a directory");
+  ExpectRefused(Lockstep(Train("a_file", "--steps 1")), "a regular file, not a directory");
   // A FIFO where a shard should be: refused at once, not waited on.
   fs::copy(dir_ / "data", dir_ / "fifo_data", fs::copy_options::recursive);
   fs::remove(dir_ / "fifo_data/shard_00000.bin");

@@ -147,7 +147,9 @@ void AddDataCommands(CLI::App& app, int* exit_code) {
       "synth",
       "write a deterministic synthetic corpus (a pure function of --seed and --tokens): made-up "
       "words with Zipfian frequencies in sentences from a small grammar, byte-tokenized");
-  s->add_option("--out", synth->out, "output directory (must not exist or be empty)")->required();
+  s->add_option("--out", synth->out, "output directory (must not exist or be empty)")
+      ->required()
+      ->check(OutputPath(OutputKind::kNewDirectory));
   AddUnsignedOption(s, "--seed", &synth->seed, UINT64_MAX, "corpus seed (Philox key)")
       ->default_str(std::to_string(synth->seed));
   s->add_option("--tokens", synth->tokens,
@@ -171,7 +173,8 @@ void AddDataCommands(CLI::App& app, int* exit_code) {
       ->expected(1, -1)
       ->check(CLI::ExistingFile);
   t->add_option("--out", tokenize->out, "output directory (must not exist or be empty)")
-      ->required();
+      ->required()
+      ->check(OutputPath(OutputKind::kNewDirectory));
   t->add_option("--shard-tokens", tokenize->shard_tokens, "at most this many tokens per shard")
       ->capture_default_str()
       ->check(IntegerIn(1, UINT64_MAX));
@@ -207,7 +210,8 @@ void AddDataCommands(CLI::App& app, int* exit_code) {
       ->required()
       ->check(IntegerIn(0, UINT64_MAX));
   m->add_option("--out", import->out, "output directory (must not exist or be empty)")
-      ->required();
+      ->required()
+      ->check(OutputPath(OutputKind::kNewDirectory));
   m->add_option("--shard-tokens", import->shard_tokens, "at most this many tokens per shard")
       ->capture_default_str()
       ->check(IntegerIn(1, UINT64_MAX));
@@ -247,7 +251,9 @@ void AddTokenizerCommands(CLI::App& app, int* exit_code) {
       ->required()
       ->check(IntegerIn(0, UINT64_MAX));
   t->add_option("--model", train->model, "unigram or bpe")->capture_default_str();
-  t->add_option("--out", train->out, "output directory (must not exist or be empty)")->required();
+  t->add_option("--out", train->out, "output directory (must not exist or be empty)")
+      ->required()
+      ->check(OutputPath(OutputKind::kNewDirectory));
   t->final_callback([train, exit_code] {
     const std::vector<std::filesystem::path> inputs(train->inputs.begin(), train->inputs.end());
     std::vector<NamedPath> read;

@@ -30,7 +30,9 @@ void AddTraceCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--data", o->data_dir, "the run's dataset directory")->required();
   AddUnsignedOption(cmd, "--step", &o->step, kMaxSteps, "the step to trace (after the checkpoint's)")
       ->required();
-  cmd->add_option("--out", o->out, "the trace directory to create")->required();
+  cmd->add_option("--out", o->out, "the trace directory to create")
+      ->required()
+      ->check(OutputPath(OutputKind::kNewDirectory));
   cmd->add_option("--dump-op", *dump_ops,
                   "also write op K's input and output tensors to OUT/op_K.safetensors (what a "
                   "party reveals to the referee); may be given more than once")
@@ -188,7 +190,9 @@ void AddKeygenCommand(CLI::App& app, int* exit_code) {
       "create an Ed25519 signing key (libsodium) for lockstep train --sign-key: KEY (the secret "
       "seed, mode 0600) and KEY.pub (the public key to publish); prints the public key. An "
       "existing file is never overwritten. Exit 0, 2 on error");
-  cmd->add_option("--out", *out, "the secret key file to create (KEY.pub beside it)")->required();
+  cmd->add_option("--out", *out, "the secret key file to create (KEY.pub beside it)")
+      ->required()
+      ->check(OutputPath(OutputKind::kNewFile));
   cmd->final_callback([out, exit_code] {
     WriteSigningKey(*out, NewEd25519Seed());
     fs::path pub = *out;

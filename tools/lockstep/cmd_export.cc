@@ -17,9 +17,11 @@ struct ExportOptions {
 };
 
 int RunExport(const ExportOptions& o) {
-  RefuseOutputsOntoInputs({{"--out", o.out}}, {{"--checkpoint", o.checkpoint}, {"--data", o.data}});
   const infer::ExportFormat format =
       o.format == "hf" ? infer::ExportFormat::kHf : infer::ExportFormat::kGguf;
+  CheckOutput({"--out", o.out}, format == infer::ExportFormat::kHf ? OutputKind::kNewDirectory
+                                                                   : OutputKind::kNewFile);
+  RefuseOutputsOntoInputs({{"--out", o.out}}, {{"--checkpoint", o.checkpoint}, {"--data", o.data}});
   // Refuse what the target cannot express before reading gigabytes of weights.
   infer::ExportArchitecture(infer::ConfigOfCheckpoint(OpenCheckpoint(o.checkpoint)).model, format);
   const infer::VerifiedModel loaded = infer::LoadVerified(o.checkpoint);

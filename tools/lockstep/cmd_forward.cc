@@ -63,7 +63,9 @@ void AddForwardCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--tokens", o->tokens,
                   "raw little-endian uint32 token ids: T+1 ids give T positions")
       ->required();
-  cmd->add_option("--out", o->out, "output .safetensors file")->required();
+  cmd->add_option("--out", o->out, "output .safetensors file")
+      ->required()
+      ->check(OutputPath(OutputKind::kFile));
   cmd->add_option("--threads", o->threads, "worker threads (results do not depend on it)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));

@@ -224,7 +224,8 @@ void AddGenerateCommands(CLI::App& app, int* exit_code) {
       ->check(PositiveNumber());
   AddUnsignedOption(cmd, "--seed", &o->sampling.seed, UINT64_MAX, "the sampling seed (default 0)");
   cmd->add_option("--receipt", o->receipt,
-                  "write a receipt of this generation (JSON) here; not over an input");
+                  "write a receipt of this generation (JSON) here; not over an input")
+      ->check(OutputPath(OutputKind::kFile));
   cmd->add_option("--sign-key", o->sign_key,
                   "sign the receipt with this Ed25519 key (lockstep keygen)")
       ->check(CLI::ExistingFile);

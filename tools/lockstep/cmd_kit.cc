@@ -162,18 +162,6 @@ int RunAudit(const AuditCommand& command) {
                           {{"KIT", command.options.kit_dir},
                            {"--trusted-key", command.trust.trusted_key},
                            {"--sign-key", command.sign_key}});
-  // The outputs must be writable files before anything is replayed, which may take hours.
-  for (const auto& [name, path] :
-       {std::pair<std::string_view, fs::path>{"--json-out", command.json_out},
-        {"--receipt", command.receipt},
-        {"--report", command.report}}) {
-    if (path.empty()) continue;
-    const fs::path parent = path.parent_path().empty() ? fs::path(".") : path.parent_path();
-    if (fs::is_directory(path)) Fail("{} {}: a directory, not a file", name, path.string());
-    if (!fs::is_directory(parent)) {
-      Fail("{} {}: there is no directory {} to write it in", name, path.string(), parent.string());
-    }
-  }
   std::optional<Ed25519Seed> key;
   if (!command.sign_key.empty()) key = ReadSigningKey(command.sign_key);
   const std::vector<std::string> problems = KitProblems(command.options.kit_dir, command.trust);
@@ -210,7 +198,7 @@ int RunAudit(const AuditCommand& command) {
     fmt::print(stderr, "{}", table);
     fmt::print("{}", json);
   } else {
-    WriteFileSynced(command.json_out, json);
+    ReplaceFileSynced(command.json_out, json);
     fmt::print("{}", table);
   }
   const bool all_match = std::all_of(outcomes.begin(), outcomes.end(),
@@ -339,7 +327,9 @@ void AddKitCommands(CLI::App& app, int* exit_code) {
   build_cmd->add_option("--run", build->run_dir, "run directory (lockstep train --out)")
       ->required();
   build_cmd->add_option("--data", build->data_dir, "the dataset the run trained on")->required();
-  build_cmd->add_option("--out", build->out_dir, "kit directory to create")->required();
+  build_cmd->add_option("--out", build->out_dir, "kit directory to create (absent or empty)")
+      ->required()
+      ->check(OutputPath(OutputKind::kNewDirectory));
   build_cmd->final_callback([build, exit_code] { *exit_code = RunBuild(*build); });
 
   auto inspect_dir = std::make_shared<std::string>();
@@ -366,7 +356,9 @@ void AddKitCommands(CLI::App& app, int* exit_code) {
                "lists into DEST/<path>.part, resuming partial downloads, verified before it is "
                "renamed. Exit 1 when a file fails verification (it is deleted)");
   fetch_cmd->add_option("URL", fetch->url, "the kit's base URL (holding kit.json)")->required();
-  fetch_cmd->add_option("DEST", fetch->dest, "destination directory")->required();
+  fetch_cmd->add_option("DEST", fetch->dest, "destination directory")
+      ->required()
+      ->check(OutputPath(OutputKind::kDirectory));
   fetch_cmd->add_option("--stall-timeout", fetch->stall_seconds,
                         "seconds a server may fail to connect, or send under --min-rate, before "
                         "the fetch stops with an error (run it again to resume)")
@@ -394,23 +386,29 @@ void AddKitCommands(CLI::App& app, int* exit_code) {
                         "worker threads (results do not depend on it)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
-  audit_cmd->add_option("--json-out", audit->json_out,
-                        "write the JSON report here; the table then goes to stdout");
+  audit_cmd
+      ->add_option("--json-out", audit->json_out,
+                   "write the JSON report here; the table then goes to stdout")
+      ->check(OutputPath(OutputKind::kFile));
   AddTrustOptions(audit_cmd, audit->trust);
   audit_cmd->add_flag("--force", audit->options.force,
                       "replay even when the kit does not verify or the memory plan exceeds the "
                       "machine (the verdict still counts every problem)");
   AddDeviceOption(audit_cmd, &audit->device);
-  audit_cmd->add_option("--receipt", audit->receipt,
-                        "write an audit receipt here (docs/formats/receipt.md, kind \"audit\"): "
-                        "per unit the verdict, the hashes and a proof of replay, with this "
-                        "machine, binary and resources; written for failed replays too");
+  audit_cmd
+      ->add_option("--receipt", audit->receipt,
+                   "write an audit receipt here (docs/formats/receipt.md, kind \"audit\"): "
+                   "per unit the verdict, the hashes and a proof of replay, with this "
+                   "machine, binary and resources; written for failed replays too")
+      ->check(OutputPath(OutputKind::kFile));
   audit_cmd->add_option("--sign-key", audit->sign_key,
                         "sign the receipt with this key (lockstep keygen); only signed receipts "
                         "count on a coverage page");
-  audit_cmd->add_option("--report", audit->report,
-                        "also write the receipt's facts as a human report (Markdown): kit, "
-                        "toolchain, command, checksums, result, resources, limits");
+  audit_cmd
+      ->add_option("--report", audit->report,
+                   "also write the receipt's facts as a human report (Markdown): kit, "
+                   "toolchain, command, checksums, result, resources, limits")
+      ->check(OutputPath(OutputKind::kFile));
   audit_cmd->final_callback([audit, exit_code] { *exit_code = RunAudit(*audit); });
 
   auto coverage = std::make_shared<CoverageCommand>();
@@ -425,9 +423,12 @@ void AddKitCommands(CLI::App& app, int* exit_code) {
       ->required()
       ->check(CLI::ExistingDirectory);
   AddCoverageFlags(coverage_cmd, coverage->flags, true);
-  coverage_cmd->add_option("--out", coverage->out, "the HTML page to write")->required();
-  coverage_cmd->add_option("--json", coverage->json_out,
-                           "also write the coverage as JSON (docs/audit.md)");
+  coverage_cmd->add_option("--out", coverage->out, "the HTML page to write")
+      ->required()
+      ->check(OutputPath(OutputKind::kFile));
+  coverage_cmd
+      ->add_option("--json", coverage->json_out, "also write the coverage as JSON (docs/audit.md)")
+      ->check(OutputPath(OutputKind::kFile));
   coverage_cmd->final_callback([coverage, exit_code] { *exit_code = RunCoverage(*coverage); });
 
   auto report = std::make_shared<audit::ReportOptions>();
@@ -447,7 +448,9 @@ void AddKitCommands(CLI::App& app, int* exit_code) {
                          "the JSON report of `lockstep audit KIT --json-out PATH`")
       ->check(CLI::ExistingFile);
   AddCoverageFlags(report_cmd, *report_coverage, false);
-  report_cmd->add_option("--out", report->out, "the HTML file to write")->required();
+  report_cmd->add_option("--out", report->out, "the HTML file to write")
+      ->required()
+      ->check(OutputPath(OutputKind::kFile));
   report_cmd->final_callback([report, report_audit, report_coverage, exit_code] {
     if (!report_audit->empty()) report->audit = *report_audit;
     std::vector<NamedPath> inputs = CoverageInputs(*report_coverage);

@@ -49,16 +49,20 @@ void AddReplayCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--save-checkpoint-dir", f->save_checkpoint_dir,
-                  "after a match, write the hand-off checkpoint DIR/checkpoints/step_N");
-  cmd->add_option("--loss-log", f->loss_log, "write each replayed step's loss as JSONL");
+                  "after a match, write the hand-off checkpoint DIR/checkpoints/step_N")
+      ->check(OutputPath(OutputKind::kDirectory));
+  cmd->add_option("--loss-log", f->loss_log, "write each replayed step's loss as JSONL")
+      ->check(OutputPath(OutputKind::kFile));
   cmd->add_option("--compare-checkpoint", f->compare_checkpoint,
                   "the publisher's checkpoint at --until-step: on a difference, name each "
                   "differing hash component and the first differing element of each tensor");
   cmd->add_option("--spill-dir", f->spill_dir,
                   "interval unit: keep parameters, AdamW moments and gradients on disk in this "
                   "directory (4 MiB chunks, each digested and checked when read back; unlinked at "
-                  "once, so they vanish even if the replay is killed). Default: in RAM when the memory plan fits MemAvailable, else on disk "
-                  "under the system's temp directory. Same bits either way");
+                  "once, so they vanish even if the replay is killed). Default: in RAM when the "
+                  "memory plan fits MemAvailable, else on disk "
+                  "under the system's temp directory. Same bits either way")
+      ->check(OutputPath(OutputKind::kDirectory));
   AddRecomputeOption(cmd, &o.activations);
   cmd->add_flag("--force", o.force,
                 "replay even when the memory plan exceeds MemAvailable or the start "

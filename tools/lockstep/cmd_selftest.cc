@@ -308,7 +308,8 @@ void AddSelftestCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--dump-programs", options->dump_programs,
                   "with a device: write the programs as its compiler built them into this "
-                  "directory (PTX on NVIDIA, as NAME.ptx, for scripts/ptx-check.sh)");
+                  "directory (PTX on NVIDIA, as NAME.ptx, for scripts/ptx-check.sh)")
+      ->check(OutputPath(OutputKind::kDirectory));
   cmd->add_option("--time-gemm", options->time_gemm,
                   "with a device: time the device GEMM (y = x·wᵀ, N x N x N, operands on "
                   "the device, best of 3) and print it as a JSON line with TFLOP/s")

@@ -22,7 +22,9 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--data", options->data_dir, "dataset directory (lockstep data synth|tokenize)")
       ->required();
-  cmd->add_option("--out", options->run_dir, "run directory")->required();
+  cmd->add_option("--out", options->run_dir, "run directory")
+      ->required()
+      ->check(OutputPath(OutputKind::kDirectory));
   auto steps = std::make_shared<int64_t>(-1);
   auto* steps_opt = cmd->add_option(
       "--steps", *steps,
@@ -41,7 +43,8 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
                   "of 4 MiB chunks, each digested and checked when read back; unlinked at once, so "
                   "they vanish even if the run is killed), "
                   "with only what a pass needs in RAM: for models larger than memory. Same bits as "
-                  "training in RAM");
+                  "training in RAM")
+      ->check(OutputPath(OutputKind::kDirectory));
   AddRecomputeOption(cmd, &options->activations);
   cmd->add_option("--comm-timeout", options->comm_timeout_seconds,
                   "multi-process runs (mpirun -np N lockstep train ...): seconds a rank waits for "

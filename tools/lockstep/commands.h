@@ -54,6 +54,11 @@ void AddRecomputeOption(CLI::App* cmd, Model::Activations* activations);
 CLI::Option* AddUnsignedOption(CLI::App* cmd, const std::string& name, uint64_t* value,
                                uint64_t max, const std::string& help);
 void AddTestFaultOptions(CLI::App* cmd, train::TestFaults* faults, bool replica);
+// An output path of `kind` (lockstep::OutputProblem: no link, device, FIFO or socket; a file
+// that names a file in an existing directory; a new directory empty or absent), refused when the
+// command line is read, before any work: "--out: /dev/null: a character device: ...". Unnamed,
+// so --help (and docs/cli.md) show the option's type unchanged.
+CLI::Validator OutputPath(OutputKind kind);
 // A number > 0 and a number >= 0, refused as "must be > 0, not X". (CLI11's PositiveNumber
 // and NonNegativeNumber print their range's upper end, DBL_MAX, in 300-odd digits.)
 const CLI::Validator& PositiveNumber();

@@ -3,7 +3,12 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 
 #include "lockstep/build_info.h"
@@ -141,7 +146,32 @@ int Run(int argc, char** argv) {
 }  // namespace
 }  // namespace lockstep::cli
 
-int main(int argc, char** argv) {
+namespace {
+
+// A closed standard stream (`>&-`) is held open read-only on /dev/null, so that no file the
+// command opens takes its descriptor (and its output), and a write to it fails (EBADF).
+void HoldStandardStreams() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int held = ::open("/dev/null", O_RDONLY);
+    if (held != fd && held >= 0) ::close(held);  // fd was taken meanwhile: nothing to hold
+  }
+}
+
+// What a command printed must have reached its standard output: a full disk or a closed stdout
+// is an error naming stdout, never a silent exit 0 (a script reading the output would take the
+// little that arrived for all of it). Keeps a non-zero status the command chose.
+int CheckStdout(int status) {
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  if (flushed && !std::ferror(stdout)) return status;
+  std::fprintf(stderr,
+               "lockstep: error: writing to standard output failed%s%s: its output is lost\n",
+               flushed ? "" : ": ", flushed ? "" : std::strerror(errno));
+  return status == 0 ? 2 : status;
+}
+
+int RunReportingErrors(int argc, char** argv) {
   try {
     return lockstep::cli::Run(argc, argv);
   } catch (const lockstep::InternalError& e) {
@@ -156,4 +186,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "lockstep: error: %s\n", e.what());
     return 2;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  HoldStandardStreams();
+  return CheckStdout(RunReportingErrors(argc, argv));
 }

@@ -98,6 +98,12 @@ CLI::Validator IntegerIn(uint64_t min, uint64_t max) {
       fmt::format("INT in [{} - {}]", min, max));
 }
 
+CLI::Validator OutputPath(OutputKind kind) {
+  return CLI::Validator(
+      [kind](std::string& text) -> std::string { return OutputProblem(text, kind).value_or(""); },
+      "");
+}
+
 const CLI::Validator& PositiveNumber() {
   static const CLI::Validator validator = NumberAtLeast(true);
   return validator;
