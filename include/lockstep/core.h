@@ -320,6 +320,13 @@ class Directory {
 // Whole-file read; fails naming the path and the OS error.
 std::vector<uint8_t> ReadFileBytes(const std::filesystem::path& path);
 std::string ReadFileText(const std::filesystem::path& path);
+// The same for a file a user gives, of at most `max_bytes`: sized before it is read, so a larger
+// one (a 1 TiB sparse file included) is refused naming the file, its size and what `what` may
+// hold, without a byte read or allocated; one that grows past the cap while read is refused too.
+std::vector<uint8_t> ReadFileBytes(const std::filesystem::path& path, uint64_t max_bytes,
+                                   std::string_view what);
+std::string ReadFileText(const std::filesystem::path& path, uint64_t max_bytes,
+                         std::string_view what);
 // Writes the file and fsyncs it (not its directory). Fails naming the path.
 void WriteFileSynced(const std::filesystem::path& path, std::span<const uint8_t> bytes);
 void WriteFileSynced(const std::filesystem::path& path, std::string_view text);

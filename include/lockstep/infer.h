@@ -131,6 +131,12 @@ struct Request {
   uint64_t id = 0;  // keys the request's draws: its tokens do not depend on the other requests
   std::vector<uint32_t> prompt;  // 1 .. seq_len ids
 };
+// The most requests one generation -- a --batch, and so a receipt -- may hold: generate refuses
+// a larger batch and verify-generation a larger receipt before anything else is read of them.
+inline constexpr size_t kMaxRequests = 4096;
+// The first two requests (positions, in order) that share an id, found in O(n log n); nothing
+// when every id is distinct. Each request's draws are keyed by its id, so ids must be distinct.
+std::optional<std::pair<size_t, size_t>> FirstSharedId(std::span<const Request> requests);
 enum class Stop { kEndOfDocument, kMaxTokens, kSeqLen };
 std::string_view StopName(Stop stop);  // "end_of_document", "max_tokens", "seq_len"
 struct Generation {

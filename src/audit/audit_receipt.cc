@@ -352,12 +352,7 @@ std::vector<ReadReceipt> ReadReceipts(const CoverageOptions& o, const kit::KitMa
       if (!fs::is_regular_file(path)) Fail("{}: not a regular file", rr.file);
       // A receipt of a kit of 10,000 units is about 7 MiB.
       constexpr uint64_t kMaxReceiptBytes = uint64_t{16} << 20;
-      const uint64_t size = fs::file_size(path);
-      if (size > kMaxReceiptBytes) {
-        Fail("{}: {} bytes, more than a receipt may hold ({})", rr.file, size,
-             MiB(kMaxReceiptBytes));
-      }
-      const std::string text = ReadFileText(path);
+      const std::string text = ReadFileText(path, kMaxReceiptBytes, "an audit receipt");
       const auto [first, fresh] = seen.emplace(
           Sha256({reinterpret_cast<const uint8_t*>(text.data()), text.size()}), rr.file);
       if (!fresh) {

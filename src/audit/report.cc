@@ -223,7 +223,7 @@ struct AuditRow {
 
 std::vector<AuditRow> ReadAudit(const fs::path& path) {
   const std::string what = path.string();
-  const json report = ParseJsonStrict(ReadFileText(path), what);
+  const json report = ParseJsonStrict(ReadFileText(path, kMaxJsonBytes, "an audit report"), what);
   if (!report.is_array()) Fail("{}: not a JSON array (lockstep audit --json-out writes one)", what);
   std::vector<AuditRow> rows;
   for (size_t i = 0; i < report.size(); ++i) {

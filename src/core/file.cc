@@ -214,6 +214,26 @@ std::string ReadFileText(const std::filesystem::path& path) {
   return std::string(bytes.begin(), bytes.end());
 }
 
+std::vector<uint8_t> ReadFileBytes(const std::filesystem::path& path, uint64_t max_bytes,
+                                   std::string_view what) {
+  const File file = File::OpenForReading(path);
+  const uint64_t size = file.Size();
+  if (size > max_bytes) {
+    Fail("{}: {} bytes, more than {} may hold ({} bytes)", path.string(), size, what, max_bytes);
+  }
+  std::vector<uint8_t> bytes(static_cast<size_t>(size) + 1);  // one more: a file that grew
+  const size_t read = file.ReadUpTo(0, bytes);
+  if (read > size) Fail("{}: grew while it was read ({} bytes when opened)", path.string(), size);
+  bytes.resize(read);
+  return bytes;
+}
+
+std::string ReadFileText(const std::filesystem::path& path, uint64_t max_bytes,
+                         std::string_view what) {
+  const std::vector<uint8_t> bytes = ReadFileBytes(path, max_bytes, what);
+  return std::string(bytes.begin(), bytes.end());
+}
+
 void WriteFileSynced(const std::filesystem::path& path, std::span<const uint8_t> bytes) {
   File file = File::Create(path);
   file.Write(bytes);

@@ -1,7 +1,9 @@
 // Generation: prompts prefilled, then decoded side by side, one token per request per step.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include "lockstep/infer.h"
 
@@ -19,6 +21,19 @@ Digest ChainStep(const Digest& previous, std::span<const float> logits) {
 }
 
 }  // namespace
+
+std::optional<std::pair<size_t, size_t>> FirstSharedId(std::span<const Request> requests) {
+  std::vector<size_t> order(requests.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::ranges::stable_sort(order, {}, [&](size_t i) { return requests[i].id; });
+  std::optional<std::pair<size_t, size_t>> first;
+  for (size_t k = 1; k < order.size(); ++k) {
+    if (requests[order[k - 1]].id != requests[order[k]].id) continue;
+    const std::pair<size_t, size_t> pair{order[k - 1], order[k]};  // in order: stable sort
+    if (!first || pair.second < first->second) first = pair;
+  }
+  return first;
+}
 
 std::string_view StopName(Stop stop) {
   switch (stop) {

@@ -94,13 +94,21 @@ std::string GenerationReceipt(const VerifiedModel& model, const ReceiptTokenizer
                     {"logits_chain", std::move(chain)}});
   }
   r["requests"] = std::move(list);
-  return SealReceipt(r, key);
+  std::string sealed = SealReceipt(r, key);
+  if (sealed.size() > kMaxJsonBytes) {  // what verify-generation would refuse is never written
+    Fail(
+        "the receipt would be {} bytes, more than a receipt may hold ({} bytes): generate fewer "
+        "requests or tokens per receipt",
+        sealed.size(), kMaxJsonBytes);
+  }
+  return sealed;
 }
 
 ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path,
                                        const VerifiedModel& model, const Ed25519PublicKey* trusted,
                                        const OpHooks& hooks) {
-  const OpenedReceipt parsed = OpenReceipt(ReadFileText(path), path.string(), trusted);
+  const OpenedReceipt parsed =
+      OpenReceipt(ReadFileText(path, kMaxJsonBytes, "a receipt"), path.string(), trusted);
   const json& r = parsed.receipt;
   const std::string what = path.string() + ": receipt";
   RequireKeys(r,
@@ -170,6 +178,10 @@ ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path,
 
   const json& list = r.at("requests");
   if (!list.is_array() || list.empty()) Fail("{}: requests is not a non-empty array", what);
+  if (list.size() > kMaxRequests) {
+    Fail("{}: {} requests, more than one generation may hold ({})", what, list.size(),
+         kMaxRequests);
+  }
   std::vector<Request> requests;
   struct Claimed {
     std::vector<uint32_t> tokens;
@@ -202,6 +214,12 @@ ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path,
     }
     requests.push_back(std::move(request));
     claimed.push_back(std::move(c));
+  }
+  if (const auto shared = FirstSharedId(requests)) {
+    Fail(
+        "{}: requests[{}] and requests[{}] have the same id {} (each request's draws are keyed "
+        "by its id; generate refuses such a batch)",
+        what, shared->first, shared->second, requests[shared->first].id);
   }
 
   const std::vector<Generation> again = Generate(model, requests, params, eod, hooks);

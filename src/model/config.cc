@@ -283,7 +283,7 @@ RunConfig LoadRunConfig(const std::string& name_or_path) {
     for (const std::string& name : EmbeddedConfigNames()) known += (known.empty() ? "" : ", ") + name;
     Fail("config '{}' is neither an embedded config ({}) nor a .yaml file", name_or_path, known);
   }
-  return ParseRunConfig(ReadFileText(path), path.string());
+  return ParseRunConfig(ReadFileText(path, kMaxJsonBytes, "a config"), path.string());
 }
 
 std::string DescriptorJson(const RunConfig& config) {

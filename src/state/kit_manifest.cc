@@ -89,7 +89,7 @@ KitManifest ParseManifest(std::string_view text, std::string_view what) {
 
 KitManifest ReadManifest(const fs::path& kit_dir) {
   const fs::path path = kit_dir / kManifestName;
-  return ParseManifest(ReadFileText(path), path.string());
+  return ParseManifest(ReadFileText(path, kMaxJsonBytes, "a kit.json"), path.string());
 }
 
 KitFile DescribeFile(const fs::path& file, std::string relative_path) {

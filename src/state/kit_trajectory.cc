@@ -126,7 +126,7 @@ Trajectory ParseTrajectory(std::string_view text, std::string_view what) {
 
 Trajectory ReadTrajectory(const std::filesystem::path& kit_dir) {
   const std::filesystem::path path = kit_dir / kTrajectoryName;
-  return ParseTrajectory(ReadFileText(path), path.string());
+  return ParseTrajectory(ReadFileText(path, kMaxJsonBytes, "a trajectory.json"), path.string());
 }
 
 std::vector<std::string> VerifyKitChain(const std::filesystem::path& kit_dir) {

@@ -12,6 +12,7 @@ namespace {
 constexpr std::string_view kKeyFormat = "lockstep-signing-key";
 constexpr std::string_view kPublicKeyFormat = "lockstep-public-key";
 constexpr uint64_t kKeyVersion = 1;
+constexpr uint64_t kMaxKeyFileBytes = 4096;  // a key file lockstep writes is about 150 bytes
 
 std::vector<uint8_t> Message(std::string_view tag, uint64_t n, const Digest& digest) {
   std::vector<uint8_t> m(tag.begin(), tag.end());
@@ -63,7 +64,7 @@ std::string PublicKeyJson(const Ed25519PublicKey& key) {
 
 Ed25519Seed ReadSigningKey(const fs::path& key_path) {
   const std::string what = key_path.string();
-  const Json j = ParseJsonStrict(ReadFileText(key_path), what);
+  const Json j = ParseJsonStrict(ReadFileText(key_path, kMaxKeyFileBytes, "a key file"), what);
   RequireKeys(j, {"format", "format_version", "ed25519_seed"}, what);
   RequireFormat(j, kKeyFormat, kKeyVersion, what);
   return HexField<32>(j, "ed25519_seed", what);
@@ -71,7 +72,7 @@ Ed25519Seed ReadSigningKey(const fs::path& key_path) {
 
 Ed25519PublicKey ReadPublicKey(const fs::path& pub_path) {
   const std::string what = pub_path.string();
-  const Json j = ParseJsonStrict(ReadFileText(pub_path), what);
+  const Json j = ParseJsonStrict(ReadFileText(pub_path, kMaxKeyFileBytes, "a key file"), what);
   RequireKeys(j, {"format", "format_version", "ed25519"}, what);
   RequireFormat(j, kPublicKeyFormat, kKeyVersion, what);
   return HexField<32>(j, "ed25519", what);

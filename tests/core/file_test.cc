@@ -68,6 +68,26 @@ TEST_F(FileTest, ReadingRefusesWhatIsNotARegularFileWithoutWaiting) {
   test::ExpectError([&] { File::OpenForAppend(dir_ / "no" / "such" / "dir"); }, {"cannot open"});
 }
 
+// A user's file is sized before it is read: a sparse 1 TiB file is refused at once, naming the
+// file, its size and what it was taken for, without its bytes read or allocated.
+TEST_F(FileTest, ACappedReadSizesTheFileFirst) {
+  const fs::path huge = dir_ / "huge";
+  File::Create(huge);
+  fs::resize_file(huge, uint64_t{1} << 40);
+  try {
+    ReadFileBytes(huge, 1 << 20, "a receipt");
+    ADD_FAILURE() << "a 1 TiB file was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("huge: 1099511627776 bytes, more than a receipt may hold "
+                                         "(1048576 bytes)"),
+              std::string::npos)
+        << e.what();
+  }
+  WriteFileSynced(dir_ / "small", "abc");
+  EXPECT_EQ(ReadFileText(dir_ / "small", 3, "a key"), "abc");
+  EXPECT_THROW(ReadFileText(dir_ / "small", 2, "a key"), Error);
+}
+
 TEST_F(FileTest, LogLinesRefuseOrDropATornLastLine) {
   const fs::path log = dir_ / "log.jsonl";
   WriteFileSynced(log, "{\"a\": 1}\n{\"a\": 2}\n");

@@ -127,6 +127,54 @@ TEST_F(Generate, EditedReceiptsAreRefusedNamingTheFirstDifference) {
   EXPECT_NE(v.output.find("device"), std::string::npos) << v.output;
 }
 
+// A batch and a receipt are bounded the same way (infer::kMaxRequests), and two requests with
+// one id are refused by both, found by sorting (a batch of the most requests is refused at once).
+TEST_F(Generate, BatchesAndReceiptsShareOneBoundAndRefuseSharedIds) {
+  const std::string generate =
+      "generate --checkpoint " + Checkpoint(20) + " --max-tokens 2 --batch ";
+  {
+    std::ofstream batch(Path("too_many.jsonl"));
+    for (int i = 0; i <= 4096; ++i) batch << "{\"prompt_tokens\": [1]}\n";
+  }
+  Result r = Lockstep(generate + Path("too_many.jsonl"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("4097 lines, more requests than one generation may hold (4096)"),
+            std::string::npos)
+      << r.output;
+  {
+    std::ofstream batch(Path("shared.jsonl"));
+    for (int i = 0; i < 4096; ++i) {
+      batch << "{\"id\": \"" << (i == 5 || i == 4000 ? 7 : 100000 + i)
+            << "\", \"prompt_tokens\": [1]}\n";
+    }
+  }
+  r = Lockstep(generate + Path("shared.jsonl"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("lines 6 and 4001 have the same id 7"), std::string::npos) << r.output;
+  {
+    std::ofstream batch(Path("two.jsonl"));
+    batch << "{\"id\": \"3\", \"prompt_tokens\": [1]}\n{\"id\": \"4\", \"prompt_tokens\": [2]}\n";
+  }
+  r = Lockstep(generate + Path("two.jsonl") + " --receipt " + Path("two.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  json shared = Read("two.json");
+  shared["receipt"]["requests"][1]["id"] = "3";
+  Write("two_shared.json", shared);
+  Result v = Verify("two_shared.json");
+  EXPECT_EQ(v.exit_code, 2) << v.output;
+  EXPECT_NE(v.output.find("requests[0] and requests[1] have the same id 3"), std::string::npos)
+      << v.output;
+  json many = Read("two.json");
+  for (int i = 0; i < 4095; ++i)
+    many["receipt"]["requests"].push_back(many["receipt"]["requests"][0]);
+  Write("many.json", many);
+  v = Verify("many.json");
+  EXPECT_EQ(v.exit_code, 2) << v.output;
+  EXPECT_NE(v.output.find("4097 requests, more than one generation may hold (4096)"),
+            std::string::npos)
+      << v.output;
+}
+
 TEST_F(Generate, ASignedReceiptVerifiesUnderItsKeyAndAForgedOneIsRefused) {
   const Result g = Lockstep(GenerateArgs("signed.json") + " --sign-key " + Path("key"));
   ASSERT_EQ(g.exit_code, 0) << g.output;

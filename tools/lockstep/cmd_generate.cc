@@ -29,7 +29,11 @@ struct GenerateOptions {
 // optional "id" (a decimal string; default: the line's index from 0).
 std::vector<infer::Request> ReadBatch(const fs::path& path, const data::Tokenizer* tokenizer) {
   std::vector<infer::Request> requests;
-  const std::vector<std::string> lines = Lines(ReadFileText(path));
+  const std::vector<std::string> lines = Lines(ReadFileText(path, kMaxJsonBytes, "a --batch file"));
+  if (lines.size() > infer::kMaxRequests) {
+    Fail("{}: {} lines, more requests than one generation may hold ({})", path.string(),
+         lines.size(), infer::kMaxRequests);
+  }
   for (size_t i = 0; i < lines.size(); ++i) {
     const std::string what = fmt::format("{}: line {}", path.string(), i + 1);
     const nlohmann::json line = ParseJsonStrict(lines[i], what);
@@ -66,13 +70,9 @@ std::vector<infer::Request> ReadBatch(const fs::path& path, const data::Tokenize
     requests.push_back(std::move(r));
   }
   if (requests.empty()) Fail("{}: no requests", path.string());
-  for (size_t i = 0; i < requests.size(); ++i) {
-    for (size_t j = 0; j < i; ++j) {
-      if (requests[i].id == requests[j].id) {
-        Fail("{}: lines {} and {} have the same id {} (each request's draws are keyed by its id)",
-             path.string(), j + 1, i + 1, requests[i].id);
-      }
-    }
+  if (const auto shared = infer::FirstSharedId(requests)) {
+    Fail("{}: lines {} and {} have the same id {} (each request's draws are keyed by its id)",
+         path.string(), shared->first + 1, shared->second + 1, requests[shared->first].id);
   }
   return requests;
 }

@@ -210,12 +210,9 @@ int RunAudit(const AuditCommand& command) {
 // lines and lines starting with '#' are skipped.
 std::vector<Ed25519PublicKey> ReadTrustedKeys(const fs::path& path) {
   constexpr uint64_t kMaxBytes = 1 << 20;  // 15,000 keys
-  if (fs::is_regular_file(path) && fs::file_size(path) > kMaxBytes) {
-    Fail("--trusted-keys {}: {} bytes, more than a list of keys may hold ({})", path.string(),
-         fs::file_size(path), MiB(kMaxBytes));
-  }
   std::vector<Ed25519PublicKey> keys;
-  const std::vector<std::string> lines = Lines(ReadFileText(path));
+  const std::vector<std::string> lines =
+      Lines(ReadFileText(path, kMaxBytes, "a --trusted-keys list"));
   for (size_t i = 0; i < lines.size(); ++i) {
     std::string line = lines[i];
     while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
