@@ -81,9 +81,9 @@ model.md (the model, and `forward` with its input and output), inference.md (`ge
 
 Every numeric option takes a plain decimal number: digits, with no leading zero but 0 itself
 (`010` is refused, never read as octal 8), no `0x` hex, no spaces and no `+`; a `-` only where a
-negative value means something; a fraction and an exponent (`1.5`, `2e-3`) only where the option
-is a FLOAT. Anything else, and a value outside the range the help shows, ends with exit status 2
-naming the option.
+negative value means something, and never before a zero (`-0`, `-0.0`); a fraction and an
+exponent (`1.5`, `2e-3`) only where the option is a FLOAT. Anything else, and a value outside the
+range the help shows, ends with exit status 2 naming the option.
 
 ## Outputs
 

@@ -47,8 +47,10 @@ def options(cli_md):
 
 # Forms that are not plain decimal, each standing for a value in range where a lenient parser
 # reads it: octal, hex, spaces, a plus sign, a bare fraction.
-NOT_DECIMAL = ["010", "0x10", "0X1", "0b1", " 5", "5 ", "+5", "1_000", "0o7"]
-NOT_DECIMAL_FLOAT = ["0x10", "0x1p3", " 1", "1 ", "+1", ".5", "5.", "010", "inf", "1e", "1,5"]
+# And zero written as a negative ("-0"): a '-' only before a value below zero.
+NOT_DECIMAL = ["010", "0x10", "0X1", "0b1", " 5", "5 ", "+5", "1_000", "0o7", "-0", "-00"]
+NOT_DECIMAL_FLOAT = ["0x10", "0x1p3", " 1", "1 ", "+1", ".5", "5.", "010", "inf", "1e", "1,5",
+                     "-0", "-0.0", "-0e3"]
 
 
 def bad_values(kind, lo, hi):

@@ -24,13 +24,18 @@ bool Decimal(std::string_view text, bool negative, bool fraction) {
     while (i < text.size() && text[i] >= '0' && text[i] <= '9') ++i;
     return i - start;
   };
-  if (negative && i < text.size() && text[i] == '-') ++i;
+  const bool minus = negative && i < text.size() && text[i] == '-';
+  if (minus) ++i;
   const size_t first = i;
   const size_t whole = digits();
   if (whole == 0 || (whole > 1 && text[first] == '0')) return false;
   if (fraction && i < text.size() && text[i] == '.') {
     ++i;
     if (digits() == 0) return false;
+  }
+  // A '-' only before a value below zero: "-0" (or -0.0, -0e5) is zero written as a negative.
+  if (minus && text.substr(first, i - first).find_first_not_of("0.") == std::string_view::npos) {
+    return false;
   }
   if (fraction && i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
     ++i;
