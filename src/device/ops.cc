@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <limits>
 #include <map>
 #include <tuple>
 
@@ -40,9 +40,12 @@ std::string DeviceChoice::Flag() const {
 
 std::optional<DeviceChoice> ParseDeviceFlag(std::string_view text) {
   if (text == "cpu") return std::nullopt;
+  // An index as docs/cli.md's Numbers rule reads one: digits only, no leading zero ("cuda:01").
   const auto number = [](std::string_view s, int& out) {
-    const auto [end, error] = std::from_chars(s.data(), s.data() + s.size(), out);
-    return !s.empty() && error == std::errc() && end == s.data() + s.size() && out >= 0;
+    const std::optional<uint64_t> v = ParseDecimalU64(s);
+    if (!v || *v > static_cast<uint64_t>(std::numeric_limits<int>::max())) return false;
+    out = static_cast<int>(*v);
+    return true;
   };
   DeviceChoice choice;
   if (text == "opencl") return choice;

@@ -478,7 +478,8 @@ TEST(DeviceRules, ADeviceIsJudgedByItsSinglePrecisionConfig) {
   EXPECT_EQ(device::ParseDeviceFlag("cuda:3")->runtime, device::DeviceChoice::Runtime::kCuda);
   EXPECT_EQ(device::ParseDeviceFlag("cuda:3")->device, 3);
   for (const char* bad : {"gpu", "opencl:1", "opencl:-1:0", "opencl:a:b", "opencl:1:2:3",
-                          "cuda:", "cuda:-1", "cuda:0:0", "cuda:x", "CUDA", "cuda0"}) {
+                          "cuda:", "cuda:-1", "cuda:0:0", "cuda:x", "CUDA", "cuda0", "cuda:01",
+                          "opencl:00:0", "opencl:0:+1", "cuda: 1", "cuda:2147483648"}) {
     EXPECT_THROW(device::ParseDeviceFlag(bad), Error) << bad;
   }
 }

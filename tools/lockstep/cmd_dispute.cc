@@ -39,7 +39,7 @@ void AddTraceCommand(CLI::App& app, int* exit_code) {
       ->check(IntegerIn(0, INT64_MAX));
   cmd->add_option("--threads", o->threads, "worker threads (results do not depend on it)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
+      ->check(IntegerIn(1, 1024));
   cmd->add_flag("--progress,!--no-progress", o->progress, "show (default) or hide progress lines");
   AddTestFaultOptions(cmd, &o->faults, /*replica=*/false);
   auto device = std::make_shared<std::string>("cpu");

@@ -68,7 +68,7 @@ void AddForwardCommand(CLI::App& app, int* exit_code) {
       ->check(OutputPath(OutputKind::kFile));
   cmd->add_option("--threads", o->threads, "worker threads (results do not depend on it)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
+      ->check(IntegerIn(1, 1024));
   cmd->final_callback([o, exit_code] { *exit_code = RunForward(*o); });
 }
 

@@ -207,7 +207,7 @@ void AddGenerateCommands(CLI::App& app, int* exit_code) {
                   "ids and a request stops only at --max-tokens or seq_len");
   cmd->add_option("--max-tokens", o->sampling.max_tokens, "tokens generated per request at most")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+      ->check(IntegerIn(1, uint64_t{1} << 40));
   cmd->add_option("--temperature", o->sampling.temperature,
                   "logits are divided by it before sampling; 0: greedy (the lowest id of the "
                   "largest logit)")
@@ -215,7 +215,7 @@ void AddGenerateCommands(CLI::App& app, int* exit_code) {
       ->check(NonNegativeNumber());
   cmd->add_option("--top-k", o->sampling.top_k, "sample among the K most likely ids; 0: all")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 31));
+      ->check(IntegerIn(0, uint64_t{1} << 31));
   cmd->add_option("--top-p", o->sampling.top_p,
                   "then among the fewest most likely ids whose weight reaches P of the total; 1: "
                   "all")
@@ -232,7 +232,7 @@ void AddGenerateCommands(CLI::App& app, int* exit_code) {
   AddDeviceOption(cmd, &o->device);
   cmd->add_option("--threads", o->threads, "worker threads (results do not depend on it)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
+      ->check(IntegerIn(1, 1024));
   cmd->final_callback([o, exit_code] {
     if (!o->sign_key.empty() && o->receipt.empty()) Fail("--sign-key needs --receipt");
     *exit_code = RunGenerate(*o);
@@ -259,7 +259,7 @@ void AddGenerateCommands(CLI::App& app, int* exit_code) {
   AddDeviceOption(verify, &v->device);
   verify->add_option("--threads", v->threads, "worker threads (results do not depend on it)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
+      ->check(IntegerIn(1, 1024));
   verify->final_callback([v, exit_code] { *exit_code = RunVerify(*v); });
 }
 

@@ -43,8 +43,8 @@ int RunInspect(const fs::path& kit_dir) {
   const kit::KitManifest manifest = kit::ReadManifest(kit_dir);
   const kit::Trajectory trajectory = kit::ReadTrajectory(kit_dir);
   fmt::print("kit: {}\n", kit_dir.string());
-  fmt::print("built by lockstep {} (commit {}), numerics contract v{}\n",
-             manifest.lockstep_version, manifest.git_commit, manifest.contract_version);
+  fmt::print("built by lockstep {} (commit {}), numerics contract v{}\n", manifest.lockstep_version,
+             manifest.git_commit, manifest.contract_version);
   fmt::print("run descriptor: {}\n", trajectory.descriptor);
   fmt::print("\nunits ({}):\n", trajectory.units.size());
   for (const kit::Unit& u : trajectory.units) {
@@ -52,8 +52,8 @@ int RunInspect(const fs::path& kit_dir) {
       fmt::print("  {:<24} init      seed {}, config {}, data {}\n", u.name, u.seed, u.config,
                  u.data);
     } else {
-      fmt::print("  {:<24} interval  steps {} -> {} from {}\n", u.name, u.start_step,
-                 u.until_step, u.start_checkpoint);
+      fmt::print("  {:<24} interval  steps {} -> {} from {}\n", u.name, u.start_step, u.until_step,
+                 u.start_checkpoint);
     }
     fmt::print("  {:<24} expected  {}\n", "", ToHex(u.expected_hash));
     fmt::print("  {:<24} publisher wall time {}, peak RSS {}\n", "",
@@ -113,9 +113,8 @@ int RunVerify(const fs::path& kit_dir, const VerifyFlags& flags) {
     return 1;
   }
   const kit::KitManifest manifest = kit::ReadManifest(kit_dir);
-  fmt::print("kit verify: OK: {} files ({}) match kit.json (sha256 {}){}\n",
-             manifest.files.size(), MiB(TotalBytes(manifest)),
-             ToHex(Sha256(ReadFileBytes(kit_dir / kit::kManifestName))),
+  fmt::print("kit verify: OK: {} files ({}) match kit.json (sha256 {}){}\n", manifest.files.size(),
+             MiB(TotalBytes(manifest)), ToHex(Sha256(ReadFileBytes(kit_dir / kit::kManifestName))),
              flags.trusted_key.empty() ? "" : "; signed by the trusted key");
   return 0;
 }
@@ -167,8 +166,9 @@ int RunAudit(const AuditCommand& command) {
   const std::vector<std::string> problems = KitProblems(command.options.kit_dir, command.trust);
   if (ReportProblems(problems, "audit: kit verify") > 0) {
     if (!command.options.force) {
-      fmt::print(stderr, "audit: the kit does not verify: nothing replayed (--force replays "
-                         "anyway)\n");
+      fmt::print(stderr,
+                 "audit: the kit does not verify: nothing replayed (--force replays "
+                 "anyway)\n");
       return 1;
     }
     fmt::print(stderr, "audit: --force: replaying a kit that does not verify\n");
@@ -251,7 +251,7 @@ void AddCoverageFlags(CLI::App* cmd, CoverageFlags& flags, bool receipts_positio
                   "a unit is confirmed when at least this many distinct keys' receipts MATCH it "
                   "and none MISMATCH")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(IntegerIn(1, 1 << 20));
   cmd->add_option("--metrics", flags.metrics,
                   "the publisher's metrics.jsonl of the run: every MATCH's proof of replay is "
                   "checked against its losses, and a proof that does not check is refused")
@@ -312,15 +312,16 @@ int RunCoverage(const CoverageCommand& c) {
 }  // namespace
 
 void AddKitCommands(CLI::App& app, int* exit_code) {
-  CLI::App* kit_cmd = app.add_subcommand(
-      "kit", "build, inspect, verify and fetch audit kits (docs/kits.md)");
+  CLI::App* kit_cmd =
+      app.add_subcommand("kit", "build, inspect, verify and fetch audit kits (docs/kits.md)");
   kit_cmd->require_subcommand(1);
 
   auto build = std::make_shared<audit::KitBuildOptions>();
   CLI::App* build_cmd = kit_cmd->add_subcommand(
-      "build", "copy a run's dataset, config and checkpoints into a new kit directory with "
-               "trajectory.json (the units and their expected hashes) and kit.json (sha256 of "
-               "every file)");
+      "build",
+      "copy a run's dataset, config and checkpoints into a new kit directory with "
+      "trajectory.json (the units and their expected hashes) and kit.json (sha256 of "
+      "every file)");
   build_cmd->add_option("--run", build->run_dir, "run directory (lockstep train --out)")
       ->required();
   build_cmd->add_option("--data", build->data_dir, "the dataset the run trained on")->required();
@@ -338,9 +339,10 @@ void AddKitCommands(CLI::App& app, int* exit_code) {
   auto verify_dir = std::make_shared<std::string>();
   auto verify_flags = std::make_shared<VerifyFlags>();
   CLI::App* verify_cmd = kit_cmd->add_subcommand(
-      "verify", "check a kit's exact file set, sizes and sha256 against kit.json (and, with "
-                "--trusted-key, its signed commitments). Exit 0 when it verifies, 1 when it does "
-                "not, 2 when kit.json cannot be read");
+      "verify",
+      "check a kit's exact file set, sizes and sha256 against kit.json (and, with "
+      "--trusted-key, its signed commitments). Exit 0 when it verifies, 1 when it does "
+      "not, 2 when kit.json cannot be read");
   verify_cmd->add_option("KIT", *verify_dir, "kit directory")->required();
   AddTrustOptions(verify_cmd, *verify_flags);
   verify_cmd->final_callback([verify_dir, verify_flags, exit_code] {
@@ -349,40 +351,45 @@ void AddKitCommands(CLI::App& app, int* exit_code) {
 
   auto fetch = std::make_shared<audit::KitFetchOptions>();
   CLI::App* fetch_cmd = kit_cmd->add_subcommand(
-      "fetch", "download a kit (file://, http://, https://): kit.json first, then every file it "
-               "lists into DEST/<path>.part, resuming partial downloads, verified before it is "
-               "renamed. Exit 1 when a file fails verification (it is deleted)");
+      "fetch",
+      "download a kit (file://, http://, https://): kit.json first, then every file it "
+      "lists into DEST/<path>.part, resuming partial downloads, verified before it is "
+      "renamed. Exit 1 when a file fails verification (it is deleted)");
   fetch_cmd->add_option("URL", fetch->url, "the kit's base URL (holding kit.json)")->required();
   fetch_cmd->add_option("DEST", fetch->dest, "destination directory")
       ->required()
       ->check(OutputPath(OutputKind::kDirectory));
-  fetch_cmd->add_option("--stall-timeout", fetch->stall_seconds,
-                        "seconds a server may fail to connect, or send under --min-rate, before "
-                        "the fetch stops with an error (run it again to resume)")
+  fetch_cmd
+      ->add_option("--stall-timeout", fetch->stall_seconds,
+                   "seconds a server may fail to connect, or send under --min-rate, before "
+                   "the fetch stops with an error (run it again to resume)")
       ->capture_default_str()
-      ->check(CLI::Range(1L, 86400L));
-  fetch_cmd->add_option("--min-rate", fetch->min_rate,
-                        "bytes per second a transfer must keep up (over --stall-timeout); a file "
-                        "of N bytes must also arrive within stall-timeout + N / min-rate seconds")
+      ->check(IntegerIn(1, 86400));
+  fetch_cmd
+      ->add_option("--min-rate", fetch->min_rate,
+                   "bytes per second a transfer must keep up (over --stall-timeout); a file "
+                   "of N bytes must also arrive within stall-timeout + N / min-rate seconds")
       ->capture_default_str()
-      ->check(CLI::Range(1L, 1L << 40));
+      ->check(IntegerIn(1, uint64_t{1} << 40));
   fetch_cmd->add_flag("--progress,!--no-progress", fetch->progress,
                       "show (default, on a terminal) or hide progress bars on stderr");
   fetch_cmd->final_callback([fetch, exit_code] { *exit_code = RunFetch(*fetch); });
 
   auto audit = std::make_shared<AuditCommand>();
   CLI::App* audit_cmd = app.add_subcommand(
-      "audit", "verify a kit and replay its units; prints a results table and a JSON report. "
-               "Exit 0 when every unit matches, 1 otherwise, 2 on bad input");
+      "audit",
+      "verify a kit and replay its units; prints a results table and a JSON report. "
+      "Exit 0 when every unit matches, 1 otherwise, 2 on bad input");
   audit_cmd->add_option("KIT", audit->options.kit_dir, "kit directory")->required();
   auto* unit_opt = audit_cmd->add_option("--unit", audit->options.units,
                                          "a unit to replay (repeatable; see kit inspect)");
   auto* all_opt = audit_cmd->add_flag("--all", audit->all, "replay every unit (the default)");
   unit_opt->excludes(all_opt);
-  audit_cmd->add_option("--threads", audit->options.threads,
-                        "worker threads (results do not depend on it)")
+  audit_cmd
+      ->add_option("--threads", audit->options.threads,
+                   "worker threads (results do not depend on it)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
+      ->check(IntegerIn(1, 1024));
   audit_cmd
       ->add_option("--json-out", audit->json_out,
                    "write the JSON report here; the table then goes to stdout")
@@ -437,12 +444,14 @@ void AddKitCommands(CLI::App& app, int* exit_code) {
       "kit: loss, z-loss, gradient norm with clipping and skipped steps marked, learning rate and "
       "tokens/s against the step with the checkpoints marked, the chain's head, and with --audit "
       "the audit table (verdicts, wall time, peak RSS against plan)");
-  report_cmd->add_option("SOURCE", report->source,
-                         "a run directory (lockstep train --out) or a kit (lockstep kit build)")
+  report_cmd
+      ->add_option("SOURCE", report->source,
+                   "a run directory (lockstep train --out) or a kit (lockstep kit build)")
       ->required()
       ->check(CLI::ExistingDirectory);
-  report_cmd->add_option("--audit", *report_audit,
-                         "the JSON report of `lockstep audit KIT --json-out PATH`")
+  report_cmd
+      ->add_option("--audit", *report_audit,
+                   "the JSON report of `lockstep audit KIT --json-out PATH`")
       ->check(CLI::ExistingFile);
   AddCoverageFlags(report_cmd, *report_coverage, false);
   report_cmd->add_option("--out", report->out, "the HTML file to write")

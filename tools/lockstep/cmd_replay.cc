@@ -47,7 +47,7 @@ void AddReplayCommand(CLI::App& app, int* exit_code) {
       "defaults to the run's state_hashes.jsonl line for --until-step");
   cmd->add_option("--threads", o.threads, "worker threads (results do not depend on it)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
+      ->check(IntegerIn(1, 1024));
   cmd->add_option("--save-checkpoint-dir", f->save_checkpoint_dir,
                   "after a match, write the hand-off checkpoint DIR/checkpoints/step_N")
       ->check(OutputPath(OutputKind::kDirectory));

@@ -313,7 +313,7 @@ void AddSelftestCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--time-gemm", options->time_gemm,
                   "with a device: time the device GEMM (y = x·wᵀ, N x N x N, operands on "
                   "the device, best of 3) and print it as a JSON line with TFLOP/s")
-      ->check(CLI::Range(int64_t{1}, int64_t{32768}));
+      ->check(IntegerIn(1, 32768));
   auto internal = std::make_shared<bool>(false);
   cmd->add_flag("--test-internal-error", *internal,
                 "test-only: fail an internal invariant, to show how lockstep reports its own bugs "

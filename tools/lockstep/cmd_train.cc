@@ -26,15 +26,16 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
       ->required()
       ->check(OutputPath(OutputKind::kDirectory));
   auto steps = std::make_shared<int64_t>(-1);
-  auto* steps_opt = cmd->add_option(
-      "--steps", *steps,
-      "stop once this many steps are done (default: the config's train.steps; the learning-rate "
-      "schedule always follows train.steps). A new run always writes the initial state as checkpoint "
-      "step 0; --steps 0 stops there")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  auto* steps_opt = cmd->add_option("--steps", *steps,
+                                    "stop once this many steps are done (default: the config's "
+                                    "train.steps; the learning-rate "
+                                    "schedule always follows train.steps). A new run always writes "
+                                    "the initial state as checkpoint "
+                                    "step 0; --steps 0 stops there")
+                        ->check(IntegerIn(0, uint64_t{1} << 40));
   cmd->add_option("--threads", options->threads, "worker threads (results do not depend on it)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
+      ->check(IntegerIn(1, 1024));
   cmd->add_flag("--resume", options->resume,
                 "continue the run in --out from its newest complete checkpoint, bit-exact");
   auto spill_dir = std::make_shared<std::string>();
