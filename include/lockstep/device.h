@@ -61,6 +61,9 @@ struct DeviceInfo {
   // with CL_FP_FMA, CL_FP_DENORM, CL_FP_INF_NAN and CL_FP_ROUND_TO_NEAREST; every CUDA device):
   // without it, block_squares runs on the CPU (docs/devices.md, "What runs where").
   bool fp64 = false;
+  // Why a run refuses the device although its floating point meets the contract (a CUDA device
+  // older than the PTX's target); empty when it does not.
+  std::string refused_because;
   // Empty when the device meets the contract; else what it lacks, e.g. "CL_FP_DENORM".
   std::string Missing() const;
   // "--device opencl:P:D (NAME)": the device as the user chose it and as the driver names it.

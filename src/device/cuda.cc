@@ -149,6 +149,21 @@ void Check(const Driver& d, CUresult status, std::string_view what) {
   if (status != CUDA_SUCCESS) Fail("CUDA: {} failed: {}", what, ErrorName(d, status));
 }
 
+// How many devices the driver reports, which must be believable: a count past any machine's
+// (a broken or hostile driver reporting 2^31 - 1) is refused instead of described one by one.
+int DeviceCount(const Driver& d) {
+  constexpr int kMostDevices = 1024;
+  int count = 0;
+  Check(d, d.cuDeviceGetCount(&count), "cuDeviceGetCount");
+  if (count < 0 || count > kMostDevices) {
+    Fail(
+        "CUDA: the driver reports {} devices, not a count any machine has (at most {} are "
+        "believed): a broken driver",
+        count, kMostDevices);
+  }
+  return count;
+}
+
 // A device as the driver describes it, and its compute capability as major * 10 + minor.
 struct CudaDevice {
   DeviceInfo info;
@@ -190,6 +205,10 @@ CudaDevice Describe(const Driver& d, int ordinal) {
   // older GPU than the PTX's target is refused by OpenCuda.
   info.denorm = info.fma = info.correctly_rounded_divide_sqrt = true;
   info.fp64 = true;
+  if (capability < kMinimumComputeCapability) {
+    info.refused_because = fmt::format(
+        "{}; lockstep's PTX targets sm_80 (compute capability 8.0) or newer", info.version);
+  }
   return {info, capability};
 }
 
@@ -366,8 +385,7 @@ CudaDevices ListCudaDevices() {
     return list;
   }
   const Driver& d = loaded.driver;
-  int count = 0;
-  Check(d, d.cuDeviceGetCount(&count), "cuDeviceGetCount");
+  const int count = DeviceCount(d);
   for (int i = 0; i < count; ++i) list.devices.push_back(Describe(d, i).info);
   if (count == 0) list.none_because = "the NVIDIA driver finds no CUDA device";
   return list;
@@ -387,17 +405,13 @@ std::unique_ptr<Runtime> OpenCuda(const DeviceChoice& choice) {
          flag, loaded.problem);
   }
   const Driver& d = loaded.driver;
-  int count = 0;
-  Check(d, d.cuDeviceGetCount(&count), "cuDeviceGetCount");
+  const int count = DeviceCount(d);
   if (choice.device >= count) {
     Fail("--device {}: there are {} CUDA devices (`lockstep --version` lists them)", flag, count);
   }
   CudaDevice device = Describe(d, choice.device);
-  if (device.capability < kMinimumComputeCapability) {
-    Fail(
-        "--device {}: device '{}' has {}; lockstep's PTX targets sm_80 (compute capability 8.0) "
-        "or newer",
-        flag, device.info.name, device.info.version);
+  if (!device.info.refused_because.empty()) {
+    Fail("--device {}: device '{}' has {}", flag, device.info.name, device.info.refused_because);
   }
   return std::make_unique<CudaRuntime>(d, std::move(device.info));
 }

@@ -926,6 +926,72 @@ std::unique_ptr<Device> OpenMutated(const DeviceChoice& choice, const Mutation& 
   return std::make_unique<RuntimeDevice>(OpenOpenCl(choice, mutation));
 }
 
+namespace {
+
+// Whether two runs of `spec` gave the same outputs, bit for bit; a NaN equals any NaN where the
+// op's outputs are canonicalised anyway (every op but global_norm and adamw, whose NaNs are
+// values of the state).
+bool SameOutputs(const rk::OpSpec& spec, const rk::OpValues& a, const rk::OpValues& b) {
+  const bool any_nan = spec.op != rk::Op::kGlobalNorm && spec.op != rk::Op::kAdamW;
+  for (const rk::OpRole& role : spec.outputs) {
+    const std::string_view name = role.name;
+    if (a.f32.contains(name) != b.f32.contains(name) ||
+        a.u32.contains(name) != b.u32.contains(name) ||
+        a.f64.contains(name) != b.f64.contains(name)) {
+      return false;
+    }
+    if (a.u32.contains(name) && a.U(name) != b.U(name)) return false;
+    if (a.f32.contains(name)) {
+      const std::vector<float>&x = a.F(name), &y = b.F(name);
+      if (x.size() != y.size()) return false;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const bool same = std::bit_cast<uint32_t>(x[i]) == std::bit_cast<uint32_t>(y[i]) ||
+                          (any_nan && std::isnan(x[i]) && std::isnan(y[i]));
+        if (!same) return false;
+      }
+    }
+    if (a.f64.contains(name)) {
+      const std::vector<double>&x = a.D(name), &y = b.D(name);
+      if (x.size() != y.size()) return false;
+      for (size_t i = 0; i < x.size(); ++i) {
+        if (std::bit_cast<uint64_t>(x[i]) != std::bit_cast<uint64_t>(y[i]) &&
+            !(std::isnan(x[i]) && std::isnan(y[i]))) {
+          return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+
+// A device proves itself before a run uses it: every op it will run, at the op table's sample
+// shape and the tiling and work-group size it will use, must give the CPU's bits (the scalar
+// reference's, by the contract the selftest checks). A driver that reports success and computes
+// nothing, or computes wrongly, is refused here, naming the device and the op, before any result
+// of it is believed.
+void CheckKnownAnswers(Device& device, const std::string& name) {
+  for (const rk::OpSpec& spec : rk::OpTable()) {
+    if (!device.Implements(spec.op)) continue;
+    const rk::OpValues in = spec.sample();
+    rk::OpValues want, got;
+    spec.run(in, want);
+    device.Run(spec.op, in, got);
+    if (!SameOutputs(spec, want, got)) {
+      Fail(
+          "--device {} ({}): op {} does not give the known answer (the CPU's bits at its sample "
+          "shape): the device or its driver computes wrongly, and nothing it computes can be "
+          "believed; refused (`lockstep selftest --device {}` shows every op)",
+          name, device.info().name, spec.name, name);
+    }
+  }
+}
+
+// No device does fp32 GEMM faster than this (an H200 peaks at 67 TFLOP/s): a timing beyond it
+// is a device that does not compute what it is timed on.
+constexpr double kMaxPlausibleTflops = 1000;
+
+}  // namespace
+
 std::unique_ptr<Device> OpenForRun(std::string_view flag) {
   const std::optional<DeviceChoice> choice = ParseDeviceFlag(flag);
   if (!choice) return nullptr;
@@ -937,14 +1003,23 @@ std::unique_ptr<Device> OpenForRun(std::string_view flag) {
              "ops on {} ({}): {} of the op table's {} ops run there, the rest on the CPU "
              "(docs/devices.md)\n",
              name, device->info().name, ops, rk::OpTable().size());
+  CheckKnownAnswers(*device, name);
   if (device->info().gpu) {  // seconds: each candidate built once and timed
     constexpr int64_t kTuneN = 2048;
     const std::vector<GemmTiming> timings = TuneGemm(*device, kTuneN, 2);
+    const double tflops = 2.0 * std::pow(double(kTuneN), 3) /
+                          std::ranges::min(timings, {}, &GemmTiming::seconds).seconds * 1e-12;
+    if (!(tflops <= kMaxPlausibleTflops)) {
+      Fail(
+          "--device {} ({}): its GEMM timed at {:.0f} TFLOP/s, beyond any device's fp32 peak "
+          "({:.0f}): a device that does not compute what it is timed on; refused",
+          name, device->info().name, tflops, kMaxPlausibleTflops);
+    }
     fmt::print(stderr, "GEMM tiling on {}: {}, the fastest of {} at {}³ ({:.2f} TFLOP/s)\n", name,
-               device->gemm_tiling().Name(), timings.size(), kTuneN,
-               2.0 * std::pow(double(kTuneN), 3) /
-                   std::ranges::min(timings, {}, &GemmTiming::seconds).seconds * 1e-12);
+               device->gemm_tiling().Name(), timings.size(), kTuneN, tflops);
   }
+  if (device->info().gpu) CheckKnownAnswers(*device, name);  // and at the tiling chosen
+  fmt::print(stderr, "{}: every op placed there gave the known answer\n", name);
   return device;
 }
 

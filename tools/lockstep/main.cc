@@ -67,8 +67,11 @@ void PrintDevices() {
   }
   fmt::print("CUDA devices ({} programs' PTX built in):\n", device::CudaProgramsBuiltIn());
   for (const device::DeviceInfo& d : cuda.devices) {
-    fmt::print("  {}  {} ({}; driver {}, {:.1f} GiB)\n", d.choice.Flag(), d.name, d.version,
-               d.driver, gib(d.global_memory));
+    fmt::print("  {}  {} ({}; driver {}, {:.1f} GiB): {}\n", d.choice.Flag(), d.name, d.version,
+               d.driver, gib(d.global_memory),
+               d.refused_because.empty()
+                   ? "meets the contract (proven by a known-answer check of its ops when opened)"
+                   : "refused: " + d.refused_because);
   }
 }
 
