@@ -193,6 +193,19 @@ struct ReadReceipt {
   std::map<std::string, std::string> proof;  // unit -> checked | unchecked | none | fails
 };
 
+// Whether `text` is a time as UtcNow writes it, YYYY-MM-DDTHH:MM:SSZ (docs/formats/receipt.md),
+// with a month, day, hour, minute and second in range.
+bool IsUtcTime(std::string_view text) {
+  constexpr std::string_view kForm = "dddd-dd-ddTdd:dd:ddZ";
+  if (text.size() != kForm.size()) return false;
+  for (size_t i = 0; i < kForm.size(); ++i) {
+    if (kForm[i] == 'd' ? !(text[i] >= '0' && text[i] <= '9') : text[i] != kForm[i]) return false;
+  }
+  const auto field = [&](size_t at) { return (text[at] - '0') * 10 + (text[at + 1] - '0'); };
+  return field(5) >= 1 && field(5) <= 12 && field(8) >= 1 && field(8) <= 31 && field(11) <= 23 &&
+         field(14) <= 59 && field(17) <= 60;  // 60: a leap second
+}
+
 // Checks one receipt against the kit; Error on anything that makes it not count.
 void CheckReceipt(ReadReceipt& rr, const CoverageOptions& o, const kit::KitManifest& manifest,
                   const Digest& kit_sha256, const kit::Trajectory& trajectory,
@@ -217,6 +230,10 @@ void CheckReceipt(ReadReceipt& rr, const CoverageOptions& o, const kit::KitManif
     }
   };
   for (const char* key : {"lockstep_version", "command", "started"}) fact(r, key, what);
+  if (!IsUtcTime(r.at("started").get<std::string>())) {
+    Fail("{}: started = {}: not a UTC time of the form YYYY-MM-DDTHH:MM:SSZ", what,
+         ShownJson(r.at("started")));
+  }
   RequireKeys(r.at("binary"), {"git_commit", "compiler"}, what + ": binary");
   for (const char* key : {"git_commit", "compiler"}) fact(r.at("binary"), key, what + ": binary");
   RequireKeys(r.at("machine"), {"cpu", "simd_variant", "threads", "device", "os"},

@@ -74,6 +74,21 @@ TEST_F(KitTest, BuildIsDeterministicAndRefusesAnExistingDirectory) {
       << exists.output;
 }
 
+// A receipt records the audit's command line as text: a path that is not UTF-8 is refused
+// before anything is replayed, naming the option, and nothing is written.
+TEST_F(KitTest, AnAuditWhosePathsAreNotUtf8IsRefusedBeforeItReplays) {
+  const fs::path link = dir_ / "kit\xff";
+  fs::create_directory_symlink(published().kit, link);
+  const Result r =
+      Lockstep("audit '" + link.string() + "' --unit init --receipt " + (dir_ / "r.json").string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("KIT (the receipt records it as text: rename it): invalid UTF-8"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("MATCH"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "r.json"));
+}
+
 TEST_F(KitTest, BuildRefusesADatasetTheRunDidNotTrainOn) {
   const Published& p = published();
   const fs::path other = dir_ / "other";

@@ -147,6 +147,9 @@ TEST_F(Coverage, DistinctKeysCountOnceConflictsShowAndReceiptsWithoutAReplayAreR
   const std::string other_kit = Forged("rA.json", "C", "other_kit.json", [](Json& r) {
     r["kit"]["kit_json_sha256"] = std::string(64, '0');
   });
+  const std::string late = Forged("rA.json", "C", "late.json", [](Json& r) {
+    r["started"] = "2026-12-03 07:46:36";  // not the documented YYYY-MM-DDTHH:MM:SSZ
+  });
   const std::string mismatch = Forged("rB.json", "C", "mismatch.json", [](Json& r) {
     r["units"] = Json::array({r["units"][1]});
     r["units"][0]["verdict"] = "MISMATCH";
@@ -178,7 +181,7 @@ TEST_F(Coverage, DistinctKeysCountOnceConflictsShowAndReceiptsWithoutAReplayAreR
   // another key is refused, as are a forged signature and a receipt of another kit; a MISMATCH
   // is shown as a conflict beside the MATCHes.
   const std::string all = Path("rA.json") + " " + Path("rB.json") + " " + echoed + " " + copied +
-                          " " + other_kit + " " + mismatch + " " + Path("forged.json");
+                          " " + other_kit + " " + mismatch + " " + Path("forged.json") + " " + late;
   c = CoverageJson(all, " --metrics " + Path("run/metrics.jsonl"), &exit_code);
   EXPECT_EQ(exit_code, 1);
   EXPECT_EQ(c["proofs_checked"], true);
@@ -188,6 +191,7 @@ TEST_F(Coverage, DistinctKeysCountOnceConflictsShowAndReceiptsWithoutAReplayAreR
            {echoed, "the proof of replay does not check"},
            {copied, "the proof of replay does not check"},
            {other_kit, "a receipt of another kit"},
+           {late, "started = \"2026-12-03 07:46:36\": not a UTC time"},
            {Path("forged.json"), "the signature does not verify"}}) {
     const Json& rr = ReceiptOf(c, file);
     EXPECT_EQ(rr["status"], "refused") << file;
@@ -288,7 +292,7 @@ TEST_F(Coverage, DistinctKeysCountOnceConflictsShowAndReceiptsWithoutAReplayAreR
   EXPECT_NE(dom.find("data-unit=\"interval_10_20\" data-status=\"confirmed\" data-keys=\"2\""),
             std::string::npos);
   EXPECT_EQ(test::Count(dom, "class=\"dispute\" data-unit=\"interval_0_10\""), 3u);
-  EXPECT_EQ(test::Count(dom, "class=\"receipt\" data-status=\"refused\""), 4u);
+  EXPECT_EQ(test::Count(dom, "class=\"receipt\" data-status=\"refused\""), 5u);
 }
 
 }  // namespace

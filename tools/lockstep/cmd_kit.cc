@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "lockstep/core.h"
+#include "lockstep/data.h"
 #include "tools/lockstep/commands.h"
 
 namespace lockstep::cli {
@@ -154,6 +155,19 @@ std::string AuditCommandLine(const AuditCommand& c) {
 int RunAudit(const AuditCommand& command) {
   if (command.receipt.empty() && (!command.sign_key.empty() || !command.report.empty())) {
     Fail("{} needs --receipt", command.sign_key.empty() ? "--report" : "--sign-key");
+  }
+  // A receipt records the command line as JSON text: a path that is not UTF-8 is refused now,
+  // not after hours of replay.
+  if (!command.receipt.empty()) {
+    for (const auto& [name, path] :
+         {std::pair<std::string_view, std::string>{"KIT", command.options.kit_dir.string()},
+          {"--trusted-key", command.trust.trusted_key},
+          {"--receipt", command.receipt},
+          {"--sign-key", command.sign_key},
+          {"--report", command.report}}) {
+      data::ValidateUtf8(std::span(reinterpret_cast<const uint8_t*>(path.data()), path.size()),
+                         fmt::format("{} (the receipt records it as text: rename it)", name));
+    }
   }
   RefuseOutputsOntoInputs({{"--json-out", command.json_out},
                            {"--receipt", command.receipt},
