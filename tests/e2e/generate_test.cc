@@ -10,6 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "common/run_lockstep.h"
 #include "lockstep/core.h"
@@ -173,6 +174,44 @@ TEST_F(Generate, BatchesAndReceiptsShareOneBoundAndRefuseSharedIds) {
   EXPECT_NE(v.output.find("4097 requests, more than one generation may hold (4096)"),
             std::string::npos)
       << v.output;
+}
+
+// The documented SentencePiece pipeline end to end (docs/tokenizers.md): tokenizer train, data
+// tokenize --tokenizer (which puts the model into the dataset beside its manifest), train, and
+// generate --data with a text prompt.
+TEST_F(Generate, TheSentencePiecePipelineReachesGenerate) {
+  {
+    // Words of pseudo-random letters, enough for a model of tiny's 512 pieces (a tokenizer of
+    // fewer pieces than the model's vocabulary would leave ids it cannot decode).
+    std::ofstream text(Path("sp.txt"));
+    uint64_t state = 7;
+    const auto next = [&](uint64_t n) {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      return (state >> 33) % n;
+    };
+    std::vector<std::string> words(3000);
+    for (std::string& w : words) {
+      for (uint64_t k = 0, n = 2 + next(6); k < n; ++k) w += static_cast<char>('a' + next(26));
+    }
+    for (int line = 0; line < 2000; ++line) {
+      for (int k = 0; k < 12; ++k) text << words[next(words.size())] << (k == 11 ? "\n" : " ");
+    }
+  }
+  for (const std::string& cmd :
+       {"tokenizer train --input " + Path("sp.txt") + " --vocab 512 --out " + Path("sp"),
+        "data tokenize --tokenizer " + Path("sp") + " --input " + Path("sp.txt") + " --out " +
+            Path("sp_data"),
+        "train --config tiny --data " + Path("sp_data") + " --out " + Path("sp_run") +
+            " --steps 2 --no-progress"}) {
+    const Result r = Lockstep(cmd);
+    ASSERT_EQ(r.exit_code, 0) << cmd << ": " << r.output;
+  }
+  EXPECT_EQ(ReadFileText(Path("sp_data/tokenizer.model")),
+            ReadFileText(Path("sp/tokenizer.model")));
+  const Result g = Lockstep("generate --checkpoint " + Path("sp_run/checkpoints/step_000000002") +
+                            " --data " + Path("sp_data") + " --prompt 'abc de' --max-tokens 4");
+  EXPECT_EQ(g.exit_code, 0) << g.output;
+  EXPECT_NE(g.output.find(" generated, stopped at "), std::string::npos) << g.output;
 }
 
 TEST_F(Generate, ASignedReceiptVerifiesUnderItsKeyAndAForgedOneIsRefused) {

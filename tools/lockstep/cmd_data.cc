@@ -81,7 +81,21 @@ int RunTokenize(const TokenizeOptions& o) {
   const std::unique_ptr<data::Tokenizer> tokenizer =
       o.tokenizer.empty() ? nullptr : data::OpenTokenizer(o.tokenizer);
   data::TokenizeFiles(inputs, o.out, o.shard_tokens, tokenizer.get());
-  PrintSummary(data::OpenDataset(o.out));
+  if (tokenizer) {
+    // The tokenizer file goes into the dataset beside its manifest, which names it and its
+    // digest: where generate --data and export find it (docs/tokenizers.md).
+    const std::string name = tokenizer->vocabulary().tokenizer_file;
+    const std::filesystem::path given = o.tokenizer;
+    const std::filesystem::path from = std::filesystem::is_directory(given) ? given / name : given;
+    StagedFile copy(std::filesystem::path(o.out) / name, OutputKind::kNewFile);
+    copy.file().Write(ReadFileBytes(from));
+    copy.Commit();
+  }
+  const data::Dataset dataset = data::OpenDataset(o.out);
+  PrintSummary(dataset);
+  if (tokenizer && !data::DatasetTokenizerFile(dataset)) {
+    LOCKSTEP_INTERNAL("{}: the tokenizer file copied into the dataset is not found there", o.out);
+  }
   return 0;
 }
 
