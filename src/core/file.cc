@@ -575,6 +575,16 @@ std::optional<std::string> ExistingProblem(const std::string& shown, const struc
   return std::nullopt;
 }
 
+// Fails when what is at `name` in `dir` now (a link not followed) may not be an output of `kind`.
+void CheckDestination(int dir, const std::string& name, const std::string& shown, OutputKind kind) {
+  struct stat st {};
+  if (::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    if (auto problem = ExistingProblem(shown, st, kind)) Fail("{}", *problem);
+  } else if (errno != ENOENT) {
+    Fail("{}: cannot be examined: {}", shown, std::strerror(errno));
+  }
+}
+
 std::string StagingName(std::string_view name, int attempt) {
   return fmt::format(".{}.{}-{}.tmp", name, ::getpid(), attempt);
 }
@@ -672,12 +682,7 @@ StagedFile::StagedFile(const Directory& dir, std::string_view name, OutputKind k
     : dir_(dir.Duplicate()), name_(name), kind_(kind), file_([&] {
         LOCKSTEP_CHECK(IsFileKind(kind), "StagedFile of a directory kind");
         CheckName(dir_.path(), name_);
-        struct stat st {};
-        if (::fstatat(dir_.dir_.fd(), name_.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
-          if (auto problem = ExistingProblem((dir_.path() / name_).string(), st, kind)) {
-            Fail("{}", *problem);
-          }
-        }
+        CheckDestination(dir_.dir_.fd(), name_, (dir_.path() / name_).string(), kind);
         for (int attempt = 0;; ++attempt) {
           temp_ = StagingName(name_, attempt);
           if (std::optional<File> file = dir_.CreateNew(temp_, permissions))
@@ -698,12 +703,7 @@ void StagedFile::Commit() {
   file_.Close();
   const int fd = dir_.dir_.fd();
   const std::string target = (dir_.path() / name_).string();
-  struct stat st {};
-  if (::fstatat(fd, name_.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
-    if (auto problem = ExistingProblem(target, st, kind_)) Fail("{}", *problem);
-  } else if (errno != ENOENT) {
-    Fail("{}: cannot be examined: {}", target, std::strerror(errno));
-  }
+  CheckDestination(fd, name_, target, kind_);
   int rc;
   if (kind_ == OutputKind::kNewFile) {
     rc = ::renameat2(fd, temp_.c_str(), fd, name_.c_str(), RENAME_NOREPLACE);

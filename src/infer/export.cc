@@ -814,10 +814,7 @@ ExportResult Export(const VerifiedModel& m, ExportFormat format, const fs::path&
                     const fs::path& data) {
   ExportResult result;
   result.architecture = ExportArchitecture(m.config.model, format);
-  const NamedPath named_out{"--out", out};
-  CheckOutput(named_out,
-              format == ExportFormat::kHf ? OutputKind::kNewDirectory : OutputKind::kNewFile);
-  RefuseOutputsOntoInputs({named_out}, {{"--checkpoint", m.dir}, {"--data", data}});
+  RefuseOutputsOntoInputs({{"--out", out}}, {{"--checkpoint", m.dir}, {"--data", data}});
   const Tokenizer tok = DatasetTokenizer(m, data);
   // The tensors in fp32 (hf also splits w_gate_up, the same bytes), plus headers and tokenizer.
   RequireFreeSpace(out, static_cast<uint64_t>(m.params.NumParameters()) * 4 + (uint64_t{64} << 20),
