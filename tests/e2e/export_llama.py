@@ -168,7 +168,10 @@ with tempfile.TemporaryDirectory(prefix="lockstep-export-") as tmp:
                   work / "tiny.gguf", expect=2)
     if "model.window = 8" not in refused or "model.qk_norm = true" not in refused:
         failures.append(f"tiny gguf refusal names neither feature nor key: {refused}")
-    if (work / "tiny.gguf").exists() or any(p.name.startswith(".tmp-") for p in work.iterdir()):
+    # Staging is .NAME.PID-N.tmp beside the output (docs/export.md); the old .tmp-* form too.
+    if (work / "tiny.gguf").exists() or any(
+            p.name.startswith(".tmp-") or (p.name.startswith(".") and p.name.endswith(".tmp"))
+            for p in work.iterdir()):
         failures.append("a refused export left a file behind")
     out = run(lockstep, "export", "--checkpoint", ckpt, "--format", "hf", "--out", work / "hf",
               "--data", data)
@@ -181,7 +184,7 @@ with tempfile.TemporaryDirectory(prefix="lockstep-export-") as tmp:
             failures.append(f"tiny hf: no {f}")
     again = run(lockstep, "export", "--checkpoint", ckpt, "--format", "hf", "--out", work / "hf",
                 expect=2)
-    if "exists" not in again:
+    if "--out" not in again or "a directory that is not empty" not in again:
         failures.append(f"an export over an existing directory was not refused: {again}")
     print(f"tiny: gguf refused ({refused.strip().splitlines()[-1][:100]}...); hf Qwen3ForCausalLM")
 
