@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -113,6 +114,9 @@ class Blake2b {
  public:
   Blake2b();
   Blake2b& Update(std::span<const uint8_t> bytes);
+  Blake2b& Update(std::span<const std::byte> bytes) {
+    return Update(std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+  }
   Blake2b& Update(std::string_view text);
   Blake2b& Update(std::span<const float> values);  // the little-endian IEEE bytes
   Blake2b& UpdateU64(uint64_t value);              // 8 bytes little-endian

@@ -106,8 +106,9 @@ class Device : public OpExecutor {
  public:
   const DeviceInfo& info() const { return info_; }
 
-  // Whether the device runs `op`: every op but global_norm (a sum of the block sums, which the
-  // host holds after the ranks share them), and block_squares only on a device with fp64.
+  // Whether the device runs `op`: whether it has a recipe for it (src/device/ops.cc, RecipeOf):
+  // every op but global_norm (a sum of the block sums, which the host holds after the ranks share
+  // them), and block_squares only on a device with fp64.
   virtual bool Implements(rk::Op op) const = 0;
   // The op of the op table on `in`, on the device: every output, with the bits of spec.run.
   // Copies in and out; for the tests and the selftest.

@@ -28,7 +28,7 @@ namespace lockstep::dispute {
 // count, and the BLAKE2b of its bytes. (The state hash's per-tensor digests are TensorDigest.)
 struct OpTensorDigest {
   std::string role;
-  std::string dtype;  // "f32", "u32" or "f64"
+  Dtype dtype = Dtype::kF32;  // as the trace names it (DtypeName)
   int64_t elements = 0;
   Digest blake2b{};
 };

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "lockstep/core.h"
+#include "lockstep/tensor.h"
 
 namespace lockstep::rk {
 
@@ -285,8 +286,8 @@ enum class Op : uint8_t {
   kGlobalNorm, kScale, kAdamW, kCount
 };
 
-enum class Dtype : uint8_t { kF32, kU32, kF64 };
-std::string_view DtypeName(Dtype dtype);  // "f32", "u32", "f64"
+using lockstep::Dtype;  // the dtypes of lockstep/tensor.h
+using lockstep::DtypeName;
 
 // A tensor an op reads or writes. An optional role is absent from some calls (a gain-free
 // RMSNorm, a GEMM that does not accumulate).
@@ -296,13 +297,11 @@ struct OpRole {
   bool optional = false;
 };
 
-// An op's scalar arguments by name and tensors by role, as a trace records and a dump reveals
-// them. The accessors fail naming what is missing.
+// An op's scalar arguments by name and tensors by role, each in its dtype, as a trace records
+// and a dump reveals them. The accessors fail naming what is missing.
 struct OpValues {
   std::map<std::string, double, std::less<>> args;
-  std::map<std::string, std::vector<float>, std::less<>> f32;
-  std::map<std::string, std::vector<uint32_t>, std::less<>> u32;
-  std::map<std::string, std::vector<double>, std::less<>> f64;
+  std::map<std::string, HostTensor, std::less<>> tensors;
   // The most elements the run may allocate for one output or table. The referee sets it to the
   // largest output the disputed records commit to, so that arguments forged to be huge are
   // refused before anything of their size is allocated.
@@ -315,10 +314,29 @@ struct OpValues {
     return args.contains(name) ? Int(name) : absent;
   }
   float Float(std::string_view name) const { return static_cast<float>(Arg(name)); }
-  const std::vector<float>& F(std::string_view role) const;
-  const std::vector<uint32_t>& U(std::string_view role) const;
-  const std::vector<double>& D(std::string_view role) const;
-  bool Has(std::string_view role) const { return f32.contains(role); }
+  bool Has(std::string_view role) const { return tensors.contains(role); }
+  // Tensor `role`, which must have T's dtype (failing, naming the role and both dtypes).
+  template <Element T>
+  std::span<const T> Get(std::string_view role) const {
+    return Tensor(role, kDtypeOf<T>).template As<T>();
+  }
+  std::span<const float> F(std::string_view role) const { return Get<float>(role); }
+  std::span<const uint32_t> U(std::string_view role) const { return Get<uint32_t>(role); }
+  std::span<const double> D(std::string_view role) const { return Get<double>(role); }
+  // Sets tensor `role` to `values`; its elements, to be written.
+  template <Element T>
+  std::span<T> Put(std::string_view role, std::vector<T> values) {
+    HostTensor& t = tensors[std::string(role)] = HostTensor(std::move(values));
+    return t.As<T>();
+  }
+  // Sets tensor `role` to a copy of `values`.
+  template <Element T>
+  std::span<T> Put(std::string_view role, std::span<const T> values) {
+    return Put(role, std::vector<T>(values.begin(), values.end()));
+  }
+
+ private:
+  const HostTensor& Tensor(std::string_view role, Dtype dtype) const;
 };
 
 struct OpSpec {
@@ -343,6 +361,13 @@ using RoleAndDtype = std::pair<std::string_view, Dtype>;
 bool CallFits(const OpSpec& op, std::span<const std::string_view> args,
               std::span<const RoleAndDtype> inputs, std::span<const RoleAndDtype> outputs);
 
+// The outputs of a run of `op`, as the contract compares two runs of it (the selftest, a device's
+// known answers): each output role's bytes in the op's order (a role the run did not write left
+// out), every NaN of a floating-point dtype made canonical but in the ops that fix their NaNs'
+// bits (global_norm and adamw: docs/numerics.md, "NaN"), packed into 4-byte words, the last
+// zero-padded.
+std::vector<float> OutputWords(const OpSpec& op, const OpValues& values);
+
 // Fixed test inputs: a 32-bit LCG mapped exactly to [-1, 1), with the special values every op
 // meets (signed zeros, infinities, NaNs, subnormals, the normal range's ends, the edges of exp's
 // and erfinv's ranges) spread sparsely over arrays of at least 16 × kSelftestSpecials.size().
@@ -360,18 +385,14 @@ struct OpArg {
   std::string_view name;
   double value = 0;
 };
-// A tensor an op reads or writes, by role: fp32 data, uint32 ids (tokens, targets) or fp64
-// values (the global norm's per-tensor sums), exactly one of them set.
+// A tensor an op reads, by role, tagged with its dtype (lockstep/tensor.h); and one it writes.
 struct OpTensor {
   std::string_view role;
-  std::span<const float> f32;
-  std::span<const uint32_t> u32 = {};
-  std::span<const double> f64 = {};
+  TensorView view;
 };
 struct OpOutput {
   std::string_view role;
-  std::span<float> f32;
-  std::span<double> f64 = {};
+  MutableTensorView view;
 };
 // Runs ops of the op table somewhere other than the CPU kernels (a device: lockstep/device.h): Run
 // returns true when it ran the op -- every output set, with the bits of the op's CPU kernel -- and
@@ -389,10 +410,10 @@ class OpExecutor {
   virtual ~OpExecutor() = default;
   virtual bool Run(rk::Op op, std::span<const OpArg> args, std::span<const OpTensor> inputs,
                    std::span<const OpOutput> outputs) = 0;
-  virtual void Keep(std::span<const float> /*region*/) {}
-  virtual void Forget(std::span<const float> /*region*/) {}
-  virtual void ToHost(std::span<const float> /*data*/) {}
-  virtual void HostWrites(std::span<const float> /*data*/) {}
+  virtual void Keep(TensorView /*region*/) {}
+  virtual void Forget(TensorView /*region*/) {}
+  virtual void ToHost(TensorView /*data*/) {}
+  virtual void HostWrites(TensorView /*data*/) {}
   // Fails, naming the sizes, unless `bytes` in all (`detail` says of what), the largest of them
   // one buffer of `largest` bytes, fit where the ops run. Called before anything is kept.
   virtual void Plan(uint64_t /*bytes*/, uint64_t /*largest*/, std::string_view /*detail*/) {}

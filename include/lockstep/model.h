@@ -250,10 +250,10 @@ void ObservedOp(const OpHooks& hooks, rk::Op op, int64_t layer, std::span<const 
   // The host reads the inputs (an observer, or the CPU kernel) and writes the outputs (the CPU
   // kernel, or the test fault in the observer's End).
   const auto inputs_to_host = [&] {
-    for (const OpTensor& t : in) executor->ToHost(t.f32);
+    for (const OpTensor& t : in) executor->ToHost(t.view);
   };
   const auto host_writes_outputs = [&] {
-    for (const OpOutput& o : out) executor->HostWrites(o.f32);
+    for (const OpOutput& o : out) executor->HostWrites(o.view);
   };
   if (hooks.observer != nullptr) {
     if (executor != nullptr) inputs_to_host();
@@ -268,7 +268,7 @@ void ObservedOp(const OpHooks& hooks, rk::Op op, int64_t layer, std::span<const 
   }
   if (hooks.observer != nullptr) {
     if (executor != nullptr) {
-      for (const OpOutput& o : out) executor->ToHost(o.f32);
+      for (const OpOutput& o : out) executor->ToHost(o.view);
       host_writes_outputs();
     }
     hooks.observer->End(out);

@@ -136,7 +136,8 @@ std::vector<std::tuple<std::string, std::string, std::string>> Differing(
   }
   auto find = [](const std::vector<OpTensorDigest>& list, const std::string& role) {
     for (const OpTensorDigest& t : list) {
-      if (t.role == role) return fmt::format("{}[{}] {}", t.dtype, t.elements, ToHex(t.blake2b));
+      if (t.role == role)
+        return fmt::format("{}[{}] {}", DtypeName(t.dtype), t.elements, ToHex(t.blake2b));
     }
     return std::string("-");
   };

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "lockstep/dispute.h"
@@ -18,13 +17,15 @@ namespace {
 // An op's tensors by role, in their dtypes (rk::OpValues), and their digests.
 using OpData = rk::OpValues;
 
+// Whether `data` has tensor t.role in t's dtype.
+bool HasTensor(const OpData& data, const OpTensorDigest& t) {
+  const auto it = data.tensors.find(t.role);
+  return it != data.tensors.end() && it->second.dtype() == t.dtype;
+}
+
 Digest DigestOf(const OpData& data, const OpTensorDigest& t) {
-  auto bytes = [](const auto& v) {
-    return std::span(reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(v[0]));
-  };
-  if (t.dtype == "u32") return Blake2b().Update(bytes(data.U(t.role))).Final();
-  if (t.dtype == "f64") return Blake2b().Update(bytes(data.D(t.role))).Final();
-  return Blake2b().Update(bytes(data.F(t.role))).Final();
+  if (!HasTensor(data, t)) Fail("the op has no {} tensor '{}'", DtypeName(t.dtype), t.role);
+  return Blake2b().Update(data.tensors.find(t.role)->second.view().bytes()).Final();
 }
 
 // The tensors of one side ("input" or "output") of an op dump (trace --dump-op).
@@ -48,20 +49,14 @@ OpData ReadDump(const fs::path& path, std::string_view side, int64_t op) {
     if (dtype == file.metadata().end()) {
       Fail("{}: tensor '{}' has no dtype.{} in __metadata__", path.string(), t.name, t.name);
     }
-    if (dtype->second == "f32") {
-      data.f32[role].assign(t.data.begin(), t.data.end());
-    } else if (dtype->second == "u32") {
-      auto& v = data.u32[role];
-      v.resize(t.data.size());
-      if (!v.empty()) std::memcpy(v.data(), t.data.data(), t.data.size_bytes());
-    } else if (dtype->second == "f64" && t.data.size() % 2 == 0) {
-      auto& v = data.f64[role];
-      v.resize(t.data.size() / 2);
-      if (!v.empty()) std::memcpy(v.data(), t.data.data(), t.data.size_bytes());
-    } else {
+    // The tensor's bytes, stored as F32 words (trace --dump-op), read in its dtype.
+    const DtypeInfo* info = FindDtype(dtype->second);
+    if (info == nullptr || t.data.size_bytes() % static_cast<size_t>(info->size) != 0) {
       Fail("{}: tensor '{}': dtype '{}' with {} words", path.string(), t.name, dtype->second,
            t.data.size());
     }
+    data.tensors[role] = HostTensor::Copy(TensorView(
+        info->dtype, t.data.data(), static_cast<int64_t>(t.data.size_bytes()) / info->size));
   }
   return data;
 }
@@ -87,12 +82,9 @@ OpData Recompute(const TraceRecord& r, const TraceRecord& other, OpData in) {
 // Whether `data` holds exactly the tensors of `expected`, each with its digest (an extra tensor
 // is not what the record committed to, and as an input it could change what the op computes).
 bool SameDigests(const OpData& data, const std::vector<OpTensorDigest>& expected) {
-  if (data.f32.size() + data.u32.size() + data.f64.size() != expected.size()) return false;
+  if (data.tensors.size() != expected.size()) return false;
   for (const OpTensorDigest& t : expected) {
-    const bool present = t.dtype == "u32"   ? data.u32.contains(t.role)
-                         : t.dtype == "f64" ? data.f64.contains(t.role)
-                                            : data.f32.contains(t.role);
-    if (!present || DigestOf(data, t) != t.blake2b) return false;
+    if (!HasTensor(data, t) || DigestOf(data, t) != t.blake2b) return false;
   }
   return true;
 }

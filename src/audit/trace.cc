@@ -41,43 +41,29 @@ Json ArgJson(double v) {
   return Json(v);
 }
 
-template <typename T>
-Digest DigestOf(std::span<const T> values) {
-  return Blake2b()
-      .Update(std::span(reinterpret_cast<const uint8_t*>(values.data()), values.size_bytes()))
-      .Final();
-}
-
-Json TensorJson(std::string_view role, std::string_view dtype, int64_t elements,
-                const Digest& digest) {
-  return Json{{"role", role}, {"dtype", dtype}, {"elements", elements}, {"blake2b", ToHex(digest)}};
-}
-
-Json InputJson(const OpTensor& t) {
-  if (!t.u32.empty()) return TensorJson(t.role, "u32", ssize(t.u32), DigestOf(t.u32));
-  if (!t.f64.empty()) return TensorJson(t.role, "f64", ssize(t.f64), DigestOf(t.f64));
-  return TensorJson(t.role, "f32", ssize(t.f32), DigestOf(t.f32));
-}
-
-Json OutputJson(const OpOutput& t) {
-  if (!t.f64.empty()) {
-    return TensorJson(t.role, "f64", ssize(t.f64), DigestOf(std::span<const double>(t.f64)));
-  }
-  return TensorJson(t.role, "f32", ssize(t.f32), DigestOf(std::span<const float>(t.f32)));
+Json TensorJson(std::string_view role, TensorView t) {
+  return Json{{"role", role},
+              {"dtype", DtypeName(t.dtype())},
+              {"elements", t.elements()},
+              {"blake2b", ToHex(Blake2b().Update(t.bytes()).Final())}};
 }
 
 // A dumped tensor: its bytes as F32 words (a U32 id or half an F64 value per word), named
 // "input.<role>" or "output.<role>"; the metadata gives the real dtype.
 struct DumpTensor {
-  std::string name, dtype;
+  std::string name;
+  Dtype dtype;
   std::vector<float> words;
 };
 
-template <typename T>
-DumpTensor Dumped(std::string name, std::string dtype, std::span<const T> values) {
-  DumpTensor d{std::move(name), std::move(dtype), {}};
-  d.words.resize(values.size_bytes() / sizeof(float));
-  std::memcpy(d.words.data(), values.data(), values.size_bytes());
+DumpTensor Dumped(std::string name, TensorView t) {
+  const std::span<const std::byte> bytes = t.bytes();
+  if (bytes.size() % sizeof(float) != 0) {
+    Fail("trace --dump-op: tensor '{}' is {} ({} bytes), and a dump holds 4-byte words only", name,
+         DtypeName(t.dtype()), bytes.size());
+  }
+  DumpTensor d{std::move(name), t.dtype(), std::vector<float>(bytes.size() / sizeof(float))};
+  if (!bytes.empty()) std::memcpy(d.words.data(), bytes.data(), bytes.size());
   return d;
 }
 
@@ -104,37 +90,25 @@ class TraceRecorder final : public OpObserver {
     for (const OpArg& arg : args) a[std::string(arg.name)] = ArgJson(arg.value);
     record_["args"] = a;
     Json in = Json::array();
-    for (const OpTensor& t : inputs) in.push_back(InputJson(t));
+    for (const OpTensor& t : inputs) in.push_back(TensorJson(t.role, t.view));
     record_["inputs"] = in;
     if (dump_ops_.contains(index_)) {
       Dump& dump = dumps_[index_];
       dump.op = op;
       for (const OpTensor& t : inputs) {
-        const std::string name = "input." + std::string(t.role);
-        if (!t.u32.empty()) {
-          dump.tensors.push_back(Dumped(name, "u32", t.u32));
-        } else if (!t.f64.empty()) {
-          dump.tensors.push_back(Dumped(name, "f64", t.f64));
-        } else {
-          dump.tensors.push_back(Dumped(name, "f32", t.f32));
-        }
+        dump.tensors.push_back(Dumped("input." + std::string(t.role), t.view));
       }
     }
   }
 
   void End(std::span<const OpOutput> outputs) override {
     Json out = Json::array();
-    for (const OpOutput& t : outputs) out.push_back(OutputJson(t));
+    for (const OpOutput& t : outputs) out.push_back(TensorJson(t.role, t.view));
     record_["outputs"] = out;
     if (dump_ops_.contains(index_)) {
       Dump& dump = dumps_[index_];
       for (const OpOutput& t : outputs) {
-        const std::string name = "output." + std::string(t.role);
-        if (!t.f64.empty()) {
-          dump.tensors.push_back(Dumped(name, "f64", std::span<const double>(t.f64)));
-        } else {
-          dump.tensors.push_back(Dumped(name, "f32", std::span<const float>(t.f32)));
-        }
+        dump.tensors.push_back(Dumped("output." + std::string(t.role), t.view));
       }
     }
     const std::string line = record_.dump();
@@ -183,10 +157,10 @@ std::vector<OpTensorDigest> TensorsOf(const Json& list, const std::string& what)
     RequireKeys(t, {"role", "dtype", "elements", "blake2b"}, what);
     OpTensorDigest d;
     d.role = StringField(t, "role", what);
-    d.dtype = StringField(t, "dtype", what);
-    if (d.dtype != "f32" && d.dtype != "u32" && d.dtype != "f64") {
-      Fail("{}: dtype '{}' (expected f32, u32 or f64)", what, d.dtype);
-    }
+    const std::string dtype = StringField(t, "dtype", what);
+    const DtypeInfo* info = FindDtype(dtype);
+    if (info == nullptr) Fail("{}: dtype '{}' is not a dtype lockstep knows", what, dtype);
+    d.dtype = info->dtype;
     const uint64_t elements = U64Field(t, "elements", what);
     if (elements > (uint64_t{1} << 60)) Fail("{}: elements = {} is too large", what, elements);
     d.elements = static_cast<int64_t>(elements);
@@ -223,9 +197,7 @@ TraceRecord ParseRecord(const std::string& line, const std::string& what) {
   const auto roles = [](const std::vector<OpTensorDigest>& tensors) {
     std::vector<rk::RoleAndDtype> out;
     for (const OpTensorDigest& t : tensors) {
-      out.emplace_back(t.role, t.dtype == "u32"   ? rk::Dtype::kU32
-                               : t.dtype == "f64" ? rk::Dtype::kF64
-                                                  : rk::Dtype::kF32);
+      out.emplace_back(t.role, t.dtype);
     }
     return out;
   };
@@ -294,7 +266,7 @@ Trace WriteTrace(const TraceOptions& o) {
         {"op", dump->second.op}, {"index", std::to_string(k)}, {"step", std::to_string(o.step)}};
     for (const DumpTensor& t : dump->second.tensors) {
       tensors.push_back({t.name, {static_cast<int64_t>(t.words.size())}, t.words});
-      metadata["dtype." + t.name] = t.dtype;
+      metadata["dtype." + t.name] = DtypeName(t.dtype);
     }
     WriteSafetensors(o.out / fmt::format("op_{}.safetensors", k), tensors, metadata);
   }

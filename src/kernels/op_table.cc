@@ -2,6 +2,7 @@
 // recorded values and a sample call for the selftest.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <iterator>
 
 #include "kernels/internal.h"
@@ -36,7 +37,7 @@ CrossEntropyShape CrossEntropyOf(const OpValues& v) {
   return {v.Int("rows"), v.Int("d"), v.Int("vocab"), v.Int("vocab_chunk"), v.Float("z_loss")};
 }
 std::span<const float> Optional(const OpValues& v, std::string_view role) {
-  return v.Has(role) ? std::span<const float>(v.F(role)) : std::span<const float>();
+  return v.Has(role) ? v.F(role) : std::span<const float>();
 }
 RopeTable RopeOf(const OpValues& v) {
   Allocation(v, {v.Int("table_seq"), v.Int("head_dim")});
@@ -46,32 +47,32 @@ RopeTable RopeOf(const OpValues& v) {
 // ---- run: each op from its recorded args and inputs --------------------------------------------
 
 void RunEmbeddingFwd(const OpValues& in, OpValues& out) {
-  Floats& o = out.f32["out"] = Zeros(in, {static_cast<int64_t>(in.U("ids").size()), in.Int("d")});
+  const std::span<float> o =
+      out.Put("out", Zeros(in, {static_cast<int64_t>(in.U("ids").size()), in.Int("d")}));
   EmbeddingForward(in.F("table"), in.U("ids"), o, in.Int("vocab"), in.Int("d"));
 }
 void RunEmbeddingBwd(const OpValues& in, OpValues& out) {
-  Floats& o = out.f32["dtable"] = in.F("dtable");
+  const std::span<float> o = out.Put("dtable", in.F("dtable"));
   EmbeddingBackward(in.F("dout"), in.U("ids"), o, in.Int("vocab"), in.Int("d"));
 }
 void RunRmsNormFwd(const OpValues& in, OpValues& out) {
   const int64_t rows = in.Int("rows"), cols = in.Int("cols");
-  Floats& y = out.f32["y"] = Zeros(in, {rows, cols});
-  Floats& rstd = out.f32["rstd"] = Zeros(in, {rows});
+  const std::span<float> y = out.Put("y", Zeros(in, {rows, cols}));
+  const std::span<float> rstd = out.Put("rstd", Zeros(in, {rows}));
   RmsNormForward(in.F("x"), Optional(in, "gain"), in.Float("eps"), y, rstd, rows, cols);
 }
 void RunRmsNormBwd(const OpValues& in, OpValues& out) {
   const int64_t rows = in.Int("rows"), cols = in.Int("cols");
-  Floats& dx = out.f32["dx"] = Zeros(in, {rows, cols});
+  const std::span<float> dx = out.Put("dx", Zeros(in, {rows, cols}));
   std::span<float> dgain;
-  if (in.Has("gain")) dgain = out.f32["dgain"] = Zeros(in, {cols});
+  if (in.Has("gain")) dgain = out.Put("dgain", Zeros(in, {cols}));
   RmsNormBackward(in.F("dy"), in.F("x"), Optional(in, "gain"), in.F("rstd"), dx, dgain, rows,
                   cols);
 }
 // The three GEMM forms: out = the accumulated input (accumulate = 1) or zeros of a × b.
-Floats& GemmOutput(const OpValues& in, OpValues& out, std::string_view role, int64_t a, int64_t b) {
-  Floats& o = out.f32[std::string(role)];
-  o = in.Int("accumulate") != 0 ? in.F(role) : Zeros(in, {a, b});
-  return o;
+std::span<float> GemmOutput(const OpValues& in, OpValues& out, std::string_view role, int64_t a,
+                            int64_t b) {
+  return in.Int("accumulate") != 0 ? out.Put(role, in.F(role)) : out.Put(role, Zeros(in, {a, b}));
 }
 void RunGemmXWt(const OpValues& in, OpValues& out) {
   const int64_t m = in.Int("m"), n = in.Int("n"), k = in.Int("k");
@@ -88,64 +89,64 @@ void RunGemmDytX(const OpValues& in, OpValues& out) {
            in.Int("accumulate") != 0);
 }
 void RunRopeFwd(const OpValues& in, OpValues& out) {
-  Floats& y = out.f32["y"] = Zeros(in, {static_cast<int64_t>(in.F("x").size())});
+  const std::span<float> y = out.Put("y", Zeros(in, {static_cast<int64_t>(in.F("x").size())}));
   RopeForward(in.F("x"), y, RopeOf(in), in.Int("batch"), in.Int("seq"), in.Int("heads"),
               in.Int("head_dim"), in.IntOr("position", 0));
 }
 void RunRopeBwd(const OpValues& in, OpValues& out) {
-  Floats& dx = out.f32["dx"] = Zeros(in, {static_cast<int64_t>(in.F("dy").size())});
+  const std::span<float> dx = out.Put("dx", Zeros(in, {static_cast<int64_t>(in.F("dy").size())}));
   RopeBackward(in.F("dy"), dx, RopeOf(in), in.Int("batch"), in.Int("seq"), in.Int("heads"),
                in.Int("head_dim"));
 }
 void RunAttentionFwd(const OpValues& in, OpValues& out) {
   const AttentionShape s = AttentionOf(in);
-  Floats& o = out.f32["out"] = Zeros(in, {static_cast<int64_t>(in.F("q").size())});
-  Floats& lse = out.f32["lse"] = Zeros(in, {s.batch, s.q_heads, s.seq});
+  const std::span<float> o = out.Put("out", Zeros(in, {static_cast<int64_t>(in.F("q").size())}));
+  const std::span<float> lse = out.Put("lse", Zeros(in, {s.batch, s.q_heads, s.seq}));
   AttentionForward(s, in.F("q"), in.F("k"), in.F("v"), o, lse);
 }
 void RunAttentionBwd(const OpValues& in, OpValues& out) {
-  Floats& dq = out.f32["dq"] = Zeros(in, {static_cast<int64_t>(in.F("q").size())});
-  Floats& dk = out.f32["dk"] = Zeros(in, {static_cast<int64_t>(in.F("k").size())});
-  Floats& dv = out.f32["dv"] = Zeros(in, {static_cast<int64_t>(in.F("v").size())});
+  const std::span<float> dq = out.Put("dq", Zeros(in, {static_cast<int64_t>(in.F("q").size())}));
+  const std::span<float> dk = out.Put("dk", Zeros(in, {static_cast<int64_t>(in.F("k").size())}));
+  const std::span<float> dv = out.Put("dv", Zeros(in, {static_cast<int64_t>(in.F("v").size())}));
   AttentionBackward(AttentionOf(in), in.F("q"), in.F("k"), in.F("v"), in.F("out"), in.F("lse"),
                     in.F("dout"), dq, dk, dv);
 }
 void RunAddInto(const OpValues& in, OpValues& out) {
-  Floats& y = out.f32["y"] = in.F("y");
+  const std::span<float> y = out.Put("y", in.F("y"));
   AddInto(in.F("x"), y);
 }
-void RunCopy(const OpValues& in, OpValues& out) { out.f32["y"] = in.F("x"); }
+void RunCopy(const OpValues& in, OpValues& out) { out.Put("y", in.F("x")); }
 void RunSwigluFwd(const OpValues& in, OpValues& out) {
-  Floats& act = out.f32["act"] = Zeros(in, {in.Int("rows"), in.Int("f")});
+  const std::span<float> act = out.Put("act", Zeros(in, {in.Int("rows"), in.Int("f")}));
   SwigluForward(in.F("gu"), act, in.Int("rows"), in.Int("f"));
 }
 void RunSwigluBwd(const OpValues& in, OpValues& out) {
-  Floats& dgu = out.f32["dgu"] = Zeros(in, {in.Int("rows"), 2, in.Int("f")});
+  const std::span<float> dgu = out.Put("dgu", Zeros(in, {in.Int("rows"), 2, in.Int("f")}));
   SwigluBackward(in.F("gu"), in.F("dact"), dgu, in.Int("rows"), in.Int("f"));
 }
 void RunCrossEntropyFwd(const OpValues& in, OpValues& out) {
   const CrossEntropyShape s = CrossEntropyOf(in);
-  Floats& loss = out.f32["loss"] = Zeros(in, {s.rows});
-  Floats& zloss = out.f32["zloss"] = Zeros(in, {s.rows});
-  Floats& lse = out.f32["lse"] = Zeros(in, {s.rows});
+  const std::span<float> loss = out.Put("loss", Zeros(in, {s.rows}));
+  const std::span<float> zloss = out.Put("zloss", Zeros(in, {s.rows}));
+  const std::span<float> lse = out.Put("lse", Zeros(in, {s.rows}));
   CrossEntropyForward(s, in.F("h"), in.F("w"), in.U("targets"), loss, zloss, lse);
 }
 void RunCrossEntropyBwd(const OpValues& in, OpValues& out) {
   const CrossEntropyShape s = CrossEntropyOf(in);
-  Floats& dh = out.f32["dh"] = Zeros(in, {s.rows, s.d});
-  Floats& dw = out.f32["dw"] = in.F("dw");
+  const std::span<float> dh = out.Put("dh", Zeros(in, {s.rows, s.d}));
+  const std::span<float> dw = out.Put("dw", in.F("dw"));
   CrossEntropyBackward(s, in.F("h"), in.F("w"), in.U("targets"), in.F("lse"),
                        in.Float("grad_scale"), dh, dw);
 }
 void RunRowSum(const OpValues& in, OpValues& out) {
-  Floats& sum = out.f32["sum"] = Zeros(in, {in.Int("rows")});
+  const std::span<float> sum = out.Put("sum", Zeros(in, {in.Int("rows")}));
   RowSum(in.F("x"), sum, in.Int("rows"), in.Int("cols"));
 }
 void RunBlockSquares(const OpValues& in, OpValues& out) {
-  out.f64["sums"] = BlockSquares(in.F("x"));
+  out.Put("sums", BlockSquares(in.F("x")));
 }
 void RunCanonicalizeNaNs(const OpValues& in, OpValues& out) {
-  CanonicalizeNaNs(out.f32["x"] = in.F("x"));
+  CanonicalizeNaNs(out.Put("x", in.F("x")));
 }
 void RunGlobalNorm(const OpValues& in, OpValues& out) {
   std::vector<int64_t> blocks;
@@ -155,15 +156,15 @@ void RunGlobalNorm(const OpValues& in, OpValues& out) {
     }
     blocks.push_back(static_cast<int64_t>(count));
   }
-  out.f32["norm"] = {NormOfBlockSums(in.D("sums"), blocks)};
+  out.Put("norm", Floats{NormOfBlockSums(in.D("sums"), blocks)});
 }
 void RunScale(const OpValues& in, OpValues& out) {
-  Scale(out.f32["x"] = in.F("x"), in.Float("factor"));
+  Scale(out.Put("x", in.F("x")), in.Float("factor"));
 }
 void RunAdamW(const OpValues& in, OpValues& out) {
-  Floats& param = out.f32["param"] = in.F("param");
-  Floats& m = out.f32["m"] = in.F("m");
-  Floats& v = out.f32["v"] = in.F("v");
+  const std::span<float> param = out.Put("param", in.F("param"));
+  const std::span<float> m = out.Put("m", in.F("m"));
+  const std::span<float> v = out.Put("v", in.F("v"));
   const AdamWParams p{in.Float("lr"),  in.Float("beta1"),        in.Float("beta2"),
                       in.Float("eps"), in.Float("weight_decay"), in.Int("step")};
   AdamWUpdate(p, param, in.F("grad"), m, v);
@@ -179,21 +180,21 @@ OpValues With(std::map<std::string, double, std::less<>> args) {
 
 OpValues SampleEmbeddingFwd() {
   OpValues v = With({{"vocab", 50}, {"d", 37}});
-  v.f32["table"] = SelftestFloats(50 * 37, 18);
-  v.u32["ids"] = SelftestIds(200, 50, 20);
+  v.Put("table", SelftestFloats(50 * 37, 18));
+  v.Put("ids", SelftestIds(200, 50, 20));
   return v;
 }
 OpValues SampleEmbeddingBwd() {
   OpValues v = With({{"vocab", 50}, {"d", 37}});
-  v.f32["dout"] = SelftestFloats(200 * 37, 19);
-  v.u32["ids"] = SelftestIds(200, 50, 20);
-  v.f32["dtable"] = SelftestFloats(50 * 37, 21);
+  v.Put("dout", SelftestFloats(200 * 37, 19));
+  v.Put("ids", SelftestIds(200, 50, 20));
+  v.Put("dtable", SelftestFloats(50 * 37, 21));
   return v;
 }
 OpValues SampleRmsNormFwd() {
   OpValues v = With({{"rows", 13}, {"cols", 257}, {"eps", 1e-5f}});
-  v.f32["x"] = SelftestFloats(13 * 257, 8);
-  v.f32["gain"] = SelftestFloats(257, 10);
+  v.Put("x", SelftestFloats(13 * 257, 8));
+  v.Put("gain", SelftestFloats(257, 10));
   return v;
 }
 OpValues SampleRmsNormBwd() {
@@ -201,18 +202,18 @@ OpValues SampleRmsNormBwd() {
   OpValues fwd = SampleRmsNormFwd(), out;
   RunRmsNormFwd(fwd, out);
   OpValues v = With({{"rows", 13}, {"cols", 257}});
-  v.f32["dy"] = SelftestFloats(13 * 257, 9);
-  v.f32["x"] = fwd.f32["x"];
-  v.f32["gain"] = fwd.f32["gain"];
-  v.f32["rstd"] = out.f32["rstd"];
+  v.Put("dy", SelftestFloats(13 * 257, 9));
+  v.tensors["x"] = fwd.tensors["x"];
+  v.tensors["gain"] = fwd.tensors["gain"];
+  v.tensors["rstd"] = out.tensors["rstd"];
   return v;
 }
 OpValues SampleGemm(std::string_view a, std::string_view b, std::string_view acc, int64_t a_size,
                     int64_t b_size, int64_t acc_size, uint32_t seed) {
   OpValues v = With({{"m", 67}, {"n", 45}, {"k", 531}, {"accumulate", 1}});
-  v.f32[std::string(a)] = SelftestFloats(a_size, seed);
-  v.f32[std::string(b)] = SelftestFloats(b_size, seed + 1);
-  v.f32[std::string(acc)] = SelftestFloats(acc_size, seed + 2);
+  v.Put(a, SelftestFloats(a_size, seed));
+  v.Put(b, SelftestFloats(b_size, seed + 1));
+  v.Put(acc, SelftestFloats(acc_size, seed + 2));
   return v;
 }
 OpValues SampleGemmXWt() { return SampleGemm("x", "w", "y", 67 * 531, 45 * 531, 67 * 45, 1); }
@@ -224,12 +225,12 @@ OpValues RopeArgs() {
 }
 OpValues SampleRopeFwd() {
   OpValues v = RopeArgs();
-  v.f32["x"] = SelftestFloats(2 * 19 * 3 * 34, 11);
+  v.Put("x", SelftestFloats(2 * 19 * 3 * 34, 11));
   return v;
 }
 OpValues SampleRopeBwd() {
   OpValues v = RopeArgs();
-  v.f32["dy"] = SelftestFloats(2 * 19 * 3 * 34, 12);
+  v.Put("dy", SelftestFloats(2 * 19 * 3 * 34, 12));
   return v;
 }
 constexpr int64_t kAttnQ = 2 * 70 * 4 * 19, kAttnKv = 2 * 70 * 2 * 19;
@@ -237,98 +238,100 @@ OpValues SampleAttentionFwd() {
   // A sliding window: the full-attention path is the window-0 case of the same kernel.
   OpValues v = With({{"batch", 2}, {"seq", 70}, {"q_heads", 4}, {"kv_heads", 2}, {"head_dim", 19},
                      {"window", 7}, {"scale", 0.25f}});
-  v.f32["q"] = SelftestFloats(kAttnQ, 12);
-  v.f32["k"] = SelftestFloats(kAttnKv, 13);
-  v.f32["v"] = SelftestFloats(kAttnKv, 14);
+  v.Put("q", SelftestFloats(kAttnQ, 12));
+  v.Put("k", SelftestFloats(kAttnKv, 13));
+  v.Put("v", SelftestFloats(kAttnKv, 14));
   return v;
 }
 OpValues SampleAttentionBwd() {
   OpValues v = SampleAttentionFwd(), out;
   v.args["window"] = 0;
   RunAttentionFwd(v, out);
-  v.f32["out"] = out.f32["out"];
-  v.f32["lse"] = out.f32["lse"];
-  v.f32["dout"] = SelftestFloats(kAttnQ, 15);
+  v.tensors["out"] = out.tensors["out"];
+  v.tensors["lse"] = out.tensors["lse"];
+  v.Put("dout", SelftestFloats(kAttnQ, 15));
   return v;
 }
 OpValues SampleAddInto() {
   OpValues v = With({{"n", 1003}});
-  v.f32["x"] = SelftestFloats(1003, 40);
-  v.f32["y"] = SelftestFloats(1003, 41);
+  v.Put("x", SelftestFloats(1003, 40));
+  v.Put("y", SelftestFloats(1003, 41));
   return v;
 }
 OpValues SampleCopy() {
   OpValues v = With({{"n", 1003}});
-  v.f32["x"] = SelftestFloats(1003, 42);
+  v.Put("x", SelftestFloats(1003, 42));
   return v;
 }
 OpValues SampleSwigluFwd() {
   OpValues v = With({{"rows", 11}, {"f", 133}});
-  v.f32["gu"] = SelftestFloats(11 * 266, 16);
-  for (float& x : v.f32["gu"]) x *= 8.0f;
+  v.Put("gu", SelftestFloats(11 * 266, 16));
+  for (float& x : v.tensors["gu"].As<float>()) x *= 8.0f;
   return v;
 }
 OpValues SampleSwigluBwd() {
   OpValues v = SampleSwigluFwd();
-  v.f32["dact"] = SelftestFloats(11 * 133, 17);
+  v.Put("dact", SelftestFloats(11 * 133, 17));
   return v;
 }
 OpValues SampleCrossEntropyFwd() {
   OpValues v = With({{"rows", 23}, {"d", 40}, {"vocab", 700}, {"vocab_chunk", 256},
                      {"z_loss", 1e-4f}, {"grad_scale", 0}});
-  v.f32["h"] = SelftestFloats(23 * 40, 22);
-  v.f32["w"] = SelftestFloats(700 * 40, 23);
-  v.u32["targets"] = SelftestIds(23, 700, 24);
+  v.Put("h", SelftestFloats(23 * 40, 22));
+  v.Put("w", SelftestFloats(700 * 40, 23));
+  v.Put("targets", SelftestIds(23, 700, 24));
   return v;
 }
 OpValues SampleCrossEntropyBwd() {
   OpValues v = SampleCrossEntropyFwd(), out;
   RunCrossEntropyFwd(v, out);
   v.args["grad_scale"] = 1.0f / 23;
-  v.f32["lse"] = out.f32["lse"];
-  v.f32["dw"] = SelftestFloats(700 * 40, 25);
+  v.tensors["lse"] = out.tensors["lse"];
+  v.Put("dw", SelftestFloats(700 * 40, 25));
   return v;
 }
 OpValues SampleRowSum() {
   OpValues v = With({{"rows", 9}, {"cols", 1001}});
-  v.f32["x"] = SelftestFloats(9 * 1001, 7);
+  v.Put("x", SelftestFloats(9 * 1001, 7));
   return v;
 }
 OpValues SampleBlockSquares() {
   OpValues v = With({{"tensor", 0}, {"begin", 0}});
-  v.f32["x"] = SelftestFloats(2 * kNormBlock + 4099, 26);
+  v.Put("x", SelftestFloats(2 * kNormBlock + 4099, 26));
   return v;
 }
 OpValues SampleCanonicalizeNaNs() {
   OpValues v = With({{"tensor", 0}});
-  v.f32["x"] = SelftestFloats(4099, 27);
+  v.Put("x", SelftestFloats(4099, 27));
   return v;
 }
 OpValues SampleGlobalNorm() {
   OpValues v = With({{"tensors", 3}});
   const Floats a = SelftestFloats(70000, 28, false), b = SelftestFloats(17, 29),
                c = SelftestFloats(131073, 30, false);
-  std::vector<double>& sums = v.f64["sums"];
+  std::vector<double> sums, blocks;
   for (const Floats* t : {&a, &b, &c}) {
     const std::vector<double> s = BlockSquares(*t);
     sums.insert(sums.end(), s.begin(), s.end());
-    v.f64["blocks"].push_back(static_cast<double>(s.size()));
+    blocks.push_back(static_cast<double>(s.size()));
   }
+  v.Put("sums", std::move(sums));
+  v.Put("blocks", std::move(blocks));
   return v;
 }
 OpValues SampleScale() {
   OpValues v = With({{"tensor", 0}, {"factor", 0.3f}});
-  v.f32["x"] = SelftestFloats(4099, 31);
+  v.Put("x", SelftestFloats(4099, 31));
   return v;
 }
 OpValues SampleAdamW() {
   OpValues v = With({{"tensor", 0}, {"lr", 1e-3f}, {"beta1", 0.9f}, {"beta2", 0.95f},
                      {"eps", 1e-8f}, {"weight_decay", 0.1f}, {"step", 30}});
-  v.f32["param"] = SelftestFloats(1003, 32);
-  v.f32["grad"] = SelftestFloats(1003, 33);
-  v.f32["m"] = SelftestFloats(1003, 34);
-  v.f32["v"] = SelftestFloats(1003, 35);
-  for (float& x : v.f32["v"]) x = x * x;  // a second moment is never negative
+  v.Put("param", SelftestFloats(1003, 32));
+  v.Put("grad", SelftestFloats(1003, 33));
+  v.Put("m", SelftestFloats(1003, 34));
+  v.Put("v", SelftestFloats(1003, 35));
+  for (float& x : v.tensors["v"].As<float>()) x = x * x;  // a second moment is never negative
   return v;
 }
 
@@ -554,14 +557,6 @@ const std::vector<OpSpec>& Table() {
   return table;
 }
 
-template <typename T>
-const std::vector<T>& Role(const std::map<std::string, std::vector<T>, std::less<>>& m,
-                           std::string_view role, Dtype dtype) {
-  const auto it = m.find(role);
-  if (it == m.end()) Fail("the op has no {} tensor '{}'", DtypeName(dtype), role);
-  return it->second;
-}
-
 constexpr float kSpecials[] = {
     -0.0f, 0.0f, INFINITY, -INFINITY, NAN, -NAN,
     0x1.0p-149f, -0x1.0p-149f, 0x1.0p-140f, 0x1.0p-126f, -0x1.0p-126f,
@@ -570,15 +565,6 @@ constexpr float kSpecials[] = {
     1.0f, -1.0f, 0x1.fffffep-1f, -0x1.fffffep-1f, 0x1.0p+100f};
 
 }  // namespace
-
-std::string_view DtypeName(Dtype dtype) {
-  switch (dtype) {
-    case Dtype::kU32: return "u32";
-    case Dtype::kF64: return "f64";
-    case Dtype::kF32: break;
-  }
-  return "f32";
-}
 
 double OpValues::Arg(std::string_view name) const {
   const auto it = args.find(name);
@@ -592,14 +578,14 @@ int64_t OpValues::Int(std::string_view name) const {
   }
   return static_cast<int64_t>(x);
 }
-const std::vector<float>& OpValues::F(std::string_view role) const {
-  return Role(f32, role, Dtype::kF32);
-}
-const std::vector<uint32_t>& OpValues::U(std::string_view role) const {
-  return Role(u32, role, Dtype::kU32);
-}
-const std::vector<double>& OpValues::D(std::string_view role) const {
-  return Role(f64, role, Dtype::kF64);
+const HostTensor& OpValues::Tensor(std::string_view role, Dtype dtype) const {
+  const auto it = tensors.find(role);
+  if (it == tensors.end()) Fail("the op has no {} tensor '{}'", DtypeName(dtype), role);
+  if (it->second.dtype() != dtype) {
+    Fail("the op's tensor '{}' is {}, not {}", role, DtypeName(it->second.dtype()),
+         DtypeName(dtype));
+  }
+  return it->second;
 }
 
 const OpSpec& Spec(Op op) { return Table().at(static_cast<size_t>(op)); }
@@ -637,6 +623,45 @@ bool CallFits(const OpSpec& op, std::span<const std::string_view> args,
   };
   return std::ranges::all_of(args, listed) && std::ranges::all_of(op.args, given) &&
          RolesFit(op.inputs, inputs) && RolesFit(op.outputs, outputs);
+}
+
+namespace {
+// Every NaN of `t` made the canonical NaN of its dtype (a no-op for integers).
+void CanonicalizeNaNsOf(HostTensor& t) {
+  switch (t.dtype()) {
+    case Dtype::kF32:
+      CanonicalizeNaNs(t.As<float>());
+      break;
+    case Dtype::kF64:
+      for (double& x : t.As<double>()) x = x != x ? std::numeric_limits<double>::quiet_NaN() : x;
+      break;
+    case Dtype::kBF16:
+      for (BFloat16& x : t.As<BFloat16>()) {
+        if ((x.bits & 0x7f80) == 0x7f80 && (x.bits & 0x7f) != 0) x.bits = 0x7fc0;
+      }
+      break;
+    case Dtype::kU32:
+    case Dtype::kI8:
+    case Dtype::kI32:
+      break;
+  }
+}
+}  // namespace
+
+std::vector<float> OutputWords(const OpSpec& op, const OpValues& values) {
+  const bool canonical = op.op != Op::kGlobalNorm && op.op != Op::kAdamW;
+  std::vector<std::byte> bytes;
+  for (const OpRole& role : op.outputs) {
+    const auto it = values.tensors.find(role.name);
+    if (it == values.tensors.end()) continue;
+    HostTensor t = it->second;
+    if (canonical) CanonicalizeNaNsOf(t);
+    const std::span<const std::byte> b = t.view().bytes();
+    bytes.insert(bytes.end(), b.begin(), b.end());
+  }
+  std::vector<float> words((bytes.size() + sizeof(float) - 1) / sizeof(float));
+  if (!bytes.empty()) std::memcpy(words.data(), bytes.data(), bytes.size());
+  return words;
 }
 
 const std::span<const float> kSelftestSpecials = kSpecials;

@@ -466,25 +466,13 @@ void Model::Logits(const ParamStore& params, std::span<float> logits) const {
               config_.d_model);
 }
 
-namespace {
-// The dtype of a recorded tensor: the one of its spans that is set (none: f32, empty).
-template <typename T>
-rk::RoleAndDtype RoleOf(const T& t) {
-  if (!t.f64.empty()) return {t.role, rk::Dtype::kF64};
-  if constexpr (requires { t.u32; }) {
-    if (!t.u32.empty()) return {t.role, rk::Dtype::kU32};
-  }
-  return {t.role, rk::Dtype::kF32};
-}
-}  // namespace
-
 void CheckOpCall(const rk::OpSpec& op, std::span<const OpArg> args,
                  std::span<const OpTensor> inputs, std::span<const OpOutput> outputs) {
   std::vector<std::string_view> names;
   for (const OpArg& a : args) names.push_back(a.name);
   std::vector<rk::RoleAndDtype> in, out;
-  for (const OpTensor& t : inputs) in.push_back(RoleOf(t));
-  for (const OpOutput& t : outputs) out.push_back(RoleOf(t));
+  for (const OpTensor& t : inputs) in.emplace_back(t.role, t.view.dtype());
+  for (const OpOutput& t : outputs) out.emplace_back(t.role, t.view.dtype());
   if (!rk::CallFits(op, names, in, out)) {
     LOCKSTEP_INTERNAL(
         "a call of op '{}' does not fit its entry in the op table "

@@ -13,26 +13,9 @@ namespace {
 
 using Arg = std::optional<double>;
 
-// A tensor a call reads, in its role's place: fp32, uint32 or fp64 (empty: an optional role
-// left out).
-struct In {
-  In(std::span<const float> x) : f32(x) {}
-  In(std::span<float> x) : f32(x) {}
-  In(std::span<const uint32_t> x) : u32(x) {}
-  In(std::span<const double> x) : f64(x) {}
-  bool empty() const { return f32.empty() && u32.empty() && f64.empty(); }
-  std::span<const float> f32;
-  std::span<const uint32_t> u32;
-  std::span<const double> f64;
-};
-// A tensor a call writes, in its role's place.
-struct Out {
-  Out(std::span<float> x) : f32(x) {}
-  Out(std::span<double> x) : f64(x) {}
-  bool empty() const { return f32.empty() && f64.empty(); }
-  std::span<float> f32;
-  std::span<double> f64;
-};
+// A tensor a call reads or writes, in its role's place (empty: an optional role left out).
+using In = TensorView;
+using Out = MutableTensorView;
 
 // Up to N values, without allocating.
 template <typename T, size_t N>
@@ -69,12 +52,12 @@ class Record {
     }
     const In* in = inputs.begin();
     for (const rk::OpRole& role : spec.inputs) {
-      if (!role.optional || !in->empty()) inputs_.Push({role.name, in->f32, in->u32, in->f64});
+      if (!role.optional || !in->empty()) inputs_.Push({role.name, *in});
       ++in;
     }
     const Out* out = outputs.begin();
     for (const rk::OpRole& role : spec.outputs) {
-      if (!role.optional || !out->empty()) outputs_.Push({role.name, out->f32, out->f64});
+      if (!role.optional || !out->empty()) outputs_.Push({role.name, *out});
       ++out;
     }
   }

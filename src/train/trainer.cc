@@ -45,11 +45,20 @@ class FaultyOp final : public OpObserver {
              std::span<const OpTensor> inputs) override {
     if (next_ != nullptr) next_->Begin(op, layer, args, inputs);
   }
+  // Element 0 one ulp toward +inf; in an output of integers or bf16, its lowest bit flipped.
+  static void Nudge(const MutableTensorView& t) {
+    if (t.empty()) return;
+    if (t.dtype() == Dtype::kF32) {
+      t.As<float>()[0] = std::nextafter(t.As<float>()[0], INFINITY);
+    } else if (t.dtype() == Dtype::kF64) {
+      t.As<double>()[0] = std::nextafter(t.As<double>()[0], INFINITY);
+    } else {
+      t.bytes()[0] ^= std::byte{1};
+    }
+  }
   void End(std::span<const OpOutput> outputs) override {
     if (step_ == fault_.step && index_ == fault_.index && !outputs.empty()) {
-      const OpOutput& out = outputs.front();
-      if (!out.f32.empty()) out.f32[0] = std::nextafter(out.f32[0], INFINITY);
-      if (!out.f64.empty()) out.f64[0] = std::nextafter(out.f64[0], INFINITY);
+      Nudge(outputs.front().view);
     }
     ++index_;
     if (next_ != nullptr) next_->End(outputs);

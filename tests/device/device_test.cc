@@ -34,38 +34,27 @@ rk::OpValues Reference(const rk::OpSpec& spec, const rk::OpValues& in) {
   return out;
 }
 
-// Whether every output of `want` of one element type (`Bits` its bit pattern) is in `got` with
-// the same bits, NaNs compared as NaN unless `exact_nans`. Names the first difference.
-template <typename Bits, typename T>
-::testing::AssertionResult SameOutputs(
-    const std::map<std::string, std::vector<T>, std::less<>>& want,
-    const std::map<std::string, std::vector<T>, std::less<>>& got, bool exact_nans) {
-  for (const auto& [role, w] : want) {
-    const auto it = got.find(role);
-    if (it == got.end()) return ::testing::AssertionFailure() << "no output " << role;
-    const std::vector<T>& g = it->second;
-    if (g.size() != w.size()) {
-      return ::testing::AssertionFailure()
-             << role << ": " << g.size() << " values, not " << w.size();
+// Whether two runs of an op gave the same outputs, as the contract compares them
+// (rk::OutputWords: NaNs compared as NaN where the contract leaves their bits open). Names the
+// first differing word.
+::testing::AssertionResult SameBits(const rk::OpSpec& spec, const rk::OpValues& want,
+                                    const rk::OpValues& got) {
+  for (const rk::OpRole& role : spec.outputs) {
+    if (want.Has(role.name) != got.Has(role.name)) {
+      return ::testing::AssertionFailure() << "output " << role.name << " is in one run only";
     }
-    for (size_t i = 0; i < w.size(); ++i) {
-      if (std::isnan(w[i]) && std::isnan(g[i]) && !exact_nans) continue;
-      if (std::bit_cast<Bits>(w[i]) != std::bit_cast<Bits>(g[i])) {
-        return ::testing::AssertionFailure() << role << "[" << i << "]: reference " << w[i]
-                                             << ", device " << g[i];
-      }
+  }
+  const std::vector<float> w = rk::OutputWords(spec, want), g = rk::OutputWords(spec, got);
+  if (w.size() != g.size()) {
+    return ::testing::AssertionFailure() << g.size() << " words of outputs, not " << w.size();
+  }
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (std::bit_cast<uint32_t>(w[i]) != std::bit_cast<uint32_t>(g[i])) {
+      return ::testing::AssertionFailure()
+             << "word " << i << " of the outputs: reference " << w[i] << ", device " << g[i];
     }
   }
   return ::testing::AssertionSuccess();
-}
-
-// Whether two outputs are the same bits (NaNs compared as NaN where the contract leaves their
-// bits open: every op but AdamW's, docs/numerics.md "NaN").
-::testing::AssertionResult SameBits(const rk::OpSpec& spec, const rk::OpValues& want,
-                                    const rk::OpValues& got) {
-  const bool exact_nans = spec.op == rk::Op::kAdamW;
-  const ::testing::AssertionResult f32 = SameOutputs<uint32_t>(want.f32, got.f32, exact_nans);
-  return f32 ? SameOutputs<uint64_t>(want.f64, got.f64, exact_nans) : f32;
 }
 
 class DeviceTest : public ::testing::Test {
@@ -127,9 +116,9 @@ TEST_F(DeviceTest, TheGemmGivesTheReferenceBitsAtEveryTilingOnRaggedShapes) {
                                                            : n * k};
         uint32_t seed = 100;
         for (size_t r = 0; r < 3; ++r) {
-          in.f32[std::string(spec.inputs[r].name)] = rk::SelftestFloats(sizes[r], seed++);
+          in.Put(spec.inputs[r].name, rk::SelftestFloats(sizes[r], seed++));
         }
-        if (!accumulate) in.f32.erase(std::string(spec.inputs[2].name));
+        if (!accumulate) in.tensors.erase(std::string(spec.inputs[2].name));
         const rk::OpValues want = Reference(spec, in);
         for (const device::GemmTiling& t : tilings) {
           dev_->set_gemm_tiling(t);
@@ -160,15 +149,15 @@ TEST_F(DeviceTest, TheGemmChunkSumsStartFromPositiveZeroAtEveryTiling) {
       rk::OpValues in = spec.sample();
       in.args = {
           {"m", double(m)}, {"n", double(n)}, {"k", double(k)}, {"accumulate", double(accumulate)}};
-      in.f32[std::string(spec.inputs[0].name)].assign(static_cast<size_t>(sizes[0]), -0.0f);
-      in.f32[std::string(spec.inputs[1].name)].assign(static_cast<size_t>(sizes[1]), 1.5f);
+      in.Put(spec.inputs[0].name, std::vector<float>(static_cast<size_t>(sizes[0]), -0.0f));
+      in.Put(spec.inputs[1].name, std::vector<float>(static_cast<size_t>(sizes[1]), 1.5f));
       if (accumulate) {
-        in.f32[std::string(spec.inputs[2].name)].assign(static_cast<size_t>(sizes[2]), -0.0f);
+        in.Put(spec.inputs[2].name, std::vector<float>(static_cast<size_t>(sizes[2]), -0.0f));
       } else {
-        in.f32.erase(std::string(spec.inputs[2].name));
+        in.tensors.erase(std::string(spec.inputs[2].name));
       }
       const auto all_positive_zero = [&](rk::OpValues& out, const std::string& who) {
-        const std::vector<float>& y = out.f32[std::string(spec.outputs[0].name)];
+        const std::span<const float> y = out.F(spec.outputs[0].name);
         if (y.size() != static_cast<size_t>(sizes[2])) {
           return ::testing::AssertionFailure() << who << ": " << y.size() << " outputs";
         }
@@ -231,15 +220,15 @@ TEST_F(DeviceTest, TheRowOpsGiveTheReferenceBitsAtEveryLengthAroundTheLanes) {
     for (const bool gain : {false, true}) {
       rk::OpValues in;
       in.args = {{"rows", double(rows)}, {"cols", double(cols)}, {"eps", 1e-5f}};
-      in.f32["x"] = rk::SelftestFloats(rows * cols, 70 + static_cast<uint32_t>(cols));
-      if (gain) in.f32["gain"] = rk::SelftestFloats(cols, 71, false);
+      in.Put("x", rk::SelftestFloats(rows * cols, 70 + static_cast<uint32_t>(cols)));
+      if (gain) in.Put("gain", rk::SelftestFloats(cols, 71, false));
       for (const rk::Op op : {rk::Op::kRowSum, rk::Op::kRmsNormFwd, rk::Op::kRmsNormBwd}) {
         const rk::OpSpec& spec = rk::Spec(op);
         rk::OpValues call = in;
-        if (op == rk::Op::kRowSum) call.f32.erase("gain");
+        if (op == rk::Op::kRowSum) call.tensors.erase("gain");
         if (op == rk::Op::kRmsNormBwd) {
-          call.f32["rstd"] = Reference(rk::Spec(rk::Op::kRmsNormFwd), in).f32.at("rstd");
-          call.f32["dy"] = rk::SelftestFloats(rows * cols, 72);
+          call.tensors["rstd"] = Reference(rk::Spec(rk::Op::kRmsNormFwd), in).tensors.at("rstd");
+          call.Put("dy", rk::SelftestFloats(rows * cols, 72));
         }
         rk::OpValues got;
         dev_->Run(op, call, got);
@@ -253,9 +242,9 @@ TEST_F(DeviceTest, TheRowOpsGiveTheReferenceBitsAtEveryLengthAroundTheLanes) {
     const int64_t ce_rows = 7, d = static_cast<int64_t>(ce.args.at("d"));
     ce.args["rows"] = double(ce_rows);
     ce.args["vocab"] = double(vocab);
-    ce.f32["h"] = rk::SelftestFloats(ce_rows * d, 73);
-    ce.f32["w"] = rk::SelftestFloats(vocab * d, 74);
-    ce.u32["targets"] = rk::SelftestIds(ce_rows, static_cast<uint32_t>(vocab), 75);
+    ce.Put("h", rk::SelftestFloats(ce_rows * d, 73));
+    ce.Put("w", rk::SelftestFloats(vocab * d, 74));
+    ce.Put("targets", rk::SelftestIds(ce_rows, static_cast<uint32_t>(vocab), 75));
     const rk::OpSpec& spec = rk::Spec(rk::Op::kCrossEntropyFwd);
     rk::OpValues got;
     dev_->Run(spec.op, ce, got);
@@ -273,18 +262,18 @@ TEST_F(DeviceTest, AttentionRopeAndTheCrossEntropyGiveTheReferenceBitsAcrossShap
                 {"q_heads", double(q_heads)},   {"kv_heads", double(kv_heads)},
                 {"head_dim", double(d)},        {"window", double(window)},
                 {"scale", 0.30151134f}};
-    fwd.f32["q"] = rk::SelftestFloats(nq, 50, false);
-    fwd.f32["k"] = rk::SelftestFloats(nkv, 51, false);
-    fwd.f32["v"] = rk::SelftestFloats(nkv, 52);
+    fwd.Put("q", rk::SelftestFloats(nq, 50, false));
+    fwd.Put("k", rk::SelftestFloats(nkv, 51, false));
+    fwd.Put("v", rk::SelftestFloats(nkv, 52));
     const rk::OpSpec& f = rk::Spec(rk::Op::kAttentionFwd);
     const rk::OpValues want = Reference(f, fwd);
     rk::OpValues got;
     dev_->Run(f.op, fwd, got);
     EXPECT_TRUE(SameBits(f, want, got)) << q_heads << "/" << kv_heads << " window " << window;
     rk::OpValues bwd = fwd;
-    bwd.f32["out"] = want.f32.at("out");
-    bwd.f32["lse"] = want.f32.at("lse");
-    bwd.f32["dout"] = rk::SelftestFloats(nq, 53);
+    bwd.tensors["out"] = want.tensors.at("out");
+    bwd.tensors["lse"] = want.tensors.at("lse");
+    bwd.Put("dout", rk::SelftestFloats(nq, 53));
     const rk::OpSpec& b = rk::Spec(rk::Op::kAttentionBwd);
     rk::OpValues grads;
     dev_->Run(b.op, bwd, grads);
@@ -295,7 +284,7 @@ TEST_F(DeviceTest, AttentionRopeAndTheCrossEntropyGiveTheReferenceBitsAcrossShap
       rk::OpValues cached = fwd;
       cached.args["seq"] = double(seq - past);
       cached.args["past"] = double(past);
-      cached.f32["q"] = rk::SelftestFloats(batch * (seq - past) * q_heads * d, 54, false);
+      cached.Put("q", rk::SelftestFloats(batch * (seq - past) * q_heads * d, 54, false));
       const rk::OpValues want_cached = Reference(f, cached);
       rk::OpValues got_cached;
       dev_->Run(f.op, cached, got_cached);
@@ -316,13 +305,13 @@ TEST_F(DeviceTest, AttentionRopeAndTheCrossEntropyGiveTheReferenceBitsAcrossShap
     rk::OpValues ce = rk::Spec(rk::Op::kCrossEntropyBwd).sample();
     ce.args["vocab"] = 613;
     ce.args["z_loss"] = z_loss;
-    ce.f32["w"] = rk::SelftestFloats(613 * 40, 60);
-    ce.f32["dw"] = rk::SelftestFloats(613 * 40, 61);
-    ce.u32["targets"] = rk::SelftestIds(23, 613, 62);
+    ce.Put("w", rk::SelftestFloats(613 * 40, 60));
+    ce.Put("dw", rk::SelftestFloats(613 * 40, 61));
+    ce.Put("targets", rk::SelftestIds(23, 613, 62));
     rk::OpValues forward;
     for (const rk::Op op : {rk::Op::kCrossEntropyFwd, rk::Op::kCrossEntropyBwd}) {
       const rk::OpSpec& spec = rk::Spec(op);
-      if (op == rk::Op::kCrossEntropyBwd) ce.f32["lse"] = forward.f32.at("lse");
+      if (op == rk::Op::kCrossEntropyBwd) ce.tensors["lse"] = forward.tensors.at("lse");
       const rk::OpValues want = Reference(spec, ce);
       if (op == rk::Op::kCrossEntropyFwd) forward = want;
       rk::OpValues got;
@@ -376,7 +365,7 @@ TEST_F(DeviceTest, DISABLED_ExpAndLogGiveTheLibrarysBitsOnEveryFloat) {
 TEST_F(DeviceTest, BadInputIsRefusedBeforeAnythingRuns) {
   const rk::OpSpec& embedding = rk::Spec(rk::Op::kEmbeddingFwd);
   rk::OpValues in = embedding.sample();
-  in.u32["ids"][3] = 50;  // vocab = 50
+  in.tensors["ids"].As<uint32_t>()[3] = 50;  // vocab = 50
   rk::OpValues out;
   try {
     dev_->Run(embedding.op, in, out);
@@ -387,7 +376,7 @@ TEST_F(DeviceTest, BadInputIsRefusedBeforeAnythingRuns) {
         << e.what();
   }
   rk::OpValues gemm = rk::Spec(rk::Op::kGemmXWt).sample();
-  gemm.f32["x"].pop_back();
+  gemm.tensors["x"].As<float>().pop_back();
   EXPECT_THROW(dev_->Run(rk::Op::kGemmXWt, gemm, out), Error);
   EXPECT_THROW(dev_->set_gemm_tiling({32, 32, 3, 2, 16}), Error);  // 32 is not a multiple of 3
   EXPECT_THROW(dev_->set_gemm_tiling({32, 32, 2, 2, 24}), Error);  // 24 does not divide 256
@@ -452,9 +441,9 @@ TEST_F(DeviceTest, ABufferTheDeviceCannotAllocateIsRefusedNamingTheDevice) {
   ce.args["rows"] = double(side);
   ce.args["vocab"] = double(side);
   ce.args["d"] = 1;
-  ce.f32["h"] = rk::SelftestFloats(side, 70);
-  ce.f32["w"] = rk::SelftestFloats(side, 71);
-  ce.u32["targets"] = rk::SelftestIds(side, static_cast<uint32_t>(side), 72);
+  ce.Put("h", rk::SelftestFloats(side, 70));
+  ce.Put("w", rk::SelftestFloats(side, 71));
+  ce.Put("targets", rk::SelftestIds(side, static_cast<uint32_t>(side), 72));
   rk::OpValues out;
   test::ExpectError([&] { dev_->Run(rk::Op::kCrossEntropyFwd, ce, out); },
                     {"--device opencl:0:0 (" + dev_->info().name + ")",
@@ -547,7 +536,7 @@ TEST_F(DeviceTest, KeptCopiesStayOnTheDeviceUntilTheHostAsks) {
     return v;
   }();
   rk::OpValues in = args, expected;
-  in.f32["x"].assign(x.begin(), x.end());
+  in.Put("x", std::vector<float>(x.begin(), x.end()));
   expected = Reference(rope, in);
   std::vector<OpArg> rope_args;
   for (const auto& [name, value] : args.args) rope_args.push_back({name, value});
@@ -555,7 +544,7 @@ TEST_F(DeviceTest, KeptCopiesStayOnTheDeviceUntilTheHostAsks) {
   const OpOutput rope_out[] = {{"y", x}};
   EXPECT_TRUE(dev_->Run(rope.op, rope_args, rope_in, rope_out));
   dev_->ToHost(x);
-  EXPECT_TRUE(std::ranges::equal(x, expected.f32.at("y"), [](float a, float b) {
+  EXPECT_TRUE(std::ranges::equal(x, expected.F("y"), [](float a, float b) {
     return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
   }));
 
@@ -571,7 +560,7 @@ TEST_F(DeviceTest, WithoutThePragmaTheBitsMove) {
   const rk::OpSpec& spec = rk::Spec(rk::Op::kRmsNormFwd);
   rk::OpValues in;
   in.args = {{"rows", 4096}, {"cols", 67}, {"eps", 1e-5f}};
-  in.f32["x"] = rk::SelftestFloats(4096 * 67, 3, /*specials=*/false);
+  in.Put("x", rk::SelftestFloats(4096 * 67, 3, /*specials=*/false));
   const rk::OpValues want = Reference(spec, in);
   rk::OpValues got;
   dev_->Run(spec.op, in, got);

@@ -241,12 +241,15 @@ TEST_F(Dispute, ARevealedRecordProvesItsPlaceUnderTheRoot) {
   }
 }
 
-// A record that is not a call the op table describes (a role renamed, an op unknown) is refused
-// when the trace is read, naming the record.
+// A record that is not a call the op table describes (a role renamed, an op unknown, a role in a
+// dtype of the table that is not its own, a dtype outside the table) is refused when the trace
+// is read, naming the record.
 TEST_F(Dispute, ARecordOutsideTheOpCatalogueIsRefused) {
-  for (const auto& [from, to] : {std::pair<std::string, std::string>{"\"role\":\"table\"",
-                                                                     "\"role\":\"tablet\""},
-                                 {"\"op\":\"embedding_fwd\"", "\"op\":\"embedding_fwd2\""}}) {
+  for (const auto& [from, to] :
+       {std::pair<std::string, std::string>{"\"role\":\"table\"", "\"role\":\"tablet\""},
+        {"\"op\":\"embedding_fwd\"", "\"op\":\"embedding_fwd2\""},
+        {"\"dtype\":\"f32\"", "\"dtype\":\"bf16\""},
+        {"\"dtype\":\"f32\"", "\"dtype\":\"f16\""}}) {
     const fs::path edited = dir_ / "TA_edited";
     fs::remove_all(edited);
     fs::copy(dir_ / "TA", edited);
@@ -259,7 +262,8 @@ TEST_F(Dispute, ARecordOutsideTheOpCatalogueIsRefused) {
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_NE(r.output.find("records.jsonl: line 1"), std::string::npos) << r.output;
     EXPECT_TRUE(r.output.find("not those the op catalogue gives it") != std::string::npos ||
-                r.output.find("is not an op lockstep records") != std::string::npos)
+                r.output.find("is not an op lockstep records") != std::string::npos ||
+                r.output.find("dtype 'f16' is not a dtype lockstep knows") != std::string::npos)
         << r.output;
   }
 }

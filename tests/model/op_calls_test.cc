@@ -32,18 +32,14 @@ class Records final : public OpObserver {
     for (const auto& [name, value] : by_name) r += fmt::format(" {}={}", name, value);
     r += " |";
     for (const OpTensor& t : inputs) {
-      r += fmt::format(" {}:{}", t.role,
-                       !t.f64.empty()   ? fmt::format("f64[{}]", t.f64.size())
-                       : !t.u32.empty() ? fmt::format("u32[{}]", t.u32.size())
-                                        : fmt::format("f32[{}]", t.f32.size()));
+      r += fmt::format(" {}:{}[{}]", t.role, DtypeName(t.view.dtype()), t.view.elements());
     }
     records.push_back(r + " |");
   }
   void End(std::span<const OpOutput> outputs) override {
     for (const OpOutput& t : outputs) {
-      records.back() += fmt::format(" {}:{}", t.role,
-                                    t.f64.empty() ? fmt::format("f32[{}]", t.f32.size())
-                                                  : fmt::format("f64[{}]", t.f64.size()));
+      records.back() +=
+          fmt::format(" {}:{}[{}]", t.role, DtypeName(t.view.dtype()), t.view.elements());
     }
   }
   std::vector<std::string> records;
@@ -111,14 +107,13 @@ TEST(OpCalls, TheOptimizersCallsRecordTheTrainersRecords) {
   const OpHooks hooks{.observer = &written};
   std::vector<double> sums2(2);
   WrittenOp(hooks, rk::Op::kBlockSquares, -1, {{"tensor", 5}, {"begin", 0}}, {{"x", grad2}},
-            {{"sums", {}, sums2}},
-            [&] { std::ranges::copy(rk::BlockSquares(grad2), sums2.begin()); });
+            {{"sums", sums2}}, [&] { std::ranges::copy(rk::BlockSquares(grad2), sums2.begin()); });
   WrittenOp(hooks, rk::Op::kCanonicalizeNaNs, -1, {{"tensor", 5}}, {{"x", grad2}}, {{"x", grad2}},
             [&] { rk::CanonicalizeNaNs(grad2); });
   const std::vector<double> block_counts = {2};
   float norm2 = 0;
   WrittenOp(hooks, rk::Op::kGlobalNorm, -1, {{"tensors", 1}},
-            {{"sums", {}, {}, sums2}, {"blocks", {}, {}, block_counts}}, {{"norm", {&norm2, 1}}},
+            {{"sums", sums2}, {"blocks", block_counts}}, {{"norm", std::span(&norm2, 1)}},
             [&] { norm2 = rk::NormOfBlockSums(sums2, blocks); });
   WrittenOp(hooks, rk::Op::kScale, -1, {{"tensor", 5}, {"factor", 0.5f}}, {{"x", grad2}},
             {{"x", grad2}}, [&] { rk::Scale(grad2, 0.5f); });

@@ -48,24 +48,6 @@ std::function<Floats()> NaNsCanonical(std::function<Floats()> run) {
   };
 }
 
-// Every output of an op, in its roles' order, f64 values as two words each, as the contract
-// compares them: NaNs made canonical except where the op fixes their bits (docs/numerics.md,
-// "NaN": of the step's ops only the global norm and AdamW).
-Floats OpOutputs(const rk::OpSpec& spec, const rk::OpValues& out) {
-  Floats all;
-  for (const rk::OpRole& role : spec.outputs) {
-    if (out.f32.contains(role.name)) Append(all, out.F(role.name));
-    if (!out.f64.contains(role.name)) continue;
-    for (const double x : out.D(role.name)) {
-      const auto bits = std::bit_cast<uint64_t>(std::isnan(x) ? std::nan("") : x);
-      all.push_back(std::bit_cast<float>(static_cast<uint32_t>(bits)));
-      all.push_back(std::bit_cast<float>(static_cast<uint32_t>(bits >> 32)));
-    }
-  }
-  if (spec.op != rk::Op::kGlobalNorm && spec.op != rk::Op::kAdamW) rk::CanonicalizeNaNs(all);
-  return all;
-}
-
 std::vector<Case> Cases() {
   std::vector<Case> cases;
   // Every op of the op table (a training step's ops), on its sample call: all its outputs.
@@ -73,7 +55,7 @@ std::vector<Case> Cases() {
     cases.push_back({fmt::format("op {} ({})", spec.name, spec.kernel), [&spec] {
                        rk::OpValues out;
                        spec.run(spec.sample(), out);
-                       return OpOutputs(spec, out);
+                       return rk::OutputWords(spec, out);
                      }});
   }
   cases.push_back({"row sum / sumsq / max 9x1001", NaNsCanonical([] {
@@ -184,7 +166,7 @@ int RunDeviceSelftest(const device::DeviceChoice& choice, const SelftestOptions&
     const rk::OpValues in = spec.sample();
     rk::OpValues reference;
     spec.run(in, reference);
-    const Floats want = OpOutputs(spec, reference);
+    const Floats want = rk::OutputWords(spec, reference);
     const bool gemm = spec.op == rk::Op::kGemmXWt || spec.op == rk::Op::kGemmDyW ||
                       spec.op == rk::Op::kGemmDytX;
     std::string row;
@@ -192,7 +174,7 @@ int RunDeviceSelftest(const device::DeviceChoice& choice, const SelftestOptions&
     const auto check = [&](const std::string& label) {
       rk::OpValues out;
       dev->Run(spec.op, in, out);
-      const Floats got = OpOutputs(spec, out);
+      const Floats got = rk::OutputWords(spec, out);
       const bool equal = got.size() == want.size() &&
                          std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0;
       row += fmt::format(" {}{}", label, equal ? "=" : "≠");

@@ -153,7 +153,8 @@ void AddTestFaultOptions(CLI::App* cmd, train::TestFaults* faults, bool replica)
   };
   add("--test-fault-op", &faults->op,
       "test only, STEP:K: move element 0 of the first output of op K (0-based, in trace order) "
-      "of step STEP one ulp toward +inf, as a faulty party would (single process)");
+      "of step STEP one ulp toward +inf (an integer or bf16 output: its lowest bit flipped), as a "
+      "faulty party would (single process)");
   add("--test-fault-token", &faults->token,
       "test only, STEP:I: flip the lowest bit of token I of step STEP (the step's tokens in "
       "microbatch order), as a party that read other data would");
