@@ -66,7 +66,7 @@ std::vector<uint32_t> ReadTokenFile(const std::filesystem::path& path, uint64_t 
 // attention"), so a position's logits are the same bits whether its sequence is run whole
 // (Model::Forward then Model::Logits), prefilled in pieces or decoded a token at a time, and
 // whatever other sequences share the call (docs/inference.md, "Exactness").
-class KvDecoder {
+class KvDecoder : private AttentionContext {
  public:
   // `slots` sequences of up to config.seq_len positions each, cached in RAM. The decoder reads
   // the weights in `params` in place, never copied: the ParamStore must outlive it.
@@ -93,17 +93,20 @@ class KvDecoder {
   void set_hooks(const OpHooks& hooks) { hooks_ = hooks; }
 
  private:
-  struct LayerWeights {
-    std::span<const float> attn_norm, wq, wk, wv, wo, ffn_norm, w_gate_up, w_down;
-  };
-  void Layer(int64_t l, std::span<const Piece> pieces, const std::vector<int64_t>& first_row);
+  // AttentionContext, for the pieces of the Append being run: per piece, RoPE at its positions,
+  // its keys and values into the cache, and attention over the cache.
+  void Attend(const OpHooks& hooks, int64_t layer, std::span<float> q, std::span<float> k,
+              std::span<const float> v, std::span<float> attn) override;
   void Norm(int64_t layer, std::span<const float> x, std::span<const float> gain,
             std::span<float> y, int64_t rows, int64_t cols);
   std::span<float> Cache(std::vector<float>& cache, int64_t slot, int64_t from, int64_t rows);
 
   ModelConfig config_;
   std::span<const float> tok_, emb_norm_, final_norm_, output_;
-  std::vector<LayerWeights> layers_;
+  std::vector<std::array<std::span<const float>, kTensorsPerLayer>> layers_;
+  // The Append being run: its pieces, and piece i's rows first_row_[i] .. first_row_[i + 1] - 1.
+  std::span<const Piece> pieces_;
+  std::vector<int64_t> first_row_;
   rk::RopeTable rope_;
   float scale_;
   std::vector<int64_t> lengths_;

@@ -100,6 +100,30 @@ struct ParamSpec {
 // ffn.w_down}.weight, then final_norm.weight, output.weight.
 std::vector<ParamSpec> ParameterSpecs(const ModelConfig& config);
 
+// A layer's parameter tensors in ParameterSpecs order, and each one's name within its layer
+// ("layers.<l>." + name): the one spelling of them, which ParameterSpecs, the model, the decoder
+// and the export use.
+enum LayerTensor : size_t { kAttnNorm, kWq, kWk, kWv, kWo, kFfnNorm, kWGateUp, kWDown };
+inline constexpr std::array<std::string_view, 8> kLayerTensorNames = {
+    "attn_norm.weight", "attn.wq.weight",  "attn.wk.weight",       "attn.wv.weight",
+    "attn.wo.weight",   "ffn_norm.weight", "ffn.w_gate_up.weight", "ffn.w_down.weight"};
+inline constexpr size_t kTensorsPerLayer = kLayerTensorNames.size();
+static_assert(kWDown + 1 == kTensorsPerLayer);
+
+// Each tensor's index in ParameterSpecs order.
+struct ParamIndex {
+  size_t tok, emb_norm, first_layer, final_norm, output;
+  explicit ParamIndex(const ModelConfig& c)
+      : tok(0),
+        emb_norm(1),
+        first_layer(c.embedding_norm ? 2 : 1),
+        final_norm(first_layer + kTensorsPerLayer * static_cast<size_t>(c.n_layers)),
+        output(final_norm + 1) {}
+  size_t Layer(int64_t l, size_t which) const {  // which: a LayerTensor
+    return first_layer + kTensorsPerLayer * static_cast<size_t>(l) + which;
+  }
+};
+
 // The model FLOPs of one training step of `config` (train.microbatches × train.microbatch
 // sequences): the standard count, without recomputation -- 6 per matmul parameter per token
 // (every 2-D weight but the embedding table, which is a lookup) plus 12·head_dim per visible
@@ -275,6 +299,32 @@ void ObservedOp(const OpHooks& hooks, rk::Op op, int64_t layer, std::span<const 
   }
 }
 
+// ---- one layer's forward: the model's own, run by training and by the KV-cache decoder ---------
+// What RoPE and attention see of the rows: the training batch's own sequences (Model), or each
+// row's sequence in a KV cache (infer::KvDecoder). Attend rotates q and k in place at the rows'
+// positions and writes attn, each row's attention over the keys it sees, its ops called with
+// `hooks` under `layer`.
+class AttentionContext {
+ public:
+  virtual ~AttentionContext() = default;
+  virtual void Attend(const OpHooks& hooks, int64_t layer, std::span<float> q, std::span<float> k,
+                      std::span<const float> v, std::span<float> attn) = 0;
+};
+// The buffers of one layer's forward over its rows. x_out may be x_in's memory (x_in is not read
+// once x_mid is made), and h2 h's; the rstd buffers are outputs only.
+struct LayerBuffers {
+  std::span<const float> x_in;
+  std::span<float> h, attn_rstd, q_raw, k_raw, q_rstd, k_rstd, q, k, v, attn, x_mid, h2, ffn_rstd,
+      gu, act, x_out;
+};
+// Layer `layer`'s forward over `rows` rows (docs/model.md) with its parameters w
+// (kTensorsPerLayer, in LayerTensor order): every activation its backward reads, and with
+// `output` the layer's output x_out (without it the forward stops after the SwiGLU: what a
+// backward recomputes).
+void LayerForward(const OpHooks& hooks, const ModelConfig& config, int64_t layer, int64_t rows,
+                  std::span<const std::span<const float>> w, const LayerBuffers& b,
+                  AttentionContext& attention, bool output = true);
+
 struct LossSums {
   float loss = 0;   // Σ over rows of the cross-entropy (rk::RowSum lane rule, fp32)
   float zloss = 0;  // Σ over rows of z_loss · lse²
@@ -289,7 +339,7 @@ inline bool KeepsLogits(int64_t rows, int64_t vocab) { return rows * vocab <= kK
 // The activations of one (batch, seq) shape, planned once in a single arena, and the kernels'
 // orchestration. tokens is [batch, seq + 1] row-major: row b's inputs are its first seq ids,
 // its targets the last seq. seq may be shorter than config.seq_len (never longer).
-class Model {
+class Model : private AttentionContext {
  public:
   // Whether the forward keeps every layer's activations for the backward, or only each layer's
   // input, the backward computing the layer's forward again (less memory, one more forward of
@@ -362,11 +412,13 @@ class Model {
   void OpenLayer(TensorAccess& access, int64_t layer, std::span<std::span<const float>> w) const;
   void CloseLayer(TensorAccess& access, int64_t layer) const;
   std::span<float> Grad(TensorAccess& access, size_t i, bool accumulate) const;
-  // Layer l's forward from its input with parameters w (kTensorsPerLayer tensors): every
-  // activation its backward reads, and with `output` the layer's output (the next layer's input,
-  // or x_final_).
+  // Layer l's forward (LayerForward) from its input with parameters w into its activations, and
+  // with `output` the layer's output (the next layer's input, or x_final_).
   void ForwardLayer(const OpHooks& hooks, int64_t l, std::span<const std::span<const float>> w,
                     bool output);
+  // AttentionContext: RoPE over the batch's sequences from position 0, and causal attention.
+  void Attend(const OpHooks& hooks, int64_t layer, std::span<float> q, std::span<float> k,
+              std::span<const float> v, std::span<float> attn) override;
   // Layer l's backward from its activations with parameters w: on entry dx_ holds the gradient
   // of the layer's output, on exit that of its input; the layer's parameter gradients are
   // written through `access` (stored, or with accumulate added to the accumulated ones).

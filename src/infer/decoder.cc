@@ -25,19 +25,17 @@ KvDecoder::KvDecoder(const ModelConfig& config, const ParamStore& params, int64_
            specs[i].name);
     }
   }
-  const auto tensor = [&](const std::string& name) { return params.Tensor(params.Find(name)); };
-  tok_ = tensor("tok_embeddings.weight");
-  if (config.embedding_norm) emb_norm_ = tensor("emb_norm.weight");
-  final_norm_ = tensor("final_norm.weight");
-  output_ = tensor("output.weight");
+  const ParamIndex P(config);
+  tok_ = params.Tensor(P.tok);
+  if (config.embedding_norm) emb_norm_ = params.Tensor(P.emb_norm);
+  final_norm_ = params.Tensor(P.final_norm);
+  output_ = params.Tensor(P.output);
   const int64_t kv = config.n_kv_heads * config.head_dim;
   for (int64_t l = 0; l < config.n_layers; ++l) {
-    const auto w = [&](std::string_view name) {
-      return tensor(fmt::format("layers.{}.{}", l, name));
-    };
-    layers_.push_back({w("attn_norm.weight"), w("attn.wq.weight"), w("attn.wk.weight"),
-                       w("attn.wv.weight"), w("attn.wo.weight"), w("ffn_norm.weight"),
-                       w("ffn.w_gate_up.weight"), w("ffn.w_down.weight")});
+    std::array<std::span<const float>, kTensorsPerLayer>& w = layers_.emplace_back();
+    for (size_t which = 0; which < kTensorsPerLayer; ++which) {
+      w[which] = params.Tensor(P.Layer(l, which));
+    }
     const auto floats = static_cast<size_t>(slots * config.seq_len * kv);
     k_cache_.emplace_back(floats);
     v_cache_.emplace_back(floats);
@@ -119,7 +117,30 @@ std::vector<float> KvDecoder::Append(std::span<const Piece> pieces, bool every_p
   // Embedding (+ optional RMSNorm): x[N, d].
   ops::EmbeddingFwd(hooks_, -1, tok_, ids, c.embedding_norm ? y_ : x_, c.vocab, d);
   if (c.embedding_norm) Norm(-1, y_, emb_norm_, x_, n, d);
-  for (int64_t l = 0; l < c.n_layers; ++l) Layer(l, pieces, first_row);
+  pieces_ = pieces;
+  first_row_ = first_row;
+  const std::span<float> rstd(rstd_);
+  const LayerBuffers b{.x_in = x_,
+                       .h = h_,
+                       .attn_rstd = rstd.first(static_cast<size_t>(n)),
+                       .q_raw = q_raw_,
+                       .k_raw = k_raw_,
+                       .q_rstd = rstd.first(static_cast<size_t>(n * c.n_heads)),
+                       .k_rstd = rstd.first(static_cast<size_t>(n * c.n_kv_heads)),
+                       .q = q_,
+                       .k = k_,
+                       .v = v_,
+                       .attn = attn_,
+                       .x_mid = y_,
+                       .h2 = h_,
+                       .ffn_rstd = rstd.first(static_cast<size_t>(n)),
+                       .gu = gu_,
+                       .act = act_,
+                       .x_out = x_};
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    LayerForward(hooks_, c, l, n, layers_[static_cast<size_t>(l)], b, *this);
+  }
+  pieces_ = {};
   for (size_t i = 0; i < pieces.size(); ++i) {
     lengths_[static_cast<size_t>(pieces[i].slot)] += first_row[i + 1] - first_row[i];
   }
@@ -143,55 +164,34 @@ std::vector<float> KvDecoder::Append(std::span<const Piece> pieces, bool every_p
   return logits;
 }
 
-void KvDecoder::Layer(int64_t l, std::span<const Piece> pieces,
-                      const std::vector<int64_t>& first_row) {
+void KvDecoder::Attend(const OpHooks& hooks, int64_t l, std::span<float> q_rows,
+                       std::span<float> k_rows, std::span<const float> v_rows,
+                       std::span<float> attn_rows) {
   const ModelConfig& c = config_;
-  const LayerWeights& w = layers_[static_cast<size_t>(l)];
-  const int64_t n = first_row.back(), d = c.d_model, hd = c.head_dim, f = c.ffn_hidden;
-  const int64_t q_dim = c.n_heads * hd, kv = c.n_kv_heads * hd;
+  const int64_t hd = c.head_dim, q_dim = c.n_heads * hd, kv = c.n_kv_heads * hd;
   const float theta = static_cast<float>(c.rope_theta);
-  Norm(l, x_, w.attn_norm, h_, n, d);
-  if (c.qk_norm) {
-    ops::GemmXWt(hooks_, l, h_, w.wq, q_raw_, n, q_dim, d);
-    ops::GemmXWt(hooks_, l, h_, w.wk, k_raw_, n, kv, d);
-    Norm(l, q_raw_, {}, q_, n * c.n_heads, hd);
-    Norm(l, k_raw_, {}, k_, n * c.n_kv_heads, hd);
-  } else {
-    ops::GemmXWt(hooks_, l, h_, w.wq, q_, n, q_dim, d);
-    ops::GemmXWt(hooks_, l, h_, w.wk, k_, n, kv, d);
-  }
-  ops::GemmXWt(hooks_, l, h_, w.wv, v_, n, kv, d);
-  // Per piece: RoPE at its positions, its k and v into the cache, attention over the cache.
   rk::AttentionShape shape{1, 0, c.n_heads, c.n_kv_heads, hd, LayerWindow(c, l), scale_};
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const int64_t rows = first_row[i + 1] - first_row[i];
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    const int64_t rows = first_row_[i + 1] - first_row_[i];
     if (rows == 0) continue;
-    const int64_t slot = pieces[i].slot, past = lengths_[static_cast<size_t>(slot)];
-    const auto piece = [&](std::vector<float>& v, int64_t width) {
-      return std::span(v).subspan(static_cast<size_t>(first_row[i] * width),
-                                  static_cast<size_t>(rows * width));
+    const int64_t slot = pieces_[i].slot, past = lengths_[static_cast<size_t>(slot)];
+    const auto piece = [&](auto all, int64_t width) {
+      return all.subspan(static_cast<size_t>(first_row_[i] * width),
+                         static_cast<size_t>(rows * width));
     };
-    const std::span<float> q = piece(q_, q_dim), k = piece(k_, kv);
-    ops::RopeFwd(hooks_, l, rope_, theta, q, q, 1, rows, c.n_heads, hd, past);
-    ops::RopeFwd(hooks_, l, rope_, theta, k, k, 1, rows, c.n_kv_heads, hd, past);
-    ops::Copy(hooks_, l, k, Cache(k_cache_[static_cast<size_t>(l)], slot, past, rows));
-    ops::Copy(hooks_, l, piece(v_, kv), Cache(v_cache_[static_cast<size_t>(l)], slot, past, rows));
+    const std::span<float> q = piece(q_rows, q_dim), k = piece(k_rows, kv);
+    std::vector<float>& k_cache = k_cache_[static_cast<size_t>(l)];
+    std::vector<float>& v_cache = v_cache_[static_cast<size_t>(l)];
+    ops::RopeFwd(hooks, l, rope_, theta, q, q, 1, rows, c.n_heads, hd, past);
+    ops::RopeFwd(hooks, l, rope_, theta, k, k, 1, rows, c.n_kv_heads, hd, past);
+    ops::Copy(hooks, l, k, Cache(k_cache, slot, past, rows));
+    ops::Copy(hooks, l, piece(v_rows, kv), Cache(v_cache, slot, past, rows));
     shape.seq = rows;
     shape.past = past;
-    const std::span<const float> keys =
-        Cache(k_cache_[static_cast<size_t>(l)], slot, 0, past + rows);
-    const std::span<const float> values =
-        Cache(v_cache_[static_cast<size_t>(l)], slot, 0, past + rows);
     const std::span<float> lse = std::span(rstd_).first(static_cast<size_t>(rows * c.n_heads));
-    ops::AttentionFwd(hooks_, l, shape, q, keys, values, piece(attn_, q_dim), lse);
+    ops::AttentionFwd(hooks, l, shape, q, Cache(k_cache, slot, 0, past + rows),
+                      Cache(v_cache, slot, 0, past + rows), piece(attn_rows, q_dim), lse);
   }
-  ops::GemmXWt(hooks_, l, attn_, w.wo, y_, n, d, q_dim);  // y = x + attn · woᵀ
-  ops::AddInto(hooks_, l, x_, y_);
-  Norm(l, y_, w.ffn_norm, h_, n, d);
-  ops::GemmXWt(hooks_, l, h_, w.w_gate_up, gu_, n, 2 * f, d);
-  ops::SwigluFwd(hooks_, l, gu_, act_, n, f);
-  ops::GemmXWt(hooks_, l, act_, w.w_down, x_, n, d, f);  // x = y + act · w_downᵀ
-  ops::AddInto(hooks_, l, y_, x_);
 }
 
 }  // namespace lockstep::infer

@@ -50,8 +50,8 @@ class Params {
     }
     LOCKSTEP_INTERNAL("export: the checkpoint has no tensor '{}'", name);
   }
-  std::span<const float> Layer(int64_t l, std::string_view what) const {
-    return Get(fmt::format("layers.{}.{}.weight", l, what));
+  std::span<const float> Layer(int64_t l, LayerTensor which) const {
+    return Get(fmt::format("layers.{}.{}", l, kLayerTensorNames[which]));
   }
 
  private:
@@ -571,28 +571,27 @@ void WriteGguf(const VerifiedModel& m, const std::string& arch, const Tokenizer&
   const int64_t q = c.n_heads * c.head_dim, k = c.n_kv_heads * c.head_dim, f = c.ffn_hidden;
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string b = fmt::format("blk.{}.", l);
-    g.Tensor(b + "attn_norm.weight", {c.d_model}, p.Layer(l, "attn_norm"));
+    g.Tensor(b + "attn_norm.weight", {c.d_model}, p.Layer(l, kAttnNorm));
     if (arch == "llama") {
       g.Tensor(b + "attn_q.weight", {q, c.d_model},
-               PermuteForInterleavedRope(p.Layer(l, "attn.wq"), c.n_heads, c.head_dim, c.d_model));
-      g.Tensor(
-          b + "attn_k.weight", {k, c.d_model},
-          PermuteForInterleavedRope(p.Layer(l, "attn.wk"), c.n_kv_heads, c.head_dim, c.d_model));
+               PermuteForInterleavedRope(p.Layer(l, kWq), c.n_heads, c.head_dim, c.d_model));
+      g.Tensor(b + "attn_k.weight", {k, c.d_model},
+               PermuteForInterleavedRope(p.Layer(l, kWk), c.n_kv_heads, c.head_dim, c.d_model));
     } else {
-      g.Tensor(b + "attn_q.weight", {q, c.d_model}, p.Layer(l, "attn.wq"));
-      g.Tensor(b + "attn_k.weight", {k, c.d_model}, p.Layer(l, "attn.wk"));
+      g.Tensor(b + "attn_q.weight", {q, c.d_model}, p.Layer(l, kWq));
+      g.Tensor(b + "attn_k.weight", {k, c.d_model}, p.Layer(l, kWk));
     }
     if (c.qk_norm) {
       g.Tensor(b + "attn_q_norm.weight", {c.head_dim}, std::vector<float>(c.head_dim, 1.0f));
       g.Tensor(b + "attn_k_norm.weight", {c.head_dim}, std::vector<float>(c.head_dim, 1.0f));
     }
-    g.Tensor(b + "attn_v.weight", {k, c.d_model}, p.Layer(l, "attn.wv"));
-    g.Tensor(b + "attn_output.weight", {c.d_model, q}, p.Layer(l, "attn.wo"));
-    g.Tensor(b + "ffn_norm.weight", {c.d_model}, p.Layer(l, "ffn_norm"));
-    const std::span<const float> gu = p.Layer(l, "ffn.w_gate_up");
+    g.Tensor(b + "attn_v.weight", {k, c.d_model}, p.Layer(l, kWv));
+    g.Tensor(b + "attn_output.weight", {c.d_model, q}, p.Layer(l, kWo));
+    g.Tensor(b + "ffn_norm.weight", {c.d_model}, p.Layer(l, kFfnNorm));
+    const std::span<const float> gu = p.Layer(l, kWGateUp);
     g.Tensor(b + "ffn_gate.weight", {f, c.d_model}, gu.first(f * c.d_model));
     g.Tensor(b + "ffn_up.weight", {f, c.d_model}, gu.subspan(f * c.d_model));
-    g.Tensor(b + "ffn_down.weight", {c.d_model, f}, p.Layer(l, "ffn.w_down"));
+    g.Tensor(b + "ffn_down.weight", {c.d_model, f}, p.Layer(l, kWDown));
   }
   g.Tensor("output_norm.weight", {c.d_model}, p.Get("final_norm.weight"));
   g.Tensor("output.weight", {c.vocab, c.d_model}, p.Get("output.weight"));
@@ -741,10 +740,10 @@ void WriteHf(const VerifiedModel& m, const std::string& arch, const Tokenizer& t
   const std::span<const float> zeros = keep(std::vector<float>(std::max(q, k), 0.0f));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string b = fmt::format("model.layers.{}.", l);
-    t.push_back({b + "input_layernorm.weight", {c.d_model}, p.Layer(l, "attn_norm")});
-    t.push_back({b + "self_attn.q_proj.weight", {q, c.d_model}, p.Layer(l, "attn.wq")});
-    t.push_back({b + "self_attn.k_proj.weight", {k, c.d_model}, p.Layer(l, "attn.wk")});
-    t.push_back({b + "self_attn.v_proj.weight", {k, c.d_model}, p.Layer(l, "attn.wv")});
+    t.push_back({b + "input_layernorm.weight", {c.d_model}, p.Layer(l, kAttnNorm)});
+    t.push_back({b + "self_attn.q_proj.weight", {q, c.d_model}, p.Layer(l, kWq)});
+    t.push_back({b + "self_attn.k_proj.weight", {k, c.d_model}, p.Layer(l, kWk)});
+    t.push_back({b + "self_attn.v_proj.weight", {k, c.d_model}, p.Layer(l, kWv)});
     if (arch == "Qwen2ForCausalLM") {  // Qwen2 always has q/k/v biases: zeros add nothing
       t.push_back({b + "self_attn.q_proj.bias", {q}, zeros.first(q)});
       t.push_back({b + "self_attn.k_proj.bias", {k}, zeros.first(k)});
@@ -754,12 +753,12 @@ void WriteHf(const VerifiedModel& m, const std::string& arch, const Tokenizer& t
       t.push_back({b + "self_attn.q_norm.weight", {c.head_dim}, ones});
       t.push_back({b + "self_attn.k_norm.weight", {c.head_dim}, ones});
     }
-    t.push_back({b + "self_attn.o_proj.weight", {c.d_model, q}, p.Layer(l, "attn.wo")});
-    t.push_back({b + "post_attention_layernorm.weight", {c.d_model}, p.Layer(l, "ffn_norm")});
-    const std::span<const float> gu = p.Layer(l, "ffn.w_gate_up");
+    t.push_back({b + "self_attn.o_proj.weight", {c.d_model, q}, p.Layer(l, kWo)});
+    t.push_back({b + "post_attention_layernorm.weight", {c.d_model}, p.Layer(l, kFfnNorm)});
+    const std::span<const float> gu = p.Layer(l, kWGateUp);
     t.push_back({b + "mlp.gate_proj.weight", {f, c.d_model}, gu.first(f * c.d_model)});
     t.push_back({b + "mlp.up_proj.weight", {f, c.d_model}, gu.subspan(f * c.d_model)});
-    t.push_back({b + "mlp.down_proj.weight", {c.d_model, f}, p.Layer(l, "ffn.w_down")});
+    t.push_back({b + "mlp.down_proj.weight", {c.d_model, f}, p.Layer(l, kWDown)});
   }
   t.push_back({"model.norm.weight", {c.d_model}, p.Get("final_norm.weight")});
   t.push_back({"lm_head.weight", {c.vocab, c.d_model}, p.Get("output.weight")});

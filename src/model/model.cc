@@ -9,30 +9,8 @@
 #include "lockstep/kernels.h"
 #include "lockstep/model.h"
 #include "lockstep/op_calls.h"
-#include "model/layer_tensors.h"
 
 namespace lockstep {
-namespace {
-
-using model_internal::kAttnNorm, model_internal::kWq, model_internal::kWk, model_internal::kWv,
-    model_internal::kWo, model_internal::kFfnNorm, model_internal::kWGateUp, model_internal::kWDown,
-    model_internal::kTensorsPerLayer;
-
-// Index of each tensor in ParameterSpecs order.
-struct ParamIndex {
-  size_t tok, emb_norm, first_layer, final_norm, output;
-  explicit ParamIndex(const ModelConfig& c)
-      : tok(0),
-        emb_norm(1),
-        first_layer(c.embedding_norm ? 2 : 1),
-        final_norm(first_layer + kTensorsPerLayer * static_cast<size_t>(c.n_layers)),
-        output(final_norm + 1) {}
-  size_t Layer(int64_t l, size_t which) const {
-    return first_layer + kTensorsPerLayer * static_cast<size_t>(l) + which;
-  }
-};
-
-}  // namespace
 
 Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int64_t seq,
              Activations activations)
@@ -89,8 +67,7 @@ Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int6
   if (config.embedding_norm) at(P.emb_norm, "emb_norm.weight");
   for (int64_t l = 0; l < config.n_layers; ++l) {
     for (size_t which = 0; which < kTensorsPerLayer; ++which) {
-      at(P.Layer(l, which),
-         fmt::format("layers.{}.{}", l, model_internal::kLayerTensorNames[which]), l);
+      at(P.Layer(l, which), fmt::format("layers.{}.{}", l, kLayerTensorNames[which]), l);
     }
   }
   at(P.final_norm, "final_norm.weight");
@@ -285,39 +262,68 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
   return sums;
 }
 
+void LayerForward(const OpHooks& obs, const ModelConfig& c, int64_t l, int64_t n,
+                  std::span<const std::span<const float>> w, const LayerBuffers& b,
+                  AttentionContext& attention, bool output) {
+  const int64_t d = c.d_model, f = c.ffn_hidden, hd = c.head_dim;
+  const int64_t q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
+  const float eps = static_cast<float>(c.norm_eps);
+  // Attention block: x_mid = x_in + attn(RMSNorm(x_in)) · Woᵀ.
+  ops::RmsNormFwd(obs, l, b.x_in, w[kAttnNorm], eps, b.h, b.attn_rstd, n, d);  // h[N, d]
+  if (c.qk_norm) {
+    ops::GemmXWt(obs, l, b.h, w[kWq], b.q_raw, n, q_dim, d);   // q_raw[N, Q]
+    ops::GemmXWt(obs, l, b.h, w[kWk], b.k_raw, n, kv_dim, d);  // k_raw[N, K]
+    ops::RmsNormFwd(obs, l, b.q_raw, {}, eps, b.q, b.q_rstd, n * c.n_heads, hd);
+    ops::RmsNormFwd(obs, l, b.k_raw, {}, eps, b.k, b.k_rstd, n * c.n_kv_heads, hd);
+  } else {
+    ops::GemmXWt(obs, l, b.h, w[kWq], b.q, n, q_dim, d);
+    ops::GemmXWt(obs, l, b.h, w[kWk], b.k, n, kv_dim, d);
+  }
+  ops::GemmXWt(obs, l, b.h, w[kWv], b.v, n, kv_dim, d);        // v[N, K]
+  attention.Attend(obs, l, b.q, b.k, b.v, b.attn);             // attn[N, Q]
+  ops::GemmXWt(obs, l, b.attn, w[kWo], b.x_mid, n, d, q_dim);  // x_mid[N, d]
+  ops::AddInto(obs, l, b.x_in, b.x_mid);
+  // Feed-forward block: x_out = x_mid + SwiGLU(RMSNorm(x_mid) · W_guᵀ) · W_downᵀ.
+  ops::RmsNormFwd(obs, l, b.x_mid, w[kFfnNorm], eps, b.h2, b.ffn_rstd, n, d);
+  ops::GemmXWt(obs, l, b.h2, w[kWGateUp], b.gu, n, 2 * f, d);  // gu[N, 2F]: gate | up
+  ops::SwigluFwd(obs, l, b.gu, b.act, n, f);                   // act[N, F]
+  if (!output) return;  // a recomputation: the backward reads no further
+  ops::GemmXWt(obs, l, b.act, w[kWDown], b.x_out, n, d, f);  // x_out[N, d]
+  ops::AddInto(obs, l, b.x_mid, b.x_out);
+}
+
 void Model::ForwardLayer(const OpHooks& obs, int64_t l, std::span<const std::span<const float>> w,
                          bool output) {
+  const LayerActivations& a = layers_[static_cast<size_t>(l)];
+  const Span x_out = l + 1 < config_.n_layers ? layers_[static_cast<size_t>(l + 1)].x_in : x_final_;
+  const LayerBuffers b{.x_in = A(a.x_in),
+                       .h = A(a.h),
+                       .attn_rstd = A(a.attn_rstd),
+                       .q_raw = A(a.q_raw),
+                       .k_raw = A(a.k_raw),
+                       .q_rstd = A(a.q_rstd),
+                       .k_rstd = A(a.k_rstd),
+                       .q = A(a.q),
+                       .k = A(a.k),
+                       .v = A(a.v),
+                       .attn = A(a.attn),
+                       .x_mid = A(a.x_mid),
+                       .h2 = A(a.h2),
+                       .ffn_rstd = A(a.ffn_rstd),
+                       .gu = A(a.gu),
+                       .act = A(a.act),
+                       .x_out = output ? A(x_out) : std::span<float>()};
+  LayerForward(obs, config_, l, rows_, w, b, *this, output);
+}
+
+void Model::Attend(const OpHooks& obs, int64_t l, std::span<float> q, std::span<float> k,
+                   std::span<const float> v, std::span<float> attn) {
   const ModelConfig& c = config_;
-  const int64_t n = rows_, d = c.d_model, f = c.ffn_hidden, hd = c.head_dim;
-  const int64_t q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
-  const float eps = static_cast<float>(c.norm_eps), theta = static_cast<float>(c.rope_theta);
-  LayerActivations& a = layers_[static_cast<size_t>(l)];
-  // Attention block: x_mid = x_in + attn(RMSNorm(x_in)) · Woᵀ.
-  ops::RmsNormFwd(obs, l, A(a.x_in), w[kAttnNorm], eps, A(a.h), A(a.attn_rstd), n, d);  // h[N,d]
-  if (c.qk_norm) {
-    ops::GemmXWt(obs, l, A(a.h), w[kWq], A(a.q_raw), n, q_dim, d);   // q_raw[N, Q]
-    ops::GemmXWt(obs, l, A(a.h), w[kWk], A(a.k_raw), n, kv_dim, d);  // k_raw[N, K]
-    ops::RmsNormFwd(obs, l, A(a.q_raw), {}, eps, A(a.q), A(a.q_rstd), n * c.n_heads, hd);
-    ops::RmsNormFwd(obs, l, A(a.k_raw), {}, eps, A(a.k), A(a.k_rstd), n * c.n_kv_heads, hd);
-  } else {
-    ops::GemmXWt(obs, l, A(a.h), w[kWq], A(a.q), n, q_dim, d);
-    ops::GemmXWt(obs, l, A(a.h), w[kWk], A(a.k), n, kv_dim, d);
-  }
-  ops::GemmXWt(obs, l, A(a.h), w[kWv], A(a.v), n, kv_dim, d);  // v[N, K]
-  ops::RopeFwd(obs, l, rope_, theta, A(a.q), A(a.q), batch_, seq_, c.n_heads, hd);
-  ops::RopeFwd(obs, l, rope_, theta, A(a.k), A(a.k), batch_, seq_, c.n_kv_heads, hd);
-  ops::AttentionFwd(obs, l, AttentionShape(l), A(a.q), A(a.k), A(a.v), A(a.attn),
-                    A(a.attn_lse));                                  // attn[N, Q]
-  ops::GemmXWt(obs, l, A(a.attn), w[kWo], A(a.x_mid), n, d, q_dim);  // x_mid[N, d]
-  ops::AddInto(obs, l, A(a.x_in), A(a.x_mid));
-  // Feed-forward block: x_out = x_mid + SwiGLU(RMSNorm(x_mid) · W_guᵀ) · W_downᵀ.
-  ops::RmsNormFwd(obs, l, A(a.x_mid), w[kFfnNorm], eps, A(a.h2), A(a.ffn_rstd), n, d);
-  ops::GemmXWt(obs, l, A(a.h2), w[kWGateUp], A(a.gu), n, 2 * f, d);  // gu[N, 2F]: gate | up
-  ops::SwigluFwd(obs, l, A(a.gu), A(a.act), n, f);                   // act[N, F]
-  if (!output) return;  // a recomputation: the backward reads no further
-  const Span x_out = l + 1 < c.n_layers ? layers_[static_cast<size_t>(l + 1)].x_in : x_final_;
-  ops::GemmXWt(obs, l, A(a.act), w[kWDown], A(x_out), n, d, f);  // x_out[N, d]
-  ops::AddInto(obs, l, A(a.x_mid), A(x_out));
+  const float theta = static_cast<float>(c.rope_theta);
+  ops::RopeFwd(obs, l, rope_, theta, q, q, batch_, seq_, c.n_heads, c.head_dim);
+  ops::RopeFwd(obs, l, rope_, theta, k, k, batch_, seq_, c.n_kv_heads, c.head_dim);
+  ops::AttentionFwd(obs, l, AttentionShape(l), q, k, v, attn,
+                    A(layers_[static_cast<size_t>(l)].attn_lse));
 }
 
 void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {

@@ -8,7 +8,6 @@
 #include "lockstep/core.h"
 #include "lockstep/kernels.h"
 #include "lockstep/model.h"
-#include "model/layer_tensors.h"
 
 namespace lockstep {
 
@@ -28,17 +27,29 @@ std::vector<ParamSpec> ParameterSpecs(const ModelConfig& c) {
   matrix("tok_embeddings.weight", c.vocab, d, /*decay=*/false);
   if (c.embedding_norm) gain("emb_norm.weight");
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    for (size_t which = 0; which < model_internal::kTensorsPerLayer; ++which) {
-      const std::string name = fmt::format("layers.{}.{}", l, model_internal::kLayerTensorNames[which]);
-      switch (static_cast<model_internal::LayerTensor>(which)) {
-        case model_internal::kAttnNorm:
-        case model_internal::kFfnNorm: gain(name); break;
-        case model_internal::kWq: matrix(name, q_dim, d); break;
-        case model_internal::kWk:
-        case model_internal::kWv: matrix(name, kv_dim, d); break;
-        case model_internal::kWo: matrix(name, d, q_dim); break;
-        case model_internal::kWGateUp: matrix(name, 2 * c.ffn_hidden, d); break;  // gate, then up
-        case model_internal::kWDown: matrix(name, d, c.ffn_hidden); break;
+    for (size_t which = 0; which < kTensorsPerLayer; ++which) {
+      const std::string name = fmt::format("layers.{}.{}", l, kLayerTensorNames[which]);
+      switch (static_cast<LayerTensor>(which)) {
+        case kAttnNorm:
+        case kFfnNorm:
+          gain(name);
+          break;
+        case kWq:
+          matrix(name, q_dim, d);
+          break;
+        case kWk:
+        case kWv:
+          matrix(name, kv_dim, d);
+          break;
+        case kWo:
+          matrix(name, d, q_dim);
+          break;
+        case kWGateUp:
+          matrix(name, 2 * c.ffn_hidden, d);
+          break;  // gate, then up
+        case kWDown:
+          matrix(name, d, c.ffn_hidden);
+          break;
       }
       specs.back().layer = l;
     }
