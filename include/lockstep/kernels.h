@@ -67,6 +67,20 @@ void GemmDyW(std::span<const float> dy, std::span<const float> w, std::span<floa
 void GemmDytX(std::span<const float> dy, std::span<const float> x, std::span<float> dw, int64_t m,
               int64_t n, int64_t k, bool accumulate = false);
 
+// ---- exact int8 (docs/numerics.md, "Int8: quantized rows and the int8 GEMM") ------------------
+// The most terms an int8 GEMM sums: k · 127² < 2^31, so every int32 sum is exact, in any order.
+inline constexpr int64_t kInt8MaxK = 133144;
+// Each row of x[rows, cols] to symmetric int8: q[rows, cols] and scale[rows]. A row with a NaN or
+// an infinity: scale = the canonical NaN, q = 0. Otherwise s = amax / 127 (amax the largest |x| of
+// the row, the division rounded once); s = 0 (an all-zero row, or one too small for s to be
+// above zero): q = 0; else q[i] = clamp(round-half-even(x[i] / s), -127, 127).
+void QuantizeRows(std::span<const float> x, std::span<int8_t> q, std::span<float> scale,
+                  int64_t rows, int64_t cols);
+// y[m, n] = float(Σ_r qx[m, r]·qw[n, r]) · (sx[m] · sw[n]): the int32 sum exact (k <= kInt8MaxK),
+// its conversion rounded to nearest even, the scale product rounded once, then one multiply.
+void GemmI8XWt(std::span<const int8_t> qx, std::span<const float> sx, std::span<const int8_t> qw,
+               std::span<const float> sw, std::span<float> y, int64_t m, int64_t n, int64_t k);
+
 // ---- row reductions (canonical lane rule) ---------------------------------------------------
 // out[r] for each row of x[rows, cols]: lane j (of kReductionLanes) accumulates elements
 // j, j+16, j+32, ... in order from its start value; lanes are then folded pairwise
@@ -280,10 +294,32 @@ inline constexpr int kSweepThreadCounts[] = {1, 2, 3, 4, 7};
 namespace lockstep::rk {
 
 enum class Op : uint8_t {
-  kEmbeddingFwd, kRmsNormFwd, kGemmXWt, kRopeFwd, kAttentionFwd, kAddInto, kSwigluFwd,
-  kCrossEntropyFwd, kRowSum, kCrossEntropyBwd, kRmsNormBwd, kCopy, kGemmDyW, kGemmDytX,
-  kSwigluBwd, kAttentionBwd, kRopeBwd, kEmbeddingBwd, kBlockSquares, kCanonicalizeNaNs,
-  kGlobalNorm, kScale, kAdamW, kCount
+  kEmbeddingFwd,
+  kRmsNormFwd,
+  kGemmXWt,
+  kRopeFwd,
+  kAttentionFwd,
+  kAddInto,
+  kSwigluFwd,
+  kCrossEntropyFwd,
+  kRowSum,
+  kCrossEntropyBwd,
+  kRmsNormBwd,
+  kCopy,
+  kGemmDyW,
+  kGemmDytX,
+  kSwigluBwd,
+  kAttentionBwd,
+  kRopeBwd,
+  kEmbeddingBwd,
+  kBlockSquares,
+  kCanonicalizeNaNs,
+  kGlobalNorm,
+  kScale,
+  kAdamW,
+  kQuantizeRows,
+  kGemmI8XWt,
+  kCount
 };
 
 using lockstep::Dtype;  // the dtypes of lockstep/tensor.h

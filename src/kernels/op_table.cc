@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <iterator>
+#include <ranges>
 
 #include "kernels/internal.h"
 #include "lockstep/kernels.h"
@@ -168,6 +169,18 @@ void RunAdamW(const OpValues& in, OpValues& out) {
   const AdamWParams p{in.Float("lr"),  in.Float("beta1"),        in.Float("beta2"),
                       in.Float("eps"), in.Float("weight_decay"), in.Int("step")};
   AdamWUpdate(p, param, in.F("grad"), m, v);
+}
+
+void RunQuantizeRows(const OpValues& in, OpValues& out) {
+  const int64_t rows = in.Int("rows"), cols = in.Int("cols");
+  const std::span<int8_t> q =
+      out.Put("q", std::vector<int8_t>(static_cast<size_t>(Allocation(in, {rows, cols}))));
+  QuantizeRows(in.F("x"), q, out.Put("scale", Zeros(in, {rows})), rows, cols);
+}
+void RunGemmI8XWt(const OpValues& in, OpValues& out) {
+  const int64_t m = in.Int("m"), n = in.Int("n"), k = in.Int("k");
+  GemmI8XWt(in.Get<int8_t>("x"), in.F("sx"), in.Get<int8_t>("w"), in.F("sw"),
+            out.Put("y", Zeros(in, {m, n})), m, n, k);
 }
 
 // ---- samples: small ragged shapes with the special values ---------------------------------------
@@ -335,7 +348,40 @@ OpValues SampleAdamW() {
   return v;
 }
 
-constexpr Dtype kU32 = Dtype::kU32, kF64 = Dtype::kF64, kF32 = Dtype::kF32;
+OpValues SampleQuantizeRows() {
+  constexpr int64_t kRows = 13, kCols = 257;
+  OpValues v = With({{"rows", kRows}, {"cols", kCols}});
+  Floats x = SelftestFloats(kRows * kCols, 36);
+  const auto row = [&](int64_t r) { return std::span(x).subspan(r * kCols, kCols); };
+  std::ranges::fill(row(2), -0.0f);  // an all-zero row: scale 0
+  for (int64_t i = 0; i < kCols; ++i) {
+    row(4)[i] = static_cast<float>(i % 5) * 0x1.0p-149f;  // so small that amax / 127 is 0
+    // Ties: amax 63.5 makes s = 0.5, and x / s = k + 0.5 for every other element.
+    row(6)[i] = i == 0 ? 63.5f : static_cast<float>(i % 254 - 127) * 0.5f + 0.25f;
+  }
+  v.Put("x", std::move(x));
+  return v;
+}
+OpValues SampleGemmI8XWt() {
+  constexpr int64_t kM = 67, kN = 45, kK = 531;
+  OpValues v = With({{"m", kM}, {"n", kN}, {"k", kK}});
+  // Operands as the quantizer makes them; x's rows with the special values get a NaN scale.
+  const auto quantized = [&](std::string_view q, std::string_view scale, int64_t rows,
+                             uint32_t seed, bool specials) {
+    OpValues in = With({{"rows", static_cast<double>(rows)}, {"cols", kK}}), out;
+    in.Put("x", SelftestFloats(rows * kK, seed, specials));
+    RunQuantizeRows(in, out);
+    v.tensors[std::string(q)] = out.tensors["q"];
+    v.tensors[std::string(scale)] = out.tensors["scale"];
+  };
+  quantized("x", "sx", kM, 37, true);
+  quantized("w", "sw", kN, 38, false);
+  std::ranges::fill(v.tensors["x"].As<int8_t>() | std::views::take(kK), int8_t{-127});
+  std::ranges::fill(v.tensors["w"].As<int8_t>() | std::views::take(kK), int8_t{-127});
+  return v;
+}
+
+constexpr Dtype kU32 = Dtype::kU32, kF64 = Dtype::kF64, kF32 = Dtype::kF32, kI8 = Dtype::kI8;
 constexpr bool kOptional = true;
 
 const std::vector<OpSpec>& Table() {
@@ -547,6 +593,24 @@ const std::vector<OpSpec>& Table() {
          {{"param"}, {"m"}, {"v"}},
          RunAdamW,
          SampleAdamW},
+        {Op::kQuantizeRows,
+         "quantize_rows",
+         "QuantizeRows",
+         {"rows", "cols"},
+         {},
+         {{"x"}},
+         {{"q", kI8}, {"scale"}},
+         RunQuantizeRows,
+         SampleQuantizeRows},
+        {Op::kGemmI8XWt,
+         "gemm_i8_xwt",
+         "GemmI8XWt",
+         {"m", "n", "k"},
+         {},
+         {{"x", kI8}, {"sx"}, {"w", kI8}, {"sw"}},
+         {{"y"}},
+         RunGemmI8XWt,
+         SampleGemmI8XWt},
     };
     for (size_t i = 0; i < t.size(); ++i) {
       if (static_cast<size_t>(t[i].op) != i) LOCKSTEP_INTERNAL("op table entry {} out of order", i);

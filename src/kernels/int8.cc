@@ -1,0 +1,52 @@
+// The exact int8 ops: arguments checked, then the reference or the SIMD variant.
+#include "kernels/impl.h"
+#include "kernels/internal.h"
+
+namespace lockstep::rk {
+
+void QuantizeRows(std::span<const float> x, std::span<int8_t> q, std::span<float> scale,
+                  int64_t rows, int64_t cols) {
+  detail::CheckNonNegative("QuantizeRows", "rows", rows);
+  detail::CheckNonNegative("QuantizeRows", "cols", cols);
+  detail::CheckSize("QuantizeRows", "x", x, {rows, cols}, "rows*cols");
+  detail::CheckSize("QuantizeRows", "q", q, {rows, cols}, "rows*cols");
+  detail::CheckSize("QuantizeRows", "scale", scale, rows, "rows");
+  detail::CheckDisjoint("QuantizeRows", "q", q, "x", x);
+  detail::CheckDisjoint("QuantizeRows", "scale", scale, "x", x);
+  detail::CheckDisjoint("QuantizeRows", "scale", scale, "q", q);
+  if (rows == 0) return;
+  if (detail::UsingReference()) {
+    ref::QuantizeRows(x.data(), q.data(), scale.data(), rows, cols);
+  } else {
+    simd::QuantizeRows(x.data(), q.data(), scale.data(), rows, cols);
+  }
+}
+
+void GemmI8XWt(std::span<const int8_t> qx, std::span<const float> sx, std::span<const int8_t> qw,
+               std::span<const float> sw, std::span<float> y, int64_t m, int64_t n, int64_t k) {
+  const char* op = "GemmI8XWt";
+  detail::CheckNonNegative(op, "m", m);
+  detail::CheckNonNegative(op, "n", n);
+  detail::CheckNonNegative(op, "k", k);
+  if (k > kInt8MaxK) {
+    Fail("{}: k = {} (at most {}: k·127² must stay below 2^31 for the int32 sum to be exact)", op,
+         k, kInt8MaxK);
+  }
+  detail::CheckSize(op, "qx", qx, {m, k}, "m*k");
+  detail::CheckSize(op, "sx", sx, m, "m");
+  detail::CheckSize(op, "qw", qw, {n, k}, "n*k");
+  detail::CheckSize(op, "sw", sw, n, "n");
+  detail::CheckSize(op, "y", y, {m, n}, "m*n");
+  detail::CheckDisjoint(op, "y", y, "sx", sx);
+  detail::CheckDisjoint(op, "y", y, "sw", sw);
+  detail::CheckDisjoint(op, "y", y, "qx", qx);
+  detail::CheckDisjoint(op, "y", y, "qw", qw);
+  if (m == 0 || n == 0) return;
+  if (detail::UsingReference()) {
+    ref::GemmI8XWt(qx.data(), sx.data(), qw.data(), sw.data(), y.data(), m, n, k);
+  } else {
+    simd::GemmI8XWt(qx.data(), sx.data(), qw.data(), sw.data(), y.data(), m, n, k);
+  }
+}
+
+}  // namespace lockstep::rk

@@ -1,0 +1,41 @@
+// Scalar reference of the exact int8 ops (normative): docs/numerics.md, "Int8".
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/impl.h"
+#include "kernels/ref/int8_rules.h"
+#include "lockstep/core.h"
+
+namespace lockstep::rk::ref {
+
+void QuantizeRows(const float* x, int8_t* q, float* scale, int64_t rows, int64_t cols) {
+  ParallelFor(rows, [&](int64_t r) {
+    const float* row = x + r * cols;
+    int8_t* out = q + r * cols;
+    float amax = 0.0f;
+    bool finite = true;
+    for (int64_t i = 0; i < cols; ++i) {
+      finite = finite && std::isfinite(row[i]);
+      amax = std::max(amax, std::fabs(row[i]));
+    }
+    const float s = scale[r] = int8::RowScale(amax, finite);
+    for (int64_t i = 0; i < cols; ++i) {
+      out[i] = int8::QuantizesElements(s) ? int8::Quantize(row[i], s) : int8_t{0};
+    }
+  });
+}
+
+void GemmI8XWt(const int8_t* qx, const float* sx, const int8_t* qw, const float* sw, float* y,
+               int64_t m, int64_t n, int64_t k) {
+  ParallelFor(m, [&](int64_t i) {
+    for (int64_t j = 0; j < n; ++j) {
+      int32_t acc = 0;
+      for (int64_t r = 0; r < k; ++r) {
+        acc += int32_t{qx[i * k + r]} * int32_t{qw[j * k + r]};
+      }
+      y[i * n + j] = static_cast<float>(acc) * (sx[i] * sw[j]);
+    }
+  });
+}
+
+}  // namespace lockstep::rk::ref

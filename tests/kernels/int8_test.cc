@@ -1,0 +1,133 @@
+// The exact int8 ops (docs/numerics.md, "Int8"): the quantizer's stated cases, the GEMM's exact
+// int32 sums at the largest k, bitwise invariance over threads and variants, and argument errors.
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kernels/harness.h"
+#include "lockstep/core.h"
+
+namespace lockstep::test {
+namespace {
+
+const float kInf = std::numeric_limits<float>::infinity();
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+struct Quantized {
+  std::vector<int8_t> q;
+  std::vector<float> scale;
+};
+Quantized Quantize(const std::vector<float>& x, int64_t rows, int64_t cols) {
+  Quantized out{std::vector<int8_t>(x.size()), std::vector<float>(static_cast<size_t>(rows))};
+  rk::QuantizeRows(x, out.q, out.scale, rows, cols);
+  return out;
+}
+
+// The int8 values and scales packed into floats, for the sweep's byte comparison.
+std::vector<float> Words(const Quantized& z) {
+  std::vector<float> words((z.q.size() + 3) / 4 + z.scale.size());
+  std::memcpy(words.data(), z.q.data(), z.q.size());
+  std::memcpy(words.data() + (z.q.size() + 3) / 4, z.scale.data(), z.scale.size() * 4);
+  return words;
+}
+
+TEST(QuantizeRows, TheStatedCases) {
+  const int64_t cols = 5;
+  const std::vector<float> x = {
+      1.0f,        -7.9375f, 0.5f,
+      0.03125f,    0.09375f,  // s = 7.9375 / 127 = 1/16, exactly
+      -0.0f,       0.0f,     0.0f,
+      -0.0f,       0.0f,  // all zero: s = 0, q = 0
+      1.0f,        kNaN,     3.0f,
+      0.0f,        1.0f,  // a NaN: s = NaN, q = 0
+      -kInf,       1.0f,     1.0f,
+      1.0f,        1.0f,  // an infinity: the same
+      0x1.0p-149f, 0,        0,
+      0,           0,  // amax / 127 rounds to 0: s = 0, q = 0
+      63.5f,       0.25f,    0.75f,
+      -0.25f,      -1.25f};  // s = 0.5: ties to even (0.5, 1.5, -0.5, -2.5)
+  const Quantized z = Quantize(x, 6, cols);
+  EXPECT_EQ(z.scale[0], 0.0625f);
+  EXPECT_EQ(std::vector<int8_t>(z.q.begin(), z.q.begin() + cols),
+            (std::vector<int8_t>{16, -127, 8, 0, 2}));  // 0.5 and 1.5 to even
+  EXPECT_EQ(std::bit_cast<uint32_t>(z.scale[1]), 0u);
+  for (const int64_t r : {2, 3}) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(z.scale[r]), dmath::kCanonicalNaNBits) << r;
+  }
+  EXPECT_EQ(z.scale[4], 0.0f);
+  EXPECT_EQ(z.scale[5], 0.5f);
+  EXPECT_EQ(std::vector<int8_t>(z.q.begin() + 5 * cols, z.q.end()),
+            (std::vector<int8_t>{127, 0, 2, 0, -2}));
+  for (int64_t i = cols; i < 5 * cols; ++i) EXPECT_EQ(z.q[i], 0) << i;
+}
+
+// A subnormal scale is coarse: x / s can pass 127, and the clamp holds it there.
+TEST(QuantizeRows, ASubnormalScaleIsClamped) {
+  const std::vector<float> x = {190 * 0x1.0p-149f, -190 * 0x1.0p-149f, 0x1.0p-149f};
+  const Quantized z = Quantize(x, 1, 3);
+  EXPECT_EQ(z.scale[0], 0x1.0p-149f);  // 190/127 = 1.496 of the smallest subnormal, rounded
+  EXPECT_EQ(z.q, (std::vector<int8_t>{127, -127, 1}));
+}
+
+// The int32 sum is exact at the largest k: k·127² < 2^31, with every product at its extreme.
+TEST(GemmI8XWt, TheSumIsExactAtTheLargestK) {
+  const int64_t k = rk::kInt8MaxK;
+  const std::vector<int8_t> a(static_cast<size_t>(k), -127), b(static_cast<size_t>(k), -127);
+  const std::vector<float> one = {1.0f};
+  std::vector<float> y(1);
+  const rk::Isa saved = rk::ActiveIsa();
+  for (const rk::Isa& isa : rk::UsableIsas()) {
+    rk::SetIsa(isa);
+    rk::GemmI8XWt(a, one, b, one, y, 1, 1, k);
+    // 133144 · 16129 = 2147479576, converted to float with round-to-nearest-even.
+    EXPECT_EQ(y[0], static_cast<float>(int64_t{2147479576})) << isa.name;
+  }
+  rk::SetIsa(saved);
+  std::vector<int8_t> longer(static_cast<size_t>(k + 1));
+  EXPECT_THROW(rk::GemmI8XWt(longer, one, longer, one, y, 1, 1, k + 1), Error);
+}
+
+TEST(GemmI8XWt, DequantizesWithTheScaleProductRoundedOnce) {
+  const std::vector<int8_t> a = {3, -5, 7}, b = {2, 2, -1, 0, 1, 127};
+  const std::vector<float> sx = {0.1f}, sw = {3.0f, 0.7f};
+  std::vector<float> y(2);
+  rk::GemmI8XWt(a, sx, b, sw, y, 1, 2, 3);
+  EXPECT_EQ(y[0], static_cast<float>(3 * 2 - 5 * 2 - 7) * (0.1f * 3.0f));
+  EXPECT_EQ(y[1], static_cast<float>(0 - 5 + 7 * 127) * (0.1f * 0.7f));
+}
+
+TEST(Int8, BitwiseInvariant) {
+  for (const int64_t rows : {1, 5}) {
+    for (const int64_t cols : kAwkwardSizes) {
+      ExpectBitwiseInvariant(fmt::format("quantize_rows rows={} cols={}", rows, cols), [&] {
+        std::vector<float> x = RandomFloats(rows * cols, cols, -3, 3);
+        if (cols > 3) x[2] = kNaN;  // row 0 has a NaN
+        return Words(Quantize(x, rows, cols));
+      });
+      ExpectBitwiseInvariant(fmt::format("gemm_i8_xwt m={} n=7 k={}", rows, cols), [&] {
+        const Quantized a = Quantize(RandomFloats(rows * cols, cols + 1), rows, cols);
+        const Quantized b = Quantize(RandomFloats(7 * cols, cols + 2), 7, cols);
+        std::vector<float> y(static_cast<size_t>(rows * 7));
+        rk::GemmI8XWt(a.q, a.scale, b.q, b.scale, y, rows, 7, cols);
+        return y;
+      });
+    }
+  }
+}
+
+TEST(Int8, ArgumentsAreChecked) {
+  std::vector<float> x(6), scale(2), y(4);
+  std::vector<int8_t> q(6);
+  EXPECT_THROW(rk::QuantizeRows(x, q, scale, 2, 4), Error);  // x is not rows*cols
+  EXPECT_THROW(rk::QuantizeRows(x, std::span(q).first(5), scale, 2, 3), Error);
+  EXPECT_THROW(rk::QuantizeRows(x, q, std::span(x).first(2), 2, 3), Error);  // scale overlaps x
+  EXPECT_THROW(rk::GemmI8XWt(q, scale, q, scale, y, 2, 2, 4), Error);        // qx is not m*k
+  std::vector<float> ys(4);
+  EXPECT_THROW(rk::GemmI8XWt(q, std::span(ys).first(2), q, scale, ys, 2, 2, 3), Error);  // y, sx
+}
+
+}  // namespace
+}  // namespace lockstep::test
