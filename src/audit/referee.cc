@@ -2,6 +2,7 @@
 // parties agree on, with the reference kernels at one thread; its time and memory are one op's.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -28,33 +29,46 @@ Digest DigestOf(const OpData& data, const OpTensorDigest& t) {
   return Blake2b().Update(data.tensors.find(t.role)->second.view().bytes()).Final();
 }
 
-// The tensors of one side ("input" or "output") of an op dump (trace --dump-op).
-OpData ReadDump(const fs::path& path, std::string_view side, int64_t op) {
+// The tensors of one side ("input" or "output") of a party's dump of op `record` (trace
+// --dump-op). Every tensor of the dump, of either side, must be one of the record's, in the
+// record's dtype: a dump holds nothing the party did not commit to.
+OpData ReadDump(const fs::path& path, std::string_view side, const TraceRecord& record) {
   const SafetensorsFile file = ReadSafetensors(path);
   const auto index = file.metadata().find("index");
-  if (index == file.metadata().end() || index->second != std::to_string(op)) {
+  if (index == file.metadata().end() || index->second != std::to_string(record.index)) {
     Fail("{}: the dump of op {}, not of --op {}", path.string(),
-         index == file.metadata().end() ? "?" : index->second, op);
+         index == file.metadata().end() ? "?" : index->second, record.index);
   }
   OpData data;
   for (const NamedTensor& t : file.tensors()) {
-    if (!t.name.starts_with("input.") && !t.name.starts_with("output.")) {
+    const bool input = t.name.starts_with("input.");
+    if (!input && !t.name.starts_with("output.")) {
       Fail("{}: tensor '{}' is neither an input.* nor an output.* of the op", path.string(),
            t.name);
     }
-    const std::string prefix = std::string(side) + ".";
-    if (!t.name.starts_with(prefix)) continue;
-    const std::string role = t.name.substr(prefix.size());
+    const std::vector<OpTensorDigest>& listed = input ? record.inputs : record.outputs;
+    const std::string role = t.name.substr(t.name.find('.') + 1);
+    const auto it = std::ranges::find(listed, role, &OpTensorDigest::role);
+    if (it == listed.end()) {
+      std::string roles;
+      for (const OpTensorDigest& l : listed) roles += (roles.empty() ? "" : ", ") + l.role;
+      Fail(
+          "{}: tensor '{}' is not one of record {}'s {} ({}): a dump holds only the record's "
+          "tensors",
+          path.string(), t.name, record.index, input ? "inputs" : "outputs", roles);
+    }
     const auto dtype = file.metadata().find("dtype." + t.name);
     if (dtype == file.metadata().end()) {
       Fail("{}: tensor '{}' has no dtype.{} in __metadata__", path.string(), t.name, t.name);
     }
     // The tensor's bytes, stored as F32 words (trace --dump-op), read in its dtype.
     const DtypeInfo* info = FindDtype(dtype->second);
-    if (info == nullptr || t.data.size_bytes() % static_cast<size_t>(info->size) != 0) {
-      Fail("{}: tensor '{}': dtype '{}' with {} words", path.string(), t.name, dtype->second,
-           t.data.size());
+    if (info == nullptr || info->dtype != it->dtype ||
+        t.data.size_bytes() % static_cast<size_t>(info->size) != 0) {
+      Fail("{}: tensor '{}': dtype '{}' with {} words (the record's is {})", path.string(), t.name,
+           dtype->second, t.data.size(), DtypeName(it->dtype));
     }
+    if (!t.name.starts_with(std::string(side) + ".")) continue;
     data.tensors[role] = HostTensor::Copy(TensorView(
         info->dtype, t.data.data(), static_cast<int64_t>(t.data.size_bytes()) / info->size));
   }
@@ -120,8 +134,8 @@ RefereeVerdict Referee(const RefereeOptions& o) {
   }
   // The agreed inputs, from whichever party revealed them faithfully.
   std::optional<OpData> inputs;
-  for (const fs::path& dump : {o.dump_a, o.dump_b}) {
-    OpData revealed = ReadDump(dump, "input", o.op);
+  for (const auto& [dump, record] : {std::pair{o.dump_a, &ra}, std::pair{o.dump_b, &rb}}) {
+    OpData revealed = ReadDump(dump, "input", *record);
     if (SameDigests(revealed, ra.inputs)) {
       inputs = std::move(revealed);
       break;
@@ -151,7 +165,7 @@ RefereeVerdict Referee(const RefereeOptions& o) {
   // A party is right when its committed outputs equal the recomputation; a party whose dump
   // does not match its own record has not revealed what it committed to.
   auto judge = [&](const TraceRecord& r, const fs::path& dump, const char* name) {
-    const bool revealed = SameDigests(ReadDump(dump, "output", o.op), r.outputs);
+    const bool revealed = SameDigests(ReadDump(dump, "output", r), r.outputs);
     const bool right = SameDigests(recomputed, r.outputs);
     j[name] = {{"revealed_matches_record", revealed}, {"outputs_match_recomputation", right}};
     return right && revealed;

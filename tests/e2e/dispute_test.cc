@@ -109,8 +109,9 @@ TEST_F(Dispute, AOneUlpFaultIsFoundAtItsStepAndOpAndTheHonestPartyWinsOnEitherSi
                std::to_string(k) + " --dump-a " + dump_b + " --dump-b " + dump_b);
   EXPECT_EQ(r.exit_code, 3) << "B's outputs revealed as A's: " << r.output;
 
-  // A dump holds exactly the record's tensors: one more output is not what A committed to, one
-  // more input in both dumps leaves no agreed inputs, and a tensor of neither side is refused.
+  // A dump holds only the record's tensors: one more output, or one more input in either dump
+  // (even with its dtype in the metadata), is refused naming the dump and the tensor, as is a
+  // tensor of neither side.
   const auto with_extra = [&](const std::string& from, const std::string& name,
                               const std::string& to) {
     const SafetensorsFile file = ReadSafetensors(from);
@@ -124,15 +125,27 @@ TEST_F(Dispute, AOneUlpFaultIsFoundAtItsStepAndOpAndTheHonestPartyWinsOnEitherSi
   };
   const std::string referee = "referee --trace-a " + Path("TA1") + " --trace-b " + Path("TB1") +
                               " --op " + std::to_string(k);
-  r = Lockstep(referee + " --dump-a " + with_extra(dump_a, "output.extra", Path("A_out.st")) +
-               " --dump-b " + dump_b);
-  EXPECT_EQ(r.exit_code, 3) << "A revealed an extra output: " << r.output;
-  EXPECT_EQ(Json::parse(r.output)["a"]["revealed_matches_record"], false) << r.output;
-  r = Lockstep(referee + " --dump-a " + with_extra(dump_a, "input.extra", Path("A_in.st")) +
-               " --dump-b " + with_extra(dump_b, "input.extra", Path("B_in.st")));
-  EXPECT_EQ(r.exit_code, 2) << "both revealed an extra input: " << r.output;
-  EXPECT_NE(r.output.find("holds inputs that hash to the agreed digests"), std::string::npos)
-      << r.output;
+  const auto refused = [&](const std::string& a, const std::string& b, const std::string& words) {
+    const Result refusal = Lockstep(referee + " --dump-a " + a + " --dump-b " + b);
+    EXPECT_EQ(refusal.exit_code, 2) << refusal.output;
+    EXPECT_NE(refusal.output.find(words), std::string::npos) << refusal.output;
+  };
+  const std::string record = "not one of record " + std::to_string(k) + "'s ";
+  refused(with_extra(dump_a, "output.extra", Path("A_out.st")), dump_b,
+          "A_out.st: tensor 'output.extra' is " + record + "outputs");
+  refused(with_extra(dump_a, "input.extra", Path("A_in.st")), dump_b,
+          "A_in.st: tensor 'input.extra' is " + record + "inputs");
+  refused(dump_a, with_extra(dump_b, "input.extra", Path("B_in.st")),
+          "B_in.st: tensor 'input.extra' is " + record + "inputs");
+  // A tensor of the record in another dtype than the record's is refused too.
+  {
+    const SafetensorsFile file = ReadSafetensors(dump_a);
+    std::map<std::string, std::string> metadata = file.metadata();
+    const std::string first = file.tensors().front().name;
+    metadata["dtype." + first] = metadata["dtype." + first] == "u32" ? "f32" : "u32";
+    WriteSafetensors(Path("A_dtype.st"), file.tensors(), metadata);
+    refused(Path("A_dtype.st"), dump_b, "A_dtype.st: tensor '" + first + "': dtype '");
+  }
   r = Lockstep(referee + " --dump-a " + with_extra(dump_a, "notes", Path("A_notes.st")) +
                " --dump-b " + dump_b);
   EXPECT_EQ(r.exit_code, 2) << r.output;
