@@ -71,6 +71,14 @@ class KvDecoder : private AttentionContext {
   // `slots` sequences of up to config.seq_len positions each, cached in RAM. The decoder reads
   // the weights in `params` in place, never copied: the ParamStore must outlive it.
   KvDecoder(const ModelConfig& config, const ParamStore& params, int64_t slots);
+  // One sequence per slot of up to capacities[slot] positions (1 .. config.seq_len) each.
+  KvDecoder(const ModelConfig& config, const ParamStore& params,
+            std::span<const int64_t> capacities);
+  // The bytes the KV caches of slots of these capacities hold (the keys and values of every
+  // layer), and the most one Append of `rows` new rows returning `logit_rows` rows of logits
+  // holds besides (its activations and logits).
+  static uint64_t CacheBytes(const ModelConfig& config, std::span<const int64_t> capacities);
+  static uint64_t AppendBytes(const ModelConfig& config, int64_t rows, int64_t logit_rows);
 
   // New tokens of one sequence: they are its positions Length(slot) ..
   struct Piece {
@@ -102,6 +110,7 @@ class KvDecoder : private AttentionContext {
   std::span<float> Cache(std::vector<float>& cache, int64_t slot, int64_t from, int64_t rows);
 
   ModelConfig config_;
+  std::vector<int64_t> capacities_, first_;  // per slot: its positions, its first in the cache
   std::span<const float> tok_, emb_norm_, final_norm_, output_;
   std::vector<std::array<std::span<const float>, kTensorsPerLayer>> layers_;
   // The Append being run: its pieces, and piece i's rows first_row_[i] .. first_row_[i + 1] - 1.
@@ -110,7 +119,7 @@ class KvDecoder : private AttentionContext {
   rk::RopeTable rope_;
   float scale_;
   std::vector<int64_t> lengths_;
-  std::vector<std::vector<float>> k_cache_, v_cache_;  // per layer: [slots, seq_len, K]
+  std::vector<std::vector<float>> k_cache_, v_cache_;  // per layer: each slot's [capacity, K]
   // Scratch for the rows of one call.
   std::vector<float> x_, y_, h_, rstd_, q_raw_, k_raw_, q_, k_, v_, attn_, gu_, act_;
   OpHooks hooks_;
@@ -151,11 +160,17 @@ struct Generation {
 };
 // BLAKE2b-256 of the ids as uint32 little-endian.
 Digest PromptDigest(std::span<const uint32_t> ids);
+// Fails, naming the sizes, unless the KV caches of `requests` (each request's prompt and
+// max_tokens positions, at most seq_len) and the prefill's activations fit in `available` bytes.
+// Generate checks it against MemAvailable before it allocates anything.
+void CheckGenerationFits(const ModelConfig& config, std::span<const Request> requests,
+                         const SamplingParams& params, uint64_t available);
 // Every request decoded side by side with one KvDecoder (a slot each): the prompts prefilled in
 // one call, then one token per unfinished request per call, each chosen by SampleToken from its
 // own logits; a request stops at `eod` (when given), at max_tokens, or when its next token would
 // lie past seq_len. on_token(request index, token) is called as each token is chosen. Fails
-// naming the request for an empty or too long prompt or an id outside the vocabulary.
+// naming the request for an empty or too long prompt or an id outside the vocabulary, and
+// (CheckGenerationFits) for a batch this machine's memory cannot hold.
 std::vector<Generation> Generate(const VerifiedModel& model, std::span<const Request> requests,
                                  const SamplingParams& params, std::optional<uint32_t> eod,
                                  const OpHooks& hooks,

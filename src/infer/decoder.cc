@@ -8,13 +8,35 @@
 
 namespace lockstep::infer {
 
+namespace {
+// `slots` capacities of seq_len positions.
+std::vector<int64_t> FullSlots(const ModelConfig& config, int64_t slots) {
+  if (slots < 1) Fail("KvDecoder: {} slots (at least 1)", slots);
+  return std::vector<int64_t>(static_cast<size_t>(slots), config.seq_len);
+}
+}  // namespace
+
 KvDecoder::KvDecoder(const ModelConfig& config, const ParamStore& params, int64_t slots)
+    : KvDecoder(config, params, FullSlots(config, slots)) {}
+
+KvDecoder::KvDecoder(const ModelConfig& config, const ParamStore& params,
+                     std::span<const int64_t> capacities)
     : config_(config),
+      capacities_(capacities.begin(), capacities.end()),
       rope_(rk::MakeRopeTable(config.seq_len, config.head_dim,
                               static_cast<float>(config.rope_theta))),
       scale_(dmath::Rsqrt(static_cast<float>(config.head_dim))),
-      lengths_(static_cast<size_t>(slots), 0) {
-  if (slots < 1) Fail("KvDecoder: {} slots (at least 1)", slots);
+      lengths_(capacities.size(), 0) {
+  if (capacities.empty()) Fail("KvDecoder: no slots (at least 1)");
+  int64_t positions = 0;
+  for (const int64_t capacity : capacities) {
+    if (capacity < 1 || capacity > config.seq_len) {
+      Fail("KvDecoder: a slot of {} positions (1 to the model's seq_len, {})", capacity,
+           config.seq_len);
+    }
+    first_.push_back(positions);
+    positions += capacity;
+  }
   const std::vector<ParamSpec> specs = ParameterSpecs(config);
   if (params.Specs().size() != specs.size()) {
     Fail("KvDecoder: {} parameter tensors; the model has {}", params.Specs().size(), specs.size());
@@ -36,7 +58,7 @@ KvDecoder::KvDecoder(const ModelConfig& config, const ParamStore& params, int64_
     for (size_t which = 0; which < kTensorsPerLayer; ++which) {
       w[which] = params.Tensor(P.Layer(l, which));
     }
-    const auto floats = static_cast<size_t>(slots * config.seq_len * kv);
+    const auto floats = static_cast<size_t>(positions * kv);
     k_cache_.emplace_back(floats);
     v_cache_.emplace_back(floats);
   }
@@ -55,8 +77,27 @@ void KvDecoder::Reset(int64_t slot) {
 std::span<float> KvDecoder::Cache(std::vector<float>& cache, int64_t slot, int64_t from,
                                   int64_t rows) {
   const int64_t kv = config_.n_kv_heads * config_.head_dim;
-  return std::span(cache).subspan(static_cast<size_t>((slot * config_.seq_len + from) * kv),
-                                  static_cast<size_t>(rows * kv));
+  return std::span(cache).subspan(
+      static_cast<size_t>((first_[static_cast<size_t>(slot)] + from) * kv),
+      static_cast<size_t>(rows * kv));
+}
+
+uint64_t KvDecoder::CacheBytes(const ModelConfig& c, std::span<const int64_t> capacities) {
+  uint64_t positions = 0;
+  for (const int64_t capacity : capacities) positions += static_cast<uint64_t>(capacity);
+  return 2 * static_cast<uint64_t>(c.n_layers) * positions *
+         static_cast<uint64_t>(c.n_kv_heads * c.head_dim) * sizeof(float);
+}
+
+uint64_t KvDecoder::AppendBytes(const ModelConfig& c, int64_t rows, int64_t logit_rows) {
+  // Append's scratch per row (x, y, h, rstd, q_raw, q, attn, k_raw, k, v, gu, act), its ids,
+  // and the logits.
+  const int64_t q_dim = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim;
+  const int64_t per_row =
+      3 * c.d_model + std::max(c.n_heads, int64_t{1}) + 3 * q_dim + 3 * kv + 3 * c.ffn_hidden + 1;
+  return (static_cast<uint64_t>(rows) * static_cast<uint64_t>(per_row) +
+          static_cast<uint64_t>(logit_rows) * static_cast<uint64_t>(c.vocab)) *
+         sizeof(float);
 }
 
 void KvDecoder::Norm(int64_t layer, std::span<const float> x, std::span<const float> gain,
@@ -80,9 +121,14 @@ std::vector<float> KvDecoder::Append(std::span<const Piece> pieces, bool every_p
     const auto what = [&] {
       return p.what.empty() ? fmt::format("slot {}", p.slot) : std::string(p.what);
     };
-    if (n > c.seq_len - length) {
-      Fail("{}: {} positions and {} new tokens exceed the model's seq_len ({})", what(), length, n,
-           c.seq_len);
+    const int64_t capacity = capacities_[static_cast<size_t>(p.slot)];
+    if (n > capacity - length) {
+      if (capacity == c.seq_len) {
+        Fail("{}: {} positions and {} new tokens exceed the model's seq_len ({})", what(), length,
+             n, c.seq_len);
+      }
+      Fail("{}: {} positions and {} new tokens exceed the slot's {} positions", what(), length, n,
+           capacity);
     }
     for (size_t i = 0; i < p.tokens.size(); ++i) {
       if (p.tokens[i] >= static_cast<uint64_t>(c.vocab)) {

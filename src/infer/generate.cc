@@ -55,6 +55,39 @@ Digest PromptDigest(std::span<const uint32_t> ids) {
   return Blake2b256(bytes);
 }
 
+namespace {
+// Each request's KV-cache positions: its prompt, and every token it may generate but the last
+// (which is never run), at most seq_len.
+std::vector<int64_t> Capacities(const ModelConfig& c, std::span<const Request> requests,
+                                const SamplingParams& params) {
+  std::vector<int64_t> capacities;
+  for (const Request& r : requests) {
+    const auto prompt = static_cast<int64_t>(r.prompt.size());
+    capacities.push_back(prompt + std::min(params.max_tokens - 1, c.seq_len - prompt));
+  }
+  return capacities;
+}
+}  // namespace
+
+void CheckGenerationFits(const ModelConfig& c, std::span<const Request> requests,
+                         const SamplingParams& params, uint64_t available) {
+  const std::vector<int64_t> capacities = Capacities(c, requests, params);
+  int64_t prompts = 0;
+  for (const Request& r : requests) prompts += static_cast<int64_t>(r.prompt.size());
+  const uint64_t cache = KvDecoder::CacheBytes(c, capacities);
+  const uint64_t prefill =
+      KvDecoder::AppendBytes(c, prompts, static_cast<int64_t>(requests.size()));
+  if (cache + prefill > available) {
+    Fail(
+        "{} requests need {} for their KV caches ({} layers, {} positions in all: each prompt "
+        "and max_tokens, at most seq_len) and {} for the prefill of their {} prompt tokens; this "
+        "machine has {} available (MemAvailable): give fewer requests or a smaller --max-tokens",
+        requests.size(), MiB(cache), c.n_layers,
+        std::accumulate(capacities.begin(), capacities.end(), int64_t{0}), MiB(prefill), prompts,
+        MiB(available));
+  }
+}
+
 std::vector<Generation> Generate(const VerifiedModel& model, std::span<const Request> requests,
                                  const SamplingParams& params, std::optional<uint32_t> eod,
                                  const OpHooks& hooks,
@@ -74,7 +107,9 @@ std::vector<Generation> Generate(const VerifiedModel& model, std::span<const Req
            requests[r].id, n, c.seq_len);
     }
   }
-  KvDecoder decoder(c, model.params, static_cast<int64_t>(requests.size()));
+  CheckGenerationFits(c, requests, params, MemAvailableBytes());
+  const std::vector<int64_t> capacities = Capacities(c, requests, params);
+  KvDecoder decoder(c, model.params, capacities);
   decoder.set_hooks(hooks);
   std::vector<Generation> out(requests.size());
   std::vector<Digest> chain(requests.size());

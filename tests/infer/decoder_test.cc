@@ -106,6 +106,37 @@ TEST(KvDecoder, DecodeEqualsPrefillEqualsTheTrainingForward) {
   }
 }
 
+// A slot holds the positions it was given, no more, with the bits of a full-length slot; and a
+// generation's caches and prefill are sized before anything is allocated.
+TEST(KvDecoder, ASlotHoldsItsCapacityAndABatchIsPlannedBeforeItIsAllocated) {
+  const Fixture f(Configs()[0]);
+  const std::vector<uint32_t> a = Tokens(3, 512, 4), b = Tokens(5, 512, 5);
+  const Piece pieces[] = {{0, a}, {1, b}};
+  const int64_t capacities[] = {3, 5};
+  KvDecoder sized(f.c, f.params, capacities), full(f.c, f.params, 2);
+  EXPECT_EQ(sized.Append(pieces, true), full.Append(pieces, true));
+  const Piece more[] = {{0, std::span(a).first(1)}};
+  test::ExpectError([&] { sized.Append(more, false); },
+                    {"slot 0: 3 positions and 1 new tokens exceed the slot's 3 positions"});
+  EXPECT_EQ(sized.Length(0), 3);  // unchanged by the refused call
+  const int64_t kv = f.c.n_kv_heads * f.c.head_dim;
+  EXPECT_EQ(KvDecoder::CacheBytes(f.c, capacities),
+            uint64_t(2 * f.c.n_layers * 8 * kv * sizeof(float)));
+  test::ExpectError([&] { KvDecoder(f.c, f.params, std::vector<int64_t>{0}); },
+                    {"a slot of 0 positions"});
+
+  // Two requests of 4 prompt tokens and 3 new ones: 4 + 2 positions each are cached.
+  const std::vector<infer::Request> requests = {{0, Tokens(4, 512, 6)}, {1, Tokens(4, 512, 7)}};
+  infer::SamplingParams params;
+  params.max_tokens = 3;
+  const uint64_t need =
+      KvDecoder::CacheBytes(f.c, std::vector<int64_t>{6, 6}) + KvDecoder::AppendBytes(f.c, 8, 2);
+  EXPECT_NO_THROW(infer::CheckGenerationFits(f.c, requests, params, need));
+  test::ExpectError([&] { infer::CheckGenerationFits(f.c, requests, params, need - 1); },
+                    {"2 requests need", "12 positions in all", "MemAvailable",
+                     "fewer requests or a smaller --max-tokens"});
+}
+
 TEST(KvDecoder, ARequestsLogitsDoNotDependOnTheOthersInTheBatch) {
   const Fixture f(Configs()[0]);
   const std::vector<std::vector<uint32_t>> seqs = {Tokens(30, 512, 1), Tokens(12, 512, 2),
