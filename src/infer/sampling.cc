@@ -18,9 +18,10 @@ uint32_t SampleToken(std::span<const float> logits, const SamplingParams& params
     }
   }
   // Greedy: the largest logit, the lowest id among equals.
-  if (params.temperature == 0) {
+  const auto greedy = [&] {
     return static_cast<uint32_t>(std::ranges::max_element(logits) - logits.begin());
-  }
+  };
+  if (params.temperature == 0) return greedy();
   std::vector<float> scaled(vocab);
   for (uint32_t i = 0; i < vocab; ++i) scaled[i] = logits[i] / params.temperature;
   // Candidates by scaled logit, largest first, the lower id first among equals; the first top_k.
@@ -33,8 +34,11 @@ uint32_t SampleToken(std::span<const float> logits, const SamplingParams& params
       params.top_k > 0 ? static_cast<uint32_t>(std::min<int64_t>(params.top_k, vocab)) : vocab;
   std::partial_sort(order.begin(), order.begin() + keep, order.end(), before);
   order.resize(keep);
-  // Weights exp(s - max) and their sum, sequentially in candidate order.
+  // A first candidate that is not finite (the division overflowed, or every logit is -inf) has
+  // no weights: the limit of sampling as T goes to 0, the greedy token.
   const float max = scaled[order[0]];
+  if (!std::isfinite(max)) return greedy();
+  // Weights exp(s - max) and their sum, sequentially in candidate order.
   std::vector<float> weight(keep);
   float total = 0.0f;
   for (uint32_t j = 0; j < keep; ++j) {

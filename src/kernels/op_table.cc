@@ -376,8 +376,8 @@ OpValues SampleGemmI8XWt() {
   };
   quantized("x", "sx", kM, 37, true);
   quantized("w", "sw", kN, 38, false);
-  std::ranges::fill(v.tensors["x"].As<int8_t>() | std::views::take(kK), int8_t{-127});
-  std::ranges::fill(v.tensors["w"].As<int8_t>() | std::views::take(kK), int8_t{-127});
+  std::fill_n(v.tensors["x"].As<int8_t>().begin(), kK, int8_t{-127});
+  std::fill_n(v.tensors["w"].As<int8_t>().begin(), kK, int8_t{-127});
   return v;
 }
 

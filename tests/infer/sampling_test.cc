@@ -85,6 +85,30 @@ TEST(Sampling, TheFrequenciesFollowTheCutSoftmax) {
   }
 }
 
+// Logits divided by a tiny temperature overflow to +inf (inf - inf would make every weight NaN
+// and the walk end on the last candidate, the least likely token): the first candidate's scaled
+// logit not being finite gives the greedy token, the limit as T goes to 0.
+TEST(Sampling, ATemperatureSoSmallThatTheLogitsOverflowIsGreedy) {
+  const std::vector<float> logits = {5.0f, 20.0f, -10.0f, 19.0f, 10.0f, -30.0f};
+  for (const float t : {1e-30f, 1e-35f, 1e-38f, 1e-40f, 1e-45f}) {
+    for (uint64_t seed = 0; seed < 20; ++seed) {
+      EXPECT_EQ(SampleToken(logits, {64, t, 0, 1.0f, seed}, seed, 3), 1u) << t;
+      EXPECT_EQ(SampleToken(logits, {64, t, 3, 0.9f, seed}, seed, 3), 1u) << t;
+    }
+  }
+  // Two largest logits equal, both overflowing: the lower id, as greedy takes it.
+  const std::vector<float> tied = {5.0f, 20.0f, -10.0f, 20.0f};
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    EXPECT_EQ(SampleToken(tied, {64, 1e-38f, 0, 1.0f, seed}, seed, 3), 1u);
+  }
+  // A +inf logit, and logits all -inf, at any temperature: greedy too.
+  const std::vector<float> with_inf = {0.5f, INFINITY, 2.0f, INFINITY};
+  EXPECT_EQ(SampleToken(with_inf, {64, 1.0f, 0, 1.0f, 9}, 0, 0), 1u);
+  EXPECT_EQ(SampleToken(std::vector<float>{-INFINITY, -INFINITY, -INFINITY}, {64, 0.7f, 0, 1.0f, 9},
+                        0, 0),
+            0u);
+}
+
 TEST(Sampling, ANanLogitIsRefused) {
   const std::vector<float> logits = {0.0f, std::numeric_limits<float>::quiet_NaN()};
   test::ExpectError([&] { SampleToken(logits, {}, 2, 5); }, {"request 2, position 5", "NaN"});
