@@ -122,6 +122,7 @@ class KvDecoder : private AttentionContext {
   std::vector<std::vector<float>> k_cache_, v_cache_;  // per layer: each slot's [capacity, K]
   // Scratch for the rows of one call.
   std::vector<float> x_, y_, h_, rstd_, q_raw_, k_raw_, q_, k_, v_, attn_, gu_, act_;
+  Int8Scratch int8_;  // model.linear = int8 only
   OpHooks hooks_;
 };
 

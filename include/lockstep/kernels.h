@@ -80,6 +80,10 @@ void QuantizeRows(std::span<const float> x, std::span<int8_t> q, std::span<float
 // its conversion rounded to nearest even, the scale product rounded once, then one multiply.
 void GemmI8XWt(std::span<const int8_t> qx, std::span<const float> sx, std::span<const int8_t> qw,
                std::span<const float> sw, std::span<float> y, int64_t m, int64_t n, int64_t k);
+// The values QuantizeRows' q and scale stand for: y[r, i] = float(q[r, i]) · scale[r] (float(q)
+// exact, then one multiply rounded to nearest even).
+void DequantizeRows(std::span<const int8_t> q, std::span<const float> scale, std::span<float> y,
+                    int64_t rows, int64_t cols);
 
 // ---- row reductions (canonical lane rule) ---------------------------------------------------
 // out[r] for each row of x[rows, cols]: lane j (of kReductionLanes) accumulates elements
@@ -319,6 +323,7 @@ enum class Op : uint8_t {
   kAdamW,
   kQuantizeRows,
   kGemmI8XWt,
+  kDequantizeRows,
   kCount
 };
 

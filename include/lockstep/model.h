@@ -22,6 +22,12 @@
 namespace lockstep {
 
 // ---- configs --------------------------------------------------------------------------------
+// How a layer's six linears (wq, wk, wv, wo, w_gate_up, w_down; not the head) compute
+// (docs/model.md, "Linears"): in fp32, or as exact int8 GEMMs of per-row quantized activations
+// and weights (docs/numerics.md, "Int8").
+enum class Linear { kFp32, kInt8 };
+std::string_view LinearName(Linear linear);  // "fp32", "int8"
+
 // Real-valued fields keep the decimal value read from YAML (so the run descriptor shows "0.02",
 // not its binary32 neighbour); they are rounded to binary32 where the arithmetic uses them.
 struct ModelConfig {
@@ -34,6 +40,7 @@ struct ModelConfig {
   bool qk_norm = false;         // gain-free RMSNorm of every q and k head vector before RoPE
   double z_loss = 0;            // coefficient of lse²
   double init_std = 0.02;
+  Linear linear = Linear::kFp32;  // optional in YAML (default fp32)
 };
 
 struct TrainConfig {
@@ -310,12 +317,23 @@ class AttentionContext {
   virtual void Attend(const OpHooks& hooks, int64_t layer, std::span<float> q, std::span<float> k,
                       std::span<const float> v, std::span<float> attn) = 0;
 };
+// The scratch of the int8 linears (model.linear = int8, docs/model.md "Linears") over up to
+// `rows` rows: an input's int8 rows and scales, a weight's, and for the backward the dequantized
+// operands it reads in place of the input and the weight.
+struct Int8Scratch {
+  std::vector<int8_t> qx, qw;
+  std::vector<float> sx, sw, x_hat, w_hat;
+  // Sized for `rows` rows of every linear of `config`; x_hat and w_hat only with `backward`.
+  void Resize(const ModelConfig& config, int64_t rows, bool backward);
+  static int64_t Bytes(const ModelConfig& config, int64_t rows, bool backward);
+};
 // The buffers of one layer's forward over its rows. x_out may be x_in's memory (x_in is not read
 // once x_mid is made), and h2 h's; the rstd buffers are outputs only.
 struct LayerBuffers {
   std::span<const float> x_in;
   std::span<float> h, attn_rstd, q_raw, k_raw, q_rstd, k_rstd, q, k, v, attn, x_mid, h2, ffn_rstd,
       gu, act, x_out;
+  Int8Scratch* int8 = nullptr;  // with model.linear = int8, sized for the rows (Resize)
 };
 // Layer `layer`'s forward over `rows` rows (docs/model.md) with its parameters w
 // (kTensorsPerLayer, in LayerTensor order): every activation its backward reads, and with
@@ -430,6 +448,12 @@ class Model : private AttentionContext {
   // Gradient i of a norm gain from dgain_ (RmsNormBackward overwrites it there): copied, or
   // added to the accumulated one.
   void GainGrad(TensorAccess& access, int64_t layer, size_t i, bool accumulate);
+  // What a linear's backward reads in place of x[rows, cols] (an input, or a weight with rows
+  // its outputs): x itself with fp32 linears; with int8 the values x's quantized rows stand for
+  // (the straight-through estimator), quantized into q and scale and dequantized into `into`.
+  std::span<const float> LinearOperand(int64_t layer, std::span<const float> x, int64_t rows,
+                                       int64_t cols, std::span<int8_t> q, std::span<float> scale,
+                                       std::span<float> into);
   // Gradient i opened for a kernel that accumulates into it (the embedding's and the output
   // head's): zeroed first unless accumulate.
   std::span<float> ScatterGrad(TensorAccess& access, size_t i, bool accumulate);
@@ -449,6 +473,7 @@ class Model : private AttentionContext {
   int64_t arena_floats_ = 0;
   std::vector<float> arena_;
   std::vector<uint32_t> inputs_, targets_;
+  Int8Scratch int8_;  // model.linear = int8 only
   bool have_forward_ = false;
   bool logits_kept_ = false;  // logits_ holds the last Forward's logits (a Backward consumes them)
 };

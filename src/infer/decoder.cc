@@ -91,13 +91,16 @@ uint64_t KvDecoder::CacheBytes(const ModelConfig& c, std::span<const int64_t> ca
 
 uint64_t KvDecoder::AppendBytes(const ModelConfig& c, int64_t rows, int64_t logit_rows) {
   // Append's scratch per row (x, y, h, rstd, q_raw, q, attn, k_raw, k, v, gu, act), its ids,
-  // and the logits.
+  // the logits, and the int8 linears' scratch.
   const int64_t q_dim = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim;
   const int64_t per_row =
       3 * c.d_model + std::max(c.n_heads, int64_t{1}) + 3 * q_dim + 3 * kv + 3 * c.ffn_hidden + 1;
+  const uint64_t int8 =
+      c.linear == Linear::kInt8 ? static_cast<uint64_t>(Int8Scratch::Bytes(c, rows, false)) : 0;
   return (static_cast<uint64_t>(rows) * static_cast<uint64_t>(per_row) +
           static_cast<uint64_t>(logit_rows) * static_cast<uint64_t>(c.vocab)) *
-         sizeof(float);
+             sizeof(float) +
+         int8;
 }
 
 void KvDecoder::Norm(int64_t layer, std::span<const float> x, std::span<const float> gain,
@@ -159,6 +162,7 @@ std::vector<float> KvDecoder::Append(std::span<const Piece> pieces, bool every_p
   size(attn_, n * q_dim);
   size(gu_, n * 2 * c.ffn_hidden);
   size(act_, n * c.ffn_hidden);
+  if (c.linear == Linear::kInt8) int8_.Resize(c, n, /*backward=*/false);
 
   // Embedding (+ optional RMSNorm): x[N, d].
   ops::EmbeddingFwd(hooks_, -1, tok_, ids, c.embedding_norm ? y_ : x_, c.vocab, d);
@@ -182,7 +186,8 @@ std::vector<float> KvDecoder::Append(std::span<const Piece> pieces, bool every_p
                        .ffn_rstd = rstd.first(static_cast<size_t>(n)),
                        .gu = gu_,
                        .act = act_,
-                       .x_out = x_};
+                       .x_out = x_,
+                       .int8 = &int8_};
   for (int64_t l = 0; l < c.n_layers; ++l) {
     LayerForward(hooks_, c, l, n, layers_[static_cast<size_t>(l)], b, *this);
   }

@@ -772,6 +772,13 @@ void WriteHf(const VerifiedModel& m, const std::string& arch, const Tokenizer& t
 }  // namespace
 
 std::string ExportArchitecture(const ModelConfig& c, ExportFormat format) {
+  if (c.linear != Linear::kFp32) {
+    Fail(
+        "model.linear = {}: neither format has linears that quantize their input and weight "
+        "rows to int8 as lockstep's do (docs/model.md, \"Linears\"); an fp32 export would "
+        "compute another model",
+        LinearName(c.linear));
+  }
   const bool sliding = AnySlidingLayer(c);
   if (format == ExportFormat::kHf) {
     if (c.qk_norm) return "Qwen3ForCausalLM";

@@ -49,4 +49,22 @@ void GemmI8XWt(std::span<const int8_t> qx, std::span<const float> sx, std::span<
   }
 }
 
+void DequantizeRows(std::span<const int8_t> q, std::span<const float> scale, std::span<float> y,
+                    int64_t rows, int64_t cols) {
+  const char* op = "DequantizeRows";
+  detail::CheckNonNegative(op, "rows", rows);
+  detail::CheckNonNegative(op, "cols", cols);
+  detail::CheckSize(op, "q", q, {rows, cols}, "rows*cols");
+  detail::CheckSize(op, "scale", scale, rows, "rows");
+  detail::CheckSize(op, "y", y, {rows, cols}, "rows*cols");
+  detail::CheckDisjoint(op, "y", y, "q", q);
+  detail::CheckDisjoint(op, "y", y, "scale", scale);
+  if (rows == 0) return;
+  if (detail::UsingReference()) {
+    ref::DequantizeRows(q.data(), scale.data(), y.data(), rows, cols);
+  } else {
+    simd::DequantizeRows(q.data(), scale.data(), y.data(), rows, cols);
+  }
+}
+
 }  // namespace lockstep::rk

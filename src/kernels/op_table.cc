@@ -182,6 +182,11 @@ void RunGemmI8XWt(const OpValues& in, OpValues& out) {
   GemmI8XWt(in.Get<int8_t>("x"), in.F("sx"), in.Get<int8_t>("w"), in.F("sw"),
             out.Put("y", Zeros(in, {m, n})), m, n, k);
 }
+void RunDequantizeRows(const OpValues& in, OpValues& out) {
+  const int64_t rows = in.Int("rows"), cols = in.Int("cols");
+  DequantizeRows(in.Get<int8_t>("q"), in.F("scale"), out.Put("y", Zeros(in, {rows, cols})), rows,
+                 cols);
+}
 
 // ---- samples: small ragged shapes with the special values ---------------------------------------
 
@@ -378,6 +383,16 @@ OpValues SampleGemmI8XWt() {
   quantized("w", "sw", kN, 38, false);
   std::fill_n(v.tensors["x"].As<int8_t>().begin(), kK, int8_t{-127});
   std::fill_n(v.tensors["w"].As<int8_t>().begin(), kK, int8_t{-127});
+  return v;
+}
+OpValues SampleDequantizeRows() {
+  // The quantizer's output on its own sample: a NaN scale, a zero row, subnormal scales.
+  const OpValues x = SampleQuantizeRows();
+  OpValues q;
+  RunQuantizeRows(x, q);
+  OpValues v = With({{"rows", x.args.at("rows")}, {"cols", x.args.at("cols")}});
+  v.tensors["q"] = q.tensors["q"];
+  v.tensors["scale"] = q.tensors["scale"];
   return v;
 }
 
@@ -611,6 +626,15 @@ const std::vector<OpSpec>& Table() {
          {{"y"}},
          RunGemmI8XWt,
          SampleGemmI8XWt},
+        {Op::kDequantizeRows,
+         "dequantize_rows",
+         "DequantizeRows",
+         {"rows", "cols"},
+         {},
+         {{"q", kI8}, {"scale"}},
+         {{"y"}},
+         RunDequantizeRows,
+         SampleDequantizeRows},
     };
     for (size_t i = 0; i < t.size(); ++i) {
       if (static_cast<size_t>(t[i].op) != i) LOCKSTEP_INTERNAL("op table entry {} out of order", i);

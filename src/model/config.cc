@@ -15,6 +15,7 @@
 #include "lockstep/core.h"
 #include "lockstep/embedded_configs.h"
 #include "lockstep/json.h"
+#include "lockstep/kernels.h"
 #include "lockstep/model.h"
 
 namespace lockstep {
@@ -126,6 +127,14 @@ ModelConfig ReadModel(MapReader r) {
   m.qk_norm = r.Bool("qk_norm");
   m.z_loss = r.Real("z_loss");
   m.init_std = r.Real("init_std");
+  if (r.Has("linear")) {
+    const std::string linear = r.String("linear");
+    if (linear == LinearName(Linear::kInt8)) {
+      m.linear = Linear::kInt8;
+    } else {
+      Require(linear == LinearName(Linear::kFp32), r, "linear", linear, "must be fp32 or int8");
+    }
+  }
   r.Finish();
 
   // Token ids are uint32 and the byte tokenizer needs 256 byte ids plus end-of-document.
@@ -154,6 +163,23 @@ ModelConfig ReadModel(MapReader r) {
   Require(m.norm_eps > 0, r, "norm_eps", m.norm_eps, "must be > 0");
   Require(m.z_loss >= 0, r, "z_loss", m.z_loss, "must be >= 0");
   Require(m.init_std > 0, r, "init_std", m.init_std, "must be > 0");
+  if (m.linear == Linear::kInt8) {
+    // Every int8 linear's int32 sums must be exact: K, the length they sum over, is the input
+    // width of wq/wk/wv/w_gate_up (d_model), of wo (n_heads · head_dim) and of w_down.
+    const auto exact = [&](const char* key, int64_t k) {
+      Require(k <= rk::kInt8MaxK, r, key, k,
+              "must be at most 133144 with model.linear = int8 (an input width of an int8 linear: "
+              "k · 127² must stay below 2^31)");
+    };
+    exact("d_model", m.d_model);
+    exact("ffn_hidden", m.ffn_hidden);
+    if (m.n_heads * m.head_dim > rk::kInt8MaxK) {
+      Fail(
+          "{}: model.n_heads · model.head_dim = {} is invalid: must be at most {} with "
+          "model.linear = int8 (the input width of wo)",
+          r.source(), m.n_heads * m.head_dim, rk::kInt8MaxK);
+    }
+  }
   return m;
 }
 
@@ -308,6 +334,8 @@ std::string DescriptorJson(const RunConfig& config) {
       {"z_loss", m.z_loss},
       {"init_std", m.init_std},
   };
+  // Only where it is not the default: an fp32 config's descriptor is the one it always was.
+  if (m.linear != Linear::kFp32) model["linear"] = LinearName(m.linear);
   nlohmann::json train = {
       {"microbatch", t.microbatch},
       {"microbatches", t.microbatches},
@@ -344,6 +372,8 @@ std::string DescriptorJson(const RunConfig& config) {
   return descriptor.dump();
 }
 
+std::string_view LinearName(Linear linear) { return linear == Linear::kInt8 ? "int8" : "fp32"; }
+
 int64_t LayerWindow(const ModelConfig& config, int64_t layer) {
   const bool full = config.window == 0 || (layer + 1) % config.full_attention_every == 0 ||
                     layer == config.n_layers - 1;
@@ -360,13 +390,14 @@ RunConfig ConfigOfDescriptor(std::string_view descriptor, const std::string& sou
   }
   // JSON is YAML, but YAML reads the string "512" as 512: the descriptor's values must have
   // their own types (DescriptorJson writes numbers and booleans as such; the only strings are
-  // the name and train.schedule).
+  // the name, train.schedule and model.linear).
   for (const char* section : {"model", "train"}) {
     const nlohmann::json& fields = config[section];
     if (!fields.is_object())
       Fail("{}: the run descriptor's \"{}\" is not an object", source, section);
     for (const auto& [field, value] : fields.items()) {
-      const bool text = std::string_view(section) == "train" && field == "schedule";
+      const bool text = (std::string_view(section) == "train" && field == "schedule") ||
+                        (std::string_view(section) == "model" && field == "linear");
       if (value.is_string() != text || value.is_structured() || value.is_null()) {
         Fail("{}: the run descriptor's {}.{} is {}, not a {}", source, section, field,
              ShownJson(value), text ? "string" : "number or boolean");

@@ -11,11 +11,85 @@
 #include "lockstep/op_calls.h"
 
 namespace lockstep {
+namespace {
+
+// The widest input of a layer's linears, its most outputs, and its largest weight (n_kv_heads
+// divides n_heads, so wk and wv are never larger than wq).
+int64_t LinearMaxIn(const ModelConfig& c) {
+  return std::max({c.d_model, c.n_heads * c.head_dim, c.ffn_hidden});
+}
+int64_t LinearMaxOut(const ModelConfig& c) {
+  return std::max({c.d_model, c.n_heads * c.head_dim, 2 * c.ffn_hidden});
+}
+int64_t LinearMaxWeight(const ModelConfig& c) {
+  return std::max(c.n_heads * c.head_dim * c.d_model, 2 * c.ffn_hidden * c.d_model);
+}
+
+// The linears y = x · Wᵀ of one input x[rows, cols] (docs/model.md, "Linears"): the fp32 GEMM,
+// or with model.linear = int8 x's rows quantized once and, per weight, its rows quantized and
+// the exact int8 GEMM.
+class LinearInput {
+ public:
+  LinearInput(const OpHooks& hooks, const ModelConfig& config, int64_t layer, int64_t rows,
+              std::span<const float> x, int64_t cols, Int8Scratch* int8)
+      : hooks_(hooks), layer_(layer), rows_(rows), cols_(cols), x_(x), int8_(int8) {
+    if (config.linear == Linear::kFp32) {
+      int8_ = nullptr;
+      return;
+    }
+    LOCKSTEP_CHECK(int8_ != nullptr, "an int8 linear without its scratch");
+    ops::QuantizeRows(hooks_, layer_, x_, Take(int8_->qx, rows_ * cols_), Take(int8_->sx, rows_),
+                      rows_, cols_);
+  }
+  // y[rows, out] = x · Wᵀ for w[out, cols].
+  void Apply(std::span<const float> w, std::span<float> y, int64_t out) const {
+    if (int8_ == nullptr) {
+      ops::GemmXWt(hooks_, layer_, x_, w, y, rows_, out, cols_);
+      return;
+    }
+    const std::span<int8_t> qw = Take(int8_->qw, out * cols_);
+    const std::span<float> sw = Take(int8_->sw, out);
+    ops::QuantizeRows(hooks_, layer_, w, qw, sw, out, cols_);
+    ops::GemmI8XWt(hooks_, layer_, Take(int8_->qx, rows_ * cols_), Take(int8_->sx, rows_), qw, sw,
+                   y, rows_, out, cols_);
+  }
+
+ private:
+  template <typename T>
+  static std::span<T> Take(std::vector<T>& v, int64_t n) {
+    LOCKSTEP_CHECK(static_cast<size_t>(n) <= v.size(), "int8 scratch of {} for {}", v.size(), n);
+    return std::span(v).first(static_cast<size_t>(n));
+  }
+  const OpHooks& hooks_;
+  int64_t layer_, rows_, cols_;
+  std::span<const float> x_;
+  Int8Scratch* int8_;
+};
+
+}  // namespace
+
+void Int8Scratch::Resize(const ModelConfig& config, int64_t rows, bool backward) {
+  const auto in = static_cast<size_t>(LinearMaxIn(config));
+  const auto weight = static_cast<size_t>(LinearMaxWeight(config));
+  qx.resize(static_cast<size_t>(rows) * in);
+  sx.resize(static_cast<size_t>(rows));
+  qw.resize(weight);
+  sw.resize(static_cast<size_t>(LinearMaxOut(config)));
+  x_hat.resize(backward ? static_cast<size_t>(rows) * in : 0);
+  w_hat.resize(backward ? weight : 0);
+}
+
+int64_t Int8Scratch::Bytes(const ModelConfig& config, int64_t rows, bool backward) {
+  const int64_t in = LinearMaxIn(config), weight = LinearMaxWeight(config);
+  const int64_t floats = rows + LinearMaxOut(config) + (backward ? rows * in + weight : 0);
+  return rows * in + weight + floats * int64_t{sizeof(float)};
+}
 
 Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int64_t seq,
              Activations activations)
     : Model(config, vocab_chunk, batch, seq, activations, PlanOnly{}) {
   arena_.assign(static_cast<size_t>(arena_floats_), 0.0f);
+  if (config.linear == Linear::kInt8) int8_.Resize(config, rows_, /*backward=*/true);
   inputs_.resize(static_cast<size_t>(rows_));
   targets_.resize(static_cast<size_t>(rows_));
 }
@@ -39,8 +113,11 @@ int64_t Model::AllocatedBytes(const ModelConfig& config, int64_t vocab_chunk, in
                               int64_t seq, Activations activations) {
   const Model plan(config, vocab_chunk, batch, seq, activations, PlanOnly{});
   const int64_t rope_floats = static_cast<int64_t>(plan.rope_.cos.size() + plan.rope_.sin.size());
+  const int64_t int8 = config.linear == Linear::kInt8
+                           ? Int8Scratch::Bytes(config, plan.rows_, /*backward=*/true)
+                           : 0;
   return (plan.arena_floats_ + rope_floats) * int64_t{sizeof(float)} +
-         2 * plan.rows_ * int64_t{sizeof(uint32_t)};
+         2 * plan.rows_ * int64_t{sizeof(uint32_t)} + int8;
 }
 
 Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int64_t seq,
@@ -269,26 +346,32 @@ void LayerForward(const OpHooks& obs, const ModelConfig& c, int64_t l, int64_t n
   const int64_t q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
   const float eps = static_cast<float>(c.norm_eps);
   // Attention block: x_mid = x_in + attn(RMSNorm(x_in)) · Woᵀ.
+  const auto input = [&](std::span<const float> x, int64_t cols) {
+    return LinearInput(obs, c, l, n, x, cols, b.int8);
+  };
   ops::RmsNormFwd(obs, l, b.x_in, w[kAttnNorm], eps, b.h, b.attn_rstd, n, d);  // h[N, d]
-  if (c.qk_norm) {
-    ops::GemmXWt(obs, l, b.h, w[kWq], b.q_raw, n, q_dim, d);   // q_raw[N, Q]
-    ops::GemmXWt(obs, l, b.h, w[kWk], b.k_raw, n, kv_dim, d);  // k_raw[N, K]
-    ops::RmsNormFwd(obs, l, b.q_raw, {}, eps, b.q, b.q_rstd, n * c.n_heads, hd);
-    ops::RmsNormFwd(obs, l, b.k_raw, {}, eps, b.k, b.k_rstd, n * c.n_kv_heads, hd);
-  } else {
-    ops::GemmXWt(obs, l, b.h, w[kWq], b.q, n, q_dim, d);
-    ops::GemmXWt(obs, l, b.h, w[kWk], b.k, n, kv_dim, d);
+  {
+    const LinearInput h = input(b.h, d);
+    if (c.qk_norm) {
+      h.Apply(w[kWq], b.q_raw, q_dim);   // q_raw[N, Q]
+      h.Apply(w[kWk], b.k_raw, kv_dim);  // k_raw[N, K]
+      ops::RmsNormFwd(obs, l, b.q_raw, {}, eps, b.q, b.q_rstd, n * c.n_heads, hd);
+      ops::RmsNormFwd(obs, l, b.k_raw, {}, eps, b.k, b.k_rstd, n * c.n_kv_heads, hd);
+    } else {
+      h.Apply(w[kWq], b.q, q_dim);
+      h.Apply(w[kWk], b.k, kv_dim);
+    }
+    h.Apply(w[kWv], b.v, kv_dim);  // v[N, K]
   }
-  ops::GemmXWt(obs, l, b.h, w[kWv], b.v, n, kv_dim, d);        // v[N, K]
-  attention.Attend(obs, l, b.q, b.k, b.v, b.attn);             // attn[N, Q]
-  ops::GemmXWt(obs, l, b.attn, w[kWo], b.x_mid, n, d, q_dim);  // x_mid[N, d]
+  attention.Attend(obs, l, b.q, b.k, b.v, b.attn);  // attn[N, Q]
+  input(b.attn, q_dim).Apply(w[kWo], b.x_mid, d);   // x_mid[N, d]
   ops::AddInto(obs, l, b.x_in, b.x_mid);
   // Feed-forward block: x_out = x_mid + SwiGLU(RMSNorm(x_mid) · W_guᵀ) · W_downᵀ.
   ops::RmsNormFwd(obs, l, b.x_mid, w[kFfnNorm], eps, b.h2, b.ffn_rstd, n, d);
-  ops::GemmXWt(obs, l, b.h2, w[kWGateUp], b.gu, n, 2 * f, d);  // gu[N, 2F]: gate | up
-  ops::SwigluFwd(obs, l, b.gu, b.act, n, f);                   // act[N, F]
+  input(b.h2, d).Apply(w[kWGateUp], b.gu, 2 * f);  // gu[N, 2F]: gate | up
+  ops::SwigluFwd(obs, l, b.gu, b.act, n, f);       // act[N, F]
   if (!output) return;  // a recomputation: the backward reads no further
-  ops::GemmXWt(obs, l, b.act, w[kWDown], b.x_out, n, d, f);  // x_out[N, d]
+  input(b.act, f).Apply(w[kWDown], b.x_out, d);  // x_out[N, d]
   ops::AddInto(obs, l, b.x_mid, b.x_out);
 }
 
@@ -312,7 +395,8 @@ void Model::ForwardLayer(const OpHooks& obs, int64_t l, std::span<const std::spa
                        .ffn_rstd = A(a.ffn_rstd),
                        .gu = A(a.gu),
                        .act = A(a.act),
-                       .x_out = output ? A(x_out) : std::span<float>()};
+                       .x_out = output ? A(x_out) : std::span<float>(),
+                       .int8 = &int8_};
   LayerForward(obs, config_, l, rows_, w, b, *this, output);
 }
 
@@ -392,18 +476,26 @@ void Model::BackwardLayer(TensorAccess& access, int64_t l,
                                int64_t out, int64_t in) {
     WeightGrad(access, l, P.Layer(l, which), dy, x, out, in, accumulate);
   };
+  // The operands of the linears' backward: the input and the weight, or with int8 linears the
+  // values their quantized rows stand for (each overwrites the last one of its kind).
+  const auto input = [&](std::span<const float> x, int64_t in) {
+    return LinearOperand(l, x, n, in, int8_.qx, int8_.sx, int8_.x_hat);
+  };
+  const auto weight = [&](size_t which, int64_t out, int64_t in) {
+    return LinearOperand(l, w[which], out, in, int8_.qw, int8_.sw, int8_.w_hat);
+  };
   // Feed-forward block; on entry dx = d x_out, on exit dx = d x_mid.
-  ops::GemmDyW(obs, l, A(dx_), w[kWDown], A(dact_), n, d, f);       // dact[N, F]
-  weight_grad(kWDown, A(dx_), A(a.act), d, f);                      // dW_down[d, F]
-  ops::SwigluBwd(obs, l, A(a.gu), A(dact_), A(dgu_), n, f);         // dgu[N, 2F]
-  ops::GemmDyW(obs, l, A(dgu_), w[kWGateUp], A(dh_), n, 2 * f, d);  // dh2[N, d]
-  weight_grad(kWGateUp, A(dgu_), A(a.h2), 2 * f, d);                // dW_gu[2F, d]
+  ops::GemmDyW(obs, l, A(dx_), weight(kWDown, d, f), A(dact_), n, d, f);           // dact[N, F]
+  weight_grad(kWDown, A(dx_), input(A(a.act), f), d, f);                           // dW_down[d, F]
+  ops::SwigluBwd(obs, l, A(a.gu), A(dact_), A(dgu_), n, f);                        // dgu[N, 2F]
+  ops::GemmDyW(obs, l, A(dgu_), weight(kWGateUp, 2 * f, d), A(dh_), n, 2 * f, d);  // dh2[N, d]
+  weight_grad(kWGateUp, A(dgu_), input(A(a.h2), d), 2 * f, d);                     // dW_gu[2F, d]
   ops::RmsNormBwd(obs, l, A(dh_), A(a.x_mid), w[kFfnNorm], A(a.ffn_rstd), A(dh_), A(dgain_), n, d);
   GainGrad(access, l, P.Layer(l, kFfnNorm), accumulate);
   ops::AddInto(obs, l, A(dh_), A(dx_));
   // Attention block; on exit dx = d x_in.
-  ops::GemmDyW(obs, l, A(dx_), w[kWo], A(dattn_), n, d, q_dim);  // dattn[N, Q]
-  weight_grad(kWo, A(dx_), A(a.attn), d, q_dim);                 // dWo[d, Q]
+  ops::GemmDyW(obs, l, A(dx_), weight(kWo, d, q_dim), A(dattn_), n, d, q_dim);  // dattn[N, Q]
+  weight_grad(kWo, A(dx_), input(A(a.attn), q_dim), d, q_dim);                  // dWo[d, Q]
   ops::AttentionBwd(obs, l, AttentionShape(l), A(a.q), A(a.k), A(a.v), A(a.attn), A(a.attn_lse),
                     A(dattn_), A(dq_), A(dk_), A(dv_));  // dq[N, Q], dk/dv[N, K]
   ops::RopeBwd(obs, l, rope_, theta, A(dq_), A(dq_), batch_, seq_, c.n_heads, hd);
@@ -413,12 +505,13 @@ void Model::BackwardLayer(TensorAccess& access, int64_t l,
     ops::RmsNormBwd(obs, l, A(dk_), A(a.k_raw), {}, A(a.k_rstd), A(dk_), {}, n * c.n_kv_heads, hd);
   }
   // dh[N, d] = dq · Wq + dk · Wk + dv · Wv (the latter two GEMMs accumulate into dh).
-  ops::GemmDyW(obs, l, A(dq_), w[kWq], A(dh_), n, q_dim, d);
-  ops::GemmDyW(obs, l, A(dk_), w[kWk], A(dh_), n, kv_dim, d, /*accumulate=*/true);
-  ops::GemmDyW(obs, l, A(dv_), w[kWv], A(dh_), n, kv_dim, d, /*accumulate=*/true);
-  weight_grad(kWq, A(dq_), A(a.h), q_dim, d);   // dWq[Q, d]
-  weight_grad(kWk, A(dk_), A(a.h), kv_dim, d);  // dWk[K, d]
-  weight_grad(kWv, A(dv_), A(a.h), kv_dim, d);  // dWv[K, d]
+  ops::GemmDyW(obs, l, A(dq_), weight(kWq, q_dim, d), A(dh_), n, q_dim, d);
+  ops::GemmDyW(obs, l, A(dk_), weight(kWk, kv_dim, d), A(dh_), n, kv_dim, d, /*accumulate=*/true);
+  ops::GemmDyW(obs, l, A(dv_), weight(kWv, kv_dim, d), A(dh_), n, kv_dim, d, /*accumulate=*/true);
+  const std::span<const float> h = input(A(a.h), d);
+  weight_grad(kWq, A(dq_), h, q_dim, d);   // dWq[Q, d]
+  weight_grad(kWk, A(dk_), h, kv_dim, d);  // dWk[K, d]
+  weight_grad(kWv, A(dv_), h, kv_dim, d);  // dWv[K, d]
   ops::RmsNormBwd(obs, l, A(dh_), A(a.x_in), w[kAttnNorm], A(a.attn_rstd), A(dh_), A(dgain_), n, d);
   GainGrad(access, l, P.Layer(l, kAttnNorm), accumulate);
   ops::AddInto(obs, l, A(dh_), A(dx_));
@@ -428,6 +521,19 @@ void Model::WeightGrad(TensorAccess& access, int64_t layer, size_t i, std::span<
                        std::span<const float> x, int64_t out, int64_t in, bool accumulate) {
   ops::GemmDytX(hooks_, layer, dy, x, Grad(access, i, accumulate), rows_, out, in, accumulate);
   access.CloseGrad(i);
+}
+
+std::span<const float> Model::LinearOperand(int64_t layer, std::span<const float> x, int64_t rows,
+                                            int64_t cols, std::span<int8_t> q,
+                                            std::span<float> scale, std::span<float> into) {
+  if (config_.linear == Linear::kFp32) return x;
+  const auto size = static_cast<size_t>(rows * cols);
+  const std::span<float> y = into.first(size);
+  ops::QuantizeRows(hooks_, layer, x, q.first(size), scale.first(static_cast<size_t>(rows)), rows,
+                    cols);
+  ops::DequantizeRows(hooks_, layer, q.first(size), scale.first(static_cast<size_t>(rows)), y, rows,
+                      cols);
+  return y;
 }
 
 void Model::GainGrad(TensorAccess& access, int64_t layer, size_t i, bool accumulate) {

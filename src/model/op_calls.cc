@@ -126,6 +126,25 @@ void GemmDytX(const OpHooks& hooks, int64_t layer, std::span<const float> dy,
        [&] { rk::GemmDytX(dy, x, dw, m, n, k, accumulate); });
 }
 
+void QuantizeRows(const OpHooks& hooks, int64_t layer, std::span<const float> x,
+                  std::span<int8_t> q, std::span<float> scale, int64_t rows, int64_t cols) {
+  Call(hooks, rk::Op::kQuantizeRows, layer, {D(rows), D(cols)}, {x}, {q, scale},
+       [&] { rk::QuantizeRows(x, q, scale, rows, cols); });
+}
+
+void GemmI8XWt(const OpHooks& hooks, int64_t layer, std::span<const int8_t> qx,
+               std::span<const float> sx, std::span<const int8_t> qw, std::span<const float> sw,
+               std::span<float> y, int64_t m, int64_t n, int64_t k) {
+  Call(hooks, rk::Op::kGemmI8XWt, layer, {D(m), D(n), D(k)}, {qx, sx, qw, sw}, {y},
+       [&] { rk::GemmI8XWt(qx, sx, qw, sw, y, m, n, k); });
+}
+
+void DequantizeRows(const OpHooks& hooks, int64_t layer, std::span<const int8_t> q,
+                    std::span<const float> scale, std::span<float> y, int64_t rows, int64_t cols) {
+  Call(hooks, rk::Op::kDequantizeRows, layer, {D(rows), D(cols)}, {q, scale}, {y},
+       [&] { rk::DequantizeRows(q, scale, y, rows, cols); });
+}
+
 void RopeFwd(const OpHooks& hooks, int64_t layer, const rk::RopeTable& table, float theta,
              std::span<const float> x, std::span<float> y, int64_t batch, int64_t seq,
              int64_t heads, int64_t head_dim, std::optional<int64_t> position) {

@@ -43,6 +43,11 @@ TEST(Export, ArchitecturePerBuiltInConfig) {
       EXPECT_EQ(ExportArchitecture(c, ExportFormat::kGguf), gguf) << name;
     }
   }
+  // Neither format has lockstep's int8 linears: an fp32 export would be another model.
+  for (const ExportFormat format : {ExportFormat::kHf, ExportFormat::kGguf}) {
+    const std::string why = Refusal("tiny-int8", format);
+    EXPECT_NE(why.find("model.linear = int8"), std::string::npos) << why;
+  }
 }
 
 // RoPE of one head vector at position t, both conventions, in double.

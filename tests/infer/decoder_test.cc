@@ -20,15 +20,15 @@ namespace {
 using infer::KvDecoder;
 using Piece = KvDecoder::Piece;
 
-// tiny (windows of 8 beside full attention, QK-norm, embedding norm), and the same without the
-// optional features.
+// tiny (windows of 8 beside full attention, QK-norm, embedding norm), the same without the
+// optional features, and tiny-int8 (int8 linears).
 std::vector<ModelConfig> Configs() {
   ModelConfig tiny = LoadRunConfig("tiny").model;
   ModelConfig plain = tiny;
   plain.window = 0;
   plain.qk_norm = false;
   plain.embedding_norm = false;
-  return {tiny, plain};
+  return {tiny, plain, LoadRunConfig("tiny-int8").model};
 }
 
 std::vector<uint32_t> Tokens(int64_t n, uint32_t vocab, uint32_t seed) {
@@ -137,8 +137,8 @@ TEST(KvDecoder, ASlotHoldsItsCapacityAndABatchIsPlannedBeforeItIsAllocated) {
                      "fewer requests or a smaller --max-tokens"});
 }
 
-TEST(KvDecoder, ARequestsLogitsDoNotDependOnTheOthersInTheBatch) {
-  const Fixture f(Configs()[0]);
+void ARequestsLogitsDoNotDependOnTheOthers(const ModelConfig& c) {
+  const Fixture f(c);
   const std::vector<std::vector<uint32_t>> seqs = {Tokens(30, 512, 1), Tokens(12, 512, 2),
                                                    Tokens(21, 512, 3)};
   std::vector<std::vector<float>> alone;
@@ -182,17 +182,25 @@ TEST(KvDecoder, ARequestsLogitsDoNotDependOnTheOthersInTheBatch) {
       if (step.empty()) break;
       take(d.Append(step, false), who);
     }
-    for (int s = 0; s < 3; ++s) EXPECT_EQ(got[s], alone[s]) << "sequence " << s;
+    for (int s = 0; s < 3; ++s)
+      EXPECT_EQ(got[s], alone[s]) << LinearName(c.linear) << ", sequence " << s;
   }
 }
 
+TEST(KvDecoder, ARequestsLogitsDoNotDependOnTheOthersInTheBatch) {
+  for (const ModelConfig& c : {Configs()[0], Configs()[2]})
+    ARequestsLogitsDoNotDependOnTheOthers(c);
+}
+
 TEST(KvDecoder, TheBitsAreTheSameAtEveryVariantAndThreadCount) {
-  const Fixture f(Configs()[0]);
-  const std::vector<uint32_t> tokens = Tokens(20, 512, 4);
-  for (const rk::SweepResult& r :
-       rk::SweepVariants([&] { return ThreeWays(f, tokens); }, rk::kSweepThreadCounts)) {
-    EXPECT_TRUE(r.equal) << r.isa.name << " at " << r.threads << " threads: first difference at "
-                         << r.first_diff;
+  for (const ModelConfig& c : {Configs()[0], Configs()[2]}) {
+    const Fixture f(c);
+    const std::vector<uint32_t> tokens = Tokens(20, 512, 4);
+    for (const rk::SweepResult& r :
+         rk::SweepVariants([&] { return ThreeWays(f, tokens); }, rk::kSweepThreadCounts)) {
+      EXPECT_TRUE(r.equal) << LinearName(c.linear) << ": " << r.isa.name << " at " << r.threads
+                           << " threads: first difference at " << r.first_diff;
+    }
   }
 }
 

@@ -99,6 +99,28 @@ TEST(GemmI8XWt, DequantizesWithTheScaleProductRoundedOnce) {
   EXPECT_EQ(y[1], static_cast<float>(0 - 5 + 7 * 127) * (0.1f * 0.7f));
 }
 
+// float(q) · scale, one multiply per element: a NaN scale gives NaN, a zero scale +0.
+TEST(DequantizeRows, IsOneMultiplyPerElement) {
+  const std::vector<int8_t> q = {-127, 0, 3, 127, 0, 0, 5, -5, 0};
+  const std::vector<float> scale = {0.25f, kNaN, 0x1p-140f};
+  std::vector<float> y(9);
+  rk::DequantizeRows(q, scale, y, 3, 3);
+  EXPECT_EQ(y[0], -31.75f);
+  EXPECT_TRUE(y[1] == 0.0f && !std::signbit(y[1]));
+  EXPECT_EQ(y[2], 0.75f);
+  for (int i = 3; i < 6; ++i) EXPECT_TRUE(std::isnan(y[i])) << i;
+  EXPECT_EQ(y[6], 5 * 0x1p-140f);
+  EXPECT_EQ(y[7], -5 * 0x1p-140f);
+  // A quantized row comes back within half a step of every element.
+  const std::vector<float> x = {0.3f, -1.7f, 2.9f, -0.01f};
+  const Quantized z = Quantize(x, 1, 4);
+  std::vector<float> back(4);
+  rk::DequantizeRows(z.q, z.scale, back, 1, 4);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_LE(std::fabs(back[i] - x[i]), z.scale[0] / 2) << i;
+  std::vector<float> wrong(8);
+  EXPECT_THROW(rk::DequantizeRows(q, scale, wrong, 3, 3), Error);  // y is not rows*cols
+}
+
 TEST(Int8, BitwiseInvariant) {
   for (const int64_t rows : {1, 5}) {
     for (const int64_t cols : kAwkwardSizes) {
@@ -106,6 +128,14 @@ TEST(Int8, BitwiseInvariant) {
         std::vector<float> x = RandomFloats(rows * cols, cols, -3, 3);
         if (cols > 3) x[2] = kNaN;  // row 0 has a NaN
         return Words(Quantize(x, rows, cols));
+      });
+      ExpectBitwiseInvariant(fmt::format("dequantize_rows rows={} cols={}", rows, cols), [&] {
+        std::vector<float> x = RandomFloats(rows * cols, cols + 3, -3, 3);
+        if (cols > 3) x[2] = kNaN;  // row 0 has a NaN scale
+        const Quantized z = Quantize(x, rows, cols);
+        std::vector<float> y(x.size());
+        rk::DequantizeRows(z.q, z.scale, y, rows, cols);
+        return y;
       });
       ExpectBitwiseInvariant(fmt::format("gemm_i8_xwt m={} n=7 k={}", rows, cols), [&] {
         const Quantized a = Quantize(RandomFloats(rows * cols, cols + 1), rows, cols);

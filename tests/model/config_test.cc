@@ -130,6 +130,14 @@ TEST(Config, DescriptorIsCanonicalJson) {
   EXPECT_EQ(j["train"]["vocab_chunk"], 256);
   EXPECT_EQ(j["name"], "tiny");
   EXPECT_EQ(j.dump(), text);
+  // model.linear is in the descriptor only where it is not fp32 (so fp32 descriptors are the
+  // ones they were before the key existed), and it is read back.
+  EXPECT_FALSE(j["model"].contains("linear")) << text;
+  const RunConfig int8 = LoadRunConfig("tiny-int8");
+  const std::string int8_text = DescriptorJson(int8);
+  EXPECT_EQ(nlohmann::json::parse(int8_text)["model"]["linear"], "int8");
+  EXPECT_EQ(ConfigOfDescriptor(int8_text, "d").model.linear, Linear::kInt8);
+  EXPECT_EQ(ConfigOfDescriptor(text, "d").model.linear, Linear::kFp32);
 }
 
 // A descriptor is read back with its values' own types: the string "512" is not the number 512.
@@ -141,6 +149,7 @@ TEST(Config, ADescriptorsValuesKeepTheirTypes) {
                                               {"train", "lr", nlohmann::json("0.003")},
                                               {"model", "qk_norm", nlohmann::json("true")},
                                               {"train", "schedule", nlohmann::json(1)},
+                                              {"model", "linear", nlohmann::json(8)},
                                               {"model", "window", nlohmann::json(nullptr)}}) {
     nlohmann::json forged = j;
     forged[section][field] = value;
@@ -177,17 +186,25 @@ TEST(Config, BadConfigsNameTheFieldAndTheValue) {
     std::vector<std::string> expect;
   };
   const std::vector<Case> cases = {
-      {"  d_model: 128", "  d_model: 128\n  dmodel: 64", {"bad.yaml", "unknown key", "model.dmodel"}},
+      {"  d_model: 128",
+       "  d_model: 128\n  dmodel: 64",
+       {"bad.yaml", "unknown key", "model.dmodel"}},
       {"  beta2: 0.95\n", "", {"bad.yaml", "missing", "train.beta2"}},
       {"  n_layers: 2", "  n_layers: two", {"bad.yaml", "model.n_layers", "'two'", "integer"}},
       {"  n_layers: 2", "  n_layers: 2.5", {"model.n_layers", "'2.5'"}},
       {"  qk_norm: true", "  qk_norm: 3", {"model.qk_norm", "'3'", "boolean"}},
-      {"  n_kv_heads: 2", "  n_kv_heads: 3", {"bad.yaml", "model.n_heads = 4", "model.n_kv_heads = 3"}},
+      {"  n_kv_heads: 2",
+       "  n_kv_heads: 3",
+       {"bad.yaml", "model.n_heads = 4", "model.n_kv_heads = 3"}},
       {"  head_dim: 32", "  head_dim: 33", {"model.head_dim = 33", "even"}},
       {"  vocab: 512", "  vocab: 256", {"model.vocab = 256", "257"}},
-      {"  spike_max_skips: 3", "  spike_max_skips: 11", {"bad.yaml", "train.spike_max_skips = 11", "never halt"}},
+      {"  spike_max_skips: 3",
+       "  spike_max_skips: 11",
+       {"bad.yaml", "train.spike_max_skips = 11", "never halt"}},
       {"  spike_max_skips: 3", "  spike_max_skips: 0", {"train.spike_max_skips = 0"}},
-      {"  vocab_chunk: 256", "  vocab_chunk: 300", {"bad.yaml", "train.vocab_chunk = 300", "multiple of 256"}},
+      {"  vocab_chunk: 256",
+       "  vocab_chunk: 300",
+       {"bad.yaml", "train.vocab_chunk = 300", "multiple of 256"}},
       {"  vocab_chunk: 256", "  vocab_chunk: 0", {"train.vocab_chunk = 0"}},
       {"  beta2: 0.95", "  beta2: 1.5", {"train.beta2 = 1.5"}},
       {"  lr: 3.0e-3", "  lr: -1", {"train.lr = -1"}},
@@ -197,7 +214,8 @@ TEST(Config, BadConfigsNameTheFieldAndTheValue) {
       {"train:", "extra: 1\ntrain:", {"unknown key extra"}},
       {"name: tiny", "name: \"ti\\xffny\"", {"bad.yaml", "name = 'ti", "' is invalid"}},
       {"name: tiny", "name: a/b", {"name = 'a/b' is invalid"}},
-      {"  microbatches: 2", "  microbatches: 2\n  grad_groups: 3",
+      {"  microbatches: 2",
+       "  microbatches: 2\n  grad_groups: 3",
        {"bad.yaml", "train.grad_groups = 3", "divide train.microbatches = 2"}},
       {"  microbatches: 2", "  microbatches: 2\n  grad_groups: 0", {"train.grad_groups = 0"}},
       {"  vocab: 512", "  vocab: 512\n  vocab: 600", {"bad.yaml", "duplicate key model.vocab"}},
@@ -206,6 +224,16 @@ TEST(Config, BadConfigsNameTheFieldAndTheValue) {
       {"  seq_len: 64", "  seq_len: 9223372036854775807", {"model.seq_len"}},
       {"  steps: 30", "  steps: 99999999999999999999", {"train.steps"}},
       {"name: tiny", "name: [[[[[[[[[[[[[[[[[[x]]]]]]]]]]]]]]]]]]", {"nested deeper than 16"}},
+      {"  z_loss: 1.0e-4",
+       "  z_loss: 1.0e-4\n  linear: int4",
+       {"bad.yaml", "model.linear = int4", "fp32 or int8"}},
+      {"  z_loss: 1.0e-4", "  z_loss: 1.0e-4\n  linear: true", {"model.linear"}},
+      {"  ffn_hidden: 1024",
+       "  ffn_hidden: 133145\n  linear: int8",
+       {"bad.yaml", "model.ffn_hidden = 133145", "133144"}},
+      {"  n_heads: 4\n  n_kv_heads: 2\n  head_dim: 32",
+       "  n_heads: 64\n  n_kv_heads: 2\n  head_dim: 4096\n  linear: int8",
+       {"bad.yaml", "model.n_heads · model.head_dim = 262144", "133144", "wo"}},
   };
   for (const Case& c : cases) {
     const std::string message = ErrorOf(TinyWith(c.from, c.to));

@@ -241,28 +241,72 @@ std::vector<float> StepResult(const RunConfig& run, const ParamStore& params,
 }
 
 TEST(ModelDeterminism, SameBitsOnEveryThreadCountAndIsa) {
-  const RunConfig run = LoadRunConfig("tiny");
-  const ParamStore params = TestParams(run.model);
-  // Two sequences of 24 positions keep the sweep (every variant x 3 thread counts) fast while
-  // crossing layer 0's window (8) and the batch boundary.
-  constexpr int64_t kBatch = 2, kSeq = 24;
-  const std::vector<uint32_t> tokens = RandomTokens(kBatch * (kSeq + 1), run.model.vocab, 5);
-  const int threads[] = {1, 2, 3};
-  const auto results =
-      rk::SweepVariants([&] { return StepResult(run, params, tokens, kBatch, kSeq); }, threads);
-  ASSERT_FALSE(results.empty());
-  for (const rk::SweepResult& r : results) {
-    EXPECT_TRUE(r.equal) << r.isa.name << " at " << r.threads << " threads: first difference at "
-                         << r.first_diff;
+  for (const char* name : {"tiny", "tiny-int8"}) {
+    const RunConfig run = LoadRunConfig(name);
+    const ParamStore params = TestParams(run.model);
+    // Two sequences of 24 positions keep the sweep (every variant x 3 thread counts) fast while
+    // crossing layer 0's window (8) and the batch boundary.
+    constexpr int64_t kBatch = 2, kSeq = 24;
+    const std::vector<uint32_t> tokens = RandomTokens(kBatch * (kSeq + 1), run.model.vocab, 5);
+    const int threads[] = {1, 2, 3};
+    const auto results =
+        rk::SweepVariants([&] { return StepResult(run, params, tokens, kBatch, kSeq); }, threads);
+    ASSERT_FALSE(results.empty());
+    for (const rk::SweepResult& r : results) {
+      EXPECT_TRUE(r.equal) << name << ": " << r.isa.name << " at " << r.threads
+                           << " threads: first difference at " << r.first_diff;
+    }
   }
 }
 
+// The int8 linears compute the fp32 model within the quantization's error (each operand within
+// half a step of 1/127 of its row's largest magnitude): every row's loss, and every gradient
+// (straight-through) relative to its tensor's largest. A wrong transposition, scale or operand
+// would be off by far more. Also: the int8 model is not the fp32 one.
+TEST(ModelInt8, IsTheFp32ModelWithinTheQuantizationError) {
+  const RunConfig int8 = LoadRunConfig("tiny-int8");
+  RunConfig fp32 = int8;
+  fp32.model.linear = Linear::kFp32;
+  const ParamStore params = TestParams(int8.model);
+  constexpr int64_t kBatch = 2, kSeq = 24;
+  const std::vector<uint32_t> tokens = RandomTokens(kBatch * (kSeq + 1), int8.model.vocab, 5);
+  const auto run = [&](const RunConfig& r, std::vector<float>& rows, ParamStore& grads) {
+    Model model(r.model, r.train.vocab_chunk, kBatch, kSeq);
+    model.ForwardBackward(params, tokens, 1.0f / (kBatch * kSeq), false, grads);
+    rows.assign(model.RowLoss().begin(), model.RowLoss().end());
+  };
+  std::vector<float> rows8, rows32;
+  ParamStore grads8(ParameterSpecs(int8.model)), grads32(ParameterSpecs(fp32.model));
+  run(int8, rows8, grads8);
+  run(fp32, rows32, grads32);
+  double worst_row = 0;
+  for (size_t t = 0; t < rows8.size(); ++t) {
+    worst_row = std::max(worst_row, double{std::fabs(rows8[t] - rows32[t])});
+  }
+  EXPECT_GT(worst_row, 0) << "the int8 linears computed the fp32 model's bits";
+  EXPECT_LT(worst_row, 2e-3);
+  double worst = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    double scale = 0, err = 0;
+    for (size_t e = 0; e < grads32.Tensor(i).size(); ++e) {
+      scale = std::max(scale, double{std::fabs(grads32.Tensor(i)[e])});
+      err = std::max(err, double{std::fabs(grads8.Tensor(i)[e] - grads32.Tensor(i)[e])});
+    }
+    EXPECT_LT(err / scale, 5e-2) << params.Spec(i).name;
+    worst = std::max(worst, err / scale);
+  }
+  std::printf(
+      "int8 vs fp32 linears: worst row loss difference %.3g, worst relative gradient "
+      "difference %.3g\n",
+      worst_row, worst);
+}
+
 // Recomputed activations (Model::Activations::kRecomputed) change no bit: the losses and every
-// gradient equal the kept activations', with and without the optional norms, accumulating or
-// not; and the model holds less.
+// gradient equal the kept activations', with and without the optional norms (without them, with
+// int8 linears), accumulating or not; and the model holds less.
 TEST(ModelRecompute, RecomputedActivationsGiveTheKeptBits) {
   for (const bool norms : {false, true}) {
-    RunConfig run = LoadRunConfig("tiny");
+    RunConfig run = LoadRunConfig(norms ? "tiny" : "tiny-int8");
     run.model.qk_norm = norms;
     run.model.embedding_norm = norms;
     const ParamStore params = TestParams(run.model);

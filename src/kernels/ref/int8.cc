@@ -38,4 +38,11 @@ void GemmI8XWt(const int8_t* qx, const float* sx, const int8_t* qw, const float*
   });
 }
 
+void DequantizeRows(const int8_t* q, const float* scale, float* y, int64_t rows, int64_t cols) {
+  ParallelFor(rows, [&](int64_t r) {
+    for (int64_t i = 0; i < cols; ++i)
+      y[r * cols + i] = static_cast<float>(q[r * cols + i]) * scale[r];
+  });
+}
+
 }  // namespace lockstep::rk::ref

@@ -84,6 +84,24 @@ void GemmI8XWt(const int8_t* qx, const float* sx, const int8_t* qw, const float*
   });
 }
 
+void DequantizeRows(const int8_t* q, const float* scale, float* y, int64_t rows, int64_t cols) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToSigned<decltype(d)> d32;
+  const hn::Rebind<int8_t, decltype(d)> d8;
+  const auto n = static_cast<int64_t>(hn::Lanes(d));
+  ParallelFor(rows, [&](int64_t r) {
+    const int8_t* in = q + r * cols;
+    float* out = y + r * cols;
+    const auto vs = hn::Set(d, scale[r]);
+    int64_t i = 0;
+    for (; i + n <= cols; i += n) {
+      const auto v = hn::ConvertTo(d, hn::PromoteTo(d32, hn::LoadU(d8, in + i)));
+      hn::StoreU(hn::Mul(v, vs), d, out + i);
+    }
+    for (; i < cols; ++i) out[i] = static_cast<float>(in[i]) * scale[r];
+  });
+}
+
 }  // namespace lockstep::rk::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -91,6 +109,7 @@ HWY_AFTER_NAMESPACE();
 namespace lockstep::rk::simd {
 HWY_EXPORT(QuantizeRows);
 HWY_EXPORT(GemmI8XWt);
+HWY_EXPORT(DequantizeRows);
 
 void QuantizeRows(const float* x, int8_t* q, float* scale, int64_t rows, int64_t cols) {
   HWY_DYNAMIC_DISPATCH(QuantizeRows)(x, q, scale, rows, cols);
@@ -98,6 +117,9 @@ void QuantizeRows(const float* x, int8_t* q, float* scale, int64_t rows, int64_t
 void GemmI8XWt(const int8_t* qx, const float* sx, const int8_t* qw, const float* sw, float* y,
                int64_t m, int64_t n, int64_t k) {
   HWY_DYNAMIC_DISPATCH(GemmI8XWt)(qx, sx, qw, sw, y, m, n, k);
+}
+void DequantizeRows(const int8_t* q, const float* scale, float* y, int64_t rows, int64_t cols) {
+  HWY_DYNAMIC_DISPATCH(DequantizeRows)(q, scale, y, rows, cols);
 }
 }  // namespace lockstep::rk::simd
 #endif
