@@ -1,8 +1,11 @@
 // bench_gemm: lockstep's GEMM vs OpenBLAS sgemm, timed side by side in one process, for the
 // three linear-layer forms at 1 and 2 threads. Also reports whether each library's output bits
-// change between 1 and 2 threads. `--json` prints a JSON array; otherwise a table.
+// change between 1 and 2 threads. With --int8: lockstep's exact int8 GEMM against its fp32 GEMM
+// and oneDNN's u8s8s32 GEMM (the anchor). `--json` prints a JSON array; otherwise a table.
 #include <cblas-openblas.h>
+#include <dnnl.h>
 #include <fmt/format.h>
+#include <omp.h>
 
 #include <unistd.h>
 
@@ -98,6 +101,65 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// --int8: y[m, n] = x[m, k]·w[n, k]ᵀ three ways, timed side by side at 1 and 2 threads: lockstep's
+// fp32 GemmXWt, lockstep's GemmI8XWt on the rows QuantizeRows makes of the same x and w (int8 in,
+// fp32 out, the dequantization included), and oneDNN's dnnl_gemm_u8s8s32 on the same int8 values
+// (x + 128 as u8, int32 out), which OpenMP threads. Rates in GFLOP/s = GOP/s (2·m·n·k).
+std::vector<std::string> Int8Rows(const std::vector<Shape>& shapes, int reps, bool json,
+                                  const std::string& isa) {
+  using lockstep::rk::GemmI8XWt;
+  using lockstep::rk::QuantizeRows;
+  std::vector<std::string> rows;
+  if (!json) {
+    fmt::print("lockstep variant {}; oneDNN {}.{}; best of {} runs\n", isa, dnnl_version()->major,
+               dnnl_version()->minor, reps);
+    fmt::print("{:>5} {:>5} {:>5} {:>3} {:>9} {:>9} {:>9} {:>8} {:>8} {:>6}\n", "m", "n", "k",
+               "thr", "f32", "int8", "onednn", "i8/f32", "i8/dnnl", "same");
+  }
+  for (const Shape& s : shapes) {
+    const std::vector<float> x = Fill(s.m * s.k, 1), w = Fill(s.n * s.k, 2);
+    std::vector<int8_t> qx(x.size()), qw(w.size());
+    std::vector<float> sx(static_cast<size_t>(s.m)), sw(static_cast<size_t>(s.n));
+    QuantizeRows(x, qx, sx, s.m, s.k);
+    QuantizeRows(w, qw, sw, s.n, s.k);
+    std::vector<uint8_t> xu(qx.size());
+    for (size_t i = 0; i < qx.size(); ++i) xu[i] = static_cast<uint8_t>(qx[i] + 128);
+    std::vector<float> y(static_cast<size_t>(s.m * s.n));
+    std::vector<int32_t> c(y.size());
+    const int32_t co = 0;
+    std::vector<std::vector<float>> int8_out;
+    for (int threads : {1, 2}) {
+      lockstep::SetThreads(threads);
+      omp_set_num_threads(threads);
+      const double f32 = Gflops(s, reps, [&] { GemmXWt(x, w, y, s.m, s.n, s.k); });
+      const double int8 = Gflops(s, reps, [&] { GemmI8XWt(qx, sx, qw, sw, y, s.m, s.n, s.k); });
+      int8_out.push_back(y);
+      const double onednn = Gflops(s, reps, [&] {
+        if (dnnl_gemm_u8s8s32('N', 'T', 'F', s.m, s.n, s.k, 1.0f, xu.data(), s.k, 0, qw.data(), s.k,
+                              0, 0.0f, c.data(), s.n, &co) != dnnl_success) {
+          fmt::print(stderr, "bench_gemm: dnnl_gemm_u8s8s32 failed\n");
+          std::exit(1);
+        }
+      });
+      const bool same = threads == 1 || SameBits(int8_out[0], int8_out[1]);
+      if (json) {
+        rows.push_back(fmt::format(
+            "{{\"form\": \"int8_xwt\", \"m\": {}, \"n\": {}, \"k\": {}, \"threads\": {}, "
+            "\"lockstep_f32_gflops\": {:.2f}, \"lockstep_int8_gops\": {:.2f}, "
+            "\"onednn_u8s8s32_gops\": {:.2f}, \"int8_over_f32\": {:.3f}, "
+            "\"int8_over_onednn\": {:.3f}, \"int8_bitwise_same_as_1_thread\": {}, "
+            "\"lockstep_variant\": \"{}\"}}",
+            s.m, s.n, s.k, threads, f32, int8, onednn, int8 / f32, int8 / onednn, same, isa));
+      } else {
+        fmt::print("{:>5} {:>5} {:>5} {:>3} {:>9.1f} {:>9.1f} {:>9.1f} {:>8.2f} {:>8.2f} {:>6}\n",
+                   s.m, s.n, s.k, threads, f32, int8, onednn, int8 / f32, int8 / onednn, same);
+        std::fflush(stdout);
+      }
+    }
+  }
+  return rows;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -110,7 +172,8 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "bench_gemm: cannot re-run itself without OPENBLAS_CORETYPE\n");
     return 1;
   }
-  bool json = false;
+  bool json = false, int8 = false;
+  std::string variant;
   int reps = 3;
   std::vector<Shape> shapes = {{4096, 2048, 2048}, {4096, 5632, 2048}, {4096, 2048, 5632},
                                {1024, 1024, 1024}};
@@ -119,6 +182,10 @@ int main(int argc, char** argv) {
     const std::string arg = argv[i];
     if (arg == "--json") {
       json = true;
+    } else if (arg == "--int8") {
+      int8 = true;
+    } else if (arg == "--variant" && i + 1 < argc) {
+      variant = argv[++i];
     } else if (arg == "--quick") {  // one small shape, for smoke-testing the program
       shapes = {{1024, 1024, 1024}};
       reps = 1;
@@ -135,20 +202,40 @@ int main(int argc, char** argv) {
       chosen.push_back(s);
     } else {
       fmt::print(stderr,
-                 "usage: bench_gemm [--json] [--reps N] [--quick] [--shape MxNxK]...\n"
+                 "usage: bench_gemm [--json] [--int8] [--variant NAME] [--reps N] [--quick]\n"
+                 "                  [--shape MxNxK]...\n"
                  "  Times lockstep GEMM and OpenBLAS sgemm (best of N runs, default 3) for the\n"
                  "  forms xwt (Y=X·Wᵀ), dyw (dX=dY·W), dytx (dW=dYᵀ·X) at 1 and 2 threads, for\n"
                  "  a linear layer of M rows, N outputs and K inputs (--shape, repeatable;\n"
-                 "  default: four large shapes).\n");
+                 "  default: four large shapes). --int8: instead, lockstep's exact int8 GEMM\n"
+                 "  (GemmI8XWt) against its fp32 GemmXWt and oneDNN's u8s8s32 GEMM, y = x·wᵀ.\n"
+                 "  --variant: lockstep's SIMD variant (as lockstep --version lists them; default\n"
+                 "  the best this CPU runs).\n");
       return 2;
     }
   }
   if (!chosen.empty()) shapes = chosen;
   lockstep::RequireIeeeFloatingPoint();
+  if (!variant.empty()) {
+    bool found = false;
+    for (const lockstep::rk::Isa& usable : lockstep::rk::UsableIsas()) {
+      if (usable.name == variant) {
+        lockstep::rk::SetIsa(usable);
+        found = true;
+      }
+    }
+    if (!found) {
+      fmt::print(stderr, "bench_gemm: --variant {}: not a variant this CPU runs\n", variant);
+      return 2;
+    }
+  }
   const std::string isa = lockstep::rk::ActiveIsa().name;
   const std::string corename = openblas_get_corename();
   std::vector<std::string> rows;
-  if (!json) {
+  if (int8) {
+    rows = Int8Rows(shapes, reps, json, isa);
+    shapes.clear();
+  } else if (!json) {
     fmt::print("lockstep variant {}; OpenBLAS kernel {}; best of {} runs\n", isa, corename,
                reps);
     fmt::print("{:>5} {:>5} {:>5} {:>5} {:>3} {:>10} {:>10} {:>6} {:>9} {:>9}\n", "form", "m", "n",

@@ -10,12 +10,14 @@ set(LOCKSTEP_FP_FLAGS -ffp-contract=off -fno-fast-math)
 # Highway: never build the HWY_SCALAR target (FixedTag kernels do not compile for it), and
 # skip the 128-bit x86 targets whose MulAdd is not fused (SSSE3/SSE4): lockstep never
 # dispatches to a target without a fused multiply-add (docs/numerics.md, "SIMD targets").
-# EMU128 stays the compiled baseline that Highway requires, but is never dispatched. On AArch64
+# EMU128 stays the compiled baseline that Highway requires, but is never dispatched. AVX3_DL
+# (AVX-512 with VNNI, VBMI2 and friends: Ice Lake, Zen 4 and later) is a variant of its own
+# (HWY_WANT_AVX3_DL): its int8 GEMM uses vpdpbusd (docs/numerics.md, "Int8"). On AArch64
 # only NEON is admitted: the SVE targets are not compiled (their vectors are sizeless, and the
 # kernels keep register tiles in arrays of vectors).
 set(LOCKSTEP_HWY_DEFINES
-    HWY_DISABLED_TARGETS=HWY_SCALAR|HWY_SSSE3|HWY_SSE4|HWY_AVX3_DL|HWY_SVE|HWY_SVE2|HWY_SVE_256|HWY_SVE2_128
-    HWY_BROKEN_EMU128=0)
+    HWY_DISABLED_TARGETS=HWY_SCALAR|HWY_SSSE3|HWY_SSE4|HWY_SVE|HWY_SVE2|HWY_SVE_256|HWY_SVE2_128
+    HWY_WANT_AVX3_DL HWY_BROKEN_EMU128=0)
 
 function(lockstep_numerics target)
   target_compile_options(${target} PRIVATE ${LOCKSTEP_FP_FLAGS})

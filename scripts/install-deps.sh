@@ -7,12 +7,13 @@
 # the CUDA runtime, made at build time (scripts/ptx-build.sh) and checked by scripts/ptx-check.sh; iproute2, procps: the two-host test,
 # tests/e2e/two_hosts.sh, makes network namespaces and watches its ranks; clang-format: the check
 # that changed lines follow .clang-format, scripts/format-check.sh; universal-ctags: the function
-# lengths, scripts/function-lengths.sh.)
+# lengths, scripts/function-lengths.sh; libdnnl-dev: oneDNN, the anchor of bench_gemm --int8, for
+# benchmarks only.)
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git python3 clang
   libhwy-dev libsleef-dev libsodium-dev libfmt-dev libcli11-dev nlohmann-json3-dev libyaml-cpp-dev
-  libgtest-dev libgmock-dev libbenchmark-dev libmpfr-dev libgmp-dev libopenblas-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libmpfr-dev libgmp-dev libopenblas-dev libdnnl-dev
   libcurl4-openssl-dev libopenmpi-dev openmpi-bin openssh-client libsentencepiece-dev libpcre2-dev chromium
   pocl-opencl-icd ocl-icd-opencl-dev opencl-headers clinfo clang-15 libclc-15
   iproute2 procps clang-format universal-ctags

@@ -17,15 +17,21 @@
 #include <vector>
 
 #include "lockstep/core.h"
+#include "lockstep/tensor.h"
 
 namespace lockstep {
 
-// ---- safetensors (Hugging Face format, F32 only) ---------------------------------------------
+// ---- safetensors (Hugging Face format) -------------------------------------------------------
+// A tensor of a safetensors file, in any dtype of lockstep/tensor.h (written and read under its
+// safetensors name: F32, U32, F64, I8, I32, BF16).
 struct NamedTensor {
   std::string name;
   std::vector<int64_t> shape;
-  std::span<const float> data;
+  TensorView data;
 };
+// Which dtypes a reader accepts: F32 alone (checkpoints, forward outputs), or every dtype of
+// lockstep/tensor.h (trace dumps).
+enum class SafetensorsDtypes { kF32, kAny };
 
 // Writes `tensors` (data laid out in the given order) and `metadata` (the "__metadata__" entry,
 // omitted when empty) as the file at `path`, replaced whole (a StagedFile). The bytes are a pure
@@ -53,7 +59,8 @@ class SafetensorsFile {
   const NamedTensor& Get(std::string_view name) const;
 
  private:
-  friend SafetensorsFile ParseSafetensors(std::vector<uint8_t>, const std::filesystem::path&);
+  friend SafetensorsFile ParseSafetensors(std::vector<uint8_t>, const std::filesystem::path&,
+                                          SafetensorsDtypes);
   SafetensorsFile() = default;
 
   std::filesystem::path path_;
@@ -62,12 +69,15 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-// Reads and validates a file: header length within the file, JSON without duplicate keys,
-// dtype F32 only, shape × 4 == data size, offsets contiguous and covering the data exactly.
-// Every error names the file and the problem (tensor, field, value).
-SafetensorsFile ReadSafetensors(const std::filesystem::path& path);
+// Reads and validates a file: header length within the file, JSON without duplicate keys, each
+// dtype one `accept` allows, shape × element size == data size, offsets contiguous and covering
+// the data exactly, the header in lockstep's canonical form. Every error names the file and the
+// problem (tensor, field, value). Each tensor's data is aligned to its element size.
+SafetensorsFile ReadSafetensors(const std::filesystem::path& path,
+                                SafetensorsDtypes accept = SafetensorsDtypes::kF32);
 // The same on bytes already in memory; `path` only names the source in errors.
-SafetensorsFile ParseSafetensors(std::vector<uint8_t> bytes, const std::filesystem::path& path);
+SafetensorsFile ParseSafetensors(std::vector<uint8_t> bytes, const std::filesystem::path& path,
+                                 SafetensorsDtypes accept = SafetensorsDtypes::kF32);
 
 // ---- the state a training step leaves behind -------------------------------------------------
 struct SpikeState {
@@ -110,6 +120,7 @@ inline constexpr std::array<std::string_view, kStateArrayCount> kStateArrayNames
 struct TensorShape {
   std::string name;
   std::vector<int64_t> shape;
+  Dtype dtype = Dtype::kF32;  // its elements' (a parameter's state is f32)
 };
 
 // ---- the chained state hash (docs/formats/state-hash.md) -------------------------------------

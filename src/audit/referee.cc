@@ -33,7 +33,15 @@ Digest DigestOf(const OpData& data, const OpTensorDigest& t) {
 // --dump-op). Every tensor of the dump, of either side, must be one of the record's, in the
 // record's dtype: a dump holds nothing the party did not commit to.
 OpData ReadDump(const fs::path& path, std::string_view side, const TraceRecord& record) {
-  const SafetensorsFile file = ReadSafetensors(path);
+  const SafetensorsFile file = ReadSafetensors(path, SafetensorsDtypes::kAny);
+  for (const auto& [key, value] : file.metadata()) {
+    if (key.starts_with("dtype.")) {
+      Fail(
+          "{}: __metadata__ has '{}': a dump of an earlier lockstep, which stored every tensor "
+          "as F32 words; make the dump again with this build's trace --dump-op",
+          path.string(), key);
+    }
+  }
   const auto index = file.metadata().find("index");
   if (index == file.metadata().end() || index->second != std::to_string(record.index)) {
     Fail("{}: the dump of op {}, not of --op {}", path.string(),
@@ -57,20 +65,12 @@ OpData ReadDump(const fs::path& path, std::string_view side, const TraceRecord& 
           "tensors",
           path.string(), t.name, record.index, input ? "inputs" : "outputs", roles);
     }
-    const auto dtype = file.metadata().find("dtype." + t.name);
-    if (dtype == file.metadata().end()) {
-      Fail("{}: tensor '{}' has no dtype.{} in __metadata__", path.string(), t.name, t.name);
-    }
-    // The tensor's bytes, stored as F32 words (trace --dump-op), read in its dtype.
-    const DtypeInfo* info = FindDtype(dtype->second);
-    if (info == nullptr || info->dtype != it->dtype ||
-        t.data.size_bytes() % static_cast<size_t>(info->size) != 0) {
-      Fail("{}: tensor '{}': dtype '{}' with {} words (the record's is {})", path.string(), t.name,
-           dtype->second, t.data.size(), DtypeName(it->dtype));
+    if (t.data.dtype() != it->dtype) {
+      Fail("{}: tensor '{}' is {} (the record's is {})", path.string(), t.name,
+           InfoOf(t.data.dtype()).safetensors, DtypeName(it->dtype));
     }
     if (!t.name.starts_with(std::string(side) + ".")) continue;
-    data.tensors[role] = HostTensor::Copy(TensorView(
-        info->dtype, t.data.data(), static_cast<int64_t>(t.data.size_bytes()) / info->size));
+    data.tensors[role] = HostTensor::Copy(t.data);
   }
   return data;
 }

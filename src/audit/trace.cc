@@ -6,7 +6,6 @@
 #include <bit>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "lockstep/audit.h"
@@ -48,24 +47,11 @@ Json TensorJson(std::string_view role, TensorView t) {
               {"blake2b", ToHex(Blake2b().Update(t.bytes()).Final())}};
 }
 
-// A dumped tensor: its bytes as F32 words (a U32 id or half an F64 value per word), named
-// "input.<role>" or "output.<role>"; the metadata gives the real dtype.
+// A dumped tensor, "input.<role>" or "output.<role>", in its own dtype.
 struct DumpTensor {
   std::string name;
-  Dtype dtype;
-  std::vector<float> words;
+  HostTensor tensor;
 };
-
-DumpTensor Dumped(std::string name, TensorView t) {
-  const std::span<const std::byte> bytes = t.bytes();
-  if (bytes.size() % sizeof(float) != 0) {
-    Fail("trace --dump-op: tensor '{}' is {} ({} bytes), and a dump holds 4-byte words only", name,
-         DtypeName(t.dtype()), bytes.size());
-  }
-  DumpTensor d{std::move(name), t.dtype(), std::vector<float>(bytes.size() / sizeof(float))};
-  if (!bytes.empty()) std::memcpy(d.words.data(), bytes.data(), bytes.size());
-  return d;
-}
 
 class TraceRecorder final : public OpObserver {
  public:
@@ -96,7 +82,7 @@ class TraceRecorder final : public OpObserver {
       Dump& dump = dumps_[index_];
       dump.op = op;
       for (const OpTensor& t : inputs) {
-        dump.tensors.push_back(Dumped("input." + std::string(t.role), t.view));
+        dump.tensors.push_back({"input." + std::string(t.role), HostTensor::Copy(t.view)});
       }
     }
   }
@@ -108,7 +94,7 @@ class TraceRecorder final : public OpObserver {
     if (dump_ops_.contains(index_)) {
       Dump& dump = dumps_[index_];
       for (const OpOutput& t : outputs) {
-        dump.tensors.push_back(Dumped("output." + std::string(t.role), t.view));
+        dump.tensors.push_back({"output." + std::string(t.role), HostTensor::Copy(t.view)});
       }
     }
     const std::string line = record_.dump();
@@ -265,8 +251,7 @@ Trace WriteTrace(const TraceOptions& o) {
     std::map<std::string, std::string> metadata = {
         {"op", dump->second.op}, {"index", std::to_string(k)}, {"step", std::to_string(o.step)}};
     for (const DumpTensor& t : dump->second.tensors) {
-      tensors.push_back({t.name, {static_cast<int64_t>(t.words.size())}, t.words});
-      metadata["dtype." + t.name] = DtypeName(t.dtype);
+      tensors.push_back({t.name, {t.tensor.elements()}, t.tensor.view()});
     }
     WriteSafetensors(o.out / fmt::format("op_{}.safetensors", k), tensors, metadata);
   }

@@ -629,7 +629,8 @@ Checkpoint ReadCheckpoint(const fs::path& dir, FileDigests digests) {
     t.shape = m.tensors[i].shape;
     for (int a = 0; a < kStateArrayCount; ++a) {
       if (files[kArrayPlaces[a].file] == nullptr) continue;
-      t.*kStateArrays[a] = files[kArrayPlaces[a].file]->tensors()[m.position[i][a]].data;
+      t.*kStateArrays[a] =
+          files[kArrayPlaces[a].file]->tensors()[m.position[i][a]].data.As<float>();
     }
     t.grad_digest = meta.grad_digests[i];
   }

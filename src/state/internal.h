@@ -44,6 +44,7 @@ Digest CheckedGradDigest(const TensorState& tensor, const Digest& of_elements);
 struct SafetensorsEntry {
   std::string name;
   std::vector<int64_t> shape;
+  Dtype dtype = Dtype::kF32;
   uint64_t begin = 0, end = 0;  // data_offsets: bytes from the start of the data section
 };
 
@@ -57,11 +58,13 @@ struct SafetensorsHeader {
 // min(8, file_size) bytes), checked against the file's size and the format's limit.
 uint64_t SafetensorsHeaderLength(std::span<const uint8_t> first_bytes, uint64_t file_size,
                                  const std::filesystem::path& path);
-// Validates the header JSON against a data section of `data_size` bytes: dtype F32 only,
-// shape × 4 == span, offsets contiguous and covering the data exactly, __metadata__ strings.
-// The one validation behind ParseSafetensors and ReadSafetensorsHeader.
+// Validates the header JSON against a data section of `data_size` bytes: each dtype one
+// `accept` allows, shape × element size == span, offsets contiguous and covering the data
+// exactly, __metadata__ strings, the canonical form. The one validation behind
+// ParseSafetensors and ReadSafetensorsHeader.
 SafetensorsHeader ParseSafetensorsHeader(std::string_view json, uint64_t data_size,
-                                         const std::filesystem::path& path);
+                                         const std::filesystem::path& path,
+                                         SafetensorsDtypes accept = SafetensorsDtypes::kF32);
 // Reads and validates the header of `file`, whose size is `file_size`, without reading data.
 SafetensorsHeader ReadSafetensorsHeader(const File& file, uint64_t file_size);
 // The bytes in front of the data: the 8-byte length and the canonical JSON header (sorted keys,

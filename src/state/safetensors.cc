@@ -1,5 +1,5 @@
 // safetensors (https://huggingface.co/docs/safetensors): an 8-byte little-endian header length
-// N, N bytes of JSON header, then the tensors' bytes. lockstep writes and reads F32 only.
+// N, N bytes of JSON header, then the tensors' bytes, in the dtypes of lockstep/tensor.h.
 #include <fmt/ranges.h>
 
 #include <algorithm>
@@ -32,19 +32,19 @@ std::vector<uint8_t> Serialize(std::span<const NamedTensor> tensors,
   for (const NamedTensor& t : tensors) {
     const std::string tensor_what = fmt::format("{}: tensor '{}'", what, t.name);
     const uint64_t count = state_internal::ElementCount(t.shape, tensor_what);
-    if (count != t.data.size()) {
+    if (count != static_cast<uint64_t>(t.data.elements())) {
       Fail("{}: shape [{}] has {} elements but the data has {}", tensor_what,
-           fmt::join(t.shape, ", "), count, t.data.size());
+           fmt::join(t.shape, ", "), count, t.data.elements());
     }
-    shapes.push_back({t.name, t.shape});
-    data_size += t.data.size_bytes();
+    shapes.push_back({t.name, t.shape, t.data.dtype()});
+    data_size += t.data.bytes().size();
   }
   const std::string header = state_internal::SafetensorsHeaderBytes(shapes, metadata, what);
   std::vector<uint8_t> bytes(header.begin(), header.end());
   bytes.reserve(header.size() + data_size);
   for (const NamedTensor& t : tensors) {
-    const auto* data = reinterpret_cast<const uint8_t*>(t.data.data());
-    bytes.insert(bytes.end(), data, data + t.data.size_bytes());
+    const auto* data = reinterpret_cast<const uint8_t*>(t.data.bytes().data());
+    bytes.insert(bytes.end(), data, data + t.data.bytes().size());
   }
   return bytes;
 }
@@ -66,16 +66,27 @@ std::map<std::string, std::string> ParseMetadata(const Json& value, std::string_
 
 // One header entry, validated on its own; the offsets are checked together afterwards.
 SafetensorsEntry ParseEntry(const std::string& name, const Json& info, uint64_t data_size,
-                            std::string_view file) {
+                            std::string_view file, SafetensorsDtypes accept) {
   const std::string what = fmt::format("{}: tensor '{}'", file, name);
   if (name.empty()) Fail("{}: a tensor has an empty name", file);
   RequireKeys(info, {"dtype", "shape", "data_offsets"}, what);
-  if (info["dtype"] != "F32") {
-    Fail("{}: dtype {} is not supported (lockstep reads F32 only)", what, ShownJson(info["dtype"]));
+  const Json& dtype_name = info["dtype"];
+  const auto info_of = std::ranges::find_if(Dtypes(), [&](const DtypeInfo& d) {
+    return dtype_name.is_string() && dtype_name.get_ref<const std::string&>() == d.safetensors;
+  });
+  if (accept == SafetensorsDtypes::kF32 && dtype_name != "F32") {
+    Fail("{}: dtype {} is not supported (lockstep reads F32 only here)", what,
+         ShownJson(dtype_name));
+  }
+  if (info_of == Dtypes().end()) {
+    std::vector<std::string_view> names;
+    for (const DtypeInfo& d : Dtypes()) names.push_back(d.safetensors);
+    Fail("{}: dtype {} is not supported (lockstep reads {})", what, ShownJson(dtype_name),
+         fmt::join(names, ", "));
   }
   const Json& shape = info["shape"];
   if (!shape.is_array()) Fail("{}: shape must be an array, got {}", what, ShownJson(shape));
-  SafetensorsEntry entry{.name = name, .shape = {}, .begin = 0, .end = 0};
+  SafetensorsEntry entry{.name = name, .shape = {}, .dtype = info_of->dtype, .begin = 0, .end = 0};
   for (const Json& dim : shape) {
     const uint64_t d = AsU64(dim, what + ": shape entry");
     if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
@@ -94,9 +105,12 @@ SafetensorsEntry ParseEntry(const std::string& name, const Json& info, uint64_t 
          entry.begin, entry.end, data_size);
   }
   const uint64_t count = state_internal::ElementCount(entry.shape, what);
-  if (count * 4 != entry.end - entry.begin) {
-    Fail("{}: shape [{}] needs {} bytes but data_offsets [{}, {}] span {}", what,
-         fmt::join(entry.shape, ", "), count * 4, entry.begin, entry.end, entry.end - entry.begin);
+  const auto size = static_cast<uint64_t>(info_of->size);
+  if (count > std::numeric_limits<uint64_t>::max() / size ||
+      count * size != entry.end - entry.begin) {
+    Fail("{}: shape [{}] needs {} bytes of {} but data_offsets [{}, {}] span {}", what,
+         fmt::join(entry.shape, ", "), count * size, info_of->safetensors, entry.begin, entry.end,
+         entry.end - entry.begin);
   }
   return entry;
 }
@@ -114,37 +128,54 @@ void WriteSafetensors(const std::filesystem::path& path, std::span<const NamedTe
   staged.Commit();
 }
 
-SafetensorsFile ParseSafetensors(std::vector<uint8_t> bytes, const std::filesystem::path& path) {
+SafetensorsFile ParseSafetensors(std::vector<uint8_t> bytes, const std::filesystem::path& path,
+                                 SafetensorsDtypes accept) {
   const uint64_t header_size = state_internal::SafetensorsHeaderLength(
       std::span(bytes).first(std::min<size_t>(8, bytes.size())), bytes.size(), path);
   SafetensorsHeader header = state_internal::ParseSafetensorsHeader(
       std::string_view(reinterpret_cast<const char*>(bytes.data()) + 8, header_size),
-      bytes.size() - 8 - header_size, path);
+      bytes.size() - 8 - header_size, path, accept);
 
   SafetensorsFile result;
   result.path_ = path;
   result.metadata_ = std::move(header.metadata);
-  // Foreign writers need not pad the header: move the data to the buffer's (aligned) start so
-  // that it can be viewed as floats.
-  size_t data_start = header.data_start;
-  if (data_start % alignof(float) != 0) {
-    const size_t data_size = bytes.size() - data_start;
-    std::memmove(bytes.data(), bytes.data() + data_start, data_size);
-    bytes.resize(data_size);
-    data_start = 0;
+  // The data starts 8-aligned (the canonical header is padded to a multiple of 8), so every
+  // tensor of a file of 4-byte elements is aligned. A tensor after an odd-sized one (an i8
+  // tensor of odd length before an f32 one) is not: then each tensor is copied to an offset
+  // that is a multiple of 8.
+  std::vector<uint64_t> at;
+  const bool aligned = std::ranges::all_of(header.entries, [&](const SafetensorsEntry& e) {
+    return (header.data_start + e.begin) % static_cast<uint64_t>(InfoOf(e.dtype).size) == 0;
+  });
+  if (aligned) {
+    for (const SafetensorsEntry& e : header.entries) at.push_back(header.data_start + e.begin);
+    result.bytes_ = std::move(bytes);
+  } else {
+    uint64_t size = 0;
+    for (const SafetensorsEntry& e : header.entries) {
+      at.push_back((size + 7) / 8 * 8);
+      size = at.back() + (e.end - e.begin);
+    }
+    result.bytes_.resize(size);
+    for (size_t i = 0; i < header.entries.size(); ++i) {
+      const SafetensorsEntry& e = header.entries[i];
+      std::memcpy(result.bytes_.data() + at[i], bytes.data() + header.data_start + e.begin,
+                  e.end - e.begin);
+    }
   }
-  result.bytes_ = std::move(bytes);
-  const auto* data = reinterpret_cast<const float*>(result.bytes_.data() + data_start);
-  for (SafetensorsEntry& e : header.entries) {
-    result.tensors_.push_back({.name = std::move(e.name),
-                               .shape = std::move(e.shape),
-                               .data = std::span(data + e.begin / 4, (e.end - e.begin) / 4)});
+  for (size_t i = 0; i < header.entries.size(); ++i) {
+    SafetensorsEntry& e = header.entries[i];
+    const int64_t elements = static_cast<int64_t>(e.end - e.begin) / InfoOf(e.dtype).size;
+    result.tensors_.push_back(
+        {.name = std::move(e.name),
+         .shape = std::move(e.shape),
+         .data = TensorView(e.dtype, result.bytes_.data() + at[i], elements)});
   }
   return result;
 }
 
-SafetensorsFile ReadSafetensors(const std::filesystem::path& path) {
-  return ParseSafetensors(ReadFileBytes(path), path);
+SafetensorsFile ReadSafetensors(const std::filesystem::path& path, SafetensorsDtypes accept) {
+  return ParseSafetensors(ReadFileBytes(path), path, accept);
 }
 
 const NamedTensor& SafetensorsFile::Get(std::string_view name) const {
@@ -176,7 +207,8 @@ uint64_t SafetensorsHeaderLength(std::span<const uint8_t> first_bytes, uint64_t 
 }
 
 SafetensorsHeader ParseSafetensorsHeader(std::string_view json, uint64_t data_size,
-                                         const std::filesystem::path& path) {
+                                         const std::filesystem::path& path,
+                                         SafetensorsDtypes accept) {
   const std::string file = path.string();
   const Json header = ParseJsonStrict(json, file + ": header");
   if (!header.is_object())
@@ -187,7 +219,7 @@ SafetensorsHeader ParseSafetensorsHeader(std::string_view json, uint64_t data_si
     if (name == kMetadataKey) {
       result.metadata = ParseMetadata(info, file);
     } else {
-      result.entries.push_back(ParseEntry(name, info, data_size, file));
+      result.entries.push_back(ParseEntry(name, info, data_size, file, accept));
     }
   }
   // File order is data order; the name breaks ties between empty tensors.
@@ -210,7 +242,7 @@ SafetensorsHeader ParseSafetensorsHeader(std::string_view json, uint64_t data_si
   // One form only: the header bytes must be those lockstep writes for these tensors, so that
   // no two files with the same tensors differ (docs/formats/checkpoint.md, "Tensor files").
   std::vector<TensorShape> shapes;
-  for (const SafetensorsEntry& e : result.entries) shapes.push_back({e.name, e.shape});
+  for (const SafetensorsEntry& e : result.entries) shapes.push_back({e.name, e.shape, e.dtype});
   const std::string canonical = SafetensorsHeaderBytes(shapes, result.metadata, file);
   if (std::string_view(canonical).substr(8) != json) {
     Fail("{}: the header is not in canonical form (compact JSON, keys sorted by byte, "
@@ -243,9 +275,12 @@ std::string SafetensorsHeaderBytes(std::span<const TensorShape> tensors,
       Fail("{}: invalid tensor name '{}' (empty or reserved)", what, t.name);
     }
     if (!names.insert(t.name).second) Fail("{}: duplicate tensor name '{}'", what, t.name);
-    const uint64_t bytes = 4 * ElementCount(t.shape, fmt::format("{}: tensor '{}'", what, t.name));
-    header[t.name] = {
-        {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {data_size, data_size + bytes}}};
+    const DtypeInfo& info = InfoOf(t.dtype);
+    const uint64_t bytes = static_cast<uint64_t>(info.size) *
+                           ElementCount(t.shape, fmt::format("{}: tensor '{}'", what, t.name));
+    header[t.name] = {{"dtype", info.safetensors},
+                      {"shape", t.shape},
+                      {"data_offsets", {data_size, data_size + bytes}}};
     data_size += bytes;
   }
   if (!metadata.empty()) header[kMetadataKey] = metadata;

@@ -109,18 +109,15 @@ TEST_F(Dispute, AOneUlpFaultIsFoundAtItsStepAndOpAndTheHonestPartyWinsOnEitherSi
                std::to_string(k) + " --dump-a " + dump_b + " --dump-b " + dump_b);
   EXPECT_EQ(r.exit_code, 3) << "B's outputs revealed as A's: " << r.output;
 
-  // A dump holds only the record's tensors: one more output, or one more input in either dump
-  // (even with its dtype in the metadata), is refused naming the dump and the tensor, as is a
-  // tensor of neither side.
+  // A dump holds only the record's tensors: one more output, or one more input in either dump,
+  // is refused naming the dump and the tensor, as is a tensor of neither side.
   const auto with_extra = [&](const std::string& from, const std::string& name,
                               const std::string& to) {
-    const SafetensorsFile file = ReadSafetensors(from);
+    const SafetensorsFile file = ReadSafetensors(from, SafetensorsDtypes::kAny);
     std::vector<NamedTensor> tensors = file.tensors();
     const std::vector<float> extra = {1.0f, 2.0f};
     tensors.push_back({name, {2}, extra});
-    std::map<std::string, std::string> metadata = file.metadata();
-    metadata["dtype." + name] = "f32";
-    WriteSafetensors(to, tensors, metadata);
+    WriteSafetensors(to, tensors, file.metadata());
     return to;
   };
   const std::string referee = "referee --trace-a " + Path("TA1") + " --trace-b " + Path("TB1") +
@@ -137,14 +134,24 @@ TEST_F(Dispute, AOneUlpFaultIsFoundAtItsStepAndOpAndTheHonestPartyWinsOnEitherSi
           "A_in.st: tensor 'input.extra' is " + record + "inputs");
   refused(dump_a, with_extra(dump_b, "input.extra", Path("B_in.st")),
           "B_in.st: tensor 'input.extra' is " + record + "inputs");
-  // A tensor of the record in another dtype than the record's is refused too.
+  // A tensor of the record in another dtype than the record's (its bytes as u32, or as f32)
+  // is refused too, and so is a dump of an earlier build (every tensor as F32 words, the dtypes
+  // in the metadata).
   {
-    const SafetensorsFile file = ReadSafetensors(dump_a);
+    const SafetensorsFile file = ReadSafetensors(dump_a, SafetensorsDtypes::kAny);
+    std::vector<NamedTensor> tensors = file.tensors();
+    TensorView& first = tensors.front().data;
+    const Dtype other = first.dtype() == Dtype::kU32 ? Dtype::kF32 : Dtype::kU32;
+    ASSERT_EQ(InfoOf(first.dtype()).size, 4);
+    first = TensorView(other, first.data(), first.elements());
+    WriteSafetensors(Path("A_dtype.st"), tensors, file.metadata());
+    refused(Path("A_dtype.st"), dump_b,
+            "A_dtype.st: tensor '" + tensors.front().name + "' is " +
+                std::string(InfoOf(other).safetensors) + " (the record's is ");
     std::map<std::string, std::string> metadata = file.metadata();
-    const std::string first = file.tensors().front().name;
-    metadata["dtype." + first] = metadata["dtype." + first] == "u32" ? "f32" : "u32";
-    WriteSafetensors(Path("A_dtype.st"), file.tensors(), metadata);
-    refused(Path("A_dtype.st"), dump_b, "A_dtype.st: tensor '" + first + "': dtype '");
+    metadata["dtype." + tensors.front().name] = "f32";
+    WriteSafetensors(Path("A_old.st"), file.tensors(), metadata);
+    refused(Path("A_old.st"), dump_b, "a dump of an earlier lockstep");
   }
   r = Lockstep(referee + " --dump-a " + with_extra(dump_a, "notes", Path("A_notes.st")) +
                " --dump-b " + dump_b);
@@ -208,6 +215,45 @@ TEST_F(Dispute, ASparseChainIsBisectedInThreeQuestions) {
   // Without a way to ask, the answer is the interval the committed hashes allow.
   r = Lockstep("dispute steps " + Path("A") + " " + Path("B16_every8.jsonl"));
   EXPECT_EQ(Json::parse(r.output)["located"], false) << r.output;
+}
+
+// An int8 model's own ops (tiny-int8): the referee recomputes each, and a one-bit fault in an
+// int8 GEMM's output is found at that op and decided for the honest party.
+TEST_F(Dispute, TheInt8OpsAreRecomputedAndAFaultInOneIsDecided) {
+  Result r = Lockstep("train --config tiny-int8 --data " + Path("data") + " --out " + Path("I") +
+                      " --steps 2 --no-progress");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = Lockstep(TraceArgs("I", "TI", 2));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::map<std::string, int64_t> first;
+  std::ifstream in(dir_ / "TI/records.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const Json rec = Json::parse(line);
+    if (std::string(rec["op"]).find("quantize") != std::string::npos || rec["op"] == "gemm_i8_xwt")
+      first.try_emplace(rec["op"], rec["index"]);
+  }
+  ASSERT_EQ(first.size(), 3u) << "quantize_rows, gemm_i8_xwt and dequantize_rows";
+  std::string dumps;
+  for (const auto& [op, index] : first) dumps += " --dump-op " + std::to_string(index);
+  const int64_t k = first["gemm_i8_xwt"];
+  ASSERT_EQ(Lockstep(TraceArgs("I", "TIA", 2) + dumps).exit_code, 0);
+  ASSERT_EQ(Lockstep(TraceArgs("I", "TIB", 2) + dumps + " --test-fault-op 2:" + std::to_string(k))
+                .exit_code,
+            0);
+  for (const auto& [op, index] : first) {
+    const std::string dump = Path("TIA/op_" + std::to_string(index) + ".safetensors");
+    r = Lockstep("referee --trace-a " + Path("TIA") + " --trace-b " + Path("TI") + " --op " +
+                 std::to_string(index) + " --dump-a " + dump + " --dump-b " + dump);
+    EXPECT_EQ(r.exit_code, 4) << op << ": " << r.output;
+  }
+  r = Lockstep("dispute ops " + Path("TIA") + " " + Path("TIB"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(Json::parse(r.output)["index"], k) << r.output;
+  const std::string op = "/op_" + std::to_string(k) + ".safetensors";
+  r = Lockstep("referee --trace-a " + Path("TIB") + " --trace-b " + Path("TIA") + " --op " +
+               std::to_string(k) + " --dump-a " + Path("TIB") + op + " --dump-b " + Path("TIA") +
+               op);
+  EXPECT_EQ(r.exit_code, 1) << "party B (the honest one here) is right: " << r.output;
 }
 
 // The referee's recomputation of every kind of op a step has equals what the trainer computed:

@@ -465,11 +465,12 @@ TEST_F(E2e, ForwardWritesLogitsConsistentWithItsLoss) {
   ASSERT_EQ(loss.shape, (std::vector<int64_t>{positions}));
   // Each position's loss is log-sum-exp of its logits minus the next token's logit (fp64 here).
   for (int64_t t = 0; t < positions; ++t) {
-    const float* z = logits.data.data() + t * 512;
+    const float* z = logits.data.As<float>().data() + t * 512;
     double m = z[0], sum = 0;
     for (int v = 1; v < 512; ++v) m = std::max<double>(m, z[v]);
     for (int v = 0; v < 512; ++v) sum += std::exp(z[v] - m);
-    EXPECT_NEAR(loss.data[t], m + std::log(sum) - z[tokens[t + 1]], 1e-4) << "position " << t;
+    EXPECT_NEAR(loss.data.As<float>()[t], m + std::log(sum) - z[tokens[t + 1]], 1e-4)
+        << "position " << t;
   }
   const Result bad = Lockstep("forward --checkpoint " + (dir_ / "run").string() + " --tokens " +
                               (dir_ / "tokens.bin").string() + " --out " +

@@ -73,17 +73,23 @@ TEST(QuantizeRows, ASubnormalScaleIsClamped) {
 }
 
 // The int32 sum is exact at the largest k: k·127² < 2^31, with every product at its extreme.
+// Also where a variant's intermediate sums wrap: AVX3_DL's correction 128 · Σ x is
+// ±2,164,388,864 here, past int32, and must still give the exact sum.
 TEST(GemmI8XWt, TheSumIsExactAtTheLargestK) {
   const int64_t k = rk::kInt8MaxK;
-  const std::vector<int8_t> a(static_cast<size_t>(k), -127), b(static_cast<size_t>(k), -127);
+  const std::vector<int8_t> minus(static_cast<size_t>(k), -127), plus(static_cast<size_t>(k), 127);
   const std::vector<float> one = {1.0f};
   std::vector<float> y(1);
   const rk::Isa saved = rk::ActiveIsa();
   for (const rk::Isa& isa : rk::UsableIsas()) {
     rk::SetIsa(isa);
-    rk::GemmI8XWt(a, one, b, one, y, 1, 1, k);
-    // 133144 · 16129 = 2147479576, converted to float with round-to-nearest-even.
+    // ±133144 · 16129 = ±2147479576, converted to float with round-to-nearest-even.
+    rk::GemmI8XWt(minus, one, minus, one, y, 1, 1, k);
     EXPECT_EQ(y[0], static_cast<float>(int64_t{2147479576})) << isa.name;
+    rk::GemmI8XWt(plus, one, minus, one, y, 1, 1, k);
+    EXPECT_EQ(y[0], static_cast<float>(int64_t{-2147479576})) << isa.name;
+    rk::GemmI8XWt(minus, one, plus, one, y, 1, 1, k);
+    EXPECT_EQ(y[0], static_cast<float>(int64_t{-2147479576})) << isa.name;
   }
   rk::SetIsa(saved);
   std::vector<int8_t> longer(static_cast<size_t>(k + 1));
@@ -145,6 +151,23 @@ TEST(Int8, BitwiseInvariant) {
         return y;
       });
     }
+  }
+  // Shapes across the variants' register blocks, thread tasks and packed panels: rows past a
+  // multiple of 6 and of a task's 48, columns past a 64-column panel, k past a group of 2 or 4.
+  struct Shape {
+    int64_t m, n, k;
+  };
+  for (const Shape s : {Shape{50, 70, 129}, Shape{97, 130, 66}, Shape{7, 257, 1023},
+                        Shape{1, 1000, 3}, Shape{200, 5, 8}}) {
+    ExpectBitwiseInvariant(fmt::format("gemm_i8_xwt m={} n={} k={}", s.m, s.n, s.k), [&] {
+      std::vector<float> x = RandomFloats(s.m * s.k, s.k + s.m, -2, 2);
+      x[0] = kInf;  // row 0's scale is NaN
+      const Quantized a = Quantize(x, s.m, s.k);
+      const Quantized b = Quantize(RandomFloats(s.n * s.k, s.n + 1, -1, 1), s.n, s.k);
+      std::vector<float> y(static_cast<size_t>(s.m * s.n));
+      rk::GemmI8XWt(a.q, a.scale, b.q, b.scale, y, s.m, s.n, s.k);
+      return y;
+    });
   }
 }
 

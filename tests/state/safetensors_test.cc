@@ -50,14 +50,13 @@ TEST_F(SafetensorsTest, RoundTripKeepsOrderShapesBitsAndMetadata) {
     const NamedTensor& got = file.tensors()[i];
     EXPECT_EQ(got.name, tensors[i].name);
     EXPECT_EQ(got.shape, tensors[i].shape);
-    ASSERT_EQ(got.data.size(), tensors[i].data.size());
-    EXPECT_TRUE(std::equal(got.data.begin(), got.data.end(), tensors[i].data.begin(),
-                           [](float a, float b) {
-                             return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
-                           }))
+    EXPECT_EQ(got.data.dtype(), Dtype::kF32);
+    ASSERT_EQ(got.data.elements(), tensors[i].data.elements());
+    EXPECT_TRUE(std::ranges::equal(got.data.bytes(), tensors[i].data.bytes()))
         << got.name;  // (not memcmp: an empty tensor's data() may be null)
   }
-  EXPECT_EQ(std::bit_cast<uint32_t>(file.Get("z.weight").data[3]), 0x80000000u);  // -0.0 kept
+  EXPECT_EQ(std::bit_cast<uint32_t>(file.Get("z.weight").data.As<float>()[3]),
+            0x80000000u);  // -0.0 kept
   ExpectError([&] { file.Get("missing"); }, {path.string(), "missing"});
 }
 
@@ -113,6 +112,47 @@ TEST_F(SafetensorsTest, TruncatedOrMisSizedFilesNameTheFile) {
   ExpectParseError(longer, {"cover 28 bytes", "holds 32"});
 }
 
+// Every dtype of lockstep/tensor.h round-trips under its safetensors name for a reader that
+// accepts them all, each tensor aligned to its elements even after an odd-sized one; a reader of
+// F32 alone refuses the others, naming the tensor and the dtype.
+TEST_F(SafetensorsTest, EveryDtypeRoundTripsAlignedAndAnF32ReaderRefusesTheOthers) {
+  const std::vector<int8_t> i8 = {-127, 0, 5};  // 3 bytes: what follows starts unaligned
+  const std::vector<double> f64 = {1.0 / 3, -0.0};
+  const std::vector<uint32_t> u32 = {7, 0xffffffffu};
+  const std::vector<int32_t> i32 = {-(1 << 30), 3};
+  const std::vector<BFloat16> bf16 = {{0x3f80}, {0x7fc0}, {0x8000}};
+  const std::vector<float> f32 = {2.5f};
+  const std::vector<NamedTensor> tensors = {{"i8", {3}, i8},     {"f64", {2}, f64},
+                                            {"bf16", {3}, bf16}, {"u32", {2}, u32},
+                                            {"i32", {2}, i32},   {"f32", {1}, f32}};
+  const std::vector<uint8_t> bytes = SafetensorsBytes(tensors, {});
+  const std::string header(bytes.begin() + 8, bytes.end());
+  for (const char* name : {"\"I8\"", "\"F64\"", "\"BF16\"", "\"U32\"", "\"I32\"", "\"F32\""}) {
+    EXPECT_NE(header.find(name), std::string::npos) << name;
+  }
+  const SafetensorsFile file = ParseSafetensors(bytes, "any", SafetensorsDtypes::kAny);
+  for (const NamedTensor& want : tensors) {
+    const NamedTensor& got = file.Get(want.name);
+    EXPECT_EQ(got.data.dtype(), want.data.dtype()) << want.name;
+    EXPECT_EQ(got.shape, want.shape) << want.name;
+    EXPECT_TRUE(std::ranges::equal(got.data.bytes(), want.data.bytes())) << want.name;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(got.data.data()) %
+                  static_cast<uintptr_t>(InfoOf(got.data.dtype()).size),
+              0u)
+        << want.name;
+  }
+  EXPECT_EQ(file.Get("f64").data.As<double>()[0], 1.0 / 3);
+  ExpectError([&] { ParseSafetensors(bytes, "f32.safetensors"); },
+              {"f32.safetensors", "'bf16'", "dtype \"BF16\"", "F32 only"});
+  ExpectError(
+      [&] {
+        ParseSafetensors(
+            FileWithHeader(R"({"a":{"data_offsets":[0,4],"dtype":"F16","shape":[2]}})", 4), "f16",
+            SafetensorsDtypes::kAny);
+      },
+      {"'a'", "dtype \"F16\"", "BF16"});
+}
+
 TEST_F(SafetensorsTest, MalformedHeadersNameTheProblem) {
   ExpectParseError(FileWithHeader(R"({"a": {"dtype": "F32", )", 0), {"invalid JSON"});
   ExpectParseError(FileWithHeader("[1, 2]", 0), {"must be a JSON object"});
@@ -162,8 +202,8 @@ TEST_F(SafetensorsTest, OnlyTheCanonicalHeaderIsRead) {
   const std::string canonical = R"({"a":{"data_offsets":[0,8],"dtype":"F32","shape":[2]}})";
   const SafetensorsFile file =
       ParseSafetensors(file_with(canonical + std::string(56 - canonical.size(), ' ')), "ok");
-  ASSERT_EQ(file.Get("a").data.size(), 2u);
-  EXPECT_EQ(file.Get("a").data[1], -7.0f);
+  ASSERT_EQ(file.Get("a").data.elements(), 2);
+  EXPECT_EQ(file.Get("a").data.As<float>()[1], -7.0f);
   for (const std::string& foreign :
        {std::string(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})"),  // key order
         canonical,                                                                   // unpadded
