@@ -370,7 +370,8 @@ void LayerForward(const OpHooks& obs, const ModelConfig& c, int64_t l, int64_t n
   ops::RmsNormFwd(obs, l, b.x_mid, w[kFfnNorm], eps, b.h2, b.ffn_rstd, n, d);
   input(b.h2, d).Apply(w[kWGateUp], b.gu, 2 * f);  // gu[N, 2F]: gate | up
   ops::SwigluFwd(obs, l, b.gu, b.act, n, f);       // act[N, F]
-  if (!output) return;  // a recomputation: the backward reads no further
+  // A recomputation stops here: the backward reads no further.
+  if (!output) return;
   input(b.act, f).Apply(w[kWDown], b.x_out, d);  // x_out[N, d]
   ops::AddInto(obs, l, b.x_mid, b.x_out);
 }
