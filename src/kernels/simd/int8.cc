@@ -70,27 +70,23 @@ void QuantizeRows(const float* x, int8_t* q, float* scale, int64_t rows, int64_t
 constexpr int64_t kGroup = 4;
 using PackedW = uint8_t;  // w + 128
 using PackedX = int8_t;
-constexpr int64_t kMr = 6, kNr = 2;
 // Highway 1.0.3 compiles AVX3_DL without AVX512-VNNI (its target string names "avxvnni", the VEX
 // form), though it dispatches there only on CPUs that have it: the kernel adds it.
 #define LOCKSTEP_INT8_TILE __attribute__((target(HWY_TARGET_STR ",avx512vnni")))
-#elif HWY_TARGET == HWY_AVX3
+#else
 constexpr int64_t kGroup = 2;
 using PackedW = int16_t;
 using PackedX = int16_t;
-constexpr int64_t kMr = 6, kNr = 2;
-#else  // AVX2: 16 registers
-constexpr int64_t kGroup = 2;
-using PackedW = int16_t;
-using PackedX = int16_t;
-constexpr int64_t kMr = 6, kNr = 2;
 #endif
 #ifndef LOCKSTEP_INT8_TILE
 #define LOCKSTEP_INT8_TILE
 #endif
 static_assert(kGroup * sizeof(PackedW) == 4 && kGroup * sizeof(PackedX) == 4);
+// Six rows by two vectors of sums: 12 registers, which AVX2 has beside the operands (more sums,
+// on AVX-512, made GCC 12 keep them in memory).
+constexpr int64_t kMr = 6, kNr = 2;
 constexpr int64_t kRowsPerTask = 8 * kMr;
-constexpr int64_t kKcGroups = 64;  // k in blocks of 64 groups: 16 KiB of a 4-vector panel
+constexpr int64_t kKcGroups = 64;  // k in blocks of 64 groups: 8 KiB of an AVX-512 panel
 
 using D32 = hn::ScalableTag<int32_t>;
 using V32 = hn::Vec<D32>;
@@ -118,14 +114,13 @@ HWY_INLINE int32_t GroupOf(const PackedX* x) {
 // kept in memory through the loop.
 LOCKSTEP_INT8_TILE HWY_INLINE void Accumulate(const PackedX* const* x, const PackedW* w,
                                               int64_t groups, int32_t* sums) {
+  static_assert(kMr == 6 && kNr == 2, "Accumulate is written for six rows of two vectors");
   const D32 d;
   const auto lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t stride = kNr * lanes;
-#define LOCKSTEP_ACC_ROW(i)                                                         \
-  V32 a##i##0 = hn::Load(d, sums + i * stride);                                     \
-  V32 a##i##1 = hn::Load(d, sums + i * stride + lanes);                             \
-  V32 a##i##2 = kNr < 3 ? hn::Zero(d) : hn::Load(d, sums + i * stride + 2 * lanes); \
-  V32 a##i##3 = kNr < 4 ? hn::Zero(d) : hn::Load(d, sums + i * stride + 3 * lanes);
+#define LOCKSTEP_ACC_ROW(i)                     \
+  V32 a##i##0 = hn::Load(d, sums + i * stride); \
+  V32 a##i##1 = hn::Load(d, sums + i * stride + lanes);
   LOCKSTEP_ACC_ROW(0)
   LOCKSTEP_ACC_ROW(1)
   LOCKSTEP_ACC_ROW(2)
@@ -139,15 +134,11 @@ LOCKSTEP_INT8_TILE HWY_INLINE void Accumulate(const PackedX* const* x, const Pac
   for (int64_t g = 0; g < groups; ++g, w += stride * kGroup) {
     const V32 w0 = hn::BitCast(d, hn::Load(dw, w));
     const V32 w1 = hn::BitCast(d, hn::Load(dw, w + lanes * kGroup));
-    const V32 w2 = kNr < 3 ? w0 : hn::BitCast(d, hn::Load(dw, w + 2 * lanes * kGroup));
-    const V32 w3 = kNr < 4 ? w0 : hn::BitCast(d, hn::Load(dw, w + 3 * lanes * kGroup));
-#define LOCKSTEP_ACC_STEP(i)                                     \
-  {                                                              \
-    const V32 xv = hn::Set(d, GroupOf(x##i + g * kGroup));       \
-    a##i##0 = GroupStep(a##i##0, w0, xv);                        \
-    a##i##1 = GroupStep(a##i##1, w1, xv);                        \
-    if constexpr (kNr > 2) a##i##2 = GroupStep(a##i##2, w2, xv); \
-    if constexpr (kNr > 3) a##i##3 = GroupStep(a##i##3, w3, xv); \
+#define LOCKSTEP_ACC_STEP(i)                               \
+  {                                                        \
+    const V32 xv = hn::Set(d, GroupOf(x##i + g * kGroup)); \
+    a##i##0 = GroupStep(a##i##0, w0, xv);                  \
+    a##i##1 = GroupStep(a##i##1, w1, xv);                  \
   }
     LOCKSTEP_ACC_STEP(0)
     LOCKSTEP_ACC_STEP(1)
@@ -157,11 +148,9 @@ LOCKSTEP_INT8_TILE HWY_INLINE void Accumulate(const PackedX* const* x, const Pac
     LOCKSTEP_ACC_STEP(5)
 #undef LOCKSTEP_ACC_STEP
   }
-#define LOCKSTEP_ACC_STORE(i)                                                  \
-  hn::Store(a##i##0, d, sums + i * stride);                                    \
-  hn::Store(a##i##1, d, sums + i * stride + lanes);                            \
-  if constexpr (kNr > 2) hn::Store(a##i##2, d, sums + i * stride + 2 * lanes); \
-  if constexpr (kNr > 3) hn::Store(a##i##3, d, sums + i * stride + 3 * lanes);
+#define LOCKSTEP_ACC_STORE(i)               \
+  hn::Store(a##i##0, d, sums + i * stride); \
+  hn::Store(a##i##1, d, sums + i * stride + lanes);
   LOCKSTEP_ACC_STORE(0)
   LOCKSTEP_ACC_STORE(1)
   LOCKSTEP_ACC_STORE(2)
@@ -177,7 +166,6 @@ LOCKSTEP_INT8_TILE HWY_INLINE void Accumulate(const PackedX* const* x, const Pac
 LOCKSTEP_INT8_TILE void Task(const PackedX* xp, int64_t kp, const int32_t* row_fix, const float* sx,
                              const PackedW* panel, const float* sw, float* y, int64_t i_begin,
                              int64_t i_end, int64_t j0, int64_t n) {
-  static_assert(kMr == 6, "Accumulate is written for six rows");
   const D32 d;
   const hn::RebindToFloat<D32> df;
   const auto lanes = static_cast<int64_t>(hn::Lanes(d));
