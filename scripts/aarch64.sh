@@ -3,7 +3,8 @@
 # g++-aarch64-linux-gnu and arm64 libraries, without MPI or the tests) into build-aarch64, then
 # under qemu-aarch64 runs the selftest and trains `tiny` 20 steps at 1 and 2 threads with the
 # NEON variant; each run must give the pinned golden chain (tests/fixtures/tiny_chain.jsonl) that
-# x86-64 gives. Needs root for the packages (it adds arm64 ones beside the native ones and removes
+# x86-64 gives. Then `tiny-int8` (int8 linears) 10 steps under qemu must give the chain this
+# machine's own build (LOCKSTEP, default build/lockstep) gives. Needs root for the packages (it adds arm64 ones beside the native ones and removes
 # nothing); slow (qemu: about 4 s per step at one thread).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +15,7 @@ fi
 install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null; }
 install g++-aarch64-linux-gnu qemu-user libc6-dev:arm64 libhwy-dev:arm64 libsleef-dev:arm64 \
   libsodium-dev:arm64 libpcre2-dev:arm64 libfmt-dev:arm64 libcurl4-openssl-dev:arm64 \
-  nlohmann-json3-dev libcli11-dev
+  ocl-icd-opencl-dev:arm64 opencl-headers nlohmann-json3-dev libcli11-dev
 # yaml-cpp's and SentencePiece's packages are not co-installable across architectures: installing
 # the arm64 ones would remove the native ones. They are unpacked instead into a private sysroot
 # (build-aarch64/sysroot), which the toolchain file searches and qemu's loader is pointed at, and
@@ -61,3 +62,15 @@ for threads in 1 2; do
     exit 1
   fi
 done
+# The int8 linears on NEON against this machine's build.
+native=${LOCKSTEP:-build/lockstep}
+run train --config tiny-int8 --data "$tmp/data" --out "$tmp/int8-arm" --steps 10 --no-progress \
+  >/dev/null 2>&1
+"$native" train --config tiny-int8 --data "$tmp/data" --out "$tmp/int8-native" --steps 10 \
+  --no-progress >/dev/null 2>&1
+if cmp -s "$tmp/int8-arm/state_hashes.jsonl" "$tmp/int8-native/state_hashes.jsonl"; then
+  echo "aarch64 (qemu): tiny-int8 chain = this machine's ($("$native" --version | grep '^active variant'))"
+else
+  echo "aarch64 (qemu): tiny-int8 chain DIFFERS from this machine's" >&2
+  exit 1
+fi

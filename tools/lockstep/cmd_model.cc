@@ -57,8 +57,7 @@ void AddModelCommands(CLI::App& app, int* exit_code) {
   CLI::App* describe = model->add_subcommand(
       "describe", "print every parameter's name, shape and element count, and the totals");
   auto config = std::make_shared<std::string>();
-  describe->add_option("--config", *config, "embedded config name or path to a .yaml file")
-      ->required();
+  describe->add_option("--config", *config, ConfigHelp())->required();
   describe->final_callback([config, exit_code] { *exit_code = Describe(*config); });
 }
 

@@ -28,9 +28,7 @@ void AddReplayCommand(CLI::App& app, int* exit_code) {
       "expected=... MATCH=True|False|None' on stderr. Exit 0 on a match or with no target, 1 on "
       "a mismatch, 2 on bad input");
   cmd->add_flag("--from-init", o.from_init, "replay the init unit (step 0)");
-  cmd->add_option("--config", o.config,
-                  "init unit: embedded config name (tiny, smoke, bench-8x512, open-100m, "
-                  "open-1b) or a YAML file");
+  cmd->add_option("--config", o.config, "init unit: " + ConfigHelp());
   auto* seed = AddUnsignedOption(cmd, "--seed", &f->seed, UINT64_MAX,
                                  "init unit: overrides the config's train.seed");
   cmd->add_option("--checkpoint", o.checkpoint,

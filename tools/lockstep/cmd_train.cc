@@ -16,10 +16,7 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
       "`mpirun -np N` (or srun) N processes train together with the same bits as one "
       "(docs/distributed.md); N must divide the config's train.grad_groups. Exit 0 when done, 1 "
       "when the spike protocol halted the run, 2 on bad input, 3 when a rank died or hung");
-  cmd->add_option("--config", options->config,
-                  "embedded config name (tiny, smoke, bench-8x512, open-100m, open-1b) or a YAML "
-                  "file")
-      ->capture_default_str();
+  cmd->add_option("--config", options->config, ConfigHelp())->capture_default_str();
   cmd->add_option("--data", options->data_dir, "dataset directory (lockstep data synth|tokenize)")
       ->required();
   cmd->add_option("--out", options->run_dir, "run directory")

@@ -48,7 +48,10 @@ std::unique_ptr<OpExecutor> MakeExecutor(const std::string& flag, std::string* n
 void RequireDecimalNumbers(CLI::App& app);
 void AddRecomputeOption(CLI::App* cmd, Model::Activations* activations);
 
-// options.cc: an unsigned integer option parsed strictly (no sign, no wrapping) within [0, max];
+// options.cc: the help of a --config option, "embedded config name (every embedded config) or a
+// YAML file".
+std::string ConfigHelp();
+// An unsigned integer option parsed strictly (no sign, no wrapping) within [0, max];
 // --test-fault-op STEP:K and --test-fault-token STEP:I into `faults`, and with `replica`
 // --test-corrupt-replica RANK:STEP.
 CLI::Option* AddUnsignedOption(CLI::App* cmd, const std::string& name, uint64_t* value,

@@ -1,11 +1,14 @@
-// Options several commands share: unsigned integers with their ranges, and the test-only fault
-// flags of `train`, `replay` and `trace` (docs/disputes.md, "Faults to test with"), which are
-// flags, never environment variables: what changes a run's bits is on its command line.
+// Options several commands share: --config's help, unsigned integers with their ranges, and the
+// test-only fault flags of `train`, `replay` and `trace` (docs/disputes.md, "Faults to test
+// with"), which are flags, never environment variables: what changes a run's bits is on its
+// command line.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "lockstep/core.h"
 #include "tools/lockstep/commands.h"
@@ -67,6 +70,14 @@ std::pair<uint64_t, uint64_t> ParsePair(const std::string& text, const std::stri
 }
 
 }  // namespace
+
+std::string ConfigHelp() {
+  std::vector<std::string> sorted = EmbeddedConfigNames();
+  std::sort(sorted.begin(), sorted.end());
+  std::string names;
+  for (const std::string& name : sorted) names += (names.empty() ? "" : ", ") + name;
+  return "embedded config name (" + names + ") or a YAML file";
+}
 
 CLI::Option* AddUnsignedOption(CLI::App* cmd, const std::string& name, uint64_t* value,
                                uint64_t max, const std::string& help) {

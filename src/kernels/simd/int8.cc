@@ -222,7 +222,7 @@ void GemmI8XWt(const int8_t* qx, const float* sx, const int8_t* qw, const float*
   // and k's padding are 0 (with VNNI stored as 0 + 128).
   ParallelFor(panels * panel_cols, [&](int64_t j) {
     PackedW* out = wp + j / panel_cols * panel_elems + j % panel_cols * kGroup;
-    const int8_t* row = qw + j * k;
+    const int8_t* row = qw + std::min(j, n - 1) * k;  // (a column past n reads nothing)
     int64_t g = 0;
     for (; j < n && (g + 1) * kGroup <= k; ++g, out += panel_cols * kGroup) {  // whole groups
 #if HWY_TARGET == HWY_AVX3_DL
@@ -247,7 +247,9 @@ void GemmI8XWt(const int8_t* qx, const float* sx, const int8_t* qw, const float*
   // X, row by row, padded with zeros to kp (with VNNI and k a multiple of 4, qx as it is); with
   // VNNI, each row's 128·Σ x (wrapping like the sums).
   const PackedX* x_rows = xp;
-  if (HWY_TARGET == HWY_AVX3_DL && kp == k) x_rows = reinterpret_cast<const PackedX*>(qx);
+#if HWY_TARGET == HWY_AVX3_DL
+  if (kp == k) x_rows = qx;
+#endif
   ParallelFor(m, [&](int64_t i) {
     const int8_t* row = qx + i * k;
     uint32_t sum = 0;
