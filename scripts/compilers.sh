@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The numerics contract across compilers: builds the lockstep binary with Clang (build-clang,
 # -Wall -Wextra -Werror: every source of the library and the CLI) beside the GCC build (build),
-# trains `tiny` 20 steps with each, and requires both chains to equal the pinned golden chain
-# (tests/fixtures/tiny_chain.jsonl) bit for bit, and each to generate, from GCC's step-20
+# trains `tiny` and `tiny-int8` 20 steps with each, and requires every chain to equal its pinned
+# golden chain (tests/fixtures/tiny_chain.jsonl, tiny_int8_chain.jsonl) bit for bit, and each to generate, from GCC's step-20
 # checkpoint with sampling, the same receipt byte for byte (docs/inference.md). Also runs Clang's selftest (every kernel on every
 # usable SIMD variant vs the reference), and compiles every test and benchmark source with Clang
 # and the same warnings as errors (-fsyntax-only: Clang's warnings come from its front end, and
@@ -37,14 +37,18 @@ trap 'rm -rf "$tmp"' EXIT
 build/lockstep data synth --out "$tmp/data" --seed 7 --tokens 200000 >/dev/null 2>&1
 status=0
 for compiler in build build-clang; do
-  "$compiler/lockstep" train --config tiny --data "$tmp/data" --out "$tmp/$compiler" --steps 20 \
-    --threads 2 --no-progress >/dev/null 2>&1
-  if cmp -s "$tmp/$compiler/state_hashes.jsonl" tests/fixtures/tiny_chain.jsonl; then
-    echo "$("$compiler/lockstep" --version | sed -n 3p): tiny chain = golden chain"
-  else
-    echo "$("$compiler/lockstep" --version | sed -n 3p): tiny chain DIFFERS from the golden chain" >&2
-    status=1
-  fi
+  for config in tiny tiny-int8; do
+    out="$tmp/$compiler"
+    [[ $config == tiny ]] || out="$tmp/$compiler-$config"
+    "$compiler/lockstep" train --config "$config" --data "$tmp/data" --out "$out" --steps 20 \
+      --threads 2 --no-progress >/dev/null 2>&1
+    if cmp -s "$out/state_hashes.jsonl" "tests/fixtures/${config//-/_}_chain.jsonl"; then
+      echo "$("$compiler/lockstep" --version | sed -n 3p): $config chain = golden chain"
+    else
+      echo "$("$compiler/lockstep" --version | sed -n 3p): $config chain DIFFERS from the golden chain" >&2
+      status=1
+    fi
+  done
 done
 # The same generation receipt from both builds (the checkpoint is GCC's; sampling on).
 checkpoint="$tmp/build/checkpoints/step_000000020"

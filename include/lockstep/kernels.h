@@ -84,6 +84,15 @@ void GemmI8XWt(std::span<const int8_t> qx, std::span<const float> sx, std::span<
 // exact, then one multiply rounded to nearest even).
 void DequantizeRows(std::span<const int8_t> q, std::span<const float> scale, std::span<float> y,
                     int64_t rows, int64_t cols);
+// The block of HadamardRows along a row of `length`: the largest of 64, 16, 4 and 1 dividing it
+// (a power of 4, so that the orthonormal factor 1/√block is a power of two).
+int64_t HadamardBlock(int64_t length);
+// Each row of x[rows, cols] (transpose = false: y[rows, cols], y may be x itself) or of xᵀ
+// (transpose = true: y[cols, rows], disjoint from x), rotated block by block by the orthonormal
+// Hadamard matrix of HadamardBlock(the row's length): the int8 backward's rotation along the
+// length its GEMM sums over (docs/numerics.md, "Int8").
+void HadamardRows(std::span<const float> x, std::span<float> y, int64_t rows, int64_t cols,
+                  bool transpose);
 
 // ---- row reductions (canonical lane rule) ---------------------------------------------------
 // out[r] for each row of x[rows, cols]: lane j (of kReductionLanes) accumulates elements
@@ -324,6 +333,7 @@ enum class Op : uint8_t {
   kQuantizeRows,
   kGemmI8XWt,
   kDequantizeRows,
+  kHadamardRows,
   kCount
 };
 

@@ -41,6 +41,9 @@ struct ModelConfig {
   double z_loss = 0;            // coefficient of lse²
   double init_std = 0.02;
   Linear linear = Linear::kFp32;  // optional in YAML (default fp32)
+  // With linear = int8: the backward's GEMMs int8 too, after a Hadamard rotation along the length
+  // they sum over (docs/model.md, "Linears"); optional in YAML (default false).
+  bool int8_backward = false;
 };
 
 struct TrainConfig {
@@ -319,11 +322,16 @@ class AttentionContext {
 };
 // The scratch of the int8 linears (model.linear = int8, docs/model.md "Linears") over up to
 // `rows` rows: an input's int8 rows and scales, a weight's, and for the backward the dequantized
-// operands it reads in place of the input and the weight.
+// operands it reads in place of the input and the weight (or the int8 backward's buffers).
 struct Int8Scratch {
   std::vector<int8_t> qx, qw;
   std::vector<float> sx, sw, x_hat, w_hat;
-  // Sized for `rows` rows of every linear of `config`; x_hat and w_hat only with `backward`.
+  // With model.int8_backward, in place of x_hat and w_hat: the backward GEMM's rotated operands
+  // (rot_a, rot_b), their quantized rows (qa, qb) and scales (sa, sb), and a product to add.
+  std::vector<float> rot_a, rot_b, sa, sb, sum;
+  std::vector<int8_t> qa, qb;
+  // Sized for `rows` rows of every linear of `config`; the backward's buffers only with
+  // `backward`.
   void Resize(const ModelConfig& config, int64_t rows, bool backward);
   static int64_t Bytes(const ModelConfig& config, int64_t rows, bool backward);
 };
@@ -442,18 +450,36 @@ class Model : private AttentionContext {
   // written through `access` (stored, or with accumulate added to the accumulated ones).
   void BackwardLayer(TensorAccess& access, int64_t l, std::span<const std::span<const float>> w,
                      bool accumulate);
-  // Gradient i = dyᵀ · x [out, in], stored or added to the accumulated one by the GEMM itself.
+  // The input gradient dx[rows, in] = dy[rows, out] · W of the linear with weight w[out, in]
+  // (docs/model.md, "Linears"), stored or with `add` added to dx.
+  void InputGrad(int64_t layer, std::span<const float> dy, std::span<const float> w,
+                 std::span<float> dx, int64_t out, int64_t in, bool add);
+  // Gradient i = dyᵀ · x [out, in] of a linear (x: the input, or the straight-through backward's
+  // operand in its place), stored or added to the accumulated one.
   void WeightGrad(TensorAccess& access, int64_t layer, size_t i, std::span<const float> dy,
                   std::span<const float> x, int64_t out, int64_t in, bool accumulate);
+  // Whether the backward multiplies by dequantized operands (model.linear = int8 without
+  // model.int8_backward).
+  bool SteOperands() const { return config_.linear == Linear::kInt8 && !config_.int8_backward; }
+  // Whether the linears' backward GEMMs are int8 (model.linear = int8 and model.int8_backward).
+  bool RotatedInt8Backward() const {
+    return config_.linear == Linear::kInt8 && config_.int8_backward;
+  }
+  // The straight-through backward's operand in place of x[rows, cols] (an input, or a weight
+  // with rows its outputs): the values x's quantized rows stand for, quantized into q and scale
+  // and dequantized into `into`.
+  std::span<const float> Dequantized(int64_t layer, std::span<const float> x, int64_t rows,
+                                     int64_t cols, std::span<int8_t> q, std::span<float> scale,
+                                     std::span<float> into);
+  // The int8 backward's GEMM: y[m, n] = A · Bᵀ (with `add`, added to y) for A[m, k] given as a
+  // (a[k, m] when a_transposed) and B[n, k] as b likewise: both rotated along k (HadamardRows),
+  // their rows quantized, the exact int8 GEMM.
+  void RotatedInt8Gemm(int64_t layer, std::span<const float> a, bool a_transposed,
+                       std::span<const float> b, bool b_transposed, std::span<float> y, int64_t m,
+                       int64_t n, int64_t k, bool add);
   // Gradient i of a norm gain from dgain_ (RmsNormBackward overwrites it there): copied, or
   // added to the accumulated one.
   void GainGrad(TensorAccess& access, int64_t layer, size_t i, bool accumulate);
-  // What a linear's backward reads in place of x[rows, cols] (an input, or a weight with rows
-  // its outputs): x itself with fp32 linears; with int8 the values x's quantized rows stand for
-  // (the straight-through estimator), quantized into q and scale and dequantized into `into`.
-  std::span<const float> LinearOperand(int64_t layer, std::span<const float> x, int64_t rows,
-                                       int64_t cols, std::span<int8_t> q, std::span<float> scale,
-                                       std::span<float> into);
   // Gradient i opened for a kernel that accumulates into it (the embedding's and the output
   // head's): zeroed first unless accumulate.
   std::span<float> ScatterGrad(TensorAccess& access, size_t i, bool accumulate);

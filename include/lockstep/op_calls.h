@@ -34,9 +34,7 @@ void GemmDyW(const OpHooks& hooks, int64_t layer, std::span<const float> dy,
 void GemmDytX(const OpHooks& hooks, int64_t layer, std::span<const float> dy,
               std::span<const float> x, std::span<float> dw, int64_t m, int64_t n, int64_t k,
               bool accumulate = false);
-// RoPE with `table` (made with rk::MakeRopeTable(table.seq, head_dim, theta)); `position`, the
-// first row's position (recorded when given), continues a sequence.
-// The exact int8 ops (rk::QuantizeRows, GemmI8XWt, DequantizeRows).
+// The int8 ops (rk::QuantizeRows, GemmI8XWt, DequantizeRows, HadamardRows).
 void QuantizeRows(const OpHooks& hooks, int64_t layer, std::span<const float> x,
                   std::span<int8_t> q, std::span<float> scale, int64_t rows, int64_t cols);
 void GemmI8XWt(const OpHooks& hooks, int64_t layer, std::span<const int8_t> qx,
@@ -44,6 +42,10 @@ void GemmI8XWt(const OpHooks& hooks, int64_t layer, std::span<const int8_t> qx,
                std::span<float> y, int64_t m, int64_t n, int64_t k);
 void DequantizeRows(const OpHooks& hooks, int64_t layer, std::span<const int8_t> q,
                     std::span<const float> scale, std::span<float> y, int64_t rows, int64_t cols);
+void HadamardRows(const OpHooks& hooks, int64_t layer, std::span<const float> x, std::span<float> y,
+                  int64_t rows, int64_t cols, bool transpose);
+// RoPE with `table` (made with rk::MakeRopeTable(table.seq, head_dim, theta)); `position`, the
+// first row's position (recorded when given), continues a sequence.
 void RopeFwd(const OpHooks& hooks, int64_t layer, const rk::RopeTable& table, float theta,
              std::span<const float> x, std::span<float> y, int64_t batch, int64_t seq,
              int64_t heads, int64_t head_dim, std::optional<int64_t> position = std::nullopt);

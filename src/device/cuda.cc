@@ -72,7 +72,7 @@ struct Driver {
   CUresult (*cuMemcpyHtoD_v2)(CUdeviceptr, const void*, size_t);
   CUresult (*cuMemcpyDtoH_v2)(void*, CUdeviceptr, size_t);
   CUresult (*cuMemcpyDtoD_v2)(CUdeviceptr, CUdeviceptr, size_t);
-  CUresult (*cuMemsetD32_v2)(CUdeviceptr, unsigned, size_t);
+  CUresult (*cuMemsetD8_v2)(CUdeviceptr, unsigned char, size_t);
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, CUstream, void**, void**);
 };
@@ -130,7 +130,7 @@ const Loaded& Load() {
     LOCKSTEP_RESOLVE(cuMemcpyHtoD_v2);
     LOCKSTEP_RESOLVE(cuMemcpyDtoH_v2);
     LOCKSTEP_RESOLVE(cuMemcpyDtoD_v2);
-    LOCKSTEP_RESOLVE(cuMemsetD32_v2);
+    LOCKSTEP_RESOLVE(cuMemsetD8_v2);
     LOCKSTEP_RESOLVE(cuLaunchKernel);
 #undef LOCKSTEP_RESOLVE
     if (!l.problem.empty()) return l;
@@ -239,7 +239,7 @@ class CudaRuntime final : public Runtime {
     Call(d_.cuMemcpyDtoH_v2(bytes.data(), buffer, bytes.size()), "cuMemcpyDtoH");
   }
   void FillZeros(Handle buffer, size_t bytes) override {
-    Call(d_.cuMemsetD32_v2(buffer, 0, bytes / sizeof(float)), "cuMemsetD32");
+    Call(d_.cuMemsetD8_v2(buffer, 0, bytes), "cuMemsetD8");  // any size: int8 tensors too
   }
   void Copy(Handle from, Handle to, size_t bytes) override {
     Call(d_.cuMemcpyDtoD_v2(to, from, bytes), "cuMemcpyDtoD");

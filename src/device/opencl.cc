@@ -258,7 +258,7 @@ class OpenClRuntime final : public Runtime {
           "clEnqueueReadBuffer", info_);
   }
   void FillZeros(Handle buffer, size_t bytes) override {
-    const float zero = 0.0f;
+    const cl_uchar zero = 0;  // a one-byte pattern fills any size (int8 tensors too)
     Check(
         clEnqueueFillBuffer(queue_, Mem(buffer), &zero, sizeof zero, 0, bytes, 0, nullptr, nullptr),
         "clEnqueueFillBuffer", info_);

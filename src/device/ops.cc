@@ -413,6 +413,10 @@ class RuntimeDevice final : public Device {
   void RunRmsNormBwd(rk::Op op, Binding& io);
   void RunRope(rk::Op op, Binding& io);
   void RunEmbedding(rk::Op op, Binding& io);
+  void RunQuantizeRows(rk::Op op, Binding& io);
+  void RunGemmI8XWt(rk::Op op, Binding& io);
+  void RunDequantizeRows(rk::Op op, Binding& io);
+  void RunHadamardRows(rk::Op op, Binding& io);
 
   bool InKeptRegion(Bytes data) const {
     return !data.empty() && std::ranges::any_of(kept_, [&](Bytes r) {
@@ -910,6 +914,46 @@ void RuntimeDevice::RunEmbedding(rk::Op op, Binding& io) {
   }
 }
 
+void RuntimeDevice::RunQuantizeRows(rk::Op /*op*/, Binding& io) {
+  const int64_t rows = io.Positive("rows"), cols = io.Int("cols");
+  CheckElements(io.name(), "x", io.Size("x"), rows * cols);
+  Launch(main_, "quantize_rows", rows, io.In("x"), io.Out("q", rows * cols), io.Out("scale", rows),
+         rows, cols);
+}
+
+void RuntimeDevice::RunGemmI8XWt(rk::Op /*op*/, Binding& io) {
+  const std::string_view name = io.name();
+  const int64_t m = io.Positive("m"), n = io.Positive("n"), k = io.Int("k");
+  if (k < 0 || k > rk::kInt8MaxK) Fail("{}: k = {} (must be in [0, {}])", name, k, rk::kInt8MaxK);
+  CheckElements(name, "x", io.Size("x"), m * k);
+  CheckElements(name, "sx", io.Size("sx"), m);
+  CheckElements(name, "w", io.Size("w"), n * k);
+  CheckElements(name, "sw", io.Size("sw"), n);
+  Launch(main_, "gemm_i8_xwt", m * n, io.In("x"), io.In("sx"), io.In("w"), io.In("sw"),
+         io.Out("y", m * n), m, n, k);
+}
+
+void RuntimeDevice::RunDequantizeRows(rk::Op /*op*/, Binding& io) {
+  const std::string_view name = io.name();
+  const int64_t rows = io.Positive("rows"), cols = io.Int("cols");
+  CheckElements(name, "q", io.Size("q"), rows * cols);
+  CheckElements(name, "scale", io.Size("scale"), rows);
+  Launch(main_, "dequantize_rows", rows * cols, io.In("q"), io.In("scale"),
+         io.Out("y", rows * cols), rows, cols);
+}
+
+void RuntimeDevice::RunHadamardRows(rk::Op /*op*/, Binding& io) {
+  const std::string_view name = io.name();
+  const int64_t rows = io.Positive("rows"), cols = io.Positive("cols");
+  const int64_t transpose = io.Int("transpose");
+  if (transpose != 0 && transpose != 1)
+    Fail("{}: transpose = {} (must be 0 or 1)", name, transpose);
+  CheckElements(name, "x", io.Size("x"), rows * cols);
+  const int64_t block = rk::HadamardBlock(transpose != 0 ? rows : cols);
+  Launch(main_, "hadamard_rows", rows * cols / block, io.In("x"), io.Out("y", rows * cols), rows,
+         cols, static_cast<int>(transpose), block);
+}
+
 const Recipe* RecipeOf(rk::Op op) {
   constexpr bool kFp64 = true;
   static const Recipe kRecipes[] = {
@@ -935,6 +979,10 @@ const Recipe* RecipeOf(rk::Op op) {
       {rk::Op::kRopeBwd, &RuntimeDevice::RunRope},
       {rk::Op::kEmbeddingFwd, &RuntimeDevice::RunEmbedding},
       {rk::Op::kEmbeddingBwd, &RuntimeDevice::RunEmbedding},
+      {rk::Op::kQuantizeRows, &RuntimeDevice::RunQuantizeRows},
+      {rk::Op::kGemmI8XWt, &RuntimeDevice::RunGemmI8XWt},
+      {rk::Op::kDequantizeRows, &RuntimeDevice::RunDequantizeRows},
+      {rk::Op::kHadamardRows, &RuntimeDevice::RunHadamardRows},
   };
   const auto it = std::ranges::find(kRecipes, op, &Recipe::op);
   return it == std::end(kRecipes) ? nullptr : &*it;

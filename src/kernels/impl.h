@@ -29,22 +29,23 @@ struct GemmArgs {
   bool accumulate;
 };
 
-#define LOCKSTEP_RK_IMPLS                                                                        \
-  void Gemm(const GemmArgs& g);                                                                  \
-  void RowSum(const float* x, float* out, int64_t rows, int64_t cols);                           \
-  void RowSumSquares(const float* x, float* out, int64_t rows, int64_t cols);                    \
-  void RowMax(const float* x, float* out, int64_t rows, int64_t cols);                           \
-  void AddInto(const float* x, float* y, int64_t n);                                             \
-  void RmsNormForward(const float* x, const float* gain, float eps, float* y, float* rstd,       \
-                      int64_t rows, int64_t d);                                                  \
-  void RmsNormBackward(const float* dy, const float* x, const float* gain, const float* rstd,    \
-                       float* dx, float* dgain, int64_t rows, int64_t d);                        \
-  void Rope(const float* x, float* y, const float* cos, const float* sin, int64_t batch,         \
-            int64_t seq, int64_t heads, int64_t head_dim, bool inverse);                         \
-  void QuantizeRows(const float* x, int8_t* q, float* scale, int64_t rows, int64_t cols);        \
-  void GemmI8XWt(const int8_t* qx, const float* sx, const int8_t* qw, const float* sw, float* y, \
-                 int64_t m, int64_t n, int64_t k);                                               \
-  void DequantizeRows(const int8_t* q, const float* scale, float* y, int64_t rows, int64_t cols);
+#define LOCKSTEP_RK_IMPLS                                                                         \
+  void Gemm(const GemmArgs& g);                                                                   \
+  void RowSum(const float* x, float* out, int64_t rows, int64_t cols);                            \
+  void RowSumSquares(const float* x, float* out, int64_t rows, int64_t cols);                     \
+  void RowMax(const float* x, float* out, int64_t rows, int64_t cols);                            \
+  void AddInto(const float* x, float* y, int64_t n);                                              \
+  void RmsNormForward(const float* x, const float* gain, float eps, float* y, float* rstd,        \
+                      int64_t rows, int64_t d);                                                   \
+  void RmsNormBackward(const float* dy, const float* x, const float* gain, const float* rstd,     \
+                       float* dx, float* dgain, int64_t rows, int64_t d);                         \
+  void Rope(const float* x, float* y, const float* cos, const float* sin, int64_t batch,          \
+            int64_t seq, int64_t heads, int64_t head_dim, bool inverse);                          \
+  void QuantizeRows(const float* x, int8_t* q, float* scale, int64_t rows, int64_t cols);         \
+  void GemmI8XWt(const int8_t* qx, const float* sx, const int8_t* qw, const float* sw, float* y,  \
+                 int64_t m, int64_t n, int64_t k);                                                \
+  void DequantizeRows(const int8_t* q, const float* scale, float* y, int64_t rows, int64_t cols); \
+  void HadamardRows(const float* x, float* y, int64_t rows, int64_t cols, bool transpose);
 
 namespace ref {
 LOCKSTEP_RK_IMPLS

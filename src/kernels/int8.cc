@@ -1,4 +1,4 @@
-// The exact int8 ops: arguments checked, then the reference or the SIMD variant.
+// The int8 ops: arguments checked, then the reference or the SIMD variant.
 #include "kernels/impl.h"
 #include "kernels/internal.h"
 
@@ -64,6 +64,29 @@ void DequantizeRows(std::span<const int8_t> q, std::span<const float> scale, std
     ref::DequantizeRows(q.data(), scale.data(), y.data(), rows, cols);
   } else {
     simd::DequantizeRows(q.data(), scale.data(), y.data(), rows, cols);
+  }
+}
+
+int64_t HadamardBlock(int64_t length) {
+  for (const int64_t block : {64, 16, 4}) {
+    if (length % block == 0) return block;
+  }
+  return 1;
+}
+
+void HadamardRows(std::span<const float> x, std::span<float> y, int64_t rows, int64_t cols,
+                  bool transpose) {
+  const char* op = "HadamardRows";
+  detail::CheckNonNegative(op, "rows", rows);
+  detail::CheckNonNegative(op, "cols", cols);
+  detail::CheckSize(op, "x", x, {rows, cols}, "rows*cols");
+  detail::CheckSize(op, "y", y, {rows, cols}, "rows*cols");
+  detail::CheckDisjoint(op, "y", y, "x", x, /*allow_identical=*/!transpose);
+  if (rows == 0 || cols == 0) return;
+  if (detail::UsingReference()) {
+    ref::HadamardRows(x.data(), y.data(), rows, cols, transpose);
+  } else {
+    simd::HadamardRows(x.data(), y.data(), rows, cols, transpose);
   }
 }
 

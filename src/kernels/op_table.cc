@@ -188,6 +188,12 @@ void RunDequantizeRows(const OpValues& in, OpValues& out) {
                  cols);
 }
 
+void RunHadamardRows(const OpValues& in, OpValues& out) {
+  const int64_t rows = in.Int("rows"), cols = in.Int("cols");
+  HadamardRows(in.F("x"), out.Put("y", Zeros(in, {rows, cols})), rows, cols,
+               in.Int("transpose") != 0);
+}
+
 // ---- samples: small ragged shapes with the special values ---------------------------------------
 
 OpValues With(std::map<std::string, double, std::less<>> args) {
@@ -393,6 +399,15 @@ OpValues SampleDequantizeRows() {
   OpValues v = With({{"rows", x.args.at("rows")}, {"cols", x.args.at("cols")}});
   v.tensors["q"] = q.tensors["q"];
   v.tensors["scale"] = q.tensors["scale"];
+  return v;
+}
+
+OpValues SampleHadamardRows() {
+  // Rows in blocks of 64, whose butterflies the variants take within and across vectors, with
+  // the special values (xᵀ's rows, a tile of copies, are covered by tests/kernels/int8_test.cc).
+  constexpr int64_t kRows = 9, kCols = 1088;
+  OpValues v = With({{"rows", kRows}, {"cols", kCols}, {"transpose", 0}});
+  v.Put("x", SelftestFloats(kRows * kCols, 39, true));
   return v;
 }
 
@@ -635,6 +650,15 @@ const std::vector<OpSpec>& Table() {
          {{"y"}},
          RunDequantizeRows,
          SampleDequantizeRows},
+        {Op::kHadamardRows,
+         "hadamard_rows",
+         "HadamardRows",
+         {"rows", "cols", "transpose"},
+         {},
+         {{"x"}},
+         {{"y"}},
+         RunHadamardRows,
+         SampleHadamardRows},
     };
     for (size_t i = 0; i < t.size(); ++i) {
       if (static_cast<size_t>(t[i].op) != i) LOCKSTEP_INTERNAL("op table entry {} out of order", i);

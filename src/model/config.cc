@@ -135,6 +135,7 @@ ModelConfig ReadModel(MapReader r) {
       Require(linear == LinearName(Linear::kFp32), r, "linear", linear, "must be fp32 or int8");
     }
   }
+  if (r.Has("int8_backward")) m.int8_backward = r.Bool("int8_backward");
   r.Finish();
 
   // Token ids are uint32 and the byte tokenizer needs 256 byte ids plus end-of-document.
@@ -173,12 +174,23 @@ ModelConfig ReadModel(MapReader r) {
     };
     exact("d_model", m.d_model);
     exact("ffn_hidden", m.ffn_hidden);
+    // The int8 backward's input-gradient GEMMs sum over each linear's output width: 2 ·
+    // ffn_hidden for w_gate_up (the others are d_model and the heads' widths, checked here too).
+    if (m.int8_backward && 2 * m.ffn_hidden > rk::kInt8MaxK) {
+      Fail(
+          "{}: model.ffn_hidden = {} is invalid: 2 · model.ffn_hidden must be at most {} with "
+          "model.int8_backward = true (the output width of w_gate_up, which the backward sums "
+          "over)",
+          r.source(), m.ffn_hidden, rk::kInt8MaxK);
+    }
     if (m.n_heads * m.head_dim > rk::kInt8MaxK) {
       Fail(
           "{}: model.n_heads · model.head_dim = {} is invalid: must be at most {} with "
           "model.linear = int8 (the input width of wo)",
           r.source(), m.n_heads * m.head_dim, rk::kInt8MaxK);
     }
+  } else if (m.int8_backward) {
+    Fail("{}: model.int8_backward = true is invalid: only with model.linear = int8", r.source());
   }
   return m;
 }
@@ -290,6 +302,15 @@ RunConfig ParseRunConfig(std::string_view yaml, const std::string& source) {
          source, config.train.microbatch, config.model.seq_len,
          config.train.microbatch * config.model.seq_len);
   }
+  // The int8 backward's weight-gradient GEMMs sum over a microbatch's tokens.
+  if (config.model.int8_backward &&
+      config.train.microbatch * config.model.seq_len > rk::kInt8MaxK) {
+    Fail(
+        "{}: train.microbatch = {} times model.seq_len = {} is {} tokens per microbatch (at most "
+        "{} with model.int8_backward = true: the weight gradients' int8 GEMMs sum over them)",
+        source, config.train.microbatch, config.model.seq_len,
+        config.train.microbatch * config.model.seq_len, rk::kInt8MaxK);
+  }
   return config;
 }
 
@@ -336,6 +357,7 @@ std::string DescriptorJson(const RunConfig& config) {
   };
   // Only where it is not the default: an fp32 config's descriptor is the one it always was.
   if (m.linear != Linear::kFp32) model["linear"] = LinearName(m.linear);
+  if (m.int8_backward) model["int8_backward"] = true;
   nlohmann::json train = {
       {"microbatch", t.microbatch},
       {"microbatches", t.microbatches},

@@ -25,6 +25,13 @@ int64_t LinearMaxWeight(const ModelConfig& c) {
   return std::max(c.n_heads * c.head_dim * c.d_model, 2 * c.ffn_hidden * c.d_model);
 }
 
+// The first n elements of an int8 scratch buffer.
+template <typename T>
+std::span<T> Take(std::vector<T>& v, int64_t n) {
+  LOCKSTEP_CHECK(static_cast<size_t>(n) <= v.size(), "int8 scratch of {} for {}", v.size(), n);
+  return std::span(v).first(static_cast<size_t>(n));
+}
+
 // The linears y = x · Wᵀ of one input x[rows, cols] (docs/model.md, "Linears"): the fp32 GEMM,
 // or with model.linear = int8 x's rows quantized once and, per weight, its rows quantized and
 // the exact int8 GEMM.
@@ -55,11 +62,6 @@ class LinearInput {
   }
 
  private:
-  template <typename T>
-  static std::span<T> Take(std::vector<T>& v, int64_t n) {
-    LOCKSTEP_CHECK(static_cast<size_t>(n) <= v.size(), "int8 scratch of {} for {}", v.size(), n);
-    return std::span(v).first(static_cast<size_t>(n));
-  }
   const OpHooks& hooks_;
   int64_t layer_, rows_, cols_;
   std::span<const float> x_;
@@ -68,21 +70,60 @@ class LinearInput {
 
 }  // namespace
 
+namespace {
+
+// The int8 scratch's sizes, in elements, for `rows` rows of `config`'s linears.
+struct Int8Sizes {
+  int64_t qx, sx, qw, sw;  // the forward's quantized rows and scales
+  int64_t x_hat, w_hat;    // the straight-through backward's dequantized operands
+  // The int8 backward's rotated, quantized operands a and b of its GEMM and a sum to add.
+  int64_t rot_a, sa, rot_b, sb, sum;
+};
+
+Int8Sizes SizesOf(const ModelConfig& config, int64_t rows, bool backward) {
+  const int64_t in = LinearMaxIn(config), out = LinearMaxOut(config);
+  const int64_t weight = LinearMaxWeight(config);
+  Int8Sizes z{rows * in, rows, weight, out, 0, 0, 0, 0, 0, 0, 0};
+  if (backward && !config.int8_backward) {
+    z.x_hat = rows * in;
+    z.w_hat = weight;
+  } else if (backward) {
+    // A: dy [rows, out] or dyᵀ [out, rows]; B: Wᵀ [in, out] or xᵀ [in, rows]; the sum: an input
+    // gradient [rows, in] or a weight gradient [out, in].
+    z.rot_a = rows * out;
+    z.sa = std::max(rows, out);
+    z.rot_b = std::max(weight, rows * in);
+    z.sb = in;
+    z.sum = std::max(rows * in, weight);
+  }
+  return z;
+}
+
+}  // namespace
+
 void Int8Scratch::Resize(const ModelConfig& config, int64_t rows, bool backward) {
-  const auto in = static_cast<size_t>(LinearMaxIn(config));
-  const auto weight = static_cast<size_t>(LinearMaxWeight(config));
-  qx.resize(static_cast<size_t>(rows) * in);
-  sx.resize(static_cast<size_t>(rows));
-  qw.resize(weight);
-  sw.resize(static_cast<size_t>(LinearMaxOut(config)));
-  x_hat.resize(backward ? static_cast<size_t>(rows) * in : 0);
-  w_hat.resize(backward ? weight : 0);
+  const Int8Sizes z = SizesOf(config, rows, backward);
+  const auto size = [](int64_t n) { return static_cast<size_t>(n); };
+  qx.resize(size(z.qx));
+  sx.resize(size(z.sx));
+  qw.resize(size(z.qw));
+  sw.resize(size(z.sw));
+  x_hat.resize(size(z.x_hat));
+  w_hat.resize(size(z.w_hat));
+  rot_a.resize(size(z.rot_a));
+  qa.resize(size(z.rot_a));
+  sa.resize(size(z.sa));
+  rot_b.resize(size(z.rot_b));
+  qb.resize(size(z.rot_b));
+  sb.resize(size(z.sb));
+  sum.resize(size(z.sum));
 }
 
 int64_t Int8Scratch::Bytes(const ModelConfig& config, int64_t rows, bool backward) {
-  const int64_t in = LinearMaxIn(config), weight = LinearMaxWeight(config);
-  const int64_t floats = rows + LinearMaxOut(config) + (backward ? rows * in + weight : 0);
-  return rows * in + weight + floats * int64_t{sizeof(float)};
+  const Int8Sizes z = SizesOf(config, rows, backward);
+  const int64_t int8s = z.qx + z.qw + z.rot_a + z.rot_b;
+  const int64_t floats = z.sx + z.sw + z.x_hat + z.w_hat + z.rot_a + z.sa + z.rot_b + z.sb + z.sum;
+  return int8s + floats * int64_t{sizeof(float)};
 }
 
 Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int64_t seq,
@@ -477,26 +518,26 @@ void Model::BackwardLayer(TensorAccess& access, int64_t l,
                                int64_t out, int64_t in) {
     WeightGrad(access, l, P.Layer(l, which), dy, x, out, in, accumulate);
   };
-  // The operands of the linears' backward: the input and the weight, or with int8 linears the
-  // values their quantized rows stand for (each overwrites the last one of its kind).
+  const auto input_grad = [&](size_t which, std::span<const float> dy, std::span<float> dx,
+                              int64_t out, int64_t in,
+                              bool add = false) { InputGrad(l, dy, w[which], dx, out, in, add); };
+  // What a weight gradient multiplies dy by: the input, or with the straight-through int8
+  // backward the values its quantized rows stand for.
   const auto input = [&](std::span<const float> x, int64_t in) {
-    return LinearOperand(l, x, n, in, int8_.qx, int8_.sx, int8_.x_hat);
-  };
-  const auto weight = [&](size_t which, int64_t out, int64_t in) {
-    return LinearOperand(l, w[which], out, in, int8_.qw, int8_.sw, int8_.w_hat);
+    return SteOperands() ? Dequantized(l, x, n, in, int8_.qx, int8_.sx, int8_.x_hat) : x;
   };
   // Feed-forward block; on entry dx = d x_out, on exit dx = d x_mid.
-  ops::GemmDyW(obs, l, A(dx_), weight(kWDown, d, f), A(dact_), n, d, f);           // dact[N, F]
-  weight_grad(kWDown, A(dx_), input(A(a.act), f), d, f);                           // dW_down[d, F]
-  ops::SwigluBwd(obs, l, A(a.gu), A(dact_), A(dgu_), n, f);                        // dgu[N, 2F]
-  ops::GemmDyW(obs, l, A(dgu_), weight(kWGateUp, 2 * f, d), A(dh_), n, 2 * f, d);  // dh2[N, d]
-  weight_grad(kWGateUp, A(dgu_), input(A(a.h2), d), 2 * f, d);                     // dW_gu[2F, d]
+  input_grad(kWDown, A(dx_), A(dact_), d, f);                   // dact[N, F]
+  weight_grad(kWDown, A(dx_), input(A(a.act), f), d, f);        // dW_down[d, F]
+  ops::SwigluBwd(obs, l, A(a.gu), A(dact_), A(dgu_), n, f);     // dgu[N, 2F]
+  input_grad(kWGateUp, A(dgu_), A(dh_), 2 * f, d);              // dh2[N, d]
+  weight_grad(kWGateUp, A(dgu_), input(A(a.h2), d), 2 * f, d);  // dW_gu[2F, d]
   ops::RmsNormBwd(obs, l, A(dh_), A(a.x_mid), w[kFfnNorm], A(a.ffn_rstd), A(dh_), A(dgain_), n, d);
   GainGrad(access, l, P.Layer(l, kFfnNorm), accumulate);
   ops::AddInto(obs, l, A(dh_), A(dx_));
   // Attention block; on exit dx = d x_in.
-  ops::GemmDyW(obs, l, A(dx_), weight(kWo, d, q_dim), A(dattn_), n, d, q_dim);  // dattn[N, Q]
-  weight_grad(kWo, A(dx_), input(A(a.attn), q_dim), d, q_dim);                  // dWo[d, Q]
+  input_grad(kWo, A(dx_), A(dattn_), d, q_dim);                 // dattn[N, Q]
+  weight_grad(kWo, A(dx_), input(A(a.attn), q_dim), d, q_dim);  // dWo[d, Q]
   ops::AttentionBwd(obs, l, AttentionShape(l), A(a.q), A(a.k), A(a.v), A(a.attn), A(a.attn_lse),
                     A(dattn_), A(dq_), A(dk_), A(dv_));  // dq[N, Q], dk/dv[N, K]
   ops::RopeBwd(obs, l, rope_, theta, A(dq_), A(dq_), batch_, seq_, c.n_heads, hd);
@@ -506,9 +547,9 @@ void Model::BackwardLayer(TensorAccess& access, int64_t l,
     ops::RmsNormBwd(obs, l, A(dk_), A(a.k_raw), {}, A(a.k_rstd), A(dk_), {}, n * c.n_kv_heads, hd);
   }
   // dh[N, d] = dq · Wq + dk · Wk + dv · Wv (the latter two GEMMs accumulate into dh).
-  ops::GemmDyW(obs, l, A(dq_), weight(kWq, q_dim, d), A(dh_), n, q_dim, d);
-  ops::GemmDyW(obs, l, A(dk_), weight(kWk, kv_dim, d), A(dh_), n, kv_dim, d, /*accumulate=*/true);
-  ops::GemmDyW(obs, l, A(dv_), weight(kWv, kv_dim, d), A(dh_), n, kv_dim, d, /*accumulate=*/true);
+  input_grad(kWq, A(dq_), A(dh_), q_dim, d);
+  input_grad(kWk, A(dk_), A(dh_), kv_dim, d, /*add=*/true);
+  input_grad(kWv, A(dv_), A(dh_), kv_dim, d, /*add=*/true);
   const std::span<const float> h = input(A(a.h), d);
   weight_grad(kWq, A(dq_), h, q_dim, d);   // dWq[Q, d]
   weight_grad(kWk, A(dk_), h, kv_dim, d);  // dWk[K, d]
@@ -518,16 +559,33 @@ void Model::BackwardLayer(TensorAccess& access, int64_t l,
   ops::AddInto(obs, l, A(dh_), A(dx_));
 }
 
+void Model::InputGrad(int64_t layer, std::span<const float> dy, std::span<const float> w,
+                      std::span<float> dx, int64_t out, int64_t in, bool add) {
+  if (RotatedInt8Backward()) {
+    // dy · W = (dy · H)(Wᵀ · H)ᵀ, H the rotation along out.
+    RotatedInt8Gemm(layer, dy, false, w, true, dx, rows_, in, out, add);
+    return;
+  }
+  const std::span<const float> weight =
+      SteOperands() ? Dequantized(layer, w, out, in, int8_.qw, int8_.sw, int8_.w_hat) : w;
+  ops::GemmDyW(hooks_, layer, dy, weight, dx, rows_, out, in, add);
+}
+
 void Model::WeightGrad(TensorAccess& access, int64_t layer, size_t i, std::span<const float> dy,
                        std::span<const float> x, int64_t out, int64_t in, bool accumulate) {
-  ops::GemmDytX(hooks_, layer, dy, x, Grad(access, i, accumulate), rows_, out, in, accumulate);
+  const std::span<float> grad = Grad(access, i, accumulate);
+  if (RotatedInt8Backward()) {
+    // dyᵀ · x = (dyᵀ · H)(xᵀ · H)ᵀ, H the rotation along the rows.
+    RotatedInt8Gemm(layer, dy, true, x, true, grad, out, in, rows_, accumulate);
+  } else {
+    ops::GemmDytX(hooks_, layer, dy, x, grad, rows_, out, in, accumulate);
+  }
   access.CloseGrad(i);
 }
 
-std::span<const float> Model::LinearOperand(int64_t layer, std::span<const float> x, int64_t rows,
-                                            int64_t cols, std::span<int8_t> q,
-                                            std::span<float> scale, std::span<float> into) {
-  if (config_.linear == Linear::kFp32) return x;
+std::span<const float> Model::Dequantized(int64_t layer, std::span<const float> x, int64_t rows,
+                                          int64_t cols, std::span<int8_t> q, std::span<float> scale,
+                                          std::span<float> into) {
   const auto size = static_cast<size_t>(rows * cols);
   const std::span<float> y = into.first(size);
   ops::QuantizeRows(hooks_, layer, x, q.first(size), scale.first(static_cast<size_t>(rows)), rows,
@@ -535,6 +593,22 @@ std::span<const float> Model::LinearOperand(int64_t layer, std::span<const float
   ops::DequantizeRows(hooks_, layer, q.first(size), scale.first(static_cast<size_t>(rows)), y, rows,
                       cols);
   return y;
+}
+
+void Model::RotatedInt8Gemm(int64_t layer, std::span<const float> a, bool a_transposed,
+                            std::span<const float> b, bool b_transposed, std::span<float> y,
+                            int64_t m, int64_t n, int64_t k, bool add) {
+  Int8Scratch& s = int8_;
+  const std::span<float> ra = Take(s.rot_a, m * k), rb = Take(s.rot_b, n * k);
+  const std::span<int8_t> qa = Take(s.qa, m * k), qb = Take(s.qb, n * k);
+  const std::span<float> sa = Take(s.sa, m), sb = Take(s.sb, n);
+  ops::HadamardRows(hooks_, layer, a, ra, a_transposed ? k : m, a_transposed ? m : k, a_transposed);
+  ops::QuantizeRows(hooks_, layer, ra, qa, sa, m, k);
+  ops::HadamardRows(hooks_, layer, b, rb, b_transposed ? k : n, b_transposed ? n : k, b_transposed);
+  ops::QuantizeRows(hooks_, layer, rb, qb, sb, n, k);
+  const std::span<float> product = add ? Take(s.sum, m * n) : y;
+  ops::GemmI8XWt(hooks_, layer, qa, sa, qb, sb, product, m, n, k);
+  if (add) ops::AddInto(hooks_, layer, product, y);
 }
 
 void Model::GainGrad(TensorAccess& access, int64_t layer, size_t i, bool accumulate) {

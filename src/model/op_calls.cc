@@ -145,6 +145,12 @@ void DequantizeRows(const OpHooks& hooks, int64_t layer, std::span<const int8_t>
        [&] { rk::DequantizeRows(q, scale, y, rows, cols); });
 }
 
+void HadamardRows(const OpHooks& hooks, int64_t layer, std::span<const float> x, std::span<float> y,
+                  int64_t rows, int64_t cols, bool transpose) {
+  Call(hooks, rk::Op::kHadamardRows, layer, {D(rows), D(cols), double(transpose)}, {x}, {y},
+       [&] { rk::HadamardRows(x, y, rows, cols, transpose); });
+}
+
 void RopeFwd(const OpHooks& hooks, int64_t layer, const rk::RopeTable& table, float theta,
              std::span<const float> x, std::span<float> y, int64_t batch, int64_t seq,
              int64_t heads, int64_t head_dim, std::optional<int64_t> position) {

@@ -84,7 +84,7 @@ TEST_F(DeviceTest, EveryOpItRunsGivesTheReferenceBitsAtEveryWorkGroupSize) {
     }
   }
   // Every op but global_norm; block_squares where the device has fp64 (PoCL does).
-  EXPECT_EQ(ran, dev_->info().fp64 ? 22 : 21) << "ops the device runs";
+  EXPECT_EQ(ran, dev_->info().fp64 ? 26 : 25) << "ops the device runs";
   EXPECT_EQ(dev_->Implements(rk::Op::kBlockSquares), dev_->info().fp64);
 }
 
@@ -249,6 +249,50 @@ TEST_F(DeviceTest, TheRowOpsGiveTheReferenceBitsAtEveryLengthAroundTheLanes) {
     rk::OpValues got;
     dev_->Run(spec.op, ce, got);
     EXPECT_TRUE(SameBits(spec, Reference(spec, ce), got)) << "vocab " << vocab;
+  }
+}
+
+// The int8 ops across shapes: rows of every Hadamard block (64, 16, 4, 1) transposed or not;
+// GEMMs with k across 0 and long sums of -127s (|acc| past 2^24, so float(acc) rounds); the
+// quantizer on rows with the special values and the dequantizer on its output.
+TEST_F(DeviceTest, TheInt8OpsGiveTheReferenceBitsAcrossShapes) {
+  const auto check = [&](rk::Op op, const rk::OpValues& in, const std::string& what) {
+    const rk::OpSpec& spec = rk::Spec(op);
+    rk::OpValues got;
+    dev_->Run(op, in, got);
+    EXPECT_TRUE(SameBits(spec, Reference(spec, in), got)) << spec.name << " " << what;
+  };
+  for (const int64_t len : {1, 4, 37, 64, 80, 192}) {
+    for (const int transpose : {0, 1}) {
+      rk::OpValues in;
+      in.args = {{"rows", double(transpose ? len : 3)},
+                 {"cols", double(transpose ? 3 : len)},
+                 {"transpose", double(transpose)}};
+      in.Put("x", rk::SelftestFloats(3 * len, 80 + static_cast<uint32_t>(len)));
+      check(rk::Op::kHadamardRows, in, fmt::format("len {} transpose {}", len, transpose));
+    }
+  }
+  for (const int64_t cols : {1, 5, 64, 300}) {
+    rk::OpValues in;
+    in.args = {{"rows", 7.0}, {"cols", double(cols)}};
+    in.Put("x", rk::SelftestFloats(7 * cols, 90 + static_cast<uint32_t>(cols)));
+    check(rk::Op::kQuantizeRows, in, fmt::format("cols {}", cols));
+    rk::OpValues q = Reference(rk::Spec(rk::Op::kQuantizeRows), in);
+    q.args = in.args;
+    check(rk::Op::kDequantizeRows, q, fmt::format("cols {}", cols));
+  }
+  for (const int64_t k : {0, 1, 3, 257, 2048}) {
+    const int64_t m = 5, n = 6;
+    rk::OpValues in;
+    in.args = {{"m", double(m)}, {"n", double(n)}, {"k", double(k)}};
+    std::vector<int8_t> x(static_cast<size_t>(m * k), -127), w(static_cast<size_t>(n * k), -127);
+    for (size_t i = 1; i < x.size(); i += 3) x[i] = static_cast<int8_t>(i % 255 - 127);
+    for (size_t i = 2; i < w.size(); i += 5) w[i] = static_cast<int8_t>(i % 253 - 126);
+    in.Put("x", std::move(x));
+    in.Put("w", std::move(w));
+    in.Put("sx", rk::SelftestFloats(m, 95, false));
+    in.Put("sw", rk::SelftestFloats(n, 96, false));
+    check(rk::Op::kGemmI8XWt, in, fmt::format("k {}", k));
   }
 }
 

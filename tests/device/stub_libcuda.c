@@ -141,7 +141,7 @@ CUresult cuMemcpyDtoD_v2(CUdeviceptr to, CUdeviceptr from, size_t n) {
   (void)n;
   return 0;
 }
-CUresult cuMemsetD32_v2(CUdeviceptr p, unsigned v, size_t n) {
+CUresult cuMemsetD8_v2(CUdeviceptr p, unsigned char v, size_t n) {
   (void)p;
   (void)v;
   (void)n;

@@ -27,12 +27,13 @@ class OnDevice : public ::testing::Test {
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
   static std::string Path(const std::string& name) { return (dir_ / name).string(); }
-  static Result Train(const std::string& run, const std::string& flags) {
-    return Lockstep("train --config tiny --data " + Path("data") + " --out " + Path(run) +
+  static Result Train(const std::string& run, const std::string& flags,
+                      const std::string& config = "tiny") {
+    return Lockstep("train --config " + config + " --data " + Path("data") + " --out " + Path(run) +
                     " --threads 2 --no-progress " + flags);
   }
-  static std::string Golden() {
-    return ReadFileText(fs::path(LOCKSTEP_SOURCE_DIR) / "tests/fixtures/tiny_chain.jsonl");
+  static std::string Golden(const std::string& fixture = "tiny_chain.jsonl") {
+    return ReadFileText(fs::path(LOCKSTEP_SOURCE_DIR) / "tests/fixtures" / fixture);
   }
   static fs::path dir_;
 };
@@ -44,6 +45,17 @@ TEST_F(OnDevice, TinyTrainedOnTheDeviceIsTheGoldenChain) {
   EXPECT_NE(r.output.find("ops on opencl:0:0"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("device copies per step:"), std::string::npos) << r.output;
   EXPECT_EQ(ReadFileText(dir_ / "device/state_hashes.jsonl"), Golden());
+}
+
+// The int8 ops (tiny-int8: int8 linears and the int8 backward) run on the device too, and give
+// the pinned int8 chain.
+TEST_F(OnDevice, TinyInt8TrainedOnTheDeviceIsItsGoldenChain) {
+  const Result r = Train("device-int8", "--steps 20 --device opencl", "tiny-int8");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("26 of the op table's 27 ops run there; on the CPU: global_norm "),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(ReadFileText(dir_ / "device-int8/state_hashes.jsonl"), Golden("tiny_int8_chain.jsonl"));
 }
 
 // tiny-dp's 8 microbatch groups: the group gradients are kept on the device too and added into

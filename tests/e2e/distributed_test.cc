@@ -72,6 +72,22 @@ class Distributed : public ::testing::Test {
     EXPECT_GE(compared, 5u);
   }
 
+  // Builds the run's kit and audits every unit in one process: each of `units` a MATCH.
+  void ExpectKitAuditsMatch(const std::string& run, size_t units) {
+    Result r = Lockstep("kit build --run " + Run(run) + " --data " + Data() + " --out " +
+                        Run(run + "-kit"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = Lockstep("audit " + Run(run + "-kit") + " --all --threads 2");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    size_t matches = 0;
+    for (size_t at = r.output.find("\"verdict\": \"MATCH\""); at != std::string::npos;
+         at = r.output.find("\"verdict\": \"MATCH\"", at + 1)) {
+      ++matches;
+    }
+    EXPECT_EQ(matches, units) << r.output;
+    EXPECT_EQ(r.output.find("MISMATCH"), std::string::npos) << r.output;
+  }
+
   fs::path dir_;
 };
 
@@ -110,6 +126,34 @@ TEST_F(Distributed, OneTwoAndFourProcessesCommitTheSameChainAndCheckpoints) {
     }
     EXPECT_GT(hidden, 0.0) << run;
   }
+}
+
+// An int8 model (tiny-dp with int8 linears and the int8 backward): 1, 2 and 4 processes commit
+// the same chain and checkpoints, and the run's kit audits MATCH in one process.
+TEST_F(Distributed, AnInt8RunIsTheSameAtOneTwoAndFourProcessesAndItsKitAuditsMatch) {
+  std::string yaml = ReadFileText(fs::path(LOCKSTEP_SOURCE_DIR) / "configs/tiny-dp.yaml");
+  const size_t at = yaml.find("train:\n");
+  ASSERT_NE(at, std::string::npos);
+  yaml.insert(at, "  linear: int8\n  int8_backward: true\n");
+  yaml.replace(yaml.find("name: tiny-dp"), 13, "name: tiny-dp-int8");
+  const fs::path config = dir_ / "tiny-dp-int8.yaml";
+  WriteFileSynced(config, yaml);
+  const auto args = [&](const std::string& run) {
+    return "train --config " + config.string() + " --data " + Data() + " --out " + Run(run) +
+           " --no-progress --steps 10 --threads 1";
+  };
+  ASSERT_EQ(Lockstep(args("n1")).exit_code, 0);
+  const Result two = Mpi(2, args("n2"));
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  const Result four = Mpi(4, args("n4"));
+  ASSERT_EQ(four.exit_code, 0) << four.output;
+  const std::string chain = Text("n1/state_hashes.jsonl");
+  EXPECT_EQ(std::count(chain.begin(), chain.end(), '\n'), 11);  // steps 0..10
+  EXPECT_EQ(chain, Text("n2/state_hashes.jsonl"));
+  EXPECT_EQ(chain, Text("n4/state_hashes.jsonl"));
+  ExpectSameCheckpoints("n1", "n2");
+  ExpectSameCheckpoints("n1", "n4");
+  ExpectKitAuditsMatch("n4", 3);  // the init and the intervals 0-5 and 5-10
 }
 
 // Ranks that disagree on what they run are refused at start, every rank naming the rank and the
@@ -230,17 +274,7 @@ TEST_F(Distributed, AFourProcessRunResumesWithTwoAndWithOne) {
 TEST_F(Distributed, EveryUnitOfAFourProcessRunsKitReplaysInOneProcess) {
   Result r = Mpi(4, TrainArgs("n4", "--steps 10"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = Lockstep("kit build --run " + Run("n4") + " --data " + Data() + " --out " + Run("kit"));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = Lockstep("audit " + Run("kit") + " --all --threads 2");
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  size_t matches = 0;
-  for (size_t at = r.output.find("\"verdict\": \"MATCH\""); at != std::string::npos;
-       at = r.output.find("\"verdict\": \"MATCH\"", at + 1)) {
-    ++matches;
-  }
-  EXPECT_EQ(matches, 3u) << r.output;  // the init and the intervals 0-5 and 5-10
-  EXPECT_EQ(r.output.find("MISMATCH"), std::string::npos) << r.output;
+  ExpectKitAuditsMatch("n4", 3);  // the init and the intervals 0-5 and 5-10
 }
 
 // The pids of mpirun's children (the ranks).

@@ -74,25 +74,40 @@ TEST_F(E2e, ChainIsIdenticalAtOneTwoAndThreeThreads) {
   EXPECT_EQ(chain, Text("t3/state_hashes.jsonl"));
 }
 
-// int8 linears (tiny-int8) keep the chain's invariances: the same chain at 1 and 3 threads and
-// after a stop at 2 threads and a resume; and it is another chain than tiny's.
+// int8 linears (tiny-int8, with the int8 backward, and with the straight-through one) keep the
+// chain's invariances: the same chain at 1 and 3 threads and after a stop at 2 threads and a
+// resume; and each is another chain than tiny's and than the other's.
 TEST_F(E2e, Int8LinearsChainIsIdenticalAtAnyThreadCountAndAcrossAResume) {
-  const auto train = [&](const std::string& run, const std::string& extra) {
-    const Result r = Lockstep("train --config tiny-int8 --data " + Data().string() + " --out " +
-                              (dir_ / run).string() + " --no-progress --steps " + extra);
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-  };
-  train("t1", "12 --threads 1");
-  train("t3", "12 --threads 3");
-  train("resumed", "6 --threads 2");
-  train("resumed", "12 --threads 2 --resume");
+  std::string yaml = ReadFileText(fs::path(LOCKSTEP_SOURCE_DIR) / "configs/tiny-int8.yaml");
+  const std::string on = "  int8_backward: true";
+  const size_t at = yaml.find(on);
+  ASSERT_NE(at, std::string::npos);
+  yaml.replace(at, on.size(), "  int8_backward: false");
+  const fs::path straight = dir_ / "tiny-int8-straight-through.yaml";
+  WriteFileSynced(straight, yaml);
   ASSERT_EQ(Train("fp32", "--steps 1").exit_code, 0);
-  const std::string chain = Text("t1/state_hashes.jsonl");
-  EXPECT_EQ(std::count(chain.begin(), chain.end(), '\n'), 13);  // steps 0..12
-  EXPECT_EQ(chain, Text("t3/state_hashes.jsonl"));
-  EXPECT_EQ(chain, Text("resumed/state_hashes.jsonl"));
   const std::string fp32 = Text("fp32/state_hashes.jsonl");  // steps 0 and 1
-  EXPECT_NE(chain.substr(0, fp32.size()), fp32);
+  std::vector<std::string> chains;
+  for (const std::string& config : {std::string("tiny-int8"), straight.string()}) {
+    const auto train = [&](const std::string& run, const std::string& extra) {
+      const Result r =
+          Lockstep("train --config " + config + " --data " + Data().string() + " --out " +
+                   (dir_ / run).string() + " --no-progress --steps " + extra);
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+    };
+    const std::string tag = std::to_string(chains.size());
+    train("t1-" + tag, "12 --threads 1");
+    train("t3-" + tag, "12 --threads 3");
+    train("resumed-" + tag, "6 --threads 2");
+    train("resumed-" + tag, "12 --threads 2 --resume");
+    const std::string chain = Text("t1-" + tag + "/state_hashes.jsonl");
+    EXPECT_EQ(std::count(chain.begin(), chain.end(), '\n'), 13) << config;  // steps 0..12
+    EXPECT_EQ(chain, Text("t3-" + tag + "/state_hashes.jsonl")) << config;
+    EXPECT_EQ(chain, Text("resumed-" + tag + "/state_hashes.jsonl")) << config;
+    EXPECT_NE(chain.substr(0, fp32.size()), fp32) << config;
+    chains.push_back(chain);
+  }
+  EXPECT_NE(chains[0], chains[1]);
 }
 
 // Every file of two checkpoint directories, byte for byte.

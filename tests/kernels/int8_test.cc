@@ -1,5 +1,6 @@
-// The exact int8 ops (docs/numerics.md, "Int8"): the quantizer's stated cases, the GEMM's exact
-// int32 sums at the largest k, bitwise invariance over threads and variants, and argument errors.
+// The int8 ops (docs/numerics.md, "Int8"): the quantizer's stated cases, the GEMM's exact int32
+// sums at the largest k, the Hadamard rotation against Sylvester's matrix, bitwise invariance
+// over threads and variants, and argument errors.
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -127,6 +128,67 @@ TEST(DequantizeRows, IsOneMultiplyPerElement) {
   EXPECT_THROW(rk::DequantizeRows(q, scale, wrong, 3, 3), Error);  // y is not rows*cols
 }
 
+// The Hadamard matrix of order b (a power of two) by Sylvester's rule, independently of the
+// kernel's butterflies: H[i][j] = (-1)^popcount(i & j).
+double SylvesterEntry(int64_t i, int64_t j) { return std::popcount(uint64_t(i & j)) % 2 ? -1 : 1; }
+
+TEST(HadamardRows, TheBlockIsTheLargestPowerOfFourUpTo64DividingTheLength) {
+  EXPECT_EQ(rk::HadamardBlock(4096), 64);
+  EXPECT_EQ(rk::HadamardBlock(192), 64);
+  EXPECT_EQ(rk::HadamardBlock(32), 16);  // 32 is no power of 4: 16
+  EXPECT_EQ(rk::HadamardBlock(80), 16);
+  EXPECT_EQ(rk::HadamardBlock(36), 4);
+  EXPECT_EQ(rk::HadamardBlock(2), 1);
+  EXPECT_EQ(rk::HadamardBlock(37), 1);
+}
+
+// Small integers: every butterfly sum is exact, so the rotation is exactly the matrix product
+// x · H / √b computed in double, block by block, transposed or not.
+TEST(HadamardRows, IsTheBlockDiagonalOrthonormalHadamardProduct) {
+  for (const int64_t len : {192, 80, 36, 7}) {
+    const int64_t block = rk::HadamardBlock(len), rows = 3;
+    std::vector<float> x(static_cast<size_t>(rows * len));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(int64_t(i * 7919 % 61) - 30);
+    std::vector<float> expected(x.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < len; ++c) {
+        const int64_t b0 = c / block * block;
+        double sum = 0;
+        for (int64_t j = 0; j < block; ++j) {
+          sum += x[static_cast<size_t>(r * len + b0 + j)] * SylvesterEntry(j, c - b0);
+        }
+        expected[static_cast<size_t>(r * len + c)] =
+            static_cast<float>(sum / std::sqrt(static_cast<double>(block)));
+      }
+    }
+    std::vector<float> y(x.size());
+    rk::HadamardRows(x, y, rows, len, /*transpose=*/false);
+    EXPECT_EQ(y, expected) << len;
+    // The same rows given as the columns of xᵀ.
+    std::vector<float> xt(x.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < len; ++c)
+        xt[static_cast<size_t>(c * rows + r)] = x[static_cast<size_t>(r * len + c)];
+    }
+    std::vector<float> yt(x.size());
+    rk::HadamardRows(xt, yt, len, rows, /*transpose=*/true);
+    EXPECT_EQ(yt, expected) << len;
+    // In place, and twice: H / √b is its own inverse (exactly, for these values).
+    rk::HadamardRows(y, y, rows, len, false);
+    EXPECT_EQ(y, x) << len;
+  }
+}
+
+TEST(HadamardRows, ArgumentsAreChecked) {
+  std::vector<float> x(12), y(12);
+  EXPECT_THROW(rk::HadamardRows(x, std::span(y).first(11), 3, 4, false), Error);  // y: rows*cols
+  EXPECT_THROW(rk::HadamardRows(std::span(x).first(11), y, 3, 4, true), Error);   // x: rows*cols
+  EXPECT_THROW(rk::HadamardRows(x, x, 3, 4, true), Error);  // transposed in place
+  EXPECT_THROW(rk::HadamardRows(std::span(x).first(6), std::span(x).subspan(3, 6), 2, 3, false),
+               Error);  // overlapping, not in place
+  EXPECT_THROW(rk::HadamardRows(x, y, -1, 4, false), Error);
+}
+
 TEST(Int8, BitwiseInvariant) {
   for (const int64_t rows : {1, 5}) {
     for (const int64_t cols : kAwkwardSizes) {
@@ -148,6 +210,18 @@ TEST(Int8, BitwiseInvariant) {
         const Quantized b = Quantize(RandomFloats(7 * cols, cols + 2), 7, cols);
         std::vector<float> y(static_cast<size_t>(rows * 7));
         rk::GemmI8XWt(a.q, a.scale, b.q, b.scale, y, rows, 7, cols);
+        return y;
+      });
+    }
+  }
+  for (const bool transpose : {false, true}) {
+    for (const int64_t len : {64, 80, 4100, 37}) {
+      ExpectBitwiseInvariant(fmt::format("hadamard_rows len={} transpose={}", len, transpose), [&] {
+        std::vector<float> x = RandomFloats(19 * len, len + 5, -3, 3);
+        x[3] = kNaN;
+        x[len + 1] = kInf;
+        std::vector<float> y(x.size());
+        rk::HadamardRows(x, y, transpose ? len : 19, transpose ? 19 : len, transpose);
         return y;
       });
     }

@@ -138,6 +138,14 @@ TEST(Config, DescriptorIsCanonicalJson) {
   EXPECT_EQ(nlohmann::json::parse(int8_text)["model"]["linear"], "int8");
   EXPECT_EQ(ConfigOfDescriptor(int8_text, "d").model.linear, Linear::kInt8);
   EXPECT_EQ(ConfigOfDescriptor(text, "d").model.linear, Linear::kFp32);
+  // model.int8_backward likewise, only where it is true (tiny-int8 has it).
+  EXPECT_EQ(nlohmann::json::parse(int8_text)["model"]["int8_backward"], true) << int8_text;
+  EXPECT_TRUE(ConfigOfDescriptor(int8_text, "d").model.int8_backward);
+  RunConfig straight = int8;
+  straight.model.int8_backward = false;
+  const std::string straight_text = DescriptorJson(straight);
+  EXPECT_FALSE(nlohmann::json::parse(straight_text)["model"].contains("int8_backward"));
+  EXPECT_FALSE(ConfigOfDescriptor(straight_text, "d").model.int8_backward);
 }
 
 // A descriptor is read back with its values' own types: the string "512" is not the number 512.
@@ -234,6 +242,16 @@ TEST(Config, BadConfigsNameTheFieldAndTheValue) {
       {"  n_heads: 4\n  n_kv_heads: 2\n  head_dim: 32",
        "  n_heads: 64\n  n_kv_heads: 2\n  head_dim: 4096\n  linear: int8",
        {"bad.yaml", "model.n_heads · model.head_dim = 262144", "133144", "wo"}},
+      {"  z_loss: 1.0e-4",
+       "  z_loss: 1.0e-4\n  int8_backward: true",
+       {"bad.yaml", "model.int8_backward = true", "only with model.linear = int8"}},
+      {"  z_loss: 1.0e-4", "  z_loss: 1.0e-4\n  int8_backward: 1", {"model.int8_backward"}},
+      {"  ffn_hidden: 1024",
+       "  ffn_hidden: 66573\n  linear: int8\n  int8_backward: true",
+       {"bad.yaml", "model.ffn_hidden = 66573", "2 · model.ffn_hidden", "133144", "w_gate_up"}},
+      {"  seq_len: 64",
+       "  seq_len: 66573\n  linear: int8\n  int8_backward: true",
+       {"bad.yaml", "train.microbatch = 2 times model.seq_len = 66573", "133144"}},
   };
   for (const Case& c : cases) {
     const std::string message = ErrorOf(TinyWith(c.from, c.to));

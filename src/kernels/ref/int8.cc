@@ -45,4 +45,14 @@ void DequantizeRows(const int8_t* q, const float* scale, float* y, int64_t rows,
   });
 }
 
+void HadamardRows(const float* x, float* y, int64_t rows, int64_t cols, bool transpose) {
+  const int64_t lines = transpose ? cols : rows, len = transpose ? rows : cols;
+  const int64_t block = HadamardBlock(len);
+  ParallelFor(lines, [&](int64_t i) {
+    float* out = y + i * len;
+    for (int64_t e = 0; e < len; ++e) out[e] = transpose ? x[e * cols + i] : x[i * cols + e];
+    for (int64_t s = 0; s < len; s += block) int8::RotateBlock(out + s, block);
+  });
+}
+
 }  // namespace lockstep::rk::ref

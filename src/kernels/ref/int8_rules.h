@@ -1,5 +1,5 @@
-// Private to src/kernels: the scalar rules of the int8 quantizer (docs/numerics.md, "Int8"),
-// shared by the reference and the SIMD variants' row tails.
+// Private to src/kernels: the scalar rules of the int8 quantizer and rotation (docs/numerics.md,
+// "Int8"), shared by the reference and the SIMD variants.
 #pragma once
 
 #include <algorithm>
@@ -22,5 +22,24 @@ inline int8_t Quantize(float x, float s) {
 }
 // Whether a row with scale s has its elements quantized (else q = 0).
 inline bool QuantizesElements(float s) { return s > 0.0f; }
+// HadamardRows' last factor for a block of 64, 16, 4 or 1 elements: 1/√block, a power of two.
+inline float HadamardFactor(int64_t block) {
+  return block == 64 ? 0.125f : block == 16 ? 0.25f : block == 4 ? 0.5f : 1.0f;
+}
+// v[0, block) rotated: the fast Walsh-Hadamard butterflies (a, b) -> (a + b, a - b) at strides
+// 1, 2, 4, ..., block / 2 in that order, then every element times HadamardFactor(block).
+inline void RotateBlock(float* v, int64_t block) {
+  for (int64_t h = 1; h < block; h *= 2) {
+    for (int64_t i = 0; i < block; i += 2 * h) {
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = v[j], b = v[j + h];
+        v[j] = a + b;
+        v[j + h] = a - b;
+      }
+    }
+  }
+  const float factor = HadamardFactor(block);
+  for (int64_t j = 0; j < block; ++j) v[j] *= factor;
+}
 
 }  // namespace lockstep::rk::int8

@@ -1,7 +1,8 @@
-// SIMD variants of the exact int8 ops. The quantizer's division, rounding and clamp are
-// element-wise (IEEE division, round-half-even), and its row maximum is exact in any order; the
-// GEMM's int32 sums are exact in any order (k <= kInt8MaxK), so these give the reference's bits
-// by construction. No saturating form is used (scripts/saturation-check.sh).
+// SIMD variants of the int8 ops. The quantizer's division, rounding and clamp are element-wise
+// (IEEE division, round-half-even), and its row maximum is exact in any order; the GEMM's int32
+// sums are exact in any order (k <= kInt8MaxK); the rotation's butterflies are the reference's
+// additions on the same values; so these give the reference's bits by construction. No saturating
+// form is used (scripts/saturation-check.sh).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/simd/int8.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -317,6 +318,103 @@ void DequantizeRows(const int8_t* q, const float* scale, float* y, int64_t rows,
   });
 }
 
+// HadamardRows in the reference's stage order (strides 1, 2, ..., block / 2), each stage's
+// butterflies the reference's additions on the same values, so the same bits.
+//
+// Rows of x (not transposed): in place in y, whole vectors at a time. Strides below the vector's
+// n lanes pair lane l with lane l ^ h of one vector (a permutation; the lower lane gets a + b,
+// the upper a - b), strides from n up pair whole vectors.
+void RotateRows(const float* x, float* y, int64_t rows, int64_t cols) {
+  const hn::CappedTag<float, 16> d;
+  const hn::RebindToSigned<decltype(d)> di;
+  const auto n = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t block = HadamardBlock(cols);
+  const int64_t chunk = std::max(block, n), whole = cols / chunk * chunk;
+  const int64_t inner = std::min(block, n);  // the strides within a vector: 1 .. inner / 2
+  const auto factor = hn::Set(d, int8::HadamardFactor(block));
+  const auto lane = hn::Iota(di, 0);
+  ParallelFor(rows, [&](int64_t r) {
+    float* v = y + r * cols;
+    if (v != x + r * cols) std::copy_n(x + r * cols, cols, v);
+    for (int64_t s = 0; s < whole; s += chunk) {
+      float* c = v + s;
+      for (int64_t j = 0; j < chunk; j += n) {
+        auto a = hn::LoadU(d, c + j);
+        for (int64_t h = 1; h < inner; h *= 2) {
+          const auto other = hn::TableLookupLanes(
+              a, hn::IndicesFromVec(d, hn::Xor(lane, hn::Set(di, static_cast<int32_t>(h)))));
+          const auto upper = hn::RebindMask(
+              d, hn::Ne(hn::And(lane, hn::Set(di, static_cast<int32_t>(h))), hn::Zero(di)));
+          a = hn::IfThenElse(upper, hn::Sub(other, a), hn::Add(a, other));
+        }
+        hn::StoreU(a, d, c + j);
+      }
+      for (int64_t h = n; h < block; h *= 2) {
+        for (int64_t i = 0; i < chunk; i += 2 * h) {
+          for (int64_t j = i; j < i + h; j += n) {
+            const auto a = hn::LoadU(d, c + j), b = hn::LoadU(d, c + j + h);
+            hn::StoreU(hn::Add(a, b), d, c + j);
+            hn::StoreU(hn::Sub(a, b), d, c + j + h);
+          }
+        }
+      }
+      for (int64_t j = 0; j < chunk; j += n)
+        hn::StoreU(hn::Mul(hn::LoadU(d, c + j), factor), d, c + j);
+    }
+    // Blocks smaller than a vector past the last whole vector.
+    for (int64_t s = whole; s < cols; s += block) int8::RotateBlock(v + s, block);
+  });
+}
+
+// Rows of xᵀ: kLines of them at a time as the columns of a tile whose row j holds element j of
+// each (x's rows, read a cache line at a time), so that every butterfly is whole vectors.
+void RotateColumns(const float* x, float* y, int64_t rows, int64_t cols) {
+  constexpr int64_t kLines = 16, kMaxBlock = 64;
+  const hn::CappedTag<float, kLines> d;
+  const auto n = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t block = HadamardBlock(rows);
+  const auto factor = hn::Set(d, int8::HadamardFactor(block));
+  ParallelFor((cols + kLines - 1) / kLines, [&](int64_t t) {
+    HWY_ALIGN float tile[kMaxBlock * kLines] = {};
+    const int64_t first = t * kLines, count = std::min(kLines, cols - first);
+    for (int64_t s = 0; s < rows; s += block) {
+      for (int64_t j = 0; j < block; ++j) {
+        std::copy_n(x + (s + j) * cols + first, count, tile + j * kLines);
+      }
+      for (int64_t h = 1; h < block; h *= 2) {
+        for (int64_t i = 0; i < block; i += 2 * h) {
+          for (int64_t j = i; j < i + h; ++j) {
+            for (int64_t l = 0; l < kLines; l += n) {
+              float* p = tile + j * kLines + l;
+              float* q = tile + (j + h) * kLines + l;
+              const auto a = hn::Load(d, p), b = hn::Load(d, q);
+              hn::Store(hn::Add(a, b), d, p);
+              hn::Store(hn::Sub(a, b), d, q);
+            }
+          }
+        }
+      }
+      for (int64_t j = 0; j < block; ++j) {
+        for (int64_t l = 0; l < kLines; l += n) {
+          hn::Store(hn::Mul(hn::Load(d, tile + j * kLines + l), factor), d, tile + j * kLines + l);
+        }
+      }
+      for (int64_t l = 0; l < count; ++l) {
+        float* out = y + (first + l) * rows + s;
+        for (int64_t j = 0; j < block; ++j) out[j] = tile[j * kLines + l];
+      }
+    }
+  });
+}
+
+void HadamardRows(const float* x, float* y, int64_t rows, int64_t cols, bool transpose) {
+  if (transpose) {
+    RotateColumns(x, y, rows, cols);
+  } else {
+    RotateRows(x, y, rows, cols);
+  }
+}
+
 }  // namespace lockstep::rk::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -325,6 +423,7 @@ namespace lockstep::rk::simd {
 HWY_EXPORT(QuantizeRows);
 HWY_EXPORT(GemmI8XWt);
 HWY_EXPORT(DequantizeRows);
+HWY_EXPORT(HadamardRows);
 
 void QuantizeRows(const float* x, int8_t* q, float* scale, int64_t rows, int64_t cols) {
   HWY_DYNAMIC_DISPATCH(QuantizeRows)(x, q, scale, rows, cols);
@@ -335,6 +434,9 @@ void GemmI8XWt(const int8_t* qx, const float* sx, const int8_t* qw, const float*
 }
 void DequantizeRows(const int8_t* q, const float* scale, float* y, int64_t rows, int64_t cols) {
   HWY_DYNAMIC_DISPATCH(DequantizeRows)(q, scale, y, rows, cols);
+}
+void HadamardRows(const float* x, float* y, int64_t rows, int64_t cols, bool transpose) {
+  HWY_DYNAMIC_DISPATCH(HadamardRows)(x, y, rows, cols, transpose);
 }
 }  // namespace lockstep::rk::simd
 #endif
