@@ -13,6 +13,9 @@
 #    register tile in registers), at most 48 KiB of static shared memory, and at least 8 warps
 #    resident per multiprocessor. A table of registers, shared memory and occupancy per program
 #    and architecture is printed.
+# 3. Integer sums: no saturating instruction (.sat, .satfinite) in any program, and the int8
+#    GEMM's program multiplies with dp4a.s32.s32; the int8 GEMM is held to the GEMMs' resource
+#    rules above (at a work-group of 256).
 # Exit 0 clean, 1 otherwise, 2 when there is nothing to check. BUILD: $LOCKSTEP_BUILD or build/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,6 +68,23 @@ if ((${#files[@]} == 0)); then
   fi
 fi
 for ptx in "${files[@]}"; do rounding "$ptx" "$(basename "$ptx" .ptx)" || status=1; done
+# Integer sums (3. above): a saturated sum depends on the order of its terms.
+for ptx in "${files[@]}"; do
+  name=$(basename "$ptx" .ptx)
+  if grep -qE '\.sat(finite)?\b' "$ptx"; then
+    echo "$name: FAIL: a saturating instruction:"
+    grep -nE '\.sat(finite)?\b' "$ptx" | head -5
+    status=1
+  fi
+  if grep -q '\.entry gemm_i8_xwt(' "$ptx"; then
+    if dp4a=$(grep -c 'dp4a\.s32\.s32' "$ptx") && ((dp4a > 0)); then
+      echo "$name: gemm_i8_xwt: $dp4a dp4a.s32.s32, no saturating form"
+    else
+      echo "$name: FAIL: gemm_i8_xwt has no dp4a.s32.s32"
+      status=1
+    fi
+  fi
+done
 
 ptxas=${PTXAS:-$(command -v ptxas || true)}
 [[ -z $ptxas && -x /usr/local/cuda/bin/ptxas ]] && ptxas=/usr/local/cuda/bin/ptxas
@@ -92,6 +112,8 @@ for ptx in "${files[@]}"; do
       if [[ $kernel == gemm && $name =~ ^gemm-([0-9]+)x([0-9]+)-([0-9]+)x([0-9]+)- ]]; then
         threads=$((BASH_REMATCH[1] / BASH_REMATCH[3] * (BASH_REMATCH[2] / BASH_REMATCH[4])))
       fi
+      # The int8 GEMM, at a work-group of 256 (the runtime's choice when none is set).
+      [[ $kernel == gemm_i8_xwt ]] && threads=256
       blocks=- warps=-
       if ((threads > 0)); then
         local_warps=$(((threads + 31) / 32))

@@ -929,8 +929,9 @@ void RuntimeDevice::RunGemmI8XWt(rk::Op /*op*/, Binding& io) {
   CheckElements(name, "sx", io.Size("sx"), m);
   CheckElements(name, "w", io.Size("w"), n * k);
   CheckElements(name, "sw", io.Size("sw"), n);
-  Launch(main_, "gemm_i8_xwt", m * n, io.In("x"), io.In("sx"), io.In("w"), io.In("sw"),
-         io.Out("y", m * n), m, n, k);
+  constexpr int64_t kTile = 4;  // int8.cl's I8_TILE: a work-item's block of outputs
+  Launch(main_, "gemm_i8_xwt", (m + kTile - 1) / kTile * ((n + kTile - 1) / kTile), io.In("x"),
+         io.In("sx"), io.In("w"), io.In("sw"), io.Out("y", m * n), m, n, k);
 }
 
 void RuntimeDevice::RunDequantizeRows(rk::Op /*op*/, Binding& io) {
