@@ -112,7 +112,7 @@ class KvDecoder : private AttentionContext {
   ModelConfig config_;
   std::vector<int64_t> capacities_, first_;  // per slot: its positions, its first in the cache
   std::span<const float> tok_, emb_norm_, final_norm_, output_;
-  std::vector<std::array<std::span<const float>, kTensorsPerLayer>> layers_;
+  std::vector<LayerTensors> layers_;
   // The Append being run: its pieces, and piece i's rows first_row_[i] .. first_row_[i + 1] - 1.
   std::span<const Piece> pieces_;
   std::vector<int64_t> first_row_;

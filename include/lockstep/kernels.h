@@ -76,6 +76,22 @@ inline constexpr int64_t kInt8MaxK = 133144;
 // above zero): q = 0; else q[i] = clamp(round-half-even(x[i] / s), -127, 127).
 void QuantizeRows(std::span<const float> x, std::span<int8_t> q, std::span<float> scale,
                   int64_t rows, int64_t cols);
+// Each row of x[rows, cols] to int8 with a given scale[rows] (an int8 linear's weight and its
+// scale tensor): q[r, i] = clamp(round-half-even(x[r, i] / s), -127, 127) for s = scale[r], or 0
+// where s is not above zero (0, negative, NaN) or x[r, i] / s is NaN. QuantizeRows' q is this of
+// its own scale.
+void QuantizeRowsByScale(std::span<const float> x, std::span<const float> scale,
+                         std::span<int8_t> q, int64_t rows, int64_t cols);
+// The int8 weight scales' refresh from a weight (docs/model.md, "Linears"), in pieces: `maxima`
+// holds one value per row of a matrix of `cols` columns, and each element of x, element `begin`
+// onwards of the matrix in row-major order, folds its |x| into its row's: the larger, or NaN
+// once the row has a NaN or an infinity. A maximum is exact, so neither the pieces nor their
+// order change a bit. FoldMaxima folds another set of maxima (another rank's) in.
+void FoldRowMaxima(std::span<const float> x, int64_t begin, int64_t cols, std::span<float> maxima);
+void FoldMaxima(std::span<const float> from, std::span<float> into);
+// scale[r] = the scale QuantizeRows gives a row whose fold is maxima[r]: maxima[r] / 127, or the
+// canonical NaN for NaN.
+void ScalesOfMaxima(std::span<const float> maxima, std::span<float> scale);
 // y[m, n] = float(Σ_r qx[m, r]·qw[n, r]) · (sx[m] · sw[n]): the int32 sum exact (k <= kInt8MaxK),
 // its conversion rounded to nearest even, the scale product rounded once, then one multiply.
 void GemmI8XWt(std::span<const int8_t> qx, std::span<const float> sx, std::span<const int8_t> qw,
@@ -334,6 +350,7 @@ enum class Op : uint8_t {
   kGemmI8XWt,
   kDequantizeRows,
   kHadamardRows,
+  kQuantizeRowsByScale,
   kCount
 };
 

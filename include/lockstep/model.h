@@ -101,14 +101,21 @@ struct ParamSpec {
   std::vector<int64_t> shape;
   bool weight_decay = false;  // AdamW decays it: the linear layers' matrices and output.weight
   bool is_matrix = false;     // 2-D: initialised from the truncated normal (else: ones)
+  // An int8 linear's weight scales, one per output channel (docs/model.md, "Linears"): set from
+  // its weight at the initialisation and after every update, never trained by AdamW.
+  bool is_scale = false;
   int64_t layer = -1;         // the l of layers.l.*; -1 for the tensors outside the layers
   int64_t numel() const;
 };
 
 // The canonical order (docs/model.md): tok_embeddings.weight, [emb_norm.weight], per layer l:
 // layers.l.{attn_norm, attn.wq, attn.wk, attn.wv, attn.wo, ffn_norm, ffn.w_gate_up,
-// ffn.w_down}.weight, then final_norm.weight, output.weight.
+// ffn.w_down}.weight, then final_norm.weight, output.weight; with model.linear = int8 then per
+// layer l: layers.l.{attn.wq, attn.wk, attn.wv, attn.wo, ffn.w_gate_up, ffn.w_down}.scale.
 std::vector<ParamSpec> ParameterSpecs(const ModelConfig& config);
+// The weight whose scales the scale tensor `scale` holds ("layers.l.attn.wq.scale" ->
+// "layers.l.attn.wq.weight").
+std::string ScaledWeightName(const ParamSpec& scale);
 
 // A layer's parameter tensors in ParameterSpecs order, and each one's name within its layer
 // ("layers.<l>." + name): the one spelling of them, which ParameterSpecs, the model, the decoder
@@ -119,6 +126,21 @@ inline constexpr std::array<std::string_view, 8> kLayerTensorNames = {
     "attn.wo.weight",   "ffn_norm.weight", "ffn.w_gate_up.weight", "ffn.w_down.weight"};
 inline constexpr size_t kTensorsPerLayer = kLayerTensorNames.size();
 static_assert(kWDown + 1 == kTensorsPerLayer);
+// The six linear weights of a layer, in the order of their scale tensors, and those names.
+inline constexpr std::array<LayerTensor, 6> kLayerLinears = {kWq, kWk, kWv, kWo, kWGateUp, kWDown};
+inline constexpr std::array<std::string_view, 6> kLayerScaleNames = {
+    "attn.wq.scale", "attn.wk.scale",       "attn.wv.scale",
+    "attn.wo.scale", "ffn.w_gate_up.scale", "ffn.w_down.scale"};
+// A layer's opened tensors: its kTensorsPerLayer in LayerTensor order, then (int8 linears; else
+// empty) the scale of each of kLayerLinears at ScaleSlot.
+inline constexpr size_t kLayerSlots = kTensorsPerLayer + kLayerLinears.size();
+constexpr size_t LinearIndex(LayerTensor which) {  // its position in kLayerLinears
+  return which <= kWo ? which - kWq : which - kWGateUp + 4;
+}
+constexpr size_t ScaleSlot(LayerTensor which) { return kTensorsPerLayer + LinearIndex(which); }
+static_assert(kLayerLinears[LinearIndex(kWo)] == kWo &&
+              kLayerLinears[LinearIndex(kWDown)] == kWDown);
+using LayerTensors = std::array<std::span<const float>, kLayerSlots>;
 
 // Each tensor's index in ParameterSpecs order.
 struct ParamIndex {
@@ -128,10 +150,16 @@ struct ParamIndex {
         emb_norm(1),
         first_layer(c.embedding_norm ? 2 : 1),
         final_norm(first_layer + kTensorsPerLayer * static_cast<size_t>(c.n_layers)),
-        output(final_norm + 1) {}
+        output(final_norm + 1),
+        scales(c.linear == Linear::kInt8 ? output + 1 : 0) {}
   size_t Layer(int64_t l, size_t which) const {  // which: a LayerTensor
     return first_layer + kTensorsPerLayer * static_cast<size_t>(l) + which;
   }
+  // The scale tensor of linear `which` of layer l (int8 linears only).
+  size_t Scale(int64_t l, LayerTensor which) const {
+    return scales + kLayerLinears.size() * static_cast<size_t>(l) + LinearIndex(which);
+  }
+  size_t scales;  // the first scale tensor; 0 without int8 linears
 };
 
 // The model FLOPs of one training step of `config` (train.microbatches × train.microbatch
@@ -183,8 +211,9 @@ class ParamStore {
   std::vector<float, CacheLineAllocator<float>> data_;
 };
 
-// Truncated-normal initialisation of every matrix (std = init_std, bounds ±2 std) and ones for
-// every norm gain, from one Philox4x32-10 stream keyed by PhiloxKeyFromSeed(seed); the exact
+// Truncated-normal initialisation of every matrix (std = init_std, bounds ±2 std), ones for
+// every norm gain, and each scale tensor's scales of its weight's initial rows (rk::ScalesOfMaxima
+// of its rows' maxima), from one Philox4x32-10 stream keyed by PhiloxKeyFromSeed(seed); the exact
 // definition is in docs/model.md. Generated tensor by tensor; the bits do not depend on the
 // thread count. Returns the number of draws used (the stream's next draw index).
 int64_t InitParameters(const ModelConfig& config, uint64_t seed, ParamStore& params);
@@ -321,11 +350,12 @@ class AttentionContext {
                       std::span<const float> v, std::span<float> attn) = 0;
 };
 // The scratch of the int8 linears (model.linear = int8, docs/model.md "Linears") over up to
-// `rows` rows: an input's int8 rows and scales, a weight's, and for the backward the dequantized
-// operands it reads in place of the input and the weight (or the int8 backward's buffers).
+// `rows` rows: an input's int8 rows and scales, a weight's int8 rows, and for the backward the
+// dequantized operands it reads in place of the input and the weight (or the int8 backward's
+// buffers).
 struct Int8Scratch {
   std::vector<int8_t> qx, qw;
-  std::vector<float> sx, sw, x_hat, w_hat;
+  std::vector<float> sx, x_hat, w_hat;
   // With model.int8_backward, in place of x_hat and w_hat: the backward GEMM's rotated operands
   // (rot_a, rot_b), their quantized rows (qa, qb) and scales (sa, sb), and a product to add.
   std::vector<float> rot_a, rot_b, sa, sb, sum;
@@ -344,7 +374,7 @@ struct LayerBuffers {
   Int8Scratch* int8 = nullptr;  // with model.linear = int8, sized for the rows (Resize)
 };
 // Layer `layer`'s forward over `rows` rows (docs/model.md) with its parameters w
-// (kTensorsPerLayer, in LayerTensor order): every activation its backward reads, and with
+// (LayerTensors' slots): every activation its backward reads, and with
 // `output` the layer's output x_out (without it the forward stops after the SwiGLU: what a
 // backward recomputes).
 void LayerForward(const OpHooks& hooks, const ModelConfig& config, int64_t layer, int64_t rows,
@@ -433,9 +463,9 @@ class Model : private AttentionContext {
   std::span<const float> Param(TensorAccess& access, size_t i) const;
   // access.WillOpenParam for every tensor of `layer`.
   void WillOpenLayer(TensorAccess& access, int64_t layer) const;
-  // Layer `layer`'s parameters opened into w (kTensorsPerLayer, in LayerTensor order), and
-  // closed.
-  void OpenLayer(TensorAccess& access, int64_t layer, std::span<std::span<const float>> w) const;
+  // Layer `layer`'s parameters opened into w (the scales' slots empty without int8 linears),
+  // and closed.
+  void OpenLayer(TensorAccess& access, int64_t layer, LayerTensors& w) const;
   void CloseLayer(TensorAccess& access, int64_t layer) const;
   std::span<float> Grad(TensorAccess& access, size_t i, bool accumulate) const;
   // Layer l's forward (LayerForward) from its input with parameters w into its activations, and
@@ -451,9 +481,11 @@ class Model : private AttentionContext {
   void BackwardLayer(TensorAccess& access, int64_t l, std::span<const std::span<const float>> w,
                      bool accumulate);
   // The input gradient dx[rows, in] = dy[rows, out] · W of the linear with weight w[out, in]
-  // (docs/model.md, "Linears"), stored or with `add` added to dx.
+  // (docs/model.md, "Linears"; the straight-through backward's Ŵ from w and its scales w_scale),
+  // stored or with `add` added to dx.
   void InputGrad(int64_t layer, std::span<const float> dy, std::span<const float> w,
-                 std::span<float> dx, int64_t out, int64_t in, bool add);
+                 std::span<const float> w_scale, std::span<float> dx, int64_t out, int64_t in,
+                 bool add);
   // Gradient i = dyᵀ · x [out, in] of a linear (x: the input, or the straight-through backward's
   // operand in its place), stored or added to the accumulated one.
   void WeightGrad(TensorAccess& access, int64_t layer, size_t i, std::span<const float> dy,
@@ -465,12 +497,9 @@ class Model : private AttentionContext {
   bool RotatedInt8Backward() const {
     return config_.linear == Linear::kInt8 && config_.int8_backward;
   }
-  // The straight-through backward's operand in place of x[rows, cols] (an input, or a weight
-  // with rows its outputs): the values x's quantized rows stand for, quantized into q and scale
-  // and dequantized into `into`.
-  std::span<const float> Dequantized(int64_t layer, std::span<const float> x, int64_t rows,
-                                     int64_t cols, std::span<int8_t> q, std::span<float> scale,
-                                     std::span<float> into);
+  // The straight-through backward's operand in place of an input x[rows_, cols]: the values its
+  // quantized rows stand for (QuantizeRows, then DequantizeRows into the scratch's x_hat).
+  std::span<const float> DequantizedInput(int64_t layer, std::span<const float> x, int64_t cols);
   // The int8 backward's GEMM: y[m, n] = A · Bᵀ (with `add`, added to y) for A[m, k] given as a
   // (a[k, m] when a_transposed) and B[n, k] as b likewise: both rotated along k (HadamardRows),
   // their rows quantized, the exact int8 GEMM.

@@ -34,9 +34,12 @@ void GemmDyW(const OpHooks& hooks, int64_t layer, std::span<const float> dy,
 void GemmDytX(const OpHooks& hooks, int64_t layer, std::span<const float> dy,
               std::span<const float> x, std::span<float> dw, int64_t m, int64_t n, int64_t k,
               bool accumulate = false);
-// The int8 ops (rk::QuantizeRows, GemmI8XWt, DequantizeRows, HadamardRows).
+// The int8 ops (rk::QuantizeRows, QuantizeRowsByScale, GemmI8XWt, DequantizeRows, HadamardRows).
 void QuantizeRows(const OpHooks& hooks, int64_t layer, std::span<const float> x,
                   std::span<int8_t> q, std::span<float> scale, int64_t rows, int64_t cols);
+void QuantizeRowsByScale(const OpHooks& hooks, int64_t layer, std::span<const float> x,
+                         std::span<const float> scale, std::span<int8_t> q, int64_t rows,
+                         int64_t cols);
 void GemmI8XWt(const OpHooks& hooks, int64_t layer, std::span<const int8_t> qx,
                std::span<const float> sx, std::span<const int8_t> qw, std::span<const float> sw,
                std::span<float> y, int64_t m, int64_t n, int64_t k);

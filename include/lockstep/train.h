@@ -297,6 +297,9 @@ class Trainer {
   data::TokenStream stream_;
   Model model_;
   std::vector<ParamSpec> specs_;
+  // With int8 linears: per tensor, the index of its scale tensor (kNoScale: none); else empty.
+  static constexpr size_t kNoScale = SIZE_MAX;
+  std::vector<size_t> scale_of_;
   std::vector<TensorShape> shapes_;
   std::unique_ptr<StateStore> store_;
   StepState state_;

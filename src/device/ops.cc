@@ -414,6 +414,7 @@ class RuntimeDevice final : public Device {
   void RunRope(rk::Op op, Binding& io);
   void RunEmbedding(rk::Op op, Binding& io);
   void RunQuantizeRows(rk::Op op, Binding& io);
+  void RunQuantizeRowsByScale(rk::Op op, Binding& io);
   void RunGemmI8XWt(rk::Op op, Binding& io);
   void RunDequantizeRows(rk::Op op, Binding& io);
   void RunHadamardRows(rk::Op op, Binding& io);
@@ -921,6 +922,15 @@ void RuntimeDevice::RunQuantizeRows(rk::Op /*op*/, Binding& io) {
          rows, cols);
 }
 
+void RuntimeDevice::RunQuantizeRowsByScale(rk::Op /*op*/, Binding& io) {
+  const std::string_view name = io.name();
+  const int64_t rows = io.Positive("rows"), cols = io.Positive("cols");
+  CheckElements(name, "x", io.Size("x"), rows * cols);
+  CheckElements(name, "scale", io.Size("scale"), rows);
+  Launch(main_, "quantize_rows_by_scale", rows * cols, io.In("x"), io.In("scale"),
+         io.Out("q", rows * cols), rows, cols);
+}
+
 void RuntimeDevice::RunGemmI8XWt(rk::Op /*op*/, Binding& io) {
   const std::string_view name = io.name();
   const int64_t m = io.Positive("m"), n = io.Positive("n"), k = io.Int("k");
@@ -929,9 +939,8 @@ void RuntimeDevice::RunGemmI8XWt(rk::Op /*op*/, Binding& io) {
   CheckElements(name, "sx", io.Size("sx"), m);
   CheckElements(name, "w", io.Size("w"), n * k);
   CheckElements(name, "sw", io.Size("sw"), n);
-  constexpr int64_t kTile = 4;  // int8.cl's I8_TILE: a work-item's block of outputs
-  Launch(main_, "gemm_i8_xwt", (m + kTile - 1) / kTile * ((n + kTile - 1) / kTile), io.In("x"),
-         io.In("sx"), io.In("w"), io.In("sw"), io.Out("y", m * n), m, n, k);
+  Launch(main_, "gemm_i8_xwt", (m + kInt8Tile - 1) / kInt8Tile * ((n + kInt8Tile - 1) / kInt8Tile),
+         io.In("x"), io.In("sx"), io.In("w"), io.In("sw"), io.Out("y", m * n), m, n, k);
 }
 
 void RuntimeDevice::RunDequantizeRows(rk::Op /*op*/, Binding& io) {
@@ -984,6 +993,7 @@ const Recipe* RecipeOf(rk::Op op) {
       {rk::Op::kGemmI8XWt, &RuntimeDevice::RunGemmI8XWt},
       {rk::Op::kDequantizeRows, &RuntimeDevice::RunDequantizeRows},
       {rk::Op::kHadamardRows, &RuntimeDevice::RunHadamardRows},
+      {rk::Op::kQuantizeRowsByScale, &RuntimeDevice::RunQuantizeRowsByScale},
   };
   const auto it = std::ranges::find(kRecipes, op, &Recipe::op);
   return it == std::end(kRecipes) ? nullptr : &*it;

@@ -45,7 +45,7 @@ std::string GemmTiling::Name() const {
 
 ProgramSpec MainProgram() {
   // dmath.cl first: the others call its exp and log.
-  ProgramSpec spec{"main", {"dmath.cl"}, ""};
+  ProgramSpec spec{"main", {"dmath.cl"}, fmt::format("-DI8_TILE={}", kInt8Tile)};
   for (const KernelSource& source : KernelSources()) {
     if (source.name != "dmath.cl" && source.name != "gemm.cl" && source.name != "norm.cl") {
       spec.sources.push_back(source.name);

@@ -80,6 +80,8 @@ std::unique_ptr<Runtime> OpenOpenCl(const DeviceChoice& choice, const Mutation& 
 std::unique_ptr<Runtime> OpenCuda(const DeviceChoice& choice);
 
 // The program table (src/device/programs.cc): every program a device builds.
+// The int8 GEMM's block of outputs per work-item (kInt8Tile x kInt8Tile; int8.cl's I8_TILE).
+inline constexpr int64_t kInt8Tile = 4;
 ProgramSpec MainProgram();  // every source but the GEMM's and the fp64 norm's, dmath.cl first
 ProgramSpec NormProgram();  // norm.cl (fp64), with the contract's block and lane counts
 ProgramSpec GemmProgram(const GemmTiling& tiling);

@@ -54,9 +54,14 @@ KvDecoder::KvDecoder(const ModelConfig& config, const ParamStore& params,
   output_ = params.Tensor(P.output);
   const int64_t kv = config.n_kv_heads * config.head_dim;
   for (int64_t l = 0; l < config.n_layers; ++l) {
-    std::array<std::span<const float>, kTensorsPerLayer>& w = layers_.emplace_back();
+    LayerTensors& w = layers_.emplace_back();
     for (size_t which = 0; which < kTensorsPerLayer; ++which) {
       w[which] = params.Tensor(P.Layer(l, which));
+    }
+    if (config.linear == Linear::kInt8) {
+      for (const LayerTensor which : kLayerLinears) {
+        w[ScaleSlot(which)] = params.Tensor(P.Scale(l, which));
+      }
     }
     const auto floats = static_cast<size_t>(positions * kv);
     k_cache_.emplace_back(floats);

@@ -42,6 +42,8 @@ struct GemmArgs {
   void Rope(const float* x, float* y, const float* cos, const float* sin, int64_t batch,          \
             int64_t seq, int64_t heads, int64_t head_dim, bool inverse);                          \
   void QuantizeRows(const float* x, int8_t* q, float* scale, int64_t rows, int64_t cols);         \
+  void QuantizeRowsByScale(const float* x, const float* scale, int8_t* q, int64_t rows,           \
+                           int64_t cols);                                                         \
   void GemmI8XWt(const int8_t* qx, const float* sx, const int8_t* qw, const float* sw, float* y,  \
                  int64_t m, int64_t n, int64_t k);                                                \
   void DequantizeRows(const int8_t* q, const float* scale, float* y, int64_t rows, int64_t cols); \

@@ -1,6 +1,11 @@
 // The int8 ops: arguments checked, then the reference or the SIMD variant.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
 #include "kernels/impl.h"
 #include "kernels/internal.h"
+#include "kernels/ref/int8_rules.h"
 
 namespace lockstep::rk {
 
@@ -19,6 +24,63 @@ void QuantizeRows(std::span<const float> x, std::span<int8_t> q, std::span<float
     ref::QuantizeRows(x.data(), q.data(), scale.data(), rows, cols);
   } else {
     simd::QuantizeRows(x.data(), q.data(), scale.data(), rows, cols);
+  }
+}
+
+void QuantizeRowsByScale(std::span<const float> x, std::span<const float> scale,
+                         std::span<int8_t> q, int64_t rows, int64_t cols) {
+  const char* op = "QuantizeRowsByScale";
+  detail::CheckNonNegative(op, "rows", rows);
+  detail::CheckNonNegative(op, "cols", cols);
+  detail::CheckSize(op, "x", x, {rows, cols}, "rows*cols");
+  detail::CheckSize(op, "scale", scale, rows, "rows");
+  detail::CheckSize(op, "q", q, {rows, cols}, "rows*cols");
+  detail::CheckDisjoint(op, "q", q, "x", x);
+  detail::CheckDisjoint(op, "q", q, "scale", scale);
+  if (rows == 0) return;
+  if (detail::UsingReference()) {
+    ref::QuantizeRowsByScale(x.data(), scale.data(), q.data(), rows, cols);
+  } else {
+    simd::QuantizeRowsByScale(x.data(), scale.data(), q.data(), rows, cols);
+  }
+}
+
+namespace {
+// A row's fold with one more element's magnitude (FoldRowMaxima's rule).
+float Fold(float maximum, float x) {
+  return std::isnan(maximum) || !std::isfinite(x) ? std::numeric_limits<float>::quiet_NaN()
+                                                  : std::max(maximum, std::fabs(x));
+}
+}  // namespace
+
+void FoldRowMaxima(std::span<const float> x, int64_t begin, int64_t cols, std::span<float> maxima) {
+  const auto rows = static_cast<int64_t>(maxima.size());
+  if (cols < 1 || begin < 0 || begin + static_cast<int64_t>(x.size()) > rows * cols) {
+    Fail("FoldRowMaxima: elements [{}, {}) of a {} x {} matrix", begin,
+         begin + static_cast<int64_t>(x.size()), rows, cols);
+  }
+  for (size_t e = 0; e < x.size();) {
+    const int64_t at = begin + static_cast<int64_t>(e);
+    const int64_t row = at / cols, end = std::min<int64_t>((row + 1) * cols - begin, x.size());
+    float m = maxima[static_cast<size_t>(row)];
+    for (; e < static_cast<size_t>(end); ++e) m = Fold(m, x[e]);
+    maxima[static_cast<size_t>(row)] = m;
+  }
+}
+
+void FoldMaxima(std::span<const float> from, std::span<float> into) {
+  if (from.size() != into.size()) Fail("FoldMaxima: {} maxima into {}", from.size(), into.size());
+  for (size_t r = 0; r < from.size(); ++r) {
+    into[r] = std::isnan(from[r]) ? from[r] : Fold(into[r], from[r]);
+  }
+}
+
+void ScalesOfMaxima(std::span<const float> maxima, std::span<float> scale) {
+  if (maxima.size() != scale.size()) {
+    Fail("ScalesOfMaxima: {} maxima for {} scales", maxima.size(), scale.size());
+  }
+  for (size_t r = 0; r < maxima.size(); ++r) {
+    scale[r] = int8::RowScale(maxima[r], !std::isnan(maxima[r]));
   }
 }
 

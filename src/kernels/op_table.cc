@@ -177,6 +177,12 @@ void RunQuantizeRows(const OpValues& in, OpValues& out) {
       out.Put("q", std::vector<int8_t>(static_cast<size_t>(Allocation(in, {rows, cols}))));
   QuantizeRows(in.F("x"), q, out.Put("scale", Zeros(in, {rows})), rows, cols);
 }
+void RunQuantizeRowsByScale(const OpValues& in, OpValues& out) {
+  const int64_t rows = in.Int("rows"), cols = in.Int("cols");
+  const std::span<int8_t> q =
+      out.Put("q", std::vector<int8_t>(static_cast<size_t>(Allocation(in, {rows, cols}))));
+  QuantizeRowsByScale(in.F("x"), in.F("scale"), q, rows, cols);
+}
 void RunGemmI8XWt(const OpValues& in, OpValues& out) {
   const int64_t m = in.Int("m"), n = in.Int("n"), k = in.Int("k");
   GemmI8XWt(in.Get<int8_t>("x"), in.F("sx"), in.Get<int8_t>("w"), in.F("sw"),
@@ -371,6 +377,26 @@ OpValues SampleQuantizeRows() {
     row(6)[i] = i == 0 ? 63.5f : static_cast<float>(i % 254 - 127) * 0.5f + 0.25f;
   }
   v.Put("x", std::move(x));
+  return v;
+}
+OpValues SampleQuantizeRowsByScale() {
+  // QuantizeRows' sample with scales of every kind: each row's own (ties, a zero row, a row too
+  // small), a NaN, a negative, an infinity, a subnormal (x / s past 127 and infinite: clamped),
+  // and scales too small for a row's largest elements (clamped); x has the special values.
+  OpValues v = SampleQuantizeRows();
+  const int64_t rows = static_cast<int64_t>(v.args.at("rows"));
+  OpValues own;
+  RunQuantizeRows(v, own);
+  const std::span<const float> own_scale = own.F("scale");
+  Floats scale(own_scale.begin(), own_scale.end());
+  const float kinds[] = {NAN, -0.5f, INFINITY, 0x1.0p-149f, 0x1.0p-3f, 0x1.0p-10f};
+  for (int64_t r = 7, j = 0; r < rows; ++r, ++j) scale[r] = kinds[j % std::size(kinds)];
+  Floats x(v.F("x").begin(), v.F("x").end());
+  const Floats specials = SelftestFloats(static_cast<int64_t>(x.size()), 40, true);
+  const auto cols = static_cast<size_t>(v.args.at("cols"));
+  std::copy(specials.end() - 4 * cols, specials.end(), x.end() - 4 * cols);
+  v.Put("x", std::move(x));
+  v.Put("scale", std::move(scale));
   return v;
 }
 OpValues SampleGemmI8XWt() {
@@ -659,6 +685,15 @@ const std::vector<OpSpec>& Table() {
          {{"y"}},
          RunHadamardRows,
          SampleHadamardRows},
+        {Op::kQuantizeRowsByScale,
+         "quantize_rows_by_scale",
+         "QuantizeRowsByScale",
+         {"rows", "cols"},
+         {},
+         {{"x"}, {"scale"}},
+         {{"q", kI8}},
+         RunQuantizeRowsByScale,
+         SampleQuantizeRowsByScale},
     };
     for (size_t i = 0; i < t.size(); ++i) {
       if (static_cast<size_t>(t[i].op) != i) LOCKSTEP_INTERNAL("op table entry {} out of order", i);

@@ -33,8 +33,8 @@ std::span<T> Take(std::vector<T>& v, int64_t n) {
 }
 
 // The linears y = x · Wᵀ of one input x[rows, cols] (docs/model.md, "Linears"): the fp32 GEMM,
-// or with model.linear = int8 x's rows quantized once and, per weight, its rows quantized and
-// the exact int8 GEMM.
+// or with model.linear = int8 x's rows quantized once and, per weight, its rows quantized with
+// its scale tensor and the exact int8 GEMM.
 class LinearInput {
  public:
   LinearInput(const OpHooks& hooks, const ModelConfig& config, int64_t layer, int64_t rows,
@@ -48,15 +48,17 @@ class LinearInput {
     ops::QuantizeRows(hooks_, layer_, x_, Take(int8_->qx, rows_ * cols_), Take(int8_->sx, rows_),
                       rows_, cols_);
   }
-  // y[rows, out] = x · Wᵀ for w[out, cols].
-  void Apply(std::span<const float> w, std::span<float> y, int64_t out) const {
+  // y[rows, out] = x · Wᵀ for the layer's weight `which`, w[which] [out, cols] (and with int8
+  // its scales w[ScaleSlot(which)] [out]).
+  void Apply(std::span<const std::span<const float>> w, LayerTensor which, std::span<float> y,
+             int64_t out) const {
     if (int8_ == nullptr) {
-      ops::GemmXWt(hooks_, layer_, x_, w, y, rows_, out, cols_);
+      ops::GemmXWt(hooks_, layer_, x_, w[which], y, rows_, out, cols_);
       return;
     }
     const std::span<int8_t> qw = Take(int8_->qw, out * cols_);
-    const std::span<float> sw = Take(int8_->sw, out);
-    ops::QuantizeRows(hooks_, layer_, w, qw, sw, out, cols_);
+    const std::span<const float> sw = w[ScaleSlot(which)];
+    ops::QuantizeRowsByScale(hooks_, layer_, w[which], sw, qw, out, cols_);
     ops::GemmI8XWt(hooks_, layer_, Take(int8_->qx, rows_ * cols_), Take(int8_->sx, rows_), qw, sw,
                    y, rows_, out, cols_);
   }
@@ -74,7 +76,7 @@ namespace {
 
 // The int8 scratch's sizes, in elements, for `rows` rows of `config`'s linears.
 struct Int8Sizes {
-  int64_t qx, sx, qw, sw;  // the forward's quantized rows and scales
+  int64_t qx, sx, qw;      // the forward's quantized rows and the input's scales
   int64_t x_hat, w_hat;    // the straight-through backward's dequantized operands
   // The int8 backward's rotated, quantized operands a and b of its GEMM and a sum to add.
   int64_t rot_a, sa, rot_b, sb, sum;
@@ -83,7 +85,7 @@ struct Int8Sizes {
 Int8Sizes SizesOf(const ModelConfig& config, int64_t rows, bool backward) {
   const int64_t in = LinearMaxIn(config), out = LinearMaxOut(config);
   const int64_t weight = LinearMaxWeight(config);
-  Int8Sizes z{rows * in, rows, weight, out, 0, 0, 0, 0, 0, 0, 0};
+  Int8Sizes z{rows * in, rows, weight, 0, 0, 0, 0, 0, 0, 0};
   if (backward && !config.int8_backward) {
     z.x_hat = rows * in;
     z.w_hat = weight;
@@ -107,7 +109,6 @@ void Int8Scratch::Resize(const ModelConfig& config, int64_t rows, bool backward)
   qx.resize(size(z.qx));
   sx.resize(size(z.sx));
   qw.resize(size(z.qw));
-  sw.resize(size(z.sw));
   x_hat.resize(size(z.x_hat));
   w_hat.resize(size(z.w_hat));
   rot_a.resize(size(z.rot_a));
@@ -122,7 +123,7 @@ void Int8Scratch::Resize(const ModelConfig& config, int64_t rows, bool backward)
 int64_t Int8Scratch::Bytes(const ModelConfig& config, int64_t rows, bool backward) {
   const Int8Sizes z = SizesOf(config, rows, backward);
   const int64_t int8s = z.qx + z.qw + z.rot_a + z.rot_b;
-  const int64_t floats = z.sx + z.sw + z.x_hat + z.w_hat + z.rot_a + z.sa + z.rot_b + z.sb + z.sum;
+  const int64_t floats = z.sx + z.x_hat + z.w_hat + z.rot_a + z.sa + z.rot_b + z.sb + z.sum;
   return int8s + floats * int64_t{sizeof(float)};
 }
 
@@ -190,7 +191,16 @@ Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int6
   }
   at(P.final_norm, "final_norm.weight");
   at(P.output, "output.weight");
-  LOCKSTEP_CHECK(P.output + 1 == specs_.size(), "ParamIndex: {} tensors", specs_.size());
+  size_t last = P.output;
+  if (config.linear == Linear::kInt8) {
+    for (int64_t l = 0; l < config.n_layers; ++l) {
+      for (size_t j = 0; j < kLayerLinears.size(); ++j) {
+        at(last = P.Scale(l, kLayerLinears[j]), fmt::format("layers.{}.{}", l, kLayerScaleNames[j]),
+           l);
+      }
+    }
+  }
+  LOCKSTEP_CHECK(last + 1 == specs_.size(), "ParamIndex: {} tensors", specs_.size());
 
   // Plan the arena: every buffer starts on a 64-byte boundary.
   int64_t end = 0;
@@ -271,27 +281,31 @@ std::span<float> StoreAccess::OpenGrad(size_t i, bool) {
   return grads_->Tensor(i);
 }
 
-void Model::WillOpenLayer(TensorAccess& access, int64_t layer) const {
-  const ParamIndex P(config_);
-  for (size_t which = 0; which < kTensorsPerLayer; ++which) {
-    access.WillOpenParam(P.Layer(layer, which));
+namespace {
+// The indices of layer `layer`'s tensors, in LayerTensors' slot order.
+std::vector<size_t> LayerParams(const ModelConfig& config, int64_t layer) {
+  const ParamIndex P(config);
+  std::vector<size_t> at;
+  for (size_t which = 0; which < kTensorsPerLayer; ++which) at.push_back(P.Layer(layer, which));
+  if (config.linear == Linear::kInt8) {
+    for (const LayerTensor which : kLayerLinears) at.push_back(P.Scale(layer, which));
   }
+  return at;
+}
+}  // namespace
+
+void Model::WillOpenLayer(TensorAccess& access, int64_t layer) const {
+  for (const size_t i : LayerParams(config_, layer)) access.WillOpenParam(i);
 }
 
-void Model::OpenLayer(TensorAccess& access, int64_t layer,
-                      std::span<std::span<const float>> w) const {
-  const ParamIndex P(config_);
-  LOCKSTEP_CHECK(w.size() == kTensorsPerLayer, "OpenLayer into {} spans", w.size());
-  for (size_t which = 0; which < kTensorsPerLayer; ++which) {
-    w[which] = Param(access, P.Layer(layer, which));
-  }
+void Model::OpenLayer(TensorAccess& access, int64_t layer, LayerTensors& w) const {
+  const std::vector<size_t> at = LayerParams(config_, layer);
+  w = {};
+  for (size_t slot = 0; slot < at.size(); ++slot) w[slot] = Param(access, at[slot]);
 }
 
 void Model::CloseLayer(TensorAccess& access, int64_t layer) const {
-  const ParamIndex P(config_);
-  for (size_t which = 0; which < kTensorsPerLayer; ++which) {
-    access.CloseParam(P.Layer(layer, which));
-  }
+  for (const size_t i : LayerParams(config_, layer)) access.CloseParam(i);
 }
 
 std::span<const float> Model::Param(TensorAccess& access, size_t i) const {
@@ -353,7 +367,7 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
 
   WillOpenLayer(access, 0);
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    std::array<std::span<const float>, kTensorsPerLayer> w;
+    LayerTensors w;
     OpenLayer(access, l, w);
     if (l + 1 < c.n_layers) {
       WillOpenLayer(access, l + 1);
@@ -394,26 +408,26 @@ void LayerForward(const OpHooks& obs, const ModelConfig& c, int64_t l, int64_t n
   {
     const LinearInput h = input(b.h, d);
     if (c.qk_norm) {
-      h.Apply(w[kWq], b.q_raw, q_dim);   // q_raw[N, Q]
-      h.Apply(w[kWk], b.k_raw, kv_dim);  // k_raw[N, K]
+      h.Apply(w, kWq, b.q_raw, q_dim);   // q_raw[N, Q]
+      h.Apply(w, kWk, b.k_raw, kv_dim);  // k_raw[N, K]
       ops::RmsNormFwd(obs, l, b.q_raw, {}, eps, b.q, b.q_rstd, n * c.n_heads, hd);
       ops::RmsNormFwd(obs, l, b.k_raw, {}, eps, b.k, b.k_rstd, n * c.n_kv_heads, hd);
     } else {
-      h.Apply(w[kWq], b.q, q_dim);
-      h.Apply(w[kWk], b.k, kv_dim);
+      h.Apply(w, kWq, b.q, q_dim);
+      h.Apply(w, kWk, b.k, kv_dim);
     }
-    h.Apply(w[kWv], b.v, kv_dim);  // v[N, K]
+    h.Apply(w, kWv, b.v, kv_dim);  // v[N, K]
   }
   attention.Attend(obs, l, b.q, b.k, b.v, b.attn);  // attn[N, Q]
-  input(b.attn, q_dim).Apply(w[kWo], b.x_mid, d);   // x_mid[N, d]
+  input(b.attn, q_dim).Apply(w, kWo, b.x_mid, d);   // x_mid[N, d]
   ops::AddInto(obs, l, b.x_in, b.x_mid);
   // Feed-forward block: x_out = x_mid + SwiGLU(RMSNorm(x_mid) · W_guᵀ) · W_downᵀ.
   ops::RmsNormFwd(obs, l, b.x_mid, w[kFfnNorm], eps, b.h2, b.ffn_rstd, n, d);
-  input(b.h2, d).Apply(w[kWGateUp], b.gu, 2 * f);  // gu[N, 2F]: gate | up
+  input(b.h2, d).Apply(w, kWGateUp, b.gu, 2 * f);  // gu[N, 2F]: gate | up
   ops::SwigluFwd(obs, l, b.gu, b.act, n, f);       // act[N, F]
   // A recomputation stops here: the backward reads no further.
   if (!output) return;
-  input(b.act, f).Apply(w[kWDown], b.x_out, d);  // x_out[N, d]
+  input(b.act, f).Apply(w, kWDown, b.x_out, d);  // x_out[N, d]
   ops::AddInto(obs, l, b.x_mid, b.x_out);
 }
 
@@ -477,7 +491,7 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
   GainGrad(access, -1, P.final_norm, accumulate);
 
   for (int64_t l = c.n_layers - 1; l >= 0; --l) {
-    std::array<std::span<const float>, kTensorsPerLayer> w;
+    LayerTensors w;
     OpenLayer(access, l, w);
     if (l > 0) {
       WillOpenLayer(access, l - 1);
@@ -503,6 +517,13 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
   }
   ops::EmbeddingBwd(obs, -1, A(dx_), inputs_, ScatterGrad(access, P.tok, accumulate), c.vocab, d);
   access.CloseGrad(P.tok);
+  // The int8 linears' scales are set from their weights, not trained: their gradient is zero.
+  if (c.linear == Linear::kInt8) {
+    for (size_t i = P.scales; i < specs_.size(); ++i) {
+      ScatterGrad(access, i, accumulate);
+      access.CloseGrad(i);
+    }
+  }
 }
 
 void Model::BackwardLayer(TensorAccess& access, int64_t l,
@@ -518,13 +539,15 @@ void Model::BackwardLayer(TensorAccess& access, int64_t l,
                                int64_t out, int64_t in) {
     WeightGrad(access, l, P.Layer(l, which), dy, x, out, in, accumulate);
   };
-  const auto input_grad = [&](size_t which, std::span<const float> dy, std::span<float> dx,
-                              int64_t out, int64_t in,
-                              bool add = false) { InputGrad(l, dy, w[which], dx, out, in, add); };
+  const auto input_grad = [&](LayerTensor which, std::span<const float> dy, std::span<float> dx,
+                              int64_t out, int64_t in, bool add = false) {
+    InputGrad(l, dy, w[which], SteOperands() ? w[ScaleSlot(which)] : std::span<const float>(), dx,
+              out, in, add);
+  };
   // What a weight gradient multiplies dy by: the input, or with the straight-through int8
   // backward the values its quantized rows stand for.
   const auto input = [&](std::span<const float> x, int64_t in) {
-    return SteOperands() ? Dequantized(l, x, n, in, int8_.qx, int8_.sx, int8_.x_hat) : x;
+    return SteOperands() ? DequantizedInput(l, x, in) : x;
   };
   // Feed-forward block; on entry dx = d x_out, on exit dx = d x_mid.
   input_grad(kWDown, A(dx_), A(dact_), d, f);                   // dact[N, F]
@@ -560,14 +583,21 @@ void Model::BackwardLayer(TensorAccess& access, int64_t l,
 }
 
 void Model::InputGrad(int64_t layer, std::span<const float> dy, std::span<const float> w,
-                      std::span<float> dx, int64_t out, int64_t in, bool add) {
+                      std::span<const float> w_scale, std::span<float> dx, int64_t out, int64_t in,
+                      bool add) {
   if (RotatedInt8Backward()) {
     // dy · W = (dy · H)(Wᵀ · H)ᵀ, H the rotation along out.
     RotatedInt8Gemm(layer, dy, false, w, true, dx, rows_, in, out, add);
     return;
   }
-  const std::span<const float> weight =
-      SteOperands() ? Dequantized(layer, w, out, in, int8_.qw, int8_.sw, int8_.w_hat) : w;
+  std::span<const float> weight = w;
+  if (SteOperands()) {  // the values the weight's int8 rows stand for, with its scales
+    const std::span<int8_t> q = Take(int8_.qw, out * in);
+    const std::span<float> w_hat = Take(int8_.w_hat, out * in);
+    ops::QuantizeRowsByScale(hooks_, layer, w, w_scale, q, out, in);
+    ops::DequantizeRows(hooks_, layer, q, w_scale, w_hat, out, in);
+    weight = w_hat;
+  }
   ops::GemmDyW(hooks_, layer, dy, weight, dx, rows_, out, in, add);
 }
 
@@ -583,15 +613,12 @@ void Model::WeightGrad(TensorAccess& access, int64_t layer, size_t i, std::span<
   access.CloseGrad(i);
 }
 
-std::span<const float> Model::Dequantized(int64_t layer, std::span<const float> x, int64_t rows,
-                                          int64_t cols, std::span<int8_t> q, std::span<float> scale,
-                                          std::span<float> into) {
-  const auto size = static_cast<size_t>(rows * cols);
-  const std::span<float> y = into.first(size);
-  ops::QuantizeRows(hooks_, layer, x, q.first(size), scale.first(static_cast<size_t>(rows)), rows,
-                    cols);
-  ops::DequantizeRows(hooks_, layer, q.first(size), scale.first(static_cast<size_t>(rows)), y, rows,
-                      cols);
+std::span<const float> Model::DequantizedInput(int64_t layer, std::span<const float> x,
+                                               int64_t cols) {
+  const std::span<int8_t> q = Take(int8_.qx, rows_ * cols);
+  const std::span<float> scale = Take(int8_.sx, rows_), y = Take(int8_.x_hat, rows_ * cols);
+  ops::QuantizeRows(hooks_, layer, x, q, scale, rows_, cols);
+  ops::DequantizeRows(hooks_, layer, q, scale, y, rows_, cols);
   return y;
 }
 

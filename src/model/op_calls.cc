@@ -132,6 +132,13 @@ void QuantizeRows(const OpHooks& hooks, int64_t layer, std::span<const float> x,
        [&] { rk::QuantizeRows(x, q, scale, rows, cols); });
 }
 
+void QuantizeRowsByScale(const OpHooks& hooks, int64_t layer, std::span<const float> x,
+                         std::span<const float> scale, std::span<int8_t> q, int64_t rows,
+                         int64_t cols) {
+  Call(hooks, rk::Op::kQuantizeRowsByScale, layer, {D(rows), D(cols)}, {x, scale}, {q},
+       [&] { rk::QuantizeRowsByScale(x, scale, q, rows, cols); });
+}
+
 void GemmI8XWt(const OpHooks& hooks, int64_t layer, std::span<const int8_t> qx,
                std::span<const float> sx, std::span<const int8_t> qw, std::span<const float> sw,
                std::span<float> y, int64_t m, int64_t n, int64_t k) {

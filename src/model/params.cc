@@ -56,7 +56,26 @@ std::vector<ParamSpec> ParameterSpecs(const ModelConfig& c) {
   }
   gain("final_norm.weight");
   matrix("output.weight", c.vocab, d);
+  if (c.linear == Linear::kInt8) {
+    const ParamIndex P(c);
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      for (size_t j = 0; j < kLayerLinears.size(); ++j) {
+        const ParamSpec& weight = specs[P.Layer(l, kLayerLinears[j])];
+        specs.push_back({.name = fmt::format("layers.{}.{}", l, kLayerScaleNames[j]),
+                         .shape = {weight.shape[0]},
+                         .is_scale = true,
+                         .layer = l});
+      }
+    }
+  }
   return specs;
+}
+
+std::string ScaledWeightName(const ParamSpec& scale) {
+  constexpr std::string_view kScale = ".scale";
+  LOCKSTEP_CHECK(scale.is_scale && scale.name.ends_with(kScale), "'{}' is no scale tensor",
+                 scale.name);
+  return scale.name.substr(0, scale.name.size() - kScale.size()) + ".weight";
 }
 
 double ModelFlopsPerStep(const RunConfig& config) {
@@ -203,12 +222,44 @@ void InitErfinvByTable(std::span<const uint32_t> words, std::span<float> out) {
   }
 }
 
+namespace {
+
+// Scales [begin, begin + out.size()) of the scale tensor `spec`: those its weight's initial rows
+// give (docs/model.md, "Initialisation"), the rows drawn again here.
+void InitScaleRange(const ModelConfig& config, uint64_t seed, const ParamSpec& spec, int64_t begin,
+                    std::span<float> out) {
+  const std::vector<ParamSpec> specs = ParameterSpecs(config);
+  const std::string weight = ScaledWeightName(spec);
+  const auto w =
+      static_cast<size_t>(std::ranges::find(specs, weight, &ParamSpec::name) - specs.begin());
+  LOCKSTEP_CHECK(w < specs.size(), "no weight '{}'", weight);
+  const int64_t cols = specs[w].shape[1], first_draw = FirstDraws(specs)[w];
+  std::vector<float> maxima(out.size(), 0.0f);
+  const int64_t rows = static_cast<int64_t>(out.size());
+  const int64_t per_chunk = std::max<int64_t>(1, (int64_t{1} << 20) / cols);
+  std::vector<float> drawn;
+  for (int64_t r = 0; r < rows; r += per_chunk) {
+    const int64_t n = std::min(per_chunk, rows - r);
+    drawn.resize(static_cast<size_t>(n * cols));
+    InitTensorRange(config, seed, specs[w], first_draw, (begin + r) * cols, drawn);
+    rk::FoldRowMaxima(drawn, 0, cols,
+                      std::span(maxima).subspan(static_cast<size_t>(r), static_cast<size_t>(n)));
+  }
+  rk::ScalesOfMaxima(maxima, out);
+}
+
+}  // namespace
+
 void InitTensorRange(const ModelConfig& config, uint64_t seed, const ParamSpec& spec,
                      int64_t first_draw, int64_t begin, std::span<float> out) {
   const int64_t n = spec.numel();
   if (begin < 0 || first_draw < 0 || begin + static_cast<int64_t>(out.size()) > n) {
     Fail("InitTensorRange: elements [{}, {}) of {} (first draw {}) are outside its {} elements",
          begin, begin + static_cast<int64_t>(out.size()), spec.name, first_draw, n);
+  }
+  if (spec.is_scale) {
+    InitScaleRange(config, seed, spec, begin, out);
+    return;
   }
   if (!spec.is_matrix) {
     std::fill(out.begin(), out.end(), 1.0f);

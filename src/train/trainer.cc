@@ -116,6 +116,15 @@ Trainer::Trainer(const RunConfig& config, const data::Dataset& dataset, std::str
   }
   if (GroupBufferBytes(config, ranks_, storage) > 0) group_ = std::make_unique<ParamStore>(specs_);
   for (const ParamSpec& spec : specs_) shapes_.push_back({spec.name, spec.shape});
+  if (config.model.linear == Linear::kInt8) {
+    scale_of_.assign(specs_.size(), kNoScale);
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      if (!specs_[i].is_scale) continue;
+      const std::string weight = ScaledWeightName(specs_[i]);
+      scale_of_[static_cast<size_t>(std::ranges::find(specs_, weight, &ParamSpec::name) -
+                                    specs_.begin())] = i;
+    }
+  }
   state_.descriptor = std::move(descriptor);
   state_.rng_seed = config.train.seed;
 }
@@ -309,6 +318,15 @@ uint64_t Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_templat
   // (all of the state, in RAM): a model's many tensors of a chunk or two then fill the hash's
   // lanes (ChunkDigestsOfPieces), and a batch holds no more than one full piece would.
   ChunkTable held_chunks(specs_.size());
+  // The int8 linears' scales are refreshed from their updated weights (docs/model.md, "Linears"):
+  // per scale tensor, the maxima of its weight's rows, folded from every updated piece.
+  const bool refresh = update && !scale_of_.empty();
+  std::vector<std::vector<float>> maxima(specs_.size());
+  if (refresh) {
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      if (specs_[i].is_scale) maxima[i].assign(static_cast<size_t>(specs_[i].numel()), 0.0f);
+    }
+  }
   std::vector<std::array<Piece, kStateArrayCount>> batch;
   int64_t batch_floats = 0;
   uint64_t hashed_bytes = 0;
@@ -319,6 +337,15 @@ uint64_t Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_templat
         if (hooks_.executor != nullptr) hooks_.executor->ToHost(piece.data);
         arrays.push_back(piece.data);
         hashed_bytes += piece.data.size_bytes();
+      }
+    }
+    if (refresh) {
+      for (const auto& p : batch) {
+        const Piece& param = p[size_t(StateArray::kParam)];
+        const size_t scale = scale_of_[param.tensor];
+        if (scale != kNoScale) {
+          rk::FoldRowMaxima(param.data, param.begin, specs_[param.tensor].shape[1], maxima[scale]);
+        }
       }
     }
     const std::vector<std::vector<Digest>> digests = ChunkDigestsOfPieces(arrays);
@@ -355,8 +382,47 @@ uint64_t Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_templat
       UpdatePiece(hooks_, i, p, adam, clip_factor);
     }
   };
-  ForEachHeldPiece({StateArray::kParam, StateArray::kM, StateArray::kV, StateArray::kGrad},
-                   update_and_digest);
+  const std::initializer_list<StateArray> kAll = {StateArray::kParam, StateArray::kM,
+                                                  StateArray::kV, StateArray::kGrad};
+  if (!refresh) {
+    ForEachHeldPiece(kAll, update_and_digest);
+    if (!batch.empty()) hash_batch();
+    ShareAndHash(held_chunks, update);
+    return hashed_bytes;
+  }
+  // Every other tensor first, then the scales from their weights' maxima on every rank.
+  std::vector<size_t> others, scales;
+  for (size_t i = 0; i < specs_.size(); ++i) (specs_[i].is_scale ? scales : others).push_back(i);
+  ForEachHeldPiece(kAll, update_and_digest, others);
+  if (!batch.empty()) hash_batch();
+  if (ranks_ > 1) {
+    std::vector<float> mine;
+    for (const size_t i : scales) mine.insert(mine.end(), maxima[i].begin(), maxima[i].end());
+    const std::vector<float> all =
+        exchange_->AllgatherInRankOrder(mine, mine.size() * static_cast<size_t>(ranks_));
+    for (int r = 0; r < ranks_; ++r) {
+      size_t at = mine.size() * static_cast<size_t>(r);
+      for (const size_t i : scales) {
+        rk::FoldMaxima(std::span(all).subspan(at, maxima[i].size()), maxima[i]);
+        at += maxima[i].size();
+      }
+    }
+  }
+  ForEachHeldPiece(
+      kAll,
+      [&](size_t i, int64_t begin, int64_t count) {
+        if (!batch.empty() && count > store_->PieceFloats() - batch_floats) hash_batch();
+        std::array<Piece, kStateArrayCount>& p = batch.emplace_back();
+        batch_floats += count;
+        for (int a = 0; a < kStateArrayCount; ++a) {
+          p[a] = store_->Acquire(static_cast<StateArray>(a), i, begin, count, /*load=*/true);
+        }
+        const std::span<float> param = p[size_t(StateArray::kParam)].data;
+        if (hooks_.executor != nullptr) hooks_.executor->HostWrites(param);
+        rk::ScalesOfMaxima(std::span(maxima[i]).subspan(static_cast<size_t>(begin), param.size()),
+                           param);
+      },
+      scales);
   if (!batch.empty()) hash_batch();
   ShareAndHash(held_chunks, update);
   return hashed_bytes;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -108,6 +109,54 @@ TEST_F(E2e, Int8LinearsChainIsIdenticalAtAnyThreadCountAndAcrossAResume) {
     chains.push_back(chain);
   }
   EXPECT_NE(chains[0], chains[1]);
+}
+
+// The int8 linears' scale tensors are state, set from their weights: in every checkpoint each
+// scale is its weight row's largest magnitude over 127 (computed here from the checkpoint's own
+// weight), refreshed by each update (step 3's differ from step 0's), with AdamW moments of zero.
+TEST_F(E2e, Int8ScalesAreTheirWeightsRowMaximaInEveryCheckpoint) {
+  const Result r = Lockstep("train --config tiny-int8 --data " + Data().string() + " --out " +
+                            (dir_ / "int8").string() + " --no-progress --steps 3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const ModelConfig config = LoadRunConfig("tiny-int8").model;
+  std::map<std::string, std::vector<float>> step0;
+  for (const char* step : {"step_000000000", "step_000000003"}) {
+    const fs::path ckpt = dir_ / "int8/checkpoints" / step;
+    const SafetensorsFile model = ReadSafetensors(ckpt / "model.safetensors");
+    const SafetensorsFile optimizer = ReadSafetensors(ckpt / "optimizer.safetensors");
+    size_t scales = 0;
+    for (const ParamSpec& spec : ParameterSpecs(config)) {
+      if (!spec.is_scale) continue;
+      ++scales;
+      const std::span<const float> scale = model.Get(spec.name).data.As<float>();
+      const NamedTensor& weight = model.Get(ScaledWeightName(spec));
+      const int64_t cols = weight.shape[1];
+      const std::span<const float> w = weight.data.As<float>();
+      ASSERT_EQ(static_cast<int64_t>(scale.size()), weight.shape[0]) << spec.name;
+      for (size_t row = 0; row < scale.size(); ++row) {
+        float amax = 0;
+        for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(w[row * cols + c]));
+        ASSERT_EQ(scale[row], amax / 127.0f) << step << " " << spec.name << " row " << row;
+      }
+      for (const char* moment : {".exp_avg", ".exp_avg_sq"}) {
+        for (const float m : optimizer.Get(spec.name + moment).data.As<float>()) {
+          ASSERT_EQ(m, 0.0f) << step << " " << spec.name << moment;
+        }
+      }
+      if (step0.contains(spec.name)) {
+        EXPECT_NE(std::vector<float>(scale.begin(), scale.end()), step0[spec.name]) << spec.name;
+      }
+      step0[spec.name].assign(scale.begin(), scale.end());
+    }
+    EXPECT_EQ(scales, static_cast<size_t>(6 * config.n_layers));
+  }
+  // `model describe` lists them, and counts them apart from the trained parameters.
+  const Result describe = Lockstep("model describe --config tiny-int8");
+  ASSERT_EQ(describe.exit_code, 0) << describe.output;
+  EXPECT_NE(describe.output.find("layers.1.ffn.w_gate_up.scale   [2048]"), std::string::npos)
+      << describe.output;
+  // 2 layers x (wq 128 + wk 64 + wv 64 + wo 128 + w_gate_up 2048 + w_down 128) outputs.
+  EXPECT_NE(describe.output.find("not trained): 5120\n"), std::string::npos) << describe.output;
 }
 
 // Every file of two checkpoint directories, byte for byte.

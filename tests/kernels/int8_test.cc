@@ -73,6 +73,87 @@ TEST(QuantizeRows, ASubnormalScaleIsClamped) {
   EXPECT_EQ(z.q, (std::vector<int8_t>{127, -127, 1}));
 }
 
+// QuantizeRowsByScale with a row's own scale is QuantizeRows; and the stated cases of any scale:
+// not above zero (0, negative, NaN) gives zeros, an infinity zeros (x / inf = ±0; inf / inf is
+// NaN), a scale too small clamps, and a NaN element is 0.
+TEST(QuantizeRowsByScale, OwnScalesAreQuantizeRowsAndAnyScaleIsStated) {
+  constexpr int64_t kRows = 9, kCols = 37;
+  std::vector<float> x = RandomFloats(kRows * kCols, 11, -3, 3);
+  x[3] = kNaN;                                                  // row 0: a NaN scale of its own
+  std::ranges::fill(std::span(x).subspan(kCols, kCols), 0.0f);  // row 1: scale 0
+  const Quantized own = Quantize(x, kRows, kCols);
+  std::vector<int8_t> q(x.size());
+  rk::QuantizeRowsByScale(x, own.scale, q, kRows, kCols);
+  EXPECT_EQ(q, own.q);
+  const std::vector<float> scale = {1.0f, -1.0f, kNaN, kInf, 0x1.0p-20f, 0.0f, 0.5f, 1.0f, 2.0f};
+  std::vector<float> y(x.size());
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t i = 0; i < kCols; ++i) y[r * kCols + i] = static_cast<float>(i - 18) * 0.75f;
+  }
+  y[7 * kCols] = kNaN;
+  y[7 * kCols + 1] = kInf;
+  y[7 * kCols + 2] = -kInf;
+  rk::QuantizeRowsByScale(y, scale, q, kRows, kCols);
+  for (int64_t i = 0; i < kCols; ++i) {
+    const auto at = [&](int64_t r) { return static_cast<int>(q[r * kCols + i]); };
+    const float v = static_cast<float>(i - 18) * 0.75f;
+    EXPECT_EQ(at(1), 0) << i;                                // negative
+    EXPECT_EQ(at(2), 0) << i;                                // NaN
+    EXPECT_EQ(at(3), 0) << i;                                // infinite: x / inf = ±0
+    EXPECT_EQ(at(4), v == 0 ? 0 : v > 0 ? 127 : -127) << i;  // clamped
+    EXPECT_EQ(at(5), 0) << i;                                // zero
+    EXPECT_EQ(at(6), static_cast<int>(std::nearbyint(v / 0.5f))) << i;
+    if (i >= 3) {
+      EXPECT_EQ(at(7), static_cast<int>(std::nearbyint(v))) << i;
+    }
+  }
+  EXPECT_EQ(q[7 * kCols], 0);        // NaN element
+  EXPECT_EQ(q[7 * kCols + 1], 127);  // ±inf: clamped
+  EXPECT_EQ(q[7 * kCols + 2], -127);
+  for (int64_t i = 0; i < kCols; ++i) {  // ties to even: 0.75 · (i - 18) / 2
+    EXPECT_EQ(q[8 * kCols + i], static_cast<int8_t>(std::nearbyint((i - 18) * 0.375f))) << i;
+  }
+}
+
+TEST(QuantizeRowsByScale, ArgumentsAreChecked) {
+  std::vector<float> x(12), scale(3);
+  std::vector<int8_t> q(12);
+  EXPECT_THROW(rk::QuantizeRowsByScale(x, std::span(scale).first(2), q, 3, 4), Error);
+  EXPECT_THROW(rk::QuantizeRowsByScale(x, scale, std::span(q).first(11), 3, 4), Error);
+  EXPECT_THROW(rk::QuantizeRowsByScale(std::span(x).first(11), scale, q, 3, 4), Error);
+  EXPECT_THROW(rk::QuantizeRowsByScale(x, scale, q, -1, 4), Error);
+}
+
+// The weight scales' refresh: folding a matrix's rows in any split into pieces, and sets of
+// maxima in any order, gives the maxima of the whole rows (NaN for a row with a NaN or an
+// infinity); ScalesOfMaxima of them is QuantizeRows' scale of each row.
+TEST(WeightScales, AnySplitIntoPiecesGivesQuantizeRowsScales) {
+  constexpr int64_t kRows = 7, kCols = 53;
+  std::vector<float> w = RandomFloats(kRows * kCols, 12, -2, 2);
+  w[kCols + 5] = kInf;
+  w[3 * kCols + 52] = kNaN;
+  std::ranges::fill(std::span(w).subspan(4 * kCols, kCols), -0.0f);
+  const Quantized own = Quantize(w, kRows, kCols);
+  for (const int64_t piece : {int64_t{1}, int64_t{17}, kCols, kCols + 1, kRows * kCols}) {
+    std::vector<float> a(kRows, 0.0f), b(kRows, 0.0f);  // even pieces into a, odd into b
+    for (int64_t begin = 0, k = 0; begin < kRows * kCols; begin += piece, ++k) {
+      const int64_t n = std::min(piece, kRows * kCols - begin);
+      rk::FoldRowMaxima(std::span(w).subspan(static_cast<size_t>(begin), static_cast<size_t>(n)),
+                        begin, kCols, k % 2 == 0 ? a : b);
+    }
+    rk::FoldMaxima(b, a);
+    std::vector<float> scale(kRows);
+    rk::ScalesOfMaxima(a, scale);
+    for (int64_t r = 0; r < kRows; ++r) {
+      EXPECT_EQ(std::bit_cast<uint32_t>(scale[r]), std::bit_cast<uint32_t>(own.scale[r]))
+          << "row " << r << ", pieces of " << piece;
+    }
+  }
+  std::vector<float> maxima(kRows);
+  EXPECT_THROW(rk::FoldRowMaxima(w, 1, kCols, maxima), Error);  // past the matrix
+  EXPECT_THROW(rk::FoldMaxima(std::span(maxima).first(3), maxima), Error);
+}
+
 // The int32 sum is exact at the largest k: k·127² < 2^31, with every product at its extreme.
 // Also where a variant's intermediate sums wrap: AVX3_DL's correction 128 · Σ x is
 // ±2,164,388,864 here, past int32, and must still give the exact sum.
@@ -197,6 +278,16 @@ TEST(Int8, BitwiseInvariant) {
         if (cols > 3) x[2] = kNaN;  // row 0 has a NaN
         return Words(Quantize(x, rows, cols));
       });
+      ExpectBitwiseInvariant(fmt::format("quantize_rows_by_scale rows={} cols={}", rows, cols),
+                             [&] {
+                               std::vector<float> x = RandomFloats(rows * cols, cols, -3, 3);
+                               if (cols > 3) x[2] = kNaN;
+                               std::vector<float> scale = RandomFloats(rows, cols + 5, 0, 0.02f);
+                               scale[0] = rows > 1 ? -1.0f : scale[0];
+                               std::vector<int8_t> q(x.size());
+                               rk::QuantizeRowsByScale(x, scale, q, rows, cols);
+                               return Words(Quantized{q, {}});
+                             });
       ExpectBitwiseInvariant(fmt::format("dequantize_rows rows={} cols={}", rows, cols), [&] {
         std::vector<float> x = RandomFloats(rows * cols, cols + 3, -3, 3);
         if (cols > 3) x[2] = kNaN;  // row 0 has a NaN scale

@@ -30,10 +30,14 @@ int Describe(const std::string& config_name) {
              LinearName(config.model.linear),
              config.model.int8_backward ? " with an int8 backward" : "");
   fmt::print("{:<{}}  {:<14}  {:>13}\n", "name", name_width, "shape", "count");
-  int64_t total = 0, embedding = 0;
+  int64_t total = 0, embedding = 0, scales = 0;
   for (const ParamSpec& spec : specs) {
     fmt::print("{:<{}}  {:<14}  {:>13}\n", spec.name, name_width, ShapeText(spec.shape),
                spec.numel());
+    if (spec.is_scale) {
+      scales += spec.numel();
+      continue;
+    }
     total += spec.numel();
     // Embedding parameters: the token table and the (untied) output head.
     if (spec.name == "tok_embeddings.weight" || spec.name == "output.weight") {
@@ -44,6 +48,12 @@ int Describe(const std::string& config_name) {
   fmt::print("parameters: {} ({})\n", total, Abbreviated(total));
   fmt::print("embedding parameters (tok_embeddings + output): {}\n", embedding);
   fmt::print("non-embedding parameters: {}\n", total - embedding);
+  if (scales > 0) {
+    fmt::print(
+        "weight scales (the int8 linears' *.scale tensors: state, set from their weights after "
+        "every update, not trained): {}\n",
+        scales);
+  }
   fmt::print("model FLOPs per step: {:.1f} GFLOP ({} sequences of {} tokens)\n",
              ModelFlopsPerStep(config) * 1e-9,
              config.train.microbatches * config.train.microbatch, config.model.seq_len);

@@ -3,9 +3,15 @@
 // sums exact in any order, one IEEE division, multiply or addition per float step -- so the work-
 // group size and the work-items' order change nothing.
 
+// An element quantized with its row's scale s (int8::Quantize): clamp(rint(x / s), -127, 127)
+// (rint: to nearest, ties to even), or 0 where s is not above zero or x / s is NaN.
+char quantize(float x, float s) {
+  const float y = x / s;
+  return s > 0.0f && !isnan(y) ? (char)clamp(rint(y), -127.0f, 127.0f) : (char)0;
+}
+
 // QuantizeRows: one work-item per row. The maximum of |x| is exact in any order; the scale is
-// the canonical NaN for a row with a NaN or an infinity, else amax / 127; an element is
-// clamp(rint(x / s), -127, 127) (rint: to nearest, ties to even) where s > 0, else 0.
+// the canonical NaN for a row with a NaN or an infinity, else amax / 127.
 __kernel void quantize_rows(__global const float* x, __global char* q, __global float* scale,
                             long rows, long cols) {
   const long r = get_global_id(0);
@@ -20,17 +26,23 @@ __kernel void quantize_rows(__global const float* x, __global char* q, __global 
   }
   const float s = finite ? amax / 127.0f : as_float(0x7fc00000u);
   scale[r] = s;
-  for (long i = 0; i < cols; ++i) {
-    qr[i] = s > 0.0f ? (char)clamp(rint(xr[i] / s), -127.0f, 127.0f) : (char)0;
-  }
+  for (long i = 0; i < cols; ++i) qr[i] = quantize(xr[i], s);
+}
+
+// QuantizeRowsByScale: one work-item per element.
+__kernel void quantize_rows_by_scale(__global const float* x, __global const float* scale,
+                                     __global char* q, long rows, long cols) {
+  const long e = get_global_id(0);
+  if (e >= rows * cols) return;
+  q[e] = quantize(x[e], scale[e / cols]);
 }
 
 // GemmI8XWt: one work-item per block of 4 x 4 outputs, k in groups of 4 bytes packed into ints.
 // k <= kInt8MaxK (checked by the host), so no int32 sum overflows and any order gives the same
 // sum; then float(acc), rounded to nearest even, times the scale product. On NVIDIA's target the
 // four products of a group are one dp4a.s32.s32 (wrapping, never a saturating form:
-// scripts/ptx-check.sh requires it and forbids .satfinite); elsewhere four multiply-adds.
-#define I8_TILE 4
+// scripts/ptx-check.sh requires it and forbids .sat and .satfinite); elsewhere four
+// multiply-adds. I8_TILE (4) is defined by the host (MainProgram).
 
 // Bytes r .. r + 3 of a row of k (zeros past k), as the four bytes of an int.
 int pack4(__global const char* row, long r, long k, int aligned) {

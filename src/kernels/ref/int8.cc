@@ -19,9 +19,14 @@ void QuantizeRows(const float* x, int8_t* q, float* scale, int64_t rows, int64_t
       amax = std::max(amax, std::fabs(row[i]));
     }
     const float s = scale[r] = int8::RowScale(amax, finite);
-    for (int64_t i = 0; i < cols; ++i) {
-      out[i] = int8::QuantizesElements(s) ? int8::Quantize(row[i], s) : int8_t{0};
-    }
+    for (int64_t i = 0; i < cols; ++i) out[i] = int8::Quantize(row[i], s);
+  });
+}
+
+void QuantizeRowsByScale(const float* x, const float* scale, int8_t* q, int64_t rows,
+                         int64_t cols) {
+  ParallelFor(rows, [&](int64_t r) {
+    for (int64_t i = 0; i < cols; ++i) q[r * cols + i] = int8::Quantize(x[r * cols + i], scale[r]);
   });
 }
 

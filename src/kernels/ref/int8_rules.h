@@ -15,13 +15,14 @@ namespace lockstep::rk::int8 {
 inline float RowScale(float amax, bool finite) {
   return finite ? amax / 127.0f : std::bit_cast<float>(dmath::kCanonicalNaNBits);
 }
-// x quantized with the row's scale s (s > 0 and finite): round-half-even (the binary runs in
-// round-to-nearest, RequireIeeeFloatingPoint), then clamped.
+// x quantized with its row's scale s: x / s rounded half to even (the binary runs in
+// round-to-nearest, RequireIeeeFloatingPoint), then clamped; 0 where s is not above zero or
+// x / s is NaN.
 inline int8_t Quantize(float x, float s) {
-  return static_cast<int8_t>(std::clamp(std::nearbyint(x / s), -127.0f, 127.0f));
+  const float y = x / s;
+  if (!(s > 0.0f) || std::isnan(y)) return 0;
+  return static_cast<int8_t>(std::clamp(std::nearbyint(y), -127.0f, 127.0f));
 }
-// Whether a row with scale s has its elements quantized (else q = 0).
-inline bool QuantizesElements(float s) { return s > 0.0f; }
 // HadamardRows' last factor for a block of 64, 16, 4 or 1 elements: 1/√block, a power of two.
 inline float HadamardFactor(int64_t block) {
   return block == 64 ? 0.125f : block == 16 ? 0.25f : block == 4 ? 0.5f : 1.0f;

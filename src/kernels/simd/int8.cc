@@ -20,13 +20,33 @@ HWY_BEFORE_NAMESPACE();
 namespace lockstep::rk::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-void QuantizeRows(const float* x, int8_t* q, float* scale, int64_t rows, int64_t cols) {
+// One row quantized with scale s (int8::Quantize, lane by lane).
+void QuantizeRow(const float* row, float s, int8_t* out, int64_t cols) {
   const hn::ScalableTag<float> d;
   const hn::RebindToSigned<decltype(d)> di;
   const auto n = static_cast<int64_t>(hn::Lanes(d));
+  if (!(s > 0.0f)) {
+    std::fill(out, out + cols, int8_t{0});
+    return;
+  }
+  const auto vs = hn::Set(d, s), lo = hn::Set(d, -127.0f), hi = hn::Set(d, 127.0f);
+  HWY_ALIGN int32_t ints[hn::MaxLanes(di)];
+  int64_t i = 0;
+  for (; i + n <= cols; i += n) {
+    const auto y = hn::Div(hn::LoadU(d, row + i), vs);
+    // NaN lanes to 0 before the rounding, the clamp and the conversion.
+    const auto v = hn::Min(hn::Max(hn::Round(hn::IfThenZeroElse(hn::IsNaN(y), y)), lo), hi);
+    hn::Store(hn::ConvertTo(di, v), di, ints);
+    for (int64_t t = 0; t < n; ++t) out[i + t] = static_cast<int8_t>(ints[t]);
+  }
+  for (; i < cols; ++i) out[i] = int8::Quantize(row[i], s);
+}
+
+void QuantizeRows(const float* x, int8_t* q, float* scale, int64_t rows, int64_t cols) {
+  const hn::ScalableTag<float> d;
+  const auto n = static_cast<int64_t>(hn::Lanes(d));
   ParallelFor(rows, [&](int64_t r) {
     const float* row = x + r * cols;
-    int8_t* out = q + r * cols;
     auto vmax = hn::Zero(d);
     auto bad = hn::FirstN(d, 0);  // no lane
     int64_t i = 0;
@@ -41,20 +61,14 @@ void QuantizeRows(const float* x, int8_t* q, float* scale, int64_t rows, int64_t
       finite = finite && std::isfinite(row[t]);
       amax = std::max(amax, std::fabs(row[t]));
     }
-    const float s = scale[r] = int8::RowScale(amax, finite);
-    if (!int8::QuantizesElements(s)) {
-      std::fill(out, out + cols, int8_t{0});
-      return;
-    }
-    const auto vs = hn::Set(d, s), lo = hn::Set(d, -127.0f), hi = hn::Set(d, 127.0f);
-    HWY_ALIGN int32_t ints[hn::MaxLanes(di)];
-    for (i = 0; i + n <= cols; i += n) {
-      const auto v = hn::Min(hn::Max(hn::Round(hn::Div(hn::LoadU(d, row + i), vs)), lo), hi);
-      hn::Store(hn::ConvertTo(di, v), di, ints);
-      for (int64_t t = 0; t < n; ++t) out[i + t] = static_cast<int8_t>(ints[t]);
-    }
-    for (; i < cols; ++i) out[i] = int8::Quantize(row[i], s);
+    scale[r] = int8::RowScale(amax, finite);
+    QuantizeRow(row, scale[r], q + r * cols, cols);
   });
+}
+
+void QuantizeRowsByScale(const float* x, const float* scale, int8_t* q, int64_t rows,
+                         int64_t cols) {
+  ParallelFor(rows, [&](int64_t r) { QuantizeRow(x + r * cols, scale[r], q + r * cols, cols); });
 }
 
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
@@ -421,12 +435,17 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace lockstep::rk::simd {
 HWY_EXPORT(QuantizeRows);
+HWY_EXPORT(QuantizeRowsByScale);
 HWY_EXPORT(GemmI8XWt);
 HWY_EXPORT(DequantizeRows);
 HWY_EXPORT(HadamardRows);
 
 void QuantizeRows(const float* x, int8_t* q, float* scale, int64_t rows, int64_t cols) {
   HWY_DYNAMIC_DISPATCH(QuantizeRows)(x, q, scale, rows, cols);
+}
+void QuantizeRowsByScale(const float* x, const float* scale, int8_t* q, int64_t rows,
+                         int64_t cols) {
+  HWY_DYNAMIC_DISPATCH(QuantizeRowsByScale)(x, scale, q, rows, cols);
 }
 void GemmI8XWt(const int8_t* qx, const float* sx, const int8_t* qw, const float* sw, float* y,
                int64_t m, int64_t n, int64_t k) {
