@@ -104,7 +104,7 @@ struct ParamSpec {
   // An int8 linear's weight scales, one per output channel (docs/model.md, "Linears"): set from
   // its weight at the initialisation and after every update, never trained by AdamW.
   bool is_scale = false;
-  int64_t layer = -1;         // the l of layers.l.*; -1 for the tensors outside the layers
+  int64_t layer = -1;  // the l of layers.l.*; -1 for the tensors outside the layers
   int64_t numel() const;
 };
 

@@ -76,8 +76,8 @@ namespace {
 
 // The int8 scratch's sizes, in elements, for `rows` rows of `config`'s linears.
 struct Int8Sizes {
-  int64_t qx, sx, qw;      // the forward's quantized rows and the input's scales
-  int64_t x_hat, w_hat;    // the straight-through backward's dequantized operands
+  int64_t qx, sx, qw;    // the forward's quantized rows and the input's scales
+  int64_t x_hat, w_hat;  // the straight-through backward's dequantized operands
   // The int8 backward's rotated, quantized operands a and b of its GEMM and a sum to add.
   int64_t rot_a, sa, rot_b, sb, sum;
 };
