@@ -146,6 +146,9 @@ struct ReportOptions {
   std::filesystem::path source;  // a run directory (state_hashes.jsonl) or a kit (kit.json)
   std::optional<std::filesystem::path> audit;  // `lockstep audit --json-out` of it
   std::optional<nlohmann::json> coverage;      // of the kit's receipts (kit.h, Coverage)
+  // Another run whose curves are drawn, dashed, on SOURCE's plots, with a table of both runs'
+  // mean loss over their last 50 steps.
+  std::optional<std::filesystem::path> compare;
   std::filesystem::path out;                   // the HTML page
 };
 // Writes one self-contained HTML page (no script, no external resource): the chain's head and
@@ -153,7 +156,8 @@ struct ReportOptions {
 // skipped and clipped steps marked, learning rate and tokens/s against the step, checkpoints
 // marked on each plot; the audit table (unit, steps, expected and replayed hash, verdict, wall
 // time against the publisher's, peak RSS against plan); the configuration; for a kit, what it
-// holds. Written to a temporary file and renamed. Errors name the file and field.
+// holds; with `compare`, that run's curves on the same plots and both runs' mean loss over their
+// last 50 steps. Written to a temporary file and renamed. Errors name the file and field.
 void WriteReport(const ReportOptions& options);
 
 }  // namespace lockstep::audit

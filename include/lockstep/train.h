@@ -232,6 +232,9 @@ class Trainer {
   // then hashes the state.
   // Returns the bytes it digested.
   uint64_t UpdateAndHash(bool update, const rk::AdamWParams& adam_template, float clip_factor);
+  // With int8 linears: each rank's row maxima of the weights (per scale tensor; empty for the
+  // others) folded into every rank's (rk::FoldMaxima), so that each holds the whole rows'.
+  void ShareRowMaxima(std::vector<std::vector<float>>& maxima) const;
   // UpdateAndHash's end: every rank's chunk digests from this rank's (per tensor, per array),
   // the next step's parameter copies checked or shared, and the state hash.
   void ShareAndHash(

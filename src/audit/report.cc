@@ -48,6 +48,7 @@ std::string Escape(std::string_view text) {
 struct Series {
   std::string name, color;
   std::vector<std::pair<double, double>> points;  // (step, value), finite values only
+  bool dashed = false;                            // --compare's run
 };
 
 struct PlotSpec {
@@ -67,7 +68,8 @@ std::string Number(double v) {
 }
 
 std::string Plot(const PlotSpec& p) {
-  constexpr double kW = 560, kH = 220, kLeft = 64, kRight = 12, kTop = 26, kBottom = 34;
+  // The title on the first line, the series' legends on the second.
+  constexpr double kW = 560, kH = 230, kLeft = 64, kRight = 12, kTop = 40, kBottom = 34;
   double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
   const auto y_of = [&](double v) { return p.log_y ? std::log10(v) : v; };
   for (const Series& s : p.series) {
@@ -129,7 +131,14 @@ std::string Plot(const PlotSpec& p) {
         kLeft, kW - kRight, sy(y_of(p.threshold->first)), sy(y_of(p.threshold->first)),
         Escape(p.threshold->second));
   }
-  double legend_x = kW - kRight - 84 * static_cast<double>(p.series.size());
+  // The legends in a row ending at the right, each as wide as its name.
+  std::vector<double> legend_x(p.series.size());
+  double right = kW - kRight;
+  for (size_t i = p.series.size(); i-- > 0;) {
+    right -= 6.5 * static_cast<double>(p.series[i].name.size()) + 12;
+    legend_x[i] = right;
+  }
+  size_t legend = 0;
   for (const Series& s : p.series) {
     std::string points;
     size_t count = 0;
@@ -140,11 +149,10 @@ std::string Plot(const PlotSpec& p) {
     }
     svg += fmt::format(
         "<polyline class=\"series\" data-series=\"{}\" data-points=\"{}\" fill=\"none\" "
-        "stroke=\"{}\" stroke-width=\"1.5\" points=\"{}\"/>",
-        Escape(s.name), count, s.color, points);
-    svg += fmt::format("<text x=\"{}\" y=\"16\" class=\"legend\" fill=\"{}\">{}</text>", legend_x,
-                       s.color, Escape(s.name));
-    legend_x += 84;
+        "stroke=\"{}\" stroke-width=\"1.5\"{} points=\"{}\"/>",
+        Escape(s.name), count, s.color, s.dashed ? " stroke-dasharray=\"5 3\"" : "", points);
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"32\" class=\"legend\" fill=\"{}\">{}</text>",
+                       legend_x[legend++], s.color, Escape(s.name));
   }
   for (const auto& [x, kind, label] : p.marks) {
     svg += fmt::format(
@@ -427,6 +435,56 @@ std::string CoveragePage(const json& coverage) {
       CoverageHtmlSection(coverage));
 }
 
+// A run's curves on the page: its metrics, the label its series carry ("" alone), and whether
+// they are drawn dashed (--compare's).
+struct Curves {
+  const Source* source = nullptr;
+  std::string label;
+  bool dashed = false;
+};
+
+// The labels of SOURCE and --compare: their configs' names, or where those are equal their
+// directories' names, or where those are too the paths given.
+std::pair<std::string, std::string> CompareLabels(const fs::path& a, const Source& sa,
+                                                  const fs::path& b, const Source& sb) {
+  const auto config = [](const Source& s) {
+    const json d = json::parse(s.descriptor, nullptr, false);
+    return d.is_object() && d.contains("name") && d["name"].is_string()
+               ? d["name"].get<std::string>()
+               : std::string();
+  };
+  const std::string ca = config(sa), cb = config(sb);
+  if (!ca.empty() && !cb.empty() && ca != cb) return {ca, cb};
+  const std::string da = fs::absolute(a).lexically_normal().filename().string();
+  const std::string db = fs::absolute(b).lexically_normal().filename().string();
+  if (!da.empty() && !db.empty() && da != db) return {da, db};
+  return {a.string(), b.string()};
+}
+
+// The runs side by side: steps, last loss, and the mean loss over the last 50 steps (or all,
+// when fewer) with each run's over the first's.
+std::string CompareTable(const std::vector<const Curves*>& curves) {
+  std::string html =
+      "<table id=\"compare\"><tr><th>run</th><th>steps</th><th>last loss</th>"
+      "<th>mean loss, last 50 steps</th><th>over the first run's</th></tr>";
+  double first = 0;
+  for (const Curves* c : curves) {
+    const std::vector<train::MetricsLine>& m = c->source->metrics;
+    const size_t from = m.size() > 50 ? m.size() - 50 : 0;
+    double sum = 0;
+    for (size_t i = from; i < m.size(); ++i) sum += m[i].loss;
+    const double mean = sum / static_cast<double>(m.size() - from);
+    if (c == curves.front()) first = mean;
+    html += fmt::format(
+        "<tr class=\"run\" data-run=\"{}\"><td>{}{}</td><td class=\"num\">{}</td>"
+        "<td class=\"num\">{:.4f}</td><td class=\"num\" data-mean-loss=\"{:.17g}\">{:.5f} ({} "
+        "steps)</td><td class=\"num\">{:.5f}</td></tr>",
+        Escape(c->label), Escape(c->label), c->dashed ? " (dashed)" : "", m.back().step,
+        m.back().loss, mean, mean, m.size() - from, mean / first);
+  }
+  return html + "</table>\n";
+}
+
 void WriteReport(const ReportOptions& o) {
   const Source s = ReadSource(o.source);
   const std::vector<AuditRow> audit = o.audit ? ReadAudit(*o.audit) : std::vector<AuditRow>{};
@@ -467,7 +525,30 @@ void WriteReport(const ReportOptions& o) {
   }
   html += "</table>\n";
 
-  // Training curves.
+  // Training curves, with --compare's beside SOURCE's.
+  std::optional<Source> other;
+  std::vector<const Curves*> curves;
+  Curves mine{&s, "", false}, theirs;
+  curves.push_back(&mine);
+  if (o.compare) {
+    if (s.metrics.empty()) {
+      Fail(
+          "--compare draws two runs' training curves, and SOURCE {} has none (a kit, or a run "
+          "with no completed step): give a run directory",
+          o.source.string());
+    }
+    other = ReadSource(*o.compare);
+    if (other->metrics.empty()) {
+      Fail(
+          "--compare {}: no training curves to draw (a kit holds no metrics.jsonl, or the run "
+          "has no completed step): give a run directory",
+          o.compare->string());
+    }
+    const auto [a, b] = CompareLabels(o.source, s, *o.compare, *other);
+    mine.label = a;
+    theirs = {&*other, b, true};
+    curves.push_back(&theirs);
+  }
   std::vector<uint64_t> checkpoint_steps;
   for (const CheckpointRow& c : s.checkpoints) checkpoint_steps.push_back(c.step);
   html += "<h2>Training</h2>\n";
@@ -478,10 +559,16 @@ void WriteReport(const ReportOptions& o) {
                                         : "the run has no completed step.") +
             "</p>\n";
   } else {
-    const auto series = [&](const char* label, const char* color, double train::MetricsLine::*f) {
-      Series out{label, color, {}};
-      for (const train::MetricsLine& m : s.metrics) {
-        if (std::isfinite(m.*f)) out.points.emplace_back(static_cast<double>(m.step), m.*f);
+    // Each plot's series: SOURCE's, then --compare's dashed, each named with its run's label.
+    const auto series = [&](const std::string& label, const char* color,
+                            double train::MetricsLine::*f) {
+      std::vector<Series> out;
+      for (const Curves* c : curves) {
+        Series line{c->label.empty() ? label : label + " · " + c->label, color, {}, c->dashed};
+        for (const train::MetricsLine& m : c->source->metrics) {
+          if (std::isfinite(m.*f)) line.points.emplace_back(static_cast<double>(m.step), m.*f);
+        }
+        out.push_back(std::move(line));
       }
       return out;
     };
@@ -494,13 +581,18 @@ void WriteReport(const ReportOptions& o) {
         clipped.emplace_back(step, "clipped", fmt::format("clipped by {:.4g}", m.clip_factor));
       }
     }
-    std::vector<Series> loss = {series("loss", "#2456c8", &train::MetricsLine::loss)};
-    const bool zloss = std::ranges::any_of(s.metrics, [](const auto& m) { return m.zloss != 0; });
-    if (zloss) loss.push_back(series("z-loss", "#8a3fc0", &train::MetricsLine::zloss));
+    std::vector<Series> loss = series("loss", "#2456c8", &train::MetricsLine::loss);
+    const bool zloss = std::ranges::any_of(curves, [](const Curves* c) {
+      return std::ranges::any_of(c->source->metrics, [](const auto& m) { return m.zloss != 0; });
+    });
+    if (zloss)
+      std::ranges::move(series("z-loss", "#8a3fc0", &train::MetricsLine::zloss),
+                        std::back_inserter(loss));
     const std::vector<std::tuple<double, std::string, std::string>> loss_marks = skipped;
-    PlotSpec norm{"grad-norm", "gradient norm (before clipping)", "norm",
-                  {series("grad norm", "#0a7a32", &train::MetricsLine::grad_norm)},
-                  checkpoint_steps, skipped, std::nullopt, true};
+    PlotSpec norm{"grad-norm",      "gradient norm (before clipping)",
+                  "norm",           series("grad norm", "#0a7a32", &train::MetricsLine::grad_norm),
+                  checkpoint_steps, skipped,
+                  std::nullopt,     true};
     if (const json clip = field("train", "clip_norm"); clip.is_number() && clip.get<double>() > 0) {
       norm.threshold = {clip.get<double>(), fmt::format("clip_norm {}", clip.dump())};
     }
@@ -508,12 +600,24 @@ void WriteReport(const ReportOptions& o) {
     html += "<div class=\"plots\">\n";
     html += Plot({"loss", "loss", "nats/token", loss, checkpoint_steps, loss_marks, std::nullopt, false});
     html += Plot(norm);
-    html += Plot({"lr", "learning rate", "lr", {series("lr", "#d08a00", &train::MetricsLine::lr)},
-                  checkpoint_steps, {}, std::nullopt, false});
-    html += Plot({"tokens-per-second", "throughput", "tokens/s",
-                  {series("tokens/s", "#5a6270", &train::MetricsLine::tokens_per_second)},
-                  checkpoint_steps, {}, std::nullopt, false});
+    html += Plot({"lr",
+                  "learning rate",
+                  "lr",
+                  series("lr", "#d08a00", &train::MetricsLine::lr),
+                  checkpoint_steps,
+                  {},
+                  std::nullopt,
+                  false});
+    html += Plot({"tokens-per-second",
+                  "throughput",
+                  "tokens/s",
+                  series("tokens/s", "#5a6270", &train::MetricsLine::tokens_per_second),
+                  checkpoint_steps,
+                  {},
+                  std::nullopt,
+                  false});
     html += "</div>\n";
+    if (other) html += CompareTable(curves);
     const train::MetricsLine& last = s.metrics.back();
     double seconds = 0;
     for (const train::MetricsLine& m : s.metrics) seconds += m.step_seconds;

@@ -162,24 +162,13 @@ int64_t Model::AllocatedBytes(const ModelConfig& config, int64_t vocab_chunk, in
          2 * plan.rows_ * int64_t{sizeof(uint32_t)} + int8;
 }
 
-Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int64_t seq,
-             Activations activations, PlanOnly)
-    : config_(config),
-      activations_(activations),
-      vocab_chunk_(vocab_chunk),
-      batch_(batch),
-      seq_(seq),
-      rows_(batch * seq),
-      specs_(ParameterSpecs(config)) {
-  if (batch < 1 || seq < 1 || seq > config.seq_len) {
-    Fail("Model: batch = {} and seq = {} must be >= 1, seq <= model.seq_len = {}", batch, seq,
-         config.seq_len);
-  }
-  rope_ = rk::MakeRopeTable(config.seq_len, config.head_dim, static_cast<float>(config.rope_theta));
-  // ParamIndex's positions are ParameterSpecs's order, tensor by tensor.
+namespace {
+
+// ParamIndex's positions are ParameterSpecs's order, tensor by tensor.
+void CheckParamIndex(const ModelConfig& config, const std::vector<ParamSpec>& specs) {
   const ParamIndex P(config);
   const auto at = [&](size_t i, std::string_view name, int64_t layer = -1) {
-    LOCKSTEP_CHECK(i < specs_.size() && specs_[i].name == name && specs_[i].layer == layer,
+    LOCKSTEP_CHECK(i < specs.size() && specs[i].name == name && specs[i].layer == layer,
                    "ParamIndex: {} at {}", name, i);
   };
   at(P.tok, "tok_embeddings.weight");
@@ -200,7 +189,26 @@ Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int6
       }
     }
   }
-  LOCKSTEP_CHECK(last + 1 == specs_.size(), "ParamIndex: {} tensors", specs_.size());
+  LOCKSTEP_CHECK(last + 1 == specs.size(), "ParamIndex: {} tensors", specs.size());
+}
+
+}  // namespace
+
+Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int64_t seq,
+             Activations activations, PlanOnly)
+    : config_(config),
+      activations_(activations),
+      vocab_chunk_(vocab_chunk),
+      batch_(batch),
+      seq_(seq),
+      rows_(batch * seq),
+      specs_(ParameterSpecs(config)) {
+  if (batch < 1 || seq < 1 || seq > config.seq_len) {
+    Fail("Model: batch = {} and seq = {} must be >= 1, seq <= model.seq_len = {}", batch, seq,
+         config.seq_len);
+  }
+  rope_ = rk::MakeRopeTable(config.seq_len, config.head_dim, static_cast<float>(config.rope_theta));
+  CheckParamIndex(config, specs_);
 
   // Plan the arena: every buffer starts on a 64-byte boundary.
   int64_t end = 0;

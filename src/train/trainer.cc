@@ -376,56 +376,48 @@ uint64_t Trainer::UpdateAndHash(bool update, const rk::AdamWParams& adam_templat
     for (int a = 0; a < kStateArrayCount; ++a) {
       p[a] = store_->Acquire(static_cast<StateArray>(a), i, begin, count, /*load=*/true);
     }
-    if (update) {
-      rk::AdamWParams adam = adam_template;
-      if (!specs_[i].weight_decay) adam.weight_decay = 0.0f;
-      UpdatePiece(hooks_, i, p, adam, clip_factor);
+    if (!update) return;
+    if (specs_[i].is_scale) {  // set from its weight's maxima, not trained
+      const std::span<float> param = p[size_t(StateArray::kParam)].data;
+      if (hooks_.executor != nullptr) hooks_.executor->HostWrites(param);
+      rk::ScalesOfMaxima(std::span(maxima[i]).subspan(static_cast<size_t>(begin), param.size()),
+                         param);
+      return;
     }
+    rk::AdamWParams adam = adam_template;
+    if (!specs_[i].weight_decay) adam.weight_decay = 0.0f;
+    UpdatePiece(hooks_, i, p, adam, clip_factor);
   };
   const std::initializer_list<StateArray> kAll = {StateArray::kParam, StateArray::kM,
                                                   StateArray::kV, StateArray::kGrad};
   if (!refresh) {
     ForEachHeldPiece(kAll, update_and_digest);
+  } else {
+    // Every other tensor first; then the scales, from their weights' maxima on every rank.
+    std::vector<size_t> others, scales;
+    for (size_t i = 0; i < specs_.size(); ++i) (specs_[i].is_scale ? scales : others).push_back(i);
+    ForEachHeldPiece(kAll, update_and_digest, others);
     if (!batch.empty()) hash_batch();
-    ShareAndHash(held_chunks, update);
-    return hashed_bytes;
+    ShareRowMaxima(maxima);
+    ForEachHeldPiece(kAll, update_and_digest, scales);
   }
-  // Every other tensor first, then the scales from their weights' maxima on every rank.
-  std::vector<size_t> others, scales;
-  for (size_t i = 0; i < specs_.size(); ++i) (specs_[i].is_scale ? scales : others).push_back(i);
-  ForEachHeldPiece(kAll, update_and_digest, others);
-  if (!batch.empty()) hash_batch();
-  if (ranks_ > 1) {
-    std::vector<float> mine;
-    for (const size_t i : scales) mine.insert(mine.end(), maxima[i].begin(), maxima[i].end());
-    const std::vector<float> all =
-        exchange_->AllgatherInRankOrder(mine, mine.size() * static_cast<size_t>(ranks_));
-    for (int r = 0; r < ranks_; ++r) {
-      size_t at = mine.size() * static_cast<size_t>(r);
-      for (const size_t i : scales) {
-        rk::FoldMaxima(std::span(all).subspan(at, maxima[i].size()), maxima[i]);
-        at += maxima[i].size();
-      }
-    }
-  }
-  ForEachHeldPiece(
-      kAll,
-      [&](size_t i, int64_t begin, int64_t count) {
-        if (!batch.empty() && count > store_->PieceFloats() - batch_floats) hash_batch();
-        std::array<Piece, kStateArrayCount>& p = batch.emplace_back();
-        batch_floats += count;
-        for (int a = 0; a < kStateArrayCount; ++a) {
-          p[a] = store_->Acquire(static_cast<StateArray>(a), i, begin, count, /*load=*/true);
-        }
-        const std::span<float> param = p[size_t(StateArray::kParam)].data;
-        if (hooks_.executor != nullptr) hooks_.executor->HostWrites(param);
-        rk::ScalesOfMaxima(std::span(maxima[i]).subspan(static_cast<size_t>(begin), param.size()),
-                           param);
-      },
-      scales);
   if (!batch.empty()) hash_batch();
   ShareAndHash(held_chunks, update);
   return hashed_bytes;
+}
+
+void Trainer::ShareRowMaxima(std::vector<std::vector<float>>& maxima) const {
+  if (ranks_ == 1) return;
+  std::vector<float> mine;
+  for (const std::vector<float>& m : maxima) mine.insert(mine.end(), m.begin(), m.end());
+  const std::vector<float> all =
+      exchange_->AllgatherInRankOrder(mine, mine.size() * static_cast<size_t>(ranks_));
+  for (size_t at = 0; at < all.size();) {  // rank by rank, tensor by tensor
+    for (std::vector<float>& m : maxima) {
+      rk::FoldMaxima(std::span(all).subspan(at, m.size()), m);
+      at += m.size();
+    }
+  }
 }
 
 void Trainer::ShareAndHash(const ChunkTable& held_chunks, bool update) {

@@ -162,5 +162,66 @@ TEST_F(Report, ThePageOfAnAuditedRunShowsItsNumbersOffline) {
   EXPECT_NE(dom.find("3 of 3 units MATCH"), std::string::npos);
 }
 
+// --compare: a second run's curves, dashed, on the same four plots, each series named with its
+// run's config and one point per step; a table of both runs' mean loss over their last 50 steps
+// (here all 12) as the metrics give it, and the second's over the first's. A kit on either side,
+// or --out onto the compared run's files, is refused.
+TEST_F(Report, CompareDrawsBothRunsOnOnePlot) {
+  const std::string d = dir_.string();
+  ASSERT_EQ(Lockstep("data synth --out " + d + "/data --seed 3 --tokens 200000").exit_code, 0);
+  for (const char* config : {"tiny", "tiny-int8"}) {
+    const Result r = Lockstep(std::string("train --config ") + config + " --data " + d +
+                              "/data --out " + d + "/" + config + " --steps 12 --no-progress");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  const Result r =
+      Lockstep("report " + d + "/tiny --compare " + d + "/tiny-int8 --out " + d + "/both.html");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string page = ReadFileText(dir_ / "both.html");
+  for (const char* series : {"loss", "z-loss", "grad norm", "lr", "tokens/s"}) {
+    EXPECT_EQ(Count(page, fmt::format("data-series=\"{} · tiny\" data-points=\"12\" ", series)), 1u)
+        << series << "\n"
+        << page;
+    EXPECT_EQ(
+        Count(page, fmt::format("data-series=\"{} · tiny-int8\" data-points=\"12\" ", series)), 1u)
+        << series;
+  }
+  EXPECT_EQ(Count(page, "stroke-dasharray=\"5 3\""), 5u);  // tiny-int8's five series
+  std::vector<double> means;
+  for (const char* run : {"tiny", "tiny-int8"}) {
+    const std::vector<train::MetricsLine> m = train::ReadMetrics(dir_ / run / "metrics.jsonl");
+    double sum = 0;
+    for (const train::MetricsLine& line : m) sum += line.loss;
+    means.push_back(sum / static_cast<double>(m.size()));
+    const std::regex row(
+        fmt::format("data-run=\"{}\">.*?data-mean-loss=\"([-0-9.e+]+)\">.*?\\(12 steps\\)</td><td "
+                    "class=\"num\">([0-9.]+)</td>",
+                    run));
+    std::smatch match;
+    ASSERT_TRUE(std::regex_search(page, match, row)) << run;
+    EXPECT_EQ(std::stod(match[1].str()), means.back()) << run;
+    EXPECT_EQ(match[2].str(), fmt::format("{:.5f}", means.back() / means.front())) << run;
+  }
+  EXPECT_NE(means[0], means[1]);
+
+  ASSERT_EQ(Lockstep("kit build --run " + d + "/tiny --data " + d + "/data --out " + d + "/kit")
+                .exit_code,
+            0);
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {d + "/tiny --compare " + d + "/kit", "--compare " + d + "/kit: no training curves"},
+           {d + "/kit --compare " + d + "/tiny", "SOURCE " + d + "/kit has none"},
+       }) {
+    const Result refused = Lockstep("report " + args + " --out " + d + "/refused.html");
+    EXPECT_EQ(refused.exit_code, 2) << args << ": " << refused.output;
+    EXPECT_NE(refused.output.find(message), std::string::npos) << refused.output;
+    EXPECT_FALSE(fs::exists(dir_ / "refused.html"));
+  }
+  const std::string metrics = ReadFileText(dir_ / "tiny-int8/metrics.jsonl");
+  const Result onto = Lockstep("report " + d + "/tiny --compare " + d + "/tiny-int8 --out " + d +
+                               "/tiny-int8/metrics.jsonl");
+  EXPECT_EQ(onto.exit_code, 2) << onto.output;
+  EXPECT_EQ(ReadFileText(dir_ / "tiny-int8/metrics.jsonl"), metrics);
+}
+
 }  // namespace
 }  // namespace lockstep

@@ -456,8 +456,9 @@ void AddKitCommands(CLI::App& app, int* exit_code) {
       "report",
       "write one self-contained HTML page (works offline, no scripts) about a run directory or a "
       "kit: loss, z-loss, gradient norm with clipping and skipped steps marked, learning rate and "
-      "tokens/s against the step with the checkpoints marked, the chain's head, and with --audit "
-      "the audit table (verdicts, wall time, peak RSS against plan)");
+      "tokens/s against the step with the checkpoints marked, the chain's head, with --audit "
+      "the audit table (verdicts, wall time, peak RSS against plan), and with --compare another "
+      "run's curves on the same plots");
   report_cmd
       ->add_option("SOURCE", report->source,
                    "a run directory (lockstep train --out) or a kit (lockstep kit build)")
@@ -467,15 +468,24 @@ void AddKitCommands(CLI::App& app, int* exit_code) {
       ->add_option("--audit", *report_audit,
                    "the JSON report of `lockstep audit KIT --json-out PATH`")
       ->check(CLI::ExistingFile);
+  auto report_compare = std::make_shared<std::string>();
+  report_cmd
+      ->add_option("--compare", *report_compare,
+                   "another run directory: its loss, gradient norm, learning rate and tokens/s "
+                   "drawn dashed on SOURCE's plots, and a table of both runs' mean loss over "
+                   "their last 50 steps and its ratio (SOURCE must be a run too)")
+      ->check(CLI::ExistingDirectory);
   AddCoverageFlags(report_cmd, *report_coverage, false);
   report_cmd->add_option("--out", report->out, "the HTML file to write")
       ->required()
       ->check(OutputPath(OutputKind::kFile));
-  report_cmd->final_callback([report, report_audit, report_coverage, exit_code] {
+  report_cmd->final_callback([report, report_audit, report_compare, report_coverage, exit_code] {
     if (!report_audit->empty()) report->audit = *report_audit;
+    if (!report_compare->empty()) report->compare = *report_compare;
     std::vector<NamedPath> inputs = CoverageInputs(*report_coverage);
     inputs.push_back({"SOURCE", report->source});
     inputs.push_back({"--audit", *report_audit});
+    inputs.push_back({"--compare", *report_compare});
     RefuseOutputsOntoInputs({{"--out", report->out}}, inputs);
     if (!report_coverage->receipts.empty()) {
       if (!fs::exists(report->source / kit::kManifestName)) {
