@@ -600,22 +600,14 @@ void WriteReport(const ReportOptions& o) {
     html += "<div class=\"plots\">\n";
     html += Plot({"loss", "loss", "nats/token", loss, checkpoint_steps, loss_marks, std::nullopt, false});
     html += Plot(norm);
-    html += Plot({"lr",
-                  "learning rate",
-                  "lr",
-                  series("lr", "#d08a00", &train::MetricsLine::lr),
-                  checkpoint_steps,
-                  {},
-                  std::nullopt,
-                  false});
-    html += Plot({"tokens-per-second",
-                  "throughput",
-                  "tokens/s",
-                  series("tokens/s", "#5a6270", &train::MetricsLine::tokens_per_second),
-                  checkpoint_steps,
-                  {},
-                  std::nullopt,
-                  false});
+    // A plot of one quantity, with the checkpoints and nothing else marked.
+    const auto plain = [&](const char* id, const char* title, const char* unit, const char* color,
+                           double train::MetricsLine::*f) {
+      return Plot({id, title, unit, series(unit, color, f), checkpoint_steps, {}, {}, false});
+    };
+    html += plain("lr", "learning rate", "lr", "#d08a00", &train::MetricsLine::lr);
+    html += plain("tokens-per-second", "throughput", "tokens/s", "#5a6270",
+                  &train::MetricsLine::tokens_per_second);
     html += "</div>\n";
     if (other) html += CompareTable(curves);
     const train::MetricsLine& last = s.metrics.back();
