@@ -101,7 +101,9 @@ Every output of every command is one of four kinds, checked when the command lin
 - **a new directory** (`data synth`, `data tokenize`, `data import` and `tokenizer train
   --out`, `kit build --out`, `export --format hf --out`, `trace --out`): absent (made with its
   parents) or empty. `kit build` and `export` fill a staging directory beside it and rename it
-  into place, so the output is absent or whole.
+  into place, so the output is absent or whole; a mount point cannot be renamed onto, so they
+  refuse one (exit 2, naming it, before any work: name a new directory inside it), where the
+  others fill it in place.
 - **a directory the command adds to** (`train --out`, `train` and `replay --spill-dir`,
   `replay --save-checkpoint-dir`, `kit fetch DEST`, `selftest --dump-programs`): absent (made
   with its parents) or a directory.

@@ -217,7 +217,7 @@ Trace WriteTrace(const TraceOptions& o) {
          "replayed from an earlier checkpoint",
          o.step, o.checkpoint.string(), start.state.step);
   }
-  if (fs::exists(o.out)) Fail("--out {} already exists", o.out.string());
+  CheckOutput({"--out", o.out}, OutputKind::kNewDirectory);  // absent or empty
   SetThreads(o.threads);
   const RunConfig config = audit::ConfigOfCheckpoint(start);
   const data::Dataset dataset = data::OpenDataset(o.data_dir);

@@ -604,6 +604,22 @@ std::filesystem::path WithoutTrailingSlash(std::filesystem::path out) {
   return out;
 }
 
+// Whether the directory `path` is the root of a mount (statx's STATX_ATTR_MOUNT_ROOT, which
+// sees bind mounts too; where the kernel does not report it, a device other than its parent's).
+bool IsMountPoint(const std::filesystem::path& path) {
+  struct statx self {};
+  if (::statx(AT_FDCWD, path.c_str(), AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS, &self) != 0) {
+    return false;
+  }
+  if ((self.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) != 0) {
+    return (self.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0;
+  }
+  struct stat here {
+  }, parent{};
+  return ::stat(path.c_str(), &here) == 0 && ::stat((path / "..").c_str(), &parent) == 0 &&
+         here.st_dev != parent.st_dev;
+}
+
 // The directory that will hold output directory `out` (made, with its parents, when absent).
 Directory StagingHolder(const std::filesystem::path& out) {
   if (const std::optional<std::string> problem = OutputProblem(out, OutputKind::kNewDirectory)) {
@@ -613,6 +629,12 @@ Directory StagingHolder(const std::filesystem::path& out) {
   const std::filesystem::path name = target.filename();
   if (name.empty() || name == "." || name == "..") {
     Fail("{}: names no directory that can be made (name the new directory itself)", out.string());
+  }
+  if (IsMountPoint(target)) {
+    Fail(
+        "{}: a mount point: this output is made beside it and renamed into place, which cannot "
+        "replace a mount point (name a new directory inside it, e.g. {})",
+        out.string(), (target / "out").string());
   }
   if (target.has_parent_path()) {
     std::error_code ec;
@@ -754,6 +776,12 @@ void StagedDirectory::Commit() {
       Fail("{}: no longer an empty directory: nothing replaced", target);
     }
     if (errno == ENOTDIR) Fail("{}: exists and is not a directory: nothing replaced", target);
+    if (errno == EBUSY) {
+      Fail(
+          "{}: a mount point or otherwise in use, which a directory cannot be renamed onto: "
+          "nothing replaced",
+          target);
+    }
     Fail("renaming {} to {}: {}", staging_.string(), target, std::strerror(errno));
   }
   committed_ = true;

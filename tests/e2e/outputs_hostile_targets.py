@@ -6,6 +6,11 @@ a regular file where only a new one may be made, "DIR/", a path in a missing dir
 ends in exit status 2 naming the option, with the target and everything around it unchanged
 (no staging file or directory left behind).
 
+Every output that is a directory aimed at an empty mount point (a tmpfs, where this process may
+mount one; said to be skipped where it may not): filled in place (exit 0), or, by a writer that
+stages beside it and renames, refused before any work as a mount point (exit 2) -- never a rename
+error after the work, nothing left beside it.
+
 Then the writers that stage: kit build, export (hf and gguf) and keygen leave a user's
 directories at staging-like names alone (among them the exact name the command would try first:
 the process's pid is known because the shell execs it), and a write that fails part-way
@@ -124,6 +129,39 @@ def run_with(lockstep, args, cwd=None, fsize=None, prefix=None):
                           preexec_fn=limits)
 
 
+def case_kind(case):
+    return case[4] if len(case) > 4 else KINDS[(case[0], case[1])]
+
+
+def mount_points(lockstep, cases, mnt, failures):
+    """Each directory output at a fresh, empty tmpfs mounted at `mnt`. Returns "" when they ran,
+    else why they were skipped (said in the test's last line)."""
+    os.makedirs(mnt)
+    holder = os.path.dirname(mnt)
+    for n, case in enumerate(cases):
+        command, option, args = case[:3]
+        if case_kind(case) not in ("newdir", "dir"):
+            continue
+        m = subprocess.run(["mount", "-t", "tmpfs", "none", mnt], capture_output=True, text=True)
+        if m.returncode != 0:
+            return f"; mount points skipped: mount -t tmpfs failed ({m.stderr.strip()[-120:]})"
+        try:
+            r = run_with(lockstep, [mnt if a == "{OUT}" else a for a in args])
+            said = (r.stdout + r.stderr).strip()
+            inside = os.listdir(mnt)
+        finally:
+            subprocess.run(["umount", mnt], check=True)
+        beside = [e for e in os.listdir(holder) if e.startswith(".mnt.")]
+        refused = r.returncode == 2 and f"{mnt}: a mount point" in said and not inside
+        # A case whose other arguments stop it before its output (they are made for the checks of
+        # the output alone) says nothing of it; it names no mount point and leaves nothing.
+        stopped_before = r.returncode == 2 and mnt not in said and not inside
+        if r.returncode != 0 and not refused and not stopped_before or beside:
+            failures.append(f"{command} {option} at an empty mount point: exit {r.returncode}, "
+                            f"left beside it {beside}: {said[-300:]}")
+    return ""
+
+
 def main():
     lockstep, cli_md, source = sys.argv[1:4]
     lockstep = os.path.abspath(lockstep)  # some commands run in a directory of their own
@@ -158,7 +196,7 @@ def main():
 
         for n, case in enumerate(cases):
             command, option, args = case[:3]
-            kind = case[4] if len(case) > 4 else KINDS[(command, option)]
+            kind = case_kind(case)
             h = P(f"hostile{n}")
             for label, aim in hostile_targets(h, kind):
                 before = tree(h)
@@ -173,6 +211,9 @@ def main():
                     changed = sorted(set(before.items()) ^ set(after.items()))
                     failures.append(f"{command} {option} at {label}: changed {changed[:6]}")
             shutil.rmtree(h)
+
+        mount_note = mount_points(lockstep, cases, P("mnt"), failures)
+        tried += 0 if mount_note else sum(1 for c in cases if case_kind(c) in ("newdir", "dir"))
 
         # Staging names: a user's directories at names the writers used, or would try first,
         # survive a successful write; only the output is added beside them.
@@ -240,8 +281,8 @@ def main():
         print("\n".join(failures))
         sys.exit(f"{len(failures)} failure(s) of {tried} tries")
     print(f"{tried} outputs aimed at devices, FIFOs, links, directories, '', DIR/, missing "
-          f"directories, staging names and failing writes: every one refused or kept whole, "
-          f"nothing of the user's touched")
+          f"directories, mount points, staging names and failing writes: every one refused or "
+          f"kept whole, nothing of the user's touched{mount_note}")
 
 
 if __name__ == "__main__":
