@@ -393,8 +393,12 @@ void CheckOutput(const NamedPath& out, OutputKind kind);
 // A file written under a fresh name beside its destination (".NAME.PID-N.tmp", made with
 // O_EXCL, so nothing already there is ever touched) and renamed onto it when whole: the one way
 // lockstep writes an output file. The destination is checked (OutputProblem, for kFile or
-// kNewFile) when the staging file is made and again just before the rename; kNewFile renames
-// with RENAME_NOREPLACE, so a file that appeared meanwhile is not replaced either. Until Commit,
+// kNewFile) when the staging file is made, and the commit replaces nothing unseen: a rename with
+// RENAME_NOREPLACE where the destination is absent (kNewFile: only there); where kFile's is
+// present, the two are exchanged in one step (RENAME_EXCHANGE) and what came out is removed if
+// it is a regular file, else exchanged back and refused -- a link, device or directory put there
+// at any moment is never replaced. (A file system without renameat2's flags: checked, then
+// renamed.) Until Commit,
 // the destructor removes the staging file -- and only it: a failed write (a full disk) leaves
 // nothing behind and nothing changed.
 class StagedFile {

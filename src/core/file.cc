@@ -725,20 +725,49 @@ void StagedFile::Commit() {
   file_.Close();
   const int fd = dir_.dir_.fd();
   const std::string target = (dir_.path() / name_).string();
-  CheckDestination(fd, name_, target, kind_);
-  int rc;
-  if (kind_ == OutputKind::kNewFile) {
-    rc = ::renameat2(fd, temp_.c_str(), fd, name_.c_str(), RENAME_NOREPLACE);
-    if (rc != 0 && errno == EINVAL) {  // a file system without RENAME_NOREPLACE: link, unlink
-      rc = ::linkat(fd, temp_.c_str(), fd, name_.c_str(), 0);
-      if (rc == 0) ::unlinkat(fd, temp_.c_str(), 0);
-    }
-  } else {
-    rc = ::renameat(fd, temp_.c_str(), fd, name_.c_str());
-  }
-  if (rc != 0) {
-    if (errno == EEXIST) Fail("{}: appeared while it was written: never replaced", target);
+  const auto failed = [&] {
     Fail("renaming {} to {}: {}", (dir_.path() / temp_).string(), target, std::strerror(errno));
+  };
+  // Absent: a rename that never replaces. kFile's present destination: exchanged with the staged
+  // file in one step (RENAME_EXCHANGE), then what came out is examined, so that nothing put there
+  // at any moment is replaced unseen: a regular file is removed; anything else is exchanged back
+  // and refused.
+  for (int attempt = 0;; ++attempt) {
+    if (attempt == kStagingAttempts) {
+      Fail("{}: appeared and vanished {} times while it was renamed into place", target, attempt);
+    }
+    if (::renameat2(fd, temp_.c_str(), fd, name_.c_str(), RENAME_NOREPLACE) == 0) break;
+    if (errno == EINVAL) {  // a file system without renameat2's flags: checked, then renamed
+      CheckDestination(fd, name_, target, kind_);
+      if (kind_ == OutputKind::kNewFile ? ::linkat(fd, temp_.c_str(), fd, name_.c_str(), 0)
+                                        : ::renameat(fd, temp_.c_str(), fd, name_.c_str())) {
+        if (errno == EEXIST) Fail("{}: appeared while it was written: never replaced", target);
+        failed();
+      }
+      if (kind_ == OutputKind::kNewFile) ::unlinkat(fd, temp_.c_str(), 0);
+      break;
+    }
+    if (errno != EEXIST) failed();
+    if (kind_ == OutputKind::kNewFile) {
+      Fail("{}: appeared while it was written: never replaced", target);
+    }
+    if (::renameat2(fd, temp_.c_str(), fd, name_.c_str(), RENAME_EXCHANGE) != 0) {
+      if (errno == ENOENT) continue;  // gone again: rename without replacing
+      failed();
+    }
+    struct stat out {};
+    if (::fstatat(fd, temp_.c_str(), &out, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(out.st_mode)) {
+      ::unlinkat(fd, temp_.c_str(), 0);
+      break;
+    }
+    // Not ours to replace: put back where it was, and this output under its staging name again.
+    const std::string problem = ExistingProblem(target, out, kind_).value_or(target + ": changed");
+    if (::renameat2(fd, temp_.c_str(), fd, name_.c_str(), RENAME_EXCHANGE) != 0) {
+      committed_ = true;  // the staging name now holds what was at the destination: kept
+      Fail("{} (it is now at {}, and the output at {})", problem, (dir_.path() / temp_).string(),
+           target);
+    }
+    Fail("{}", problem);
   }
   committed_ = true;
   dir_.Sync();

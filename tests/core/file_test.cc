@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -134,6 +135,50 @@ TEST_F(FileTest, ADirectoryNeverReachesOutsideItself) {
   sub.Remove("renamed");
   sub.Remove("renamed");  // absent: nothing
   EXPECT_FALSE(sub.Contains("renamed"));
+}
+
+// What is put at a file output's path while it is written (after the staging file is made, the
+// moment its first check passed) is never replaced unseen: a symbolic link, a FIFO or a directory
+// there at the commit is refused and left as it was, with the output's own staging removed; a
+// regular file there is replaced; a file at a new file's path is not.
+TEST_F(FileTest, WhatAppearsAtAnOutputWhileItIsWrittenIsNeverReplacedUnseen) {
+  const fs::path out = dir_ / "out.txt", theirs = dir_ / "theirs.txt";
+  WriteFileSynced(theirs, "theirs");
+  const auto staged_then = [&](OutputKind kind, const std::function<void()>& meanwhile) {
+    StagedFile staged(out, kind);
+    staged.file().Write(std::string_view("mine"));
+    meanwhile();
+    staged.Commit();
+  };
+  const auto only = [&](std::vector<std::string> names) {
+    std::vector<std::string> there;
+    for (const auto& e : fs::directory_iterator(dir_)) there.push_back(e.path().filename());
+    std::ranges::sort(there);
+    std::ranges::sort(names);
+    EXPECT_EQ(there, names);
+  };
+  EXPECT_THROW(staged_then(OutputKind::kFile, [&] { fs::create_symlink(theirs, out); }), Error);
+  EXPECT_TRUE(fs::is_symlink(out));
+  EXPECT_EQ(ReadFileText(theirs), "theirs");
+  only({"out.txt", "theirs.txt"});
+  fs::remove(out);
+  EXPECT_THROW(staged_then(OutputKind::kFile, [&] { ASSERT_EQ(::mkfifo(out.c_str(), 0600), 0); }),
+               Error);
+  EXPECT_TRUE(fs::is_fifo(fs::symlink_status(out)));
+  only({"out.txt", "theirs.txt"});
+  fs::remove(out);
+  EXPECT_THROW(staged_then(OutputKind::kFile, [&] { fs::create_directory(out); }), Error);
+  EXPECT_TRUE(fs::is_directory(out));
+  only({"out.txt", "theirs.txt"});
+  fs::remove(out);
+  staged_then(OutputKind::kFile, [&] { WriteFileSynced(out, "a file meanwhile"); });
+  EXPECT_EQ(ReadFileText(out), "mine");
+  only({"out.txt", "theirs.txt"});
+  fs::remove(out);
+  EXPECT_THROW(staged_then(OutputKind::kNewFile, [&] { WriteFileSynced(out, "theirs too"); }),
+               Error);
+  EXPECT_EQ(ReadFileText(out), "theirs too");
+  only({"out.txt", "theirs.txt"});
 }
 
 TEST(Lines, SplitsAsGetlineDoes) {
