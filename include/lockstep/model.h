@@ -113,9 +113,6 @@ struct ParamSpec {
 // ffn.w_down}.weight, then final_norm.weight, output.weight; with model.linear = int8 then per
 // layer l: layers.l.{attn.wq, attn.wk, attn.wv, attn.wo, ffn.w_gate_up, ffn.w_down}.scale.
 std::vector<ParamSpec> ParameterSpecs(const ModelConfig& config);
-// The weight whose scales the scale tensor `scale` holds ("layers.l.attn.wq.scale" ->
-// "layers.l.attn.wq.weight").
-std::string ScaledWeightName(const ParamSpec& scale);
 
 // A layer's parameter tensors in ParameterSpecs order, and each one's name within its layer
 // ("layers.<l>." + name): the one spelling of them, which ParameterSpecs, the model, the decoder
@@ -155,9 +152,15 @@ struct ParamIndex {
   size_t Layer(int64_t l, size_t which) const {  // which: a LayerTensor
     return first_layer + kTensorsPerLayer * static_cast<size_t>(l) + which;
   }
-  // The scale tensor of linear `which` of layer l (int8 linears only).
+  // The scale tensor of linear `which` of layer l (int8 linears only), and the weight whose
+  // scales tensor `scale` (>= scales) holds.
   size_t Scale(int64_t l, LayerTensor which) const {
     return scales + kLayerLinears.size() * static_cast<size_t>(l) + LinearIndex(which);
+  }
+  size_t WeightOfScale(size_t scale) const {
+    const size_t at = scale - scales;
+    return Layer(static_cast<int64_t>(at / kLayerLinears.size()),
+                 kLayerLinears[at % kLayerLinears.size()]);
   }
   size_t scales;  // the first scale tensor; 0 without int8 linears
 };

@@ -443,17 +443,17 @@ struct Curves {
   bool dashed = false;
 };
 
-// The labels of SOURCE and --compare: their configs' names, or where those are equal their
-// directories' names, or where those are too the paths given.
-std::pair<std::string, std::string> CompareLabels(const fs::path& a, const Source& sa,
-                                                  const fs::path& b, const Source& sb) {
-  const auto config = [](const Source& s) {
-    const json d = json::parse(s.descriptor, nullptr, false);
-    return d.is_object() && d.contains("name") && d["name"].is_string()
-               ? d["name"].get<std::string>()
-               : std::string();
-  };
-  const std::string ca = config(sa), cb = config(sb);
+// The config's name a run descriptor holds ("" when it holds none).
+std::string ConfigName(const json& descriptor) {
+  return descriptor.is_object() && descriptor.contains("name") && descriptor["name"].is_string()
+             ? descriptor["name"].get<std::string>()
+             : std::string();
+}
+
+// The labels of SOURCE (path a, config ca) and --compare (b, cb): their configs' names, or where
+// those are equal their directories' names, or where those are too the paths given.
+std::pair<std::string, std::string> CompareLabels(const fs::path& a, const std::string& ca,
+                                                  const fs::path& b, const std::string& cb) {
   if (!ca.empty() && !cb.empty() && ca != cb) return {ca, cb};
   const std::string da = fs::absolute(a).lexically_normal().filename().string();
   const std::string db = fs::absolute(b).lexically_normal().filename().string();
@@ -498,9 +498,7 @@ void WriteReport(const ReportOptions& o) {
     return descriptor.contains(section) && descriptor[section].contains(key) ? descriptor[section][key]
                                                                              : json();
   };
-  const std::string name = descriptor.contains("name") && descriptor["name"].is_string()
-                               ? descriptor["name"].get<std::string>()
-                               : std::string();
+  const std::string name = ConfigName(descriptor);
 
   std::string html = fmt::format(
       "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -544,7 +542,8 @@ void WriteReport(const ReportOptions& o) {
           "has no completed step): give a run directory",
           o.compare->string());
     }
-    const auto [a, b] = CompareLabels(o.source, s, *o.compare, *other);
+    const auto [a, b] = CompareLabels(o.source, name, *o.compare,
+                                      ConfigName(json::parse(other->descriptor, nullptr, false)));
     mine.label = a;
     theirs = {&*other, b, true};
     curves.push_back(&theirs);

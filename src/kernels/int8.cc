@@ -71,7 +71,7 @@ void FoldRowMaxima(std::span<const float> x, int64_t begin, int64_t cols, std::s
 void FoldMaxima(std::span<const float> from, std::span<float> into) {
   if (from.size() != into.size()) Fail("FoldMaxima: {} maxima into {}", from.size(), into.size());
   for (size_t r = 0; r < from.size(); ++r) {
-    into[r] = std::isnan(from[r]) ? from[r] : Fold(into[r], from[r]);
+    into[r] = Fold(into[r], from[r]);  // a NaN maximum is not finite: NaN
   }
 }
 

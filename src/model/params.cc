@@ -71,13 +71,6 @@ std::vector<ParamSpec> ParameterSpecs(const ModelConfig& c) {
   return specs;
 }
 
-std::string ScaledWeightName(const ParamSpec& scale) {
-  constexpr std::string_view kScale = ".scale";
-  LOCKSTEP_CHECK(scale.is_scale && scale.name.ends_with(kScale), "'{}' is no scale tensor",
-                 scale.name);
-  return scale.name.substr(0, scale.name.size() - kScale.size()) + ".weight";
-}
-
 double ModelFlopsPerStep(const RunConfig& config) {
   const ModelConfig& m = config.model;
   double matmul_params = 0;
@@ -229,10 +222,10 @@ namespace {
 void InitScaleRange(const ModelConfig& config, uint64_t seed, const ParamSpec& spec, int64_t begin,
                     std::span<float> out) {
   const std::vector<ParamSpec> specs = ParameterSpecs(config);
-  const std::string weight = ScaledWeightName(spec);
-  const auto w =
-      static_cast<size_t>(std::ranges::find(specs, weight, &ParamSpec::name) - specs.begin());
-  LOCKSTEP_CHECK(w < specs.size(), "no weight '{}'", weight);
+  const auto at =
+      static_cast<size_t>(std::ranges::find(specs, spec.name, &ParamSpec::name) - specs.begin());
+  LOCKSTEP_CHECK(at < specs.size() && specs[at].is_scale, "'{}' is no scale tensor", spec.name);
+  const size_t w = ParamIndex(config).WeightOfScale(at);
   const int64_t cols = specs[w].shape[1], first_draw = FirstDraws(specs)[w];
   std::vector<float> maxima(out.size(), 0.0f);
   const int64_t rows = static_cast<int64_t>(out.size());

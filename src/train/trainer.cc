@@ -118,12 +118,8 @@ Trainer::Trainer(const RunConfig& config, const data::Dataset& dataset, std::str
   for (const ParamSpec& spec : specs_) shapes_.push_back({spec.name, spec.shape});
   if (config.model.linear == Linear::kInt8) {
     scale_of_.assign(specs_.size(), kNoScale);
-    for (size_t i = 0; i < specs_.size(); ++i) {
-      if (!specs_[i].is_scale) continue;
-      const std::string weight = ScaledWeightName(specs_[i]);
-      scale_of_[static_cast<size_t>(std::ranges::find(specs_, weight, &ParamSpec::name) -
-                                    specs_.begin())] = i;
-    }
+    const ParamIndex P(config.model);
+    for (size_t i = P.scales; i < specs_.size(); ++i) scale_of_[P.WeightOfScale(i)] = i;
   }
   state_.descriptor = std::move(descriptor);
   state_.rng_seed = config.train.seed;

@@ -129,7 +129,10 @@ TEST_F(E2e, Int8ScalesAreTheirWeightsRowMaximaInEveryCheckpoint) {
       if (!spec.is_scale) continue;
       ++scales;
       const std::span<const float> scale = model.Get(spec.name).data.As<float>();
-      const NamedTensor& weight = model.Get(ScaledWeightName(spec));
+      // "layers.l.attn.wq.scale" is of "layers.l.attn.wq.weight" (docs/model.md, "Parameters").
+      const std::string_view stem = std::string_view(spec.name).substr(0, spec.name.size() - 5);
+      ASSERT_EQ(spec.name.substr(stem.size()), "scale");
+      const NamedTensor& weight = model.Get(std::string(stem) + "weight");
       const int64_t cols = weight.shape[1];
       const std::span<const float> w = weight.data.As<float>();
       ASSERT_EQ(static_cast<int64_t>(scale.size()), weight.shape[0]) << spec.name;
