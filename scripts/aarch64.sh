@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
 # The numerics contract on AArch64: cross-builds the lockstep binary for arm64 (Debian's
 # g++-aarch64-linux-gnu and arm64 libraries, without MPI or the tests) into build-aarch64, then
-# under qemu-aarch64 runs the selftest and trains `tiny` 20 steps at 1 and 2 threads with the
-# NEON variant; each run must give the pinned golden chain (tests/fixtures/tiny_chain.jsonl) that
-# x86-64 gives, and `tiny-int8` (int8 linears) 20 steps at 1 thread its own
-# (tests/fixtures/tiny_int8_chain.jsonl). Needs root for the packages (it adds arm64 ones beside
-# the native ones and removes nothing); slow (qemu: about 4 s per step at one thread).
+# under qemu-aarch64 runs the selftest (the variants NEON_DOTPROD and NEON), checks that a CPU
+# without the dot-product extension is offered NEON alone, and trains `tiny` 20 steps at 1 and 2
+# threads and `tiny-int8` (int8 linears, on sdot) 20 steps at 1 thread with the best variant;
+# each chain must be the pinned one x86-64 gives (tests/fixtures/tiny_chain.jsonl,
+# tiny_int8_chain.jsonl). Needs root for the packages (it adds arm64 ones beside the native ones
+# and removes nothing); slow (qemu: about 4 s per step at one thread).
+#   usage: scripts/aarch64.sh [--short]   (--short: the selftest and 3 steps of each chain at one
+#   thread, compared with the pinned chains' first 3 steps; about 8 minutes against 12)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+short=
+case ${1:-} in
+  --short) short=1 ;;
+  "") ;;
+  *) echo "usage: scripts/aarch64.sh [--short]" >&2; exit 2 ;;
+esac
 if ! dpkg --print-foreign-architectures | grep -qx arm64; then
   dpkg --add-architecture arm64
   apt-get update -qq
@@ -45,29 +54,41 @@ run() {
   QEMU_SET_ENV=LD_LIBRARY_PATH=$sysroot/usr/lib/aarch64-linux-gnu qemu-aarch64 build-aarch64/lockstep "$@"
 }
 run --version
-# Every kernel, NEON against the scalar reference, at 1, 2, 3, 4 and 7 threads (a few seconds).
+# qemu's default CPU ("max") has the dot-product extension: both NEON variants are usable, and
+# the selftest checks every kernel on each (NEON_DOTPROD's int8 GEMM uses sdot) against the
+# scalar reference at 1, 2, 3, 4 and 7 threads (a few seconds).
+run --version | grep -q '^SIMD variants usable on this CPU: .*NEON_DOTPROD' ||
+  { echo "aarch64 (qemu): NEON_DOTPROD is not usable on qemu's default CPU" >&2; exit 1; }
 run selftest | tail -1
+# A CPU without it (Cortex-A57) offers NEON alone.
+if QEMU_CPU=cortex-a57 run --version | grep -q '^SIMD variants usable on this CPU: .*NEON_DOTPROD'; then
+  echo "aarch64 (qemu): NEON_DOTPROD is offered on a Cortex-A57, which lacks sdot" >&2
+  exit 1
+fi
+echo "aarch64 (qemu): NEON_DOTPROD offered with the dot-product extension, not without it"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 run data synth --out "$tmp/data" --seed 7 --tokens 200000 >/dev/null 2>&1
-for threads in 1 2; do
-  run train --config tiny --data "$tmp/data" --out "$tmp/run$threads" --steps 20 \
+# CONFIG trained STEPS steps at THREADS threads must give the first STEPS steps of FIXTURE, the
+# chain x86-64 gives (a shorter run's chain is a prefix of a longer one's).
+check_chain() {
+  local config=$1 fixture=$2 steps=$3 threads=$4 out="$tmp/$1-$3-$4"
+  run train --config "$config" --data "$tmp/data" --out "$out" --steps "$steps" \
     --threads "$threads" --no-progress >/dev/null 2>&1
-  if cmp -s "$tmp/run$threads/state_hashes.jsonl" tests/fixtures/tiny_chain.jsonl; then
-    echo "aarch64 (qemu), $threads thread(s): tiny chain = golden chain (x86-64's)"
+  if cmp -s "$out/state_hashes.jsonl" <(head -n $((steps + 1)) "$fixture"); then
+    echo "aarch64 (qemu), $threads thread(s): $config's $steps-step chain = golden chain (x86-64's)"
   else
-    echo "aarch64 (qemu), $threads thread(s): tiny chain DIFFERS from the golden chain" >&2
-    diff <(head -3 "$tmp/run$threads/state_hashes.jsonl") \
-      <(head -3 tests/fixtures/tiny_chain.jsonl) >&2 || true
+    echo "aarch64 (qemu), $threads thread(s): $config's $steps-step chain DIFFERS from $fixture" >&2
+    diff <(head -3 "$out/state_hashes.jsonl") <(head -3 "$fixture") >&2 || true
     exit 1
   fi
-done
-# The int8 linears on NEON: tiny-int8 20 steps at 1 thread against its pinned chain.
-run train --config tiny-int8 --data "$tmp/data" --out "$tmp/int8" --steps 20 --no-progress \
-  >/dev/null 2>&1
-if cmp -s "$tmp/int8/state_hashes.jsonl" tests/fixtures/tiny_int8_chain.jsonl; then
-  echo "aarch64 (qemu): tiny-int8 chain = golden chain (x86-64's)"
+}
+# tiny-int8's linears run on sdot (NEON_DOTPROD, the best variant here).
+if [[ $short ]]; then
+  check_chain tiny tests/fixtures/tiny_chain.jsonl 3 1
+  check_chain tiny-int8 tests/fixtures/tiny_int8_chain.jsonl 3 1
 else
-  echo "aarch64 (qemu): tiny-int8 chain DIFFERS from the golden chain" >&2
-  exit 1
+  check_chain tiny tests/fixtures/tiny_chain.jsonl 20 1
+  check_chain tiny tests/fixtures/tiny_chain.jsonl 20 2
+  check_chain tiny-int8 tests/fixtures/tiny_int8_chain.jsonl 20 1
 fi

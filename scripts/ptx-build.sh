@@ -5,7 +5,7 @@
 #   $1  device-programs (prints the table: name, sources, options; tools/device_programs.cc)
 #   $2  a folder for the PTX files (NAME.ptx), which scripts/ptx-check.sh inspects
 #   $3  the header to write
-# Without clang-15 or libclc-15 the header embeds no PTX, and says so: `--device cuda` is then
+# Without clang-15 or libclc-15, or in a cross build, the header embeds no PTX, and says so: `--device cuda` is then
 # refused at run time, and nothing else changes.
 set -euo pipefail
 programs=$1 out=$2 header=$3
@@ -29,7 +29,10 @@ rm -f "$out"/*.ptx
   echo '// The last entry is empty: an array may not be.'
   echo 'inline constexpr PtxProgram kPtxPrograms[] = {'
 } > "$header.tmp"
-if command -v clang-15 >/dev/null && [[ -e $clc ]]; then
+# A cross build's device-programs cannot run here: that build carries no PTX either.
+if ! table=$("$programs" 2>/dev/null); then
+  echo "ptx-build.sh: $programs does not run on this machine (a cross build): the binary carries no PTX (--device cuda refused)" >&2
+elif command -v clang-15 >/dev/null && [[ -e $clc ]]; then
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
   while IFS=$'\t' read -r name sources options; do
@@ -52,7 +55,7 @@ if command -v clang-15 >/dev/null && [[ -e $clc ]]; then
     printf '    {"%s", PtxText(R"lockstep_ptx(' "$name" >> "$header.tmp"
     cat "$out/$name.ptx" >> "$header.tmp"
     echo ')lockstep_ptx")},' >> "$header.tmp"
-  done < <("$programs")
+  done <<< "$table"
 else
   echo "ptx-build.sh: no clang-15 or libclc-15: the binary carries no PTX (--device cuda refused)" >&2
 fi

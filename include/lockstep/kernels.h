@@ -27,10 +27,14 @@
 namespace lockstep::rk {
 
 // ---- implementation selection --------------------------------------------------------------
-// An instruction-set variant: the scalar reference (hwy_target == 0) or a Highway target.
+// An instruction-set variant: the scalar reference (hwy_target == 0) or a Highway target. A
+// target with an optional int8 dot-product extension is two variants, with and without it:
+// AVX2_VNNI (AVX2 with AVX-VNNI's vpdpbusd) and NEON_DOTPROD (NEON with sdot), each listed before
+// its plain form; only the int8 GEMM differs between the two.
 struct Isa {
   int64_t hwy_target = 0;
-  std::string name;  // "reference", "AVX2", "AVX3", ...
+  std::string name;  // "reference", "AVX2", "AVX2_VNNI", "AVX3", ...
+  bool int8_dot = false;
   bool operator==(const Isa&) const = default;
 };
 

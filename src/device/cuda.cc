@@ -376,7 +376,8 @@ class CudaRuntime final : public Runtime {
 CudaDevices ListCudaDevices() {
   CudaDevices list;
   if (CudaProgramsBuiltIn() == 0) {
-    list.none_because = "this lockstep was built without PTX (clang-15 and libclc-15 absent)";
+    list.none_because =
+        "this lockstep was built without PTX (clang-15 and libclc-15 absent, or cross-compiled)";
     return list;
   }
   const Loaded& loaded = Load();
@@ -396,7 +397,8 @@ std::unique_ptr<Runtime> OpenCuda(const DeviceChoice& choice) {
   if (CudaProgramsBuiltIn() == 0) {
     Fail(
         "--device {}: this lockstep was built without PTX for the CUDA runtime (clang-15 and "
-        "libclc-15 were absent at build time: scripts/install-deps.sh, then rebuild)",
+        "libclc-15 were absent at build time, or it was cross-compiled: scripts/install-deps.sh, "
+        "then build it natively)",
         flag);
   }
   const Loaded& loaded = Load();

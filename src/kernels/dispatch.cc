@@ -9,6 +9,13 @@
 #include <cctype>
 #include <mutex>
 
+#if HWY_ARCH_X86
+#include <cpuid.h>
+#elif HWY_ARCH_ARM_A64
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
+
 #include "kernels/impl.h"
 #include "kernels/internal.h"
 
@@ -25,17 +32,45 @@ constexpr int64_t kFmaTargets = 0
 #endif
     ;
 
-Isa MakeIsa(int64_t target) {
-  if (target == 0) return Isa{0, "reference"};
-  return Isa{target, hwy::TargetName(target)};
+// The target whose variants differ by an int8 dot-product extension, and the extension's name.
+#if HWY_ARCH_X86
+constexpr int64_t kDotTarget = HWY_AVX2;
+constexpr const char* kDotSuffix = "_VNNI";
+#elif HWY_ARCH_ARM_A64
+constexpr int64_t kDotTarget = HWY_NEON;
+constexpr const char* kDotSuffix = "_DOTPROD";
+#else
+constexpr int64_t kDotTarget = 0;
+constexpr const char* kDotSuffix = "";
+#endif
+
+// Whether this CPU has the int8 dot-product extension: AVX-VNNI (CPUID leaf 7, subleaf 1, EAX
+// bit 4), or AArch64's dot product (HWCAP_ASIMDDP).
+bool CpuHasInt8Dot() {
+#if HWY_ARCH_X86
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0 && ((a >> 4) & 1u) != 0;
+#elif HWY_ARCH_ARM_A64
+  return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#else
+  return false;
+#endif
 }
 
-std::vector<Isa> IsasIn(int64_t targets) {
+Isa MakeIsa(int64_t target, bool int8_dot) {
+  if (target == 0) return Isa{0, "reference", false};
+  return Isa{target, std::string(hwy::TargetName(target)) + (int8_dot ? kDotSuffix : ""), int8_dot};
+}
+
+// The variants of `targets` (and of the dot extension where `dot`), reference first, then best
+// first: Highway numbers better targets with lower bits, and a dot variant precedes its plain one.
+std::vector<Isa> IsasIn(int64_t targets, bool dot) {
   std::vector<Isa> isas{ReferenceIsa()};
-  // Highway numbers better targets with lower bits; list best first.
-  std::vector<int64_t> bits;
-  for (int64_t t = targets & HWY_TARGETS & kFmaTargets; t != 0; t &= t - 1) bits.push_back(t & -t);
-  for (int64_t b : bits) isas.push_back(MakeIsa(b));
+  for (int64_t t = targets & HWY_TARGETS & kFmaTargets; t != 0; t &= t - 1) {
+    const int64_t bit = t & -t;
+    if (bit == kDotTarget && dot) isas.push_back(MakeIsa(bit, true));
+    isas.push_back(MakeIsa(bit, false));
+  }
   return isas;
 }
 
@@ -49,6 +84,14 @@ int64_t CpuTargets() {
 
 std::mutex g_mutex;
 std::atomic<int64_t> g_active{-1};  // -1: not chosen yet
+std::atomic<bool> g_int8_dot{false};
+
+void Activate(const Isa& isa) {
+  // Highway dispatches to the best target it believes supported: pin it to exactly this one.
+  if (isa.hwy_target != 0) hwy::SetSupportedTargetsForTest(isa.hwy_target);
+  g_int8_dot.store(isa.int8_dot);
+  g_active.store(isa.hwy_target);
+}
 
 int64_t ActiveTarget() {
   int64_t t = g_active.load();
@@ -56,18 +99,19 @@ int64_t ActiveTarget() {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_active.load() < 0) {
     const std::vector<Isa> usable = UsableIsas();
-    const int64_t best = usable.size() > 1 ? usable[1].hwy_target : 0;
-    if (best != 0) hwy::SetSupportedTargetsForTest(best);
-    g_active.store(best);
+    Activate(usable.size() > 1 ? usable[1] : usable[0]);
   }
   return g_active.load();
 }
 }  // namespace
 
-Isa ReferenceIsa() { return MakeIsa(0); }
-std::vector<Isa> CompiledIsas() { return IsasIn(HWY_TARGETS); }
-std::vector<Isa> UsableIsas() { return IsasIn(CpuTargets()); }
-Isa ActiveIsa() { return MakeIsa(ActiveTarget()); }
+Isa ReferenceIsa() { return MakeIsa(0, false); }
+std::vector<Isa> CompiledIsas() { return IsasIn(HWY_TARGETS, true); }
+std::vector<Isa> UsableIsas() { return IsasIn(CpuTargets(), CpuHasInt8Dot()); }
+Isa ActiveIsa() {
+  const int64_t target = ActiveTarget();
+  return MakeIsa(target, g_int8_dot.load());
+}
 
 void SetIsa(const Isa& isa) {
   const std::vector<Isa> usable = UsableIsas();
@@ -77,9 +121,7 @@ void SetIsa(const Isa& isa) {
     Fail("SetIsa: variant '{}' is not usable on this CPU (usable: {})", isa.name, names);
   }
   std::lock_guard<std::mutex> lock(g_mutex);
-  // Highway dispatches to the best target it believes supported: pin it to exactly this one.
-  if (isa.hwy_target != 0) hwy::SetSupportedTargetsForTest(isa.hwy_target);
-  g_active.store(isa.hwy_target);
+  Activate(isa);
 }
 
 Isa IsaByName(const std::string& name) {
@@ -99,6 +141,10 @@ Isa IsaByName(const std::string& name) {
 
 namespace detail {
 bool UsingReference() { return ActiveTarget() == 0; }
+bool Int8DotActive() {
+  ActiveTarget();
+  return g_int8_dot.load();
+}
 }  // namespace detail
 
 float* ScratchFloats(Scratch kind, size_t floats) {

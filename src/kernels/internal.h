@@ -13,6 +13,8 @@ namespace lockstep::rk::detail {
 
 // True when the active variant is the scalar reference.
 bool UsingReference();
+// Whether the active variant is one with its target's int8 dot product (Isa::int8_dot).
+bool Int8DotActive();
 
 // The elements of a shape: the product of `factors`. Fails, naming the op and the shape, on a
 // negative factor or a product past int64: an op's arguments may come from a file (a trace

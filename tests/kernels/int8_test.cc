@@ -1,7 +1,9 @@
 // The int8 ops (docs/numerics.md, "Int8"): the quantizer's stated cases, the GEMM's exact int32
 // sums at the largest k, the Hadamard rotation against Sylvester's matrix, bitwise invariance
 // over threads and variants, and argument errors.
+#include <algorithm>
 #include <bit>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -155,7 +157,8 @@ TEST(WeightScales, AnySplitIntoPiecesGivesQuantizeRowsScales) {
 }
 
 // The int32 sum is exact at the largest k: k·127² < 2^31, with every product at its extreme.
-// Also where a variant's intermediate sums wrap: AVX3_DL's correction 128 · Σ x is
+// Also where a variant's intermediate sums wrap: the dot form's (AVX3_DL, AVX2_VNNI) correction
+// 128 · Σ x is
 // ±2,164,388,864 here, past int32, and must still give the exact sum.
 TEST(GemmI8XWt, TheSumIsExactAtTheLargestK) {
   const int64_t k = rk::kInt8MaxK;
@@ -176,6 +179,45 @@ TEST(GemmI8XWt, TheSumIsExactAtTheLargestK) {
   rk::SetIsa(saved);
   std::vector<int8_t> longer(static_cast<size_t>(k + 1));
   EXPECT_THROW(rk::GemmI8XWt(longer, one, longer, one, y, 1, 1, k + 1), Error);
+}
+
+// A target with an int8 dot-product extension (AVX2: AVX-VNNI; NEON: sdot) is two variants, the
+// extended one first; each is chosen by its name, is active as itself, and is refused, naming
+// it, where the CPU lacks it (the sweeps then check every usable one against the reference).
+TEST(GemmI8XWt, ATargetWithAnInt8DotIsTwoVariants) {
+  const std::vector<rk::Isa> compiled = rk::CompiledIsas(), usable = rk::UsableIsas();
+  const rk::Isa saved = rk::ActiveIsa();
+  int dot_variants = 0;
+  for (size_t i = 0; i < compiled.size(); ++i) {
+    const rk::Isa& isa = compiled[i];
+    if (!isa.int8_dot) continue;
+    ++dot_variants;
+    ASSERT_LT(i + 1, compiled.size());
+    EXPECT_EQ(compiled[i + 1].hwy_target, isa.hwy_target);
+    EXPECT_FALSE(compiled[i + 1].int8_dot);
+    EXPECT_EQ(isa.name,
+              compiled[i + 1].name + (isa.name.ends_with("_VNNI") ? "_VNNI" : "_DOTPROD"));
+    std::string lower = isa.name;
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    EXPECT_EQ(rk::IsaByName(lower), isa);
+    if (std::find(usable.begin(), usable.end(), isa) != usable.end()) {
+      rk::SetIsa(isa);
+      EXPECT_EQ(rk::ActiveIsa(), isa);
+      rk::SetIsa(compiled[i + 1]);
+      EXPECT_EQ(rk::ActiveIsa(), compiled[i + 1]);
+    } else {
+      try {
+        rk::SetIsa(isa);
+        ADD_FAILURE() << isa.name << " is not usable here, yet SetIsa took it";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(isa.name), std::string::npos) << e.what();
+      }
+    }
+  }
+#if defined(__x86_64__) || defined(__aarch64__)
+  EXPECT_EQ(dot_variants, 1);
+#endif
+  rk::SetIsa(saved);
 }
 
 TEST(GemmI8XWt, DequantizesWithTheScaleProductRoundedOnce) {
