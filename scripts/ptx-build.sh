@@ -5,10 +5,11 @@
 #   $1  device-programs (prints the table: name, sources, options; tools/device_programs.cc)
 #   $2  a folder for the PTX files (NAME.ptx), which scripts/ptx-check.sh inspects
 #   $3  the header to write
-# Without clang-15 or libclc-15, or in a cross build, the header embeds no PTX, and says so: `--device cuda` is then
-# refused at run time, and nothing else changes.
+#   $4  1 in a cross build (CMAKE_CROSSCOMPILING), whose device-programs cannot run here
+# Without clang-15 or libclc-15, or in a cross build, the header embeds no PTX, and says so:
+# `--device cuda` is then refused at run time, and nothing else changes.
 set -euo pipefail
-programs=$1 out=$2 header=$3
+programs=$1 out=$2 header=$3 cross=${4:-0}
 kernels=$(cd "$(dirname "$0")/../src/device/kernels" && pwd)
 clc=/usr/lib/clc/nvptx64--nvidiacl.bc
 mkdir -p "$out" "$(dirname "$header")"
@@ -29,10 +30,10 @@ rm -f "$out"/*.ptx
   echo '// The last entry is empty: an array may not be.'
   echo 'inline constexpr PtxProgram kPtxPrograms[] = {'
 } > "$header.tmp"
-# A cross build's device-programs cannot run here: that build carries no PTX either.
-if ! table=$("$programs" 2>/dev/null); then
-  echo "ptx-build.sh: $programs does not run on this machine (a cross build): the binary carries no PTX (--device cuda refused)" >&2
+if [[ $cross == 1 ]]; then
+  echo "ptx-build.sh: a cross build (its device-programs cannot run here): the binary carries no PTX (--device cuda refused)" >&2
 elif command -v clang-15 >/dev/null && [[ -e $clc ]]; then
+  table=$("$programs")
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
   while IFS=$'\t' read -r name sources options; do
