@@ -126,6 +126,19 @@ or lies inside an input directory, is refused with exit status 2 naming both opt
 paths, before anything is written. A write whose size is known (`data synth`, `export`) is first
 checked against the free space of the file system that will hold it.
 
+## Input files
+
+A file a command is given is sized before it is read: one larger than its kind's limit is
+refused (exit 2, naming the file and both sizes) without being read. The limits: a generation
+receipt, a `--batch` file, a config, an audit report, a kit's `kit.json` and `trajectory.json`
+64 MiB; an audit receipt 16 MiB; a `--trusted-keys` list 1 MiB; a key file 4,096 bytes.
+
+Every JSON text lockstep reads, a whole file or each line of a JSON-lines file, is read
+strictly: UTF-8 with no byte order mark, no NUL byte, at most 64 MiB, arrays and objects nested
+at most 64 deep (brackets inside strings do not count), no key twice in one object, and nothing
+after the value but white space. Anything else is refused (exit 2) naming the file, and the line
+or the key where there is one.
+
 ## Exit status
 
 Every command exits with one of these statuses; a command's help says which it uses.

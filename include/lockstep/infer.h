@@ -134,6 +134,12 @@ struct SamplingParams {
   float top_p = 1;          // 1: no nucleus cut
   uint64_t seed = 0;
 };
+// The ranges of SamplingParams that generate takes and a receipt may hold.
+inline constexpr int64_t kMaxTokensLimit = int64_t{1} << 40;
+inline constexpr int64_t kMaxTopK = int64_t{1} << 31;
+// Fails naming `what` and the field unless max_tokens is in [1, kMaxTokensLimit], temperature a
+// finite binary32 that is +0 or above (not -0), top_k in [0, kMaxTopK] and top_p in (0, 1].
+void CheckSampling(const SamplingParams& params, std::string_view what);
 // The id sampled from `logits` for request `request` at position `position` (of the token being
 // chosen): docs/numerics.md, "Sampling" -- fp32 in a fixed order, one Philox4x32-10 draw keyed by
 // the seed at counter (request low, request high, position low, position high). Fails on a NaN.
@@ -198,11 +204,13 @@ struct ReceiptVerdict {
 };
 // Parses the receipt at `path` (refusing, naming the field, anything not in the format); checks
 // its signature (which must exist and verify under `trusted` when given; one present is checked
-// under its own key otherwise); checks that `model` is the receipt's checkpoint; re-executes
-// every request and compares tokens and the logits chain position by position.
+// under its own key otherwise); checks that `model` is the receipt's checkpoint, and its
+// tokenizer and eod against `data` (the vocabulary of the dataset the checkpoint trained on) when
+// given; re-executes every request and compares tokens and the logits chain position by
+// position. Without `data`, a MATCH says that the tokenizer and eod were not checked.
 ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path,
                                        const VerifiedModel& model, const Ed25519PublicKey* trusted,
-                                       const OpHooks& hooks);
+                                       const data::Vocabulary* data, const OpHooks& hooks);
 
 // ---- export ---------------------------------------------------------------------------------
 // A verified checkpoint written for another runtime, exactly or not at all (docs/export.md):

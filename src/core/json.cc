@@ -17,6 +17,9 @@ nlohmann::json ParseJsonStrict(std::string_view text, std::string_view what) {
   if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
     Fail("{}: a NUL byte at offset {} (JSON text holds none)", what, nul);
   }
+  if (text.starts_with("\xEF\xBB\xBF")) {
+    Fail("{}: begins with a UTF-8 byte order mark (JSON text has none)", what);
+  }
   // Nesting depth, outside strings, before the recursive parts of nlohmann::json see it.
   int depth = 0;
   bool in_string = false, escaped = false;

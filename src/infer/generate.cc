@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -88,18 +89,28 @@ void CheckGenerationFits(const ModelConfig& c, std::span<const Request> requests
   }
 }
 
+void CheckSampling(const SamplingParams& params, std::string_view what) {
+  if (params.max_tokens < 1 || params.max_tokens > kMaxTokensLimit) {
+    Fail("{}: max_tokens = {} (an integer from 1 to {})", what, params.max_tokens, kMaxTokensLimit);
+  }
+  if (!std::isfinite(params.temperature) || std::signbit(params.temperature)) {
+    Fail("{}: temperature = {} (a finite number, 0 or above, not -0)", what, params.temperature);
+  }
+  if (params.top_k < 0 || params.top_k > kMaxTopK) {
+    Fail("{}: top_k = {} (an integer from 0 to {}; 0: every id)", what, params.top_k, kMaxTopK);
+  }
+  if (!(params.top_p > 0 && params.top_p <= 1)) {
+    Fail("{}: top_p = {} (a number above 0, at most 1)", what, params.top_p);
+  }
+}
+
 std::vector<Generation> Generate(const VerifiedModel& model, std::span<const Request> requests,
                                  const SamplingParams& params, std::optional<uint32_t> eod,
                                  const OpHooks& hooks,
                                  const std::function<void(size_t, uint32_t)>& on_token) {
   const ModelConfig& c = model.config.model;
   if (requests.empty()) Fail("no requests to generate for");
-  if (params.max_tokens < 1) Fail("max_tokens = {} (at least 1)", params.max_tokens);
-  if (!(params.temperature >= 0) || !std::isfinite(params.temperature)) {
-    Fail("temperature = {} (a finite number >= 0)", params.temperature);
-  }
-  if (!(params.top_p > 0 && params.top_p <= 1)) Fail("top_p = {} (in (0, 1])", params.top_p);
-  if (params.top_k < 0) Fail("top_k = {} (>= 0; 0: every id)", params.top_k);
+  CheckSampling(params, "sampling");
   for (size_t r = 0; r < requests.size(); ++r) {
     const auto n = static_cast<int64_t>(requests[r].prompt.size());
     if (n < 1 || n > c.seq_len) {

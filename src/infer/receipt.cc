@@ -49,6 +49,13 @@ std::vector<uint32_t> IdsField(const json& object, const char* key, std::string_
   return ids;
 }
 
+// A receipt's tokenizer as the MATCH and MISMATCH lines name it.
+std::string TokenizerText(const data::Vocabulary& v) {
+  return v.bytes()
+             ? std::string("bytes")
+             : fmt::format("file {} (BLAKE2b {})", v.tokenizer_file, ToHex(v.tokenizer_blake2b));
+}
+
 }  // namespace
 
 std::string GenerationReceipt(const VerifiedModel& model, const ReceiptTokenizer& tokenizer,
@@ -106,7 +113,7 @@ std::string GenerationReceipt(const VerifiedModel& model, const ReceiptTokenizer
 
 ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path,
                                        const VerifiedModel& model, const Ed25519PublicKey* trusted,
-                                       const OpHooks& hooks) {
+                                       const data::Vocabulary* data, const OpHooks& hooks) {
   const OpenedReceipt parsed =
       OpenReceipt(ReadFileText(path, kMaxJsonBytes, "a receipt"), path.string(), trusted);
   const json& r = parsed.receipt;
@@ -122,28 +129,17 @@ ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path,
   }
   StringField(r, "lockstep_version", what);
   const uint64_t contract = U64Field(r, "contract_version", what);
-  if (contract != static_cast<uint64_t>(build::kContractVersion)) {
-    return {false, fmt::format("the receipt was made under numerics contract {}; this lockstep "
-                               "implements contract {} and cannot re-execute it bit for bit",
-                               contract, build::kContractVersion)};
-  }
   const json& ckpt = r.at("checkpoint");
   const std::string ckpt_what = what + ": checkpoint";
   RequireKeys(ckpt, {"state_hash", "descriptor_blake2b", "step"}, ckpt_what);
   const Digest state_hash = DigestField(ckpt, "state_hash", ckpt_what);
   const Digest descriptor = DigestField(ckpt, "descriptor_blake2b", ckpt_what);
   const uint64_t step = U64Field(ckpt, "step", ckpt_what);
-  const auto& d = model.descriptor;
-  const Digest have_descriptor = Blake2b().Update(d).Final();
-  if (state_hash != model.state_hash || descriptor != have_descriptor || step != model.step) {
-    return {false, fmt::format("the receipt is of the checkpoint with state hash {} (step {}, "
-                               "descriptor {}); {} has state hash {} (step {}, descriptor {})",
-                               ToHex(state_hash), step, ToHex(descriptor), model.dir.string(),
-                               ToHex(model.state_hash), model.step, ToHex(have_descriptor))};
-  }
   const json& tok = r.at("tokenizer");
+  std::optional<data::Vocabulary> claimed_vocabulary;
   if (!tok.is_null()) {
     const std::string tok_what = what + ": tokenizer";
+    data::Vocabulary v;
     if (tok.is_object() && tok.size() == 1) {
       RequireKeys(tok, {"kind"}, tok_what);
       if (StringField(tok, "kind", tok_what) != "bytes")
@@ -151,9 +147,11 @@ ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path,
     } else {
       RequireKeys(tok, {"kind", "name", "blake2b"}, tok_what);
       if (StringField(tok, "kind", tok_what) != "file") Fail("{}: kind is not \"file\"", tok_what);
-      StringField(tok, "name", tok_what);
-      DigestField(tok, "blake2b", tok_what);
+      v.tokenizer_file = StringField(tok, "name", tok_what);
+      if (v.tokenizer_file.empty()) Fail("{}: name is empty", tok_what);
+      v.tokenizer_blake2b = DigestField(tok, "blake2b", tok_what);
     }
+    claimed_vocabulary = v;
   }
   std::optional<uint32_t> eod;
   if (!r.at("eod").is_null()) {
@@ -164,17 +162,28 @@ ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path,
     }
     eod = static_cast<uint32_t>(id);
   }
+  // generate binds both from --data, or neither.
+  if (claimed_vocabulary.has_value() != eod.has_value()) {
+    Fail("{}: tokenizer is {} but eod is {} (a receipt holds both, from the dataset, or neither)",
+         what, ShownJson(tok), ShownJson(r.at("eod")));
+  }
   const json& s = r.at("sampling");
   const std::string s_what = what + ": sampling";
   RequireKeys(s, {"max_tokens", "temperature", "top_k", "top_p", "seed"}, s_what);
   SamplingParams params;
-  params.max_tokens = static_cast<int64_t>(
-      std::min<uint64_t>(U64Field(s, "max_tokens", s_what), uint64_t{1} << 40));
+  const auto bounded = [&](const char* key, int64_t max) {
+    const uint64_t value = U64Field(s, key, s_what);
+    if (value > static_cast<uint64_t>(max)) {
+      Fail("{}: {} = {} (at most {})", s_what, key, value, max);
+    }
+    return static_cast<int64_t>(value);
+  };
+  params.max_tokens = bounded("max_tokens", kMaxTokensLimit);
   params.temperature = FloatFromText(s, "temperature", s_what);
-  params.top_k =
-      static_cast<int64_t>(std::min<uint64_t>(U64Field(s, "top_k", s_what), uint64_t{1} << 40));
+  params.top_k = bounded("top_k", kMaxTopK);
   params.top_p = FloatFromText(s, "top_p", s_what);
   params.seed = U64FromText(s, "seed", s_what);
+  CheckSampling(params, s_what);
 
   const json& list = r.at("requests");
   if (!list.is_array() || list.empty()) Fail("{}: requests is not a non-empty array", what);
@@ -184,6 +193,7 @@ ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path,
   }
   std::vector<Request> requests;
   struct Claimed {
+    Digest prompt_digest;
     std::vector<uint32_t> tokens;
     std::vector<Digest> chain;
     std::string stop;
@@ -196,12 +206,10 @@ ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path,
                 {"id", "prompt_tokens", "prompt_blake2b", "output_tokens", "stop", "logits_chain"},
                 q_what);
     Request request{U64FromText(q, "id", q_what), IdsField(q, "prompt_tokens", q_what)};
-    if (DigestField(q, "prompt_blake2b", q_what) != PromptDigest(request.prompt)) {
-      return {false, fmt::format("request {} (id {}): prompt_blake2b is not the BLAKE2b of its "
-                                 "prompt_tokens",
-                                 i, request.id)};
-    }
-    Claimed c{IdsField(q, "output_tokens", q_what), {}, StringField(q, "stop", q_what)};
+    Claimed c{DigestField(q, "prompt_blake2b", q_what),
+              IdsField(q, "output_tokens", q_what),
+              {},
+              StringField(q, "stop", q_what)};
     const json& chain = q.at("logits_chain");
     if (!chain.is_array()) Fail("{}: logits_chain is not an array", q_what);
     for (size_t k = 0; k < chain.size(); ++k) {
@@ -220,6 +228,37 @@ ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path,
         "{}: requests[{}] and requests[{}] have the same id {} (each request's draws are keyed "
         "by its id; generate refuses such a batch)",
         what, shared->first, shared->second, requests[shared->first].id);
+  }
+
+  // Read whole; now the checks against the checkpoint, the dataset and the prompts, in order.
+  if (contract != static_cast<uint64_t>(build::kContractVersion)) {
+    return {false, fmt::format("the receipt was made under numerics contract {}; this lockstep "
+                               "implements contract {} and cannot re-execute it bit for bit",
+                               contract, build::kContractVersion)};
+  }
+  const auto& d = model.descriptor;
+  const Digest have_descriptor = Blake2b().Update(d).Final();
+  if (state_hash != model.state_hash || descriptor != have_descriptor || step != model.step) {
+    return {false, fmt::format("the receipt is of the checkpoint with state hash {} (step {}, "
+                               "descriptor {}); {} has state hash {} (step {}, descriptor {})",
+                               ToHex(state_hash), step, ToHex(descriptor), model.dir.string(),
+                               ToHex(model.state_hash), model.step, ToHex(have_descriptor))};
+  }
+  if (data != nullptr && eod.has_value() &&
+      (data->bytes() != claimed_vocabulary->bytes() ||
+       data->tokenizer_file != claimed_vocabulary->tokenizer_file ||
+       data->tokenizer_blake2b != claimed_vocabulary->tokenizer_blake2b || data->eod != *eod)) {
+    return {false,
+            fmt::format("the receipt's tokenizer is {} with eod {}; the checkpoint's "
+                        "dataset (--data) has {} with eod {}",
+                        TokenizerText(*claimed_vocabulary), *eod, TokenizerText(*data), data->eod)};
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (claimed[i].prompt_digest != PromptDigest(requests[i].prompt)) {
+      return {false, fmt::format("request {} (id {}): prompt_blake2b is not the BLAKE2b of its "
+                                 "prompt_tokens",
+                                 i, requests[i].id)};
+    }
   }
 
   const std::vector<Generation> again = Generate(model, requests, params, eod, hooks);
@@ -254,10 +293,20 @@ ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path,
   }
   size_t tokens = 0;
   for (const Generation& g : again) tokens += g.tokens.size();
+  std::string bound = "; no tokenizer and no eod (the prompts were given as ids)";
+  if (eod.has_value()) {
+    bound = data != nullptr
+                ? fmt::format("; tokenizer {} and eod {} are the dataset's (--data)",
+                              TokenizerText(*claimed_vocabulary), *eod)
+                : fmt::format(
+                      "; tokenizer {} and eod {} not checked (give --data to check them "
+                      "against the checkpoint's dataset)",
+                      TokenizerText(*claimed_vocabulary), *eod);
+  }
   return {true, fmt::format("{} request(s), {} output token(s) re-executed on checkpoint {} (step "
-                            "{}){}",
+                            "{}){}{}",
                             requests.size(), tokens, ToHex(model.state_hash), model.step,
-                            parsed.signer ? ", signed by " + ToHex(*parsed.signer) : "")};
+                            parsed.signer ? ", signed by " + ToHex(*parsed.signer) : "", bound)};
 }
 
 }  // namespace lockstep::infer

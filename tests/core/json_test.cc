@@ -29,6 +29,8 @@ TEST(JsonStrict, RefusesWhatALenientParserAccepts) {
   EXPECT_NE(ErrorOf(R"({"a": 1, "a": 2})").find("duplicate key \"a\""), std::string::npos);
   EXPECT_NE(ErrorOf(R"({"a": {"b": 1, "b": 1}})").find("duplicate key \"b\""), std::string::npos);
   EXPECT_NE(ErrorOf(R"({"a": 1} x)").find("invalid JSON"), std::string::npos);
+  EXPECT_NE(ErrorOf("\xEF\xBB\xBF{\"a\": 1}").find("f.json: begins with a UTF-8 byte order mark"),
+            std::string::npos);
   EXPECT_NE(ErrorOf(std::string(kMaxJsonBytes + 1, ' ')).find("bytes of JSON"), std::string::npos);
   // Brackets inside strings are not nesting; 64 levels are fine.
   EXPECT_EQ(ErrorOf("[\"" + std::string(1000, '[') + "\"]"), "");

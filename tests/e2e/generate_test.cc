@@ -238,6 +238,85 @@ TEST_F(Generate, ASignedReceiptVerifiesUnderItsKeyAndAForgedOneIsRefused) {
   EXPECT_NE(v.output.find("not signed"), std::string::npos) << v.output;
 }
 
+// A receipt's tokenizer and eod are checked against the checkpoint's dataset with --data, and a
+// MATCH without it says they were not; a combination generate never writes (a tokenizer without
+// eod: a generation with --data re-signed as if it had not stopped at the end of a document) is
+// refused; sampling values outside generate's ranges, and a byte order mark, are refused.
+TEST_F(Generate, AReceiptBindsItsTokenizerAndEodAndGeneratesRanges) {
+  ASSERT_EQ(Lockstep(GenerateArgs("bound.json")).exit_code, 0);
+  const json base = Read("bound.json");
+  ASSERT_EQ(base["receipt"]["tokenizer"], json({{"kind", "bytes"}}));
+  Result v = Verify("bound.json");
+  EXPECT_EQ(v.exit_code, 0) << v.output;
+  EXPECT_NE(v.output.find("tokenizer bytes and eod 256 not checked (give --data"),
+            std::string::npos)
+      << v.output;
+  v = Verify("bound.json", "--data " + Path("data"));
+  EXPECT_EQ(v.exit_code, 0) << v.output;
+  EXPECT_NE(v.output.find("tokenizer bytes and eod 256 are the dataset's (--data)"),
+            std::string::npos)
+      << v.output;
+
+  json no_eod = base;
+  no_eod["receipt"]["eod"] = nullptr;
+  Write("no_eod.json", no_eod);
+  v = Verify("no_eod.json");
+  EXPECT_EQ(v.exit_code, 2) << v.output;
+  EXPECT_NE(v.output.find("tokenizer is {\"kind\":\"bytes\"} but eod is null"), std::string::npos)
+      << v.output;
+
+  json other_eod = base;
+  other_eod["receipt"]["eod"] = 257;
+  Write("other_eod.json", other_eod);
+  v = Verify("other_eod.json", "--data " + Path("data"));
+  EXPECT_EQ(v.exit_code, 1) << v.output;
+  EXPECT_NE(v.output.find("MISMATCH: the receipt's tokenizer is bytes with eod 257; the "
+                          "checkpoint's dataset (--data) has bytes with eod 256"),
+            std::string::npos)
+      << v.output;
+  json other_file = base;
+  other_file["receipt"]["tokenizer"] = {
+      {"kind", "file"}, {"name", "tokenizer.json"}, {"blake2b", std::string(64, 'a')}};
+  Write("other_file.json", other_file);
+  v = Verify("other_file.json", "--data " + Path("data"));
+  EXPECT_EQ(v.exit_code, 1) << v.output;
+  EXPECT_NE(v.output.find("the receipt's tokenizer is file tokenizer.json"), std::string::npos)
+      << v.output;
+
+  // The prompts as ids, without the dataset: neither is bound, and MATCH says so.
+  std::ofstream(Path("ids.jsonl")) << "{\"prompt_tokens\": [116, 104]}\n";
+  const Result g = Lockstep("generate --checkpoint " + Checkpoint(20) + " --batch " +
+                            Path("ids.jsonl") + " --max-tokens 4 --receipt " + Path("ids.json"));
+  ASSERT_EQ(g.exit_code, 0) << g.output;
+  v = Verify("ids.json", "--data " + Path("data"));
+  EXPECT_EQ(v.exit_code, 0) << v.output;
+  EXPECT_NE(v.output.find("no tokenizer and no eod (the prompts were given as ids)"),
+            std::string::npos)
+      << v.output;
+
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, json>>{{"max_tokens", 0},
+                                                 {"max_tokens", (uint64_t{1} << 40) + 1},
+                                                 {"top_k", (uint64_t{1} << 31) + 1},
+                                                 {"temperature", "-0"},
+                                                 {"temperature", "nan"},
+                                                 {"temperature", "inf"},
+                                                 {"top_p", "0"},
+                                                 {"top_p", "1.5"}}) {
+    json bad = base;
+    bad["receipt"]["sampling"][key] = value;
+    Write("bad_sampling.json", bad);
+    v = Verify("bad_sampling.json");
+    EXPECT_EQ(v.exit_code, 2) << key << " = " << value.dump() << ": " << v.output;
+    EXPECT_NE(v.output.find("sampling: " + key + " = "), std::string::npos) << v.output;
+  }
+
+  std::ofstream(Path("bom.json")) << "\xEF\xBB\xBF" << ReadFileText(Path("bound.json"));
+  v = Verify("bom.json");
+  EXPECT_EQ(v.exit_code, 2) << v.output;
+  EXPECT_NE(v.output.find("byte order mark"), std::string::npos) << v.output;
+}
+
 // Output lines of a --batch run, by request id.
 std::map<std::string, json> ById(const std::string& output) {
   std::map<std::string, json> by_id;

@@ -159,7 +159,7 @@ int RunGenerate(const GenerateOptions& o) {
 }
 
 struct VerifyOptions {
-  fs::path receipt, checkpoint, trusted_key;
+  fs::path receipt, checkpoint, trusted_key, data;
   std::string device = "cpu";
   int threads = 1;
 };
@@ -171,8 +171,11 @@ int RunVerify(const VerifyOptions& o) {
   std::string device_name;
   const std::unique_ptr<OpExecutor> executor = MakeExecutor(o.device, &device_name);
   const infer::VerifiedModel model = infer::LoadVerified(o.checkpoint);
+  std::optional<data::Vocabulary> vocabulary;
+  if (!o.data.empty()) vocabulary = infer::OpenTrainingData(model, o.data).vocabulary();
   const infer::ReceiptVerdict v = infer::VerifyGenerationReceipt(
-      o.receipt, model, trusted ? &*trusted : nullptr, {nullptr, executor.get()});
+      o.receipt, model, trusted ? &*trusted : nullptr, vocabulary ? &*vocabulary : nullptr,
+      {nullptr, executor.get()});
   fmt::print("{}: {}\n", v.match ? "MATCH" : "MISMATCH", v.detail);
   return v.match ? 0 : 1;
 }
@@ -207,7 +210,7 @@ void AddGenerateCommands(CLI::App& app, int* exit_code) {
                   "ids and a request stops only at --max-tokens or seq_len");
   cmd->add_option("--max-tokens", o->sampling.max_tokens, "tokens generated per request at most")
       ->capture_default_str()
-      ->check(IntegerIn(1, uint64_t{1} << 40));
+      ->check(IntegerIn(1, infer::kMaxTokensLimit));
   cmd->add_option("--temperature", o->sampling.temperature,
                   "logits are divided by it before sampling; 0: greedy (the lowest id of the "
                   "largest logit)")
@@ -215,7 +218,7 @@ void AddGenerateCommands(CLI::App& app, int* exit_code) {
       ->check(NonNegativeNumber());
   cmd->add_option("--top-k", o->sampling.top_k, "sample among the K most likely ids; 0: all")
       ->capture_default_str()
-      ->check(IntegerIn(0, uint64_t{1} << 31));
+      ->check(IntegerIn(0, infer::kMaxTopK));
   cmd->add_option("--top-p", o->sampling.top_p,
                   "then among the fewest most likely ids whose weight reaches P of the total; 1: "
                   "all")
@@ -256,6 +259,12 @@ void AddGenerateCommands(CLI::App& app, int* exit_code) {
       ->add_option("--trusted-key", v->trusted_key,
                    "the signer's public key (KEY.pub): the receipt must be signed by it")
       ->check(CLI::ExistingFile);
+  verify
+      ->add_option("--data", v->data,
+                   "the dataset directory the checkpoint trained on (its manifest digest must be "
+                   "the checkpoint descriptor's): the receipt's tokenizer and eod must be its. "
+                   "Without it they are the receipt's word, and MATCH says they were not checked")
+      ->check(CLI::ExistingDirectory);
   AddDeviceOption(verify, &v->device);
   verify->add_option("--threads", v->threads, "worker threads (results do not depend on it)")
       ->capture_default_str()
