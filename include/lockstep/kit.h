@@ -107,11 +107,23 @@ std::string KitAuditTable(const std::vector<UnitOutcome>& outcomes);
 std::string KitAuditJson(const std::vector<UnitOutcome>& outcomes);
 
 // ---- audit receipts (docs/formats/receipt.md, kind "audit") -------------------------------
+// The kit as the audit read it at its start, before anything was replayed: what its receipt and
+// report bind, whatever happens to the kit's files meanwhile.
+struct AuditedKit {
+  Digest kit_json_sha256{};     // of kit.json's bytes
+  kit::KitManifest manifest;    // parsed from those bytes
+  Digest descriptor_blake2b{};  // of the trajectory's run descriptor
+  bool verified = false;        // every file matched kit.json (false: replayed under --force)
+};
+// Reads `kit_dir`'s kit.json once (its sha256 and manifest from the same bytes) and the
+// trajectory's descriptor. `verified` says whether the kit verified.
+AuditedKit ReadAuditedKit(const std::filesystem::path& kit_dir, bool verified);
 struct AuditReceiptContext {
   std::string command;  // the command line as given
   std::string device;   // "cpu" or the --device the interval units ran on
   int threads = 1;
   std::string started;  // when the audit started (UtcNow())
+  AuditedKit kit;
 };
 // The proof of replay of an interval unit: BLAKE2b-256 of "lockstep/replay-proof/v1" \0, the
 // signer's public key (32 zero bytes unsigned), the kit.json's sha256, the unit's name and \0,
@@ -120,14 +132,12 @@ struct AuditReceiptContext {
 // metrics.jsonl) has them.
 Digest ReplayProof(const Ed25519PublicKey& signer, const Digest& kit_sha256, const kit::Unit& unit,
                    std::span<const float> losses);
-// The receipt file's text for `outcomes` of the kit at `kit_dir`, signed with `key` if given.
-std::string AuditReceipt(const std::filesystem::path& kit_dir,
-                         const std::vector<UnitOutcome>& outcomes,
+// The receipt file's text for `outcomes` of context.kit, signed with `key` if given.
+std::string AuditReceipt(const std::vector<UnitOutcome>& outcomes,
                          const AuditReceiptContext& context, const Ed25519Seed* key);
 // The same facts as a human report (Markdown): kit, toolchain, command, checksums, result,
-// resources and what the audit does not show. `receipt_text` is AuditReceipt's output.
-std::string AuditReportMarkdown(const std::filesystem::path& kit_dir,
-                                const std::string& receipt_text);
+// resources and what the audit does not show. `receipt_text` is AuditReceipt's output for `kit`.
+std::string AuditReportMarkdown(const AuditedKit& kit, const std::string& receipt_text);
 
 // ---- coverage (docs/audit.md, "Many auditors") -----------------------------------------------
 struct CoverageOptions {

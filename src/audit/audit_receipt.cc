@@ -64,10 +64,20 @@ Digest ReplayProof(const Ed25519PublicKey& signer, const Digest& kit_sha256, con
   return h.Final();
 }
 
-std::string AuditReceipt(const fs::path& kit_dir, const std::vector<UnitOutcome>& outcomes,
+AuditedKit ReadAuditedKit(const fs::path& kit_dir, bool verified) {
+  const fs::path path = kit_dir / kit::kManifestName;
+  const std::string text = ReadFileText(path, kMaxJsonBytes, "a kit.json");
+  AuditedKit kit;
+  kit.kit_json_sha256 = Sha256({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
+  kit.manifest = kit::ParseManifest(text, path.string());
+  kit.descriptor_blake2b = Blake2b().Update(kit::ReadTrajectory(kit_dir).descriptor).Final();
+  kit.verified = verified;
+  return kit;
+}
+
+std::string AuditReceipt(const std::vector<UnitOutcome>& outcomes,
                          const AuditReceiptContext& context, const Ed25519Seed* key) {
-  const Digest kit_sha256 = Sha256(ReadFileBytes(kit_dir / kit::kManifestName));
-  const kit::Trajectory trajectory = kit::ReadTrajectory(kit_dir);
+  const Digest& kit_sha256 = context.kit.kit_json_sha256;
   const Ed25519PublicKey signer = key != nullptr ? PublicKeyOf(*key) : Ed25519PublicKey{};
   json units = json::array();
   for (const UnitOutcome& o : outcomes) {
@@ -98,31 +108,34 @@ std::string AuditReceipt(const fs::path& kit_dir, const std::vector<UnitOutcome>
       {"machine", MachineFacts(context)},
       {"kit",
        {{"kit_json_sha256", ToHex(kit_sha256)},
-        {"descriptor_blake2b", ToHex(Blake2b().Update(trajectory.descriptor).Final())}}},
+        {"descriptor_blake2b", ToHex(context.kit.descriptor_blake2b)}}},
       {"command", context.command},
       {"started", context.started},
       {"units", std::move(units)}};
   return SealReceipt(receipt, key);
 }
 
-std::string AuditReportMarkdown(const fs::path& kit_dir, const std::string& receipt_text) {
+std::string AuditReportMarkdown(const AuditedKit& kit, const std::string& receipt_text) {
   const OpenedReceipt opened = OpenReceipt(receipt_text, "the audit receipt", nullptr);
   const json& r = opened.receipt;
   const json& m = r.at("machine");
-  const kit::KitManifest manifest = kit::ReadManifest(kit_dir);
+  const kit::KitManifest& manifest = kit.manifest;
   std::string md =
       fmt::format("# Audit of kit {}\n\n", r["kit"]["kit_json_sha256"].get<std::string>());
   md += fmt::format(
       "Replayed on {} by lockstep {}; the receipt is {}.\n\n## Kit\n\n"
       "- `kit.json` sha256: `{}` (compare with the one the publisher announced)\n"
-      "- run descriptor BLAKE2b: `{}`\n- numerics contract: v{}\n- {} files, every one checked "
-      "against `kit.json` (size and sha256) before anything was replayed\n\n",
+      "- run descriptor BLAKE2b: `{}`\n- numerics contract: v{}\n- {} files, {}\n\n",
       r["started"].get<std::string>(), r["lockstep_version"].get<std::string>(),
       opened.signer ? fmt::format("signed by Ed25519 key `{}`", ToHex(*opened.signer))
                     : std::string("unsigned"),
       r["kit"]["kit_json_sha256"].get<std::string>(),
       r["kit"]["descriptor_blake2b"].get<std::string>(), r["contract_version"].get<int>(),
-      manifest.files.size());
+      manifest.files.size(),
+      kit.verified ? "every one checked against `kit.json` (size and sha256) before anything was "
+                     "replayed"
+                   : "**which did not all match `kit.json`**: the kit did not verify, and was "
+                     "replayed anyway (`--force`)");
   md += fmt::format(
       "## Toolchain and machine\n\n| | |\n|---|---|\n| lockstep | {} (commit {}) |\n"
       "| compiler | {} |\n| CPU | {} |\n| SIMD variant | {} |\n| threads | {} |\n"

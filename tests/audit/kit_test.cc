@@ -2,6 +2,8 @@
 // audit every unit at 1 and 2 threads; a tampered kit fails naming the file.
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+
 #include "audit/kit_test_util.h"
 #include "common/kit_edit.h"
 #include "lockstep/kit.h"
@@ -196,10 +198,45 @@ TEST_F(KitTest, AuditOfATamperedStartCheckpointMismatchesAndNamesTheTensor) {
   EXPECT_EQ(refused.exit_code, 1) << refused.output;
   EXPECT_NE(refused.output.find("nothing replayed"), std::string::npos) << refused.output;
 
-  const Result forced = Lockstep(audit + " --force");
+  const fs::path receipt = dir_ / "forced.json", report = dir_ / "forced.md",
+                 json_out = dir_ / "forced-out.json";
+  const Result forced = Lockstep(audit + " --force --receipt " + receipt.string() + " --report " +
+                                 report.string() + " --json-out " + json_out.string());
   EXPECT_EQ(forced.exit_code, 1) << forced.output;
   EXPECT_NE(forced.output.find("MISMATCH"), std::string::npos) << forced.output;
   EXPECT_NE(forced.output.find("param:" + last_tensor), std::string::npos) << forced.output;
+  // The report says the kit did not verify (it said every file was checked), and the receipt's
+  // command is the whole command line, --json-out included.
+  const std::string md = ReadFileText(report);
+  EXPECT_NE(md.find("the kit did not verify, and was replayed anyway (`--force`)"),
+            std::string::npos)
+      << md;
+  EXPECT_EQ(md.find("every one checked"), std::string::npos) << md;
+  const std::string command =
+      nlohmann::json::parse(ReadFileText(receipt))["receipt"]["command"].get<std::string>();
+  EXPECT_NE(command.find(" --force --json-out " + json_out.string() + " --receipt "),
+            std::string::npos)
+      << command;
+}
+
+// The receipt binds the kit.json that was verified before the replay, not the file as it is when
+// the receipt is written.
+TEST_F(KitTest, AnAuditReceiptBindsTheKitAsItWasVerified) {
+  const fs::path kit = CopyKit();
+  const std::string before = ReadFileText(kit / "kit.json");
+  audit::AuditReceiptContext context{.command = "lockstep audit",
+                                     .device = "cpu",
+                                     .threads = 1,
+                                     .started = "2026-01-01T00:00:00Z",
+                                     .kit = audit::ReadAuditedKit(kit, true)};
+  { std::ofstream(kit / "kit.json", std::ios::app) << " "; }
+  const nlohmann::json r =
+      nlohmann::json::parse(audit::AuditReceipt({}, context, nullptr))["receipt"];
+  const auto sha = [](const std::string& text) {
+    return ToHex(Sha256({reinterpret_cast<const uint8_t*>(text.data()), text.size()}));
+  };
+  EXPECT_EQ(r["kit"]["kit_json_sha256"], sha(before));
+  EXPECT_NE(r["kit"]["kit_json_sha256"], sha(ReadFileText(kit / "kit.json")));
 }
 
 // Units that each replay to their own hash but do not link (an interval starting from a state

@@ -143,9 +143,12 @@ struct AuditCommand {
 std::string AuditCommandLine(const AuditCommand& c) {
   std::string line = "lockstep audit " + c.options.kit_dir.string();
   for (const std::string& unit : c.options.units) line += " --unit " + unit;
+  if (c.all) line += " --all";
   line += fmt::format(" --threads {} --device {}", c.options.threads, c.device);
   if (!c.trust.trusted_key.empty()) line += " --trusted-key " + c.trust.trusted_key;
+  for (const fs::path& h : c.trust.known_histories) line += " --known-history " + h.string();
   if (c.options.force) line += " --force";
+  if (!c.json_out.empty()) line += " --json-out " + c.json_out;
   line += " --receipt " + c.receipt;
   if (!c.sign_key.empty()) line += " --sign-key " + c.sign_key;
   if (!c.report.empty()) line += " --report " + c.report;
@@ -159,12 +162,14 @@ int RunAudit(const AuditCommand& command) {
   // A receipt records the command line as JSON text: a path that is not UTF-8 is refused now,
   // not after hours of replay.
   if (!command.receipt.empty()) {
-    for (const auto& [name, path] :
-         {std::pair<std::string_view, std::string>{"KIT", command.options.kit_dir.string()},
-          {"--trusted-key", command.trust.trusted_key},
-          {"--receipt", command.receipt},
-          {"--sign-key", command.sign_key},
-          {"--report", command.report}}) {
+    std::vector<std::pair<std::string_view, std::string>> paths = {
+        {"KIT", command.options.kit_dir.string()}, {"--trusted-key", command.trust.trusted_key},
+        {"--json-out", command.json_out},          {"--receipt", command.receipt},
+        {"--sign-key", command.sign_key},          {"--report", command.report}};
+    for (const fs::path& h : command.trust.known_histories) {
+      paths.emplace_back("--known-history", h.string());
+    }
+    for (const auto& [name, path] : paths) {
       data::ValidateUtf8(std::span(reinterpret_cast<const uint8_t*>(path.data()), path.size()),
                          fmt::format("{} (the receipt records it as text: rename it)", name));
     }
@@ -178,6 +183,10 @@ int RunAudit(const AuditCommand& command) {
   std::optional<Ed25519Seed> key;
   if (!command.sign_key.empty()) key = ReadSigningKey(command.sign_key);
   const std::vector<std::string> problems = KitProblems(command.options.kit_dir, command.trust);
+  // What the receipt binds is the kit as verified now, not as it may be after the replay.
+  const audit::AuditedKit kit =
+      command.receipt.empty() ? audit::AuditedKit{}
+                              : audit::ReadAuditedKit(command.options.kit_dir, problems.empty());
   if (ReportProblems(problems, "audit: kit verify") > 0) {
     if (!command.options.force) {
       fmt::print(stderr,
@@ -193,17 +202,24 @@ int RunAudit(const AuditCommand& command) {
   const audit::AuditReceiptContext context{.command = AuditCommandLine(command),
                                            .device = command.device,
                                            .threads = options.threads,
-                                           .started = UtcNow()};
+                                           .started = UtcNow(),
+                                           .kit = kit};
   const std::vector<audit::UnitOutcome> outcomes = audit::AuditKit(options);
   const std::string table = audit::KitAuditTable(outcomes), json = audit::KitAuditJson(outcomes);
   if (!command.receipt.empty()) {
-    const std::string receipt =
-        audit::AuditReceipt(options.kit_dir, outcomes, context, key ? &*key : nullptr);
+    const audit::AuditedKit now = audit::ReadAuditedKit(options.kit_dir, kit.verified);
+    if (now.kit_json_sha256 != kit.kit_json_sha256) {
+      Fail(
+          "{}: kit.json changed while the audit ran (sha256 {} when it was verified, {} now): no "
+          "receipt written",
+          options.kit_dir.string(), ToHex(kit.kit_json_sha256), ToHex(now.kit_json_sha256));
+    }
+    const std::string receipt = audit::AuditReceipt(outcomes, context, key ? &*key : nullptr);
     ReplaceFileSynced(command.receipt, receipt);
     fmt::print(stderr, "audit: wrote the receipt {}{}\n", command.receipt,
                key ? " (signed)" : " (unsigned: it counts on no coverage page)");
     if (!command.report.empty()) {
-      ReplaceFileSynced(command.report, audit::AuditReportMarkdown(options.kit_dir, receipt));
+      ReplaceFileSynced(command.report, audit::AuditReportMarkdown(kit, receipt));
       fmt::print(stderr, "audit: wrote the report {}\n", command.report);
     }
   }
