@@ -63,7 +63,11 @@ int Threads();
 void KeepThisThreadSerial();
 
 // Runs body(i) for i in [0, count) on up to Threads() threads. Tasks must write disjoint
-// outputs; which thread runs which task is unspecified. body must not throw.
+// outputs; which thread runs which task is unspecified. A task that throws (a Fail, a failed
+// allocation) ends the loop: no task is started after it, the tasks running finish, and the
+// exception (the first, when several throw) is rethrown on the calling thread after the join.
+// Every thread checks its floating-point environment (RequireIeeeFloatingPoint) before its first
+// task of a loop, so a worker whose environment a library changed fails the loop.
 void ParallelFor(int64_t count, void (*body)(int64_t, void*), void* context);
 
 template <typename Body>
@@ -78,7 +82,7 @@ void ParallelFor(int64_t count, Body&& body) {
 // (a block of a GEMM's output, its packed panels) is there for thread t's task of the next call.
 // Use it where that locality is worth more than balancing the load: a thread slowed by other
 // work is not helped. Inside a parallel loop the tasks run in order on the calling thread.
-// body must not throw.
+// Exceptions and the floating-point check as for ParallelFor.
 void ParallelForEachThread(void (*body)(int64_t, void*), void* context);
 
 template <typename Body>
@@ -89,8 +93,10 @@ void ParallelForEachThread(Body&& body) {
 
 // ---- floating-point environment -------------------------------------------------------------
 // Fails (Error) when the current thread flushes subnormals (x86 MXCSR FTZ/DAZ, Arm FPCR.FZ)
-// or does not round to nearest-even: the numerics contract needs IEEE behaviour.
-void RequireIeeeFloatingPoint();
+// or does not round to nearest-even: the numerics contract needs IEEE behaviour. `cause`, when
+// given, names what last ran on this thread (a library just loaded) to blame in the message.
+// A register read: cheap enough for the start of every step and every parallel loop.
+void RequireIeeeFloatingPoint(std::string_view cause = {});
 
 // Describes the floating-point control state, e.g. "MXCSR=0x1f80 (FTZ off, DAZ off, RN)".
 std::string DescribeFloatingPointState();

@@ -45,13 +45,20 @@ std::string DescribeFloatingPointState() {
 #endif
 }
 
-void RequireIeeeFloatingPoint() {
+void RequireIeeeFloatingPoint(std::string_view cause) {
   const FpState s = ReadFpState();
-  if (s.flush_to_zero || s.denormals_are_zero || !s.round_to_nearest) {
-    Fail("floating-point environment: {} — lockstep needs subnormals kept and round-to-nearest "
-         "(was the process built or started with -ffast-math, or did a library set FTZ/DAZ?)",
-         DescribeFloatingPointState());
+  if (!s.flush_to_zero && !s.denormals_are_zero && s.round_to_nearest) return;
+  if (!cause.empty()) {
+    Fail(
+        "{} left this thread's floating-point environment at {} (a library built with "
+        "-ffast-math sets FTZ/DAZ when it loads); lockstep needs subnormals kept and "
+        "round-to-nearest, and refuses to compute with it",
+        cause, DescribeFloatingPointState());
   }
+  Fail(
+      "floating-point environment: {} — lockstep needs subnormals kept and round-to-nearest "
+      "(was the process built or started with -ffast-math, or did a library set FTZ/DAZ?)",
+      DescribeFloatingPointState());
 }
 
 }  // namespace lockstep

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -35,6 +36,7 @@ class Pool {
   void Run(int helpers, int64_t count, void (*body)(int64_t, void*), void* context, bool pinned) {
     std::lock_guard<std::mutex> run_lock(run_mutex_);  // one parallel loop at a time
     Grow(helpers);
+    error_ = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       body_ = body;
@@ -45,6 +47,7 @@ class Pool {
       grain_ = std::max<int64_t>(1, count / (32 * (helpers + 1)));
       pinned_ = pinned;
       next_.store(0);
+      failed_.store(false);
       wanted_ = helpers;
       joined_ = 0;
       finished_ = 0;
@@ -60,6 +63,7 @@ class Pool {
       wanted_ = 0;  // late wakers must not join a loop that is ending
       done_.wait(lock, [&] { return finished_ == joined_; });
     }
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
 
  private:
@@ -82,17 +86,28 @@ class Pool {
 
   // Runs `task` alone (this thread's task of a pinned loop), or, for task < 0, claims tasks
   // until none are left.
+  // An exception is kept (the first) and stops further claims; Run rethrows it after the join.
   void Work(int64_t task) {
     t_in_parallel_loop = true;
-    if (task >= 0) {
-      body_(task, context_);
-    } else {
-      // Tasks are claimed in runs of grain_: one claim per task made the threads fight over
-      // next_'s cache line, which cost more than a small task itself (a row of RMSNorm).
-      for (int64_t i = next_.fetch_add(grain_); i < count_; i = next_.fetch_add(grain_)) {
-        const int64_t end = std::min(count_, i + grain_);
-        for (int64_t j = i; j < end; ++j) body_(j, context_);
+    try {
+      RequireIeeeFloatingPoint();
+      if (task >= 0) {
+        body_(task, context_);
+      } else {
+        // Tasks are claimed in runs of grain_: one claim per task made the threads fight over
+        // next_'s cache line, which cost more than a small task itself (a row of RMSNorm).
+        for (int64_t i = next_.fetch_add(grain_); i < count_; i = next_.fetch_add(grain_)) {
+          const int64_t end = std::min(count_, i + grain_);
+          for (int64_t j = i; j < end && !failed_.load(std::memory_order_relaxed); ++j) {
+            body_(j, context_);
+          }
+        }
       }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+      failed_.store(true);
+      next_.store(count_);
     }
     t_in_parallel_loop = false;
   }
@@ -130,6 +145,8 @@ class Pool {
   int64_t grain_ = 1;
   std::atomic<int64_t> next_{0};
   std::atomic<uint64_t> generation_{0};  // written under mutex_, read without it while spinning
+  std::atomic<bool> failed_{false};      // a task of this loop threw
+  std::exception_ptr error_;             // the first exception of this loop, under mutex_
   int wanted_ = 0, joined_ = 0, finished_ = 0;
   bool pinned_ = false;
   bool stop_ = false;
@@ -146,10 +163,19 @@ int Threads() { return g_threads.load(); }
 
 void KeepThisThreadSerial() { t_serial = true; }
 
+namespace {
+// A loop run inline on the calling thread: checked like a pool thread, unless it is nested in a
+// loop whose check this thread has passed.
+void RunInline(int64_t count, void (*body)(int64_t, void*), void* context) {
+  if (!t_in_parallel_loop) RequireIeeeFloatingPoint();
+  for (int64_t i = 0; i < count; ++i) body(i, context);
+}
+}  // namespace
+
 void ParallelFor(int64_t count, void (*body)(int64_t, void*), void* context) {
   const int threads = Threads();
   if (threads == 1 || count <= 1 || t_in_parallel_loop || t_serial) {
-    for (int64_t i = 0; i < count; ++i) body(i, context);
+    RunInline(count, body, context);
     return;
   }
   const int helpers = static_cast<int>(std::min<int64_t>(threads, count)) - 1;
@@ -159,7 +185,7 @@ void ParallelFor(int64_t count, void (*body)(int64_t, void*), void* context) {
 void ParallelForEachThread(void (*body)(int64_t, void*), void* context) {
   const int threads = Threads();
   if (threads == 1 || t_in_parallel_loop || t_serial) {
-    for (int64_t t = 0; t < threads; ++t) body(t, context);
+    RunInline(threads, body, context);
     return;
   }
   Pool::Get().Run(threads - 1, threads, body, context, /*pinned=*/true);

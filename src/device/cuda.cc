@@ -140,6 +140,14 @@ const Loaded& Load() {
                       : fmt::format("the NVIDIA driver failed to start: cuInit gave {}",
                                     ErrorName(d, status));
     }
+    // A driver that changed this thread's floating-point environment as it loaded or started
+    // would change every later CPU result: the driver is refused, and the process stops before
+    // computing with it (RequireIeeeFloatingPoint at each step and parallel loop).
+    try {
+      RequireIeeeFloatingPoint("loading libcuda.so.1");
+    } catch (const Error& e) {
+      l.problem = e.what();
+    }
     return l;
   }();
   return loaded;

@@ -173,6 +173,9 @@ std::vector<cl_platform_id> Platforms() {
   Check(status, "clGetPlatformIDs");
   std::vector<cl_platform_id> platforms(count);
   Check(clGetPlatformIDs(count, platforms.data(), nullptr), "clGetPlatformIDs");
+  // The ICD loader has loaded every vendor library by now; one that changed this thread's
+  // floating-point environment would change every later CPU result.
+  RequireIeeeFloatingPoint("loading the OpenCL platforms' libraries");
   return platforms;
 }
 

@@ -111,6 +111,7 @@ std::vector<Generation> Generate(const VerifiedModel& model, std::span<const Req
   const ModelConfig& c = model.config.model;
   if (requests.empty()) Fail("no requests to generate for");
   CheckSampling(params, "sampling");
+  RequireIeeeFloatingPoint();
   for (size_t r = 0; r < requests.size(); ++r) {
     const auto n = static_cast<int64_t>(requests[r].prompt.size());
     if (n < 1 || n > c.seq_len) {

@@ -842,6 +842,7 @@ float Trainer::GlobalNorm(uint64_t step, std::vector<std::vector<double>> square
 
 StepReport Trainer::Step() {
   RefuseDiscarded("a step");
+  RequireIeeeFloatingPoint();  // a register read: nothing loaded since changed it
   const auto start = std::chrono::steady_clock::now();
   const Comm::Traffic traffic = comm_.traffic();
   const TrainConfig& tc = config_.train;

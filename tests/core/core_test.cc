@@ -2,6 +2,7 @@
 // the floating-point environment check.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -106,6 +107,34 @@ TEST(ParseDecimalU64, DigitsOnlyFromZeroTo2To64Minus1) {
   }
 }
 
+// A task that throws (a Fail, a failed allocation of scratch memory) on a worker is carried out
+// to the caller after the join: it ended in std::terminate, or unwound past live workers.
+TEST(ParallelFor, AnExceptionInATaskReachesTheCallerAfterTheJoin) {
+  for (int threads : {1, 2, 3, 7}) {
+    SetThreads(threads);
+    std::atomic<int64_t> ran{0};
+    try {
+      ParallelFor(1000, [&](int64_t i) {
+        ran++;
+        if (i == 500) Fail("task {} failed", i);
+      });
+      ADD_FAILURE() << "no exception at " << threads << " threads";
+    } catch (const Error& e) {
+      EXPECT_STREQ(e.what(), "task 500 failed");
+    }
+    EXPECT_LT(ran.load(), 1000) << "tasks went on after the failure";
+    // Each worker's task (t > 0 runs on a worker) throws; the pool stays usable afterwards.
+    EXPECT_THROW(ParallelForEachThread([&](int64_t t) {
+                   if (t == threads - 1) Fail("thread {} failed", t);
+                 }),
+                 Error);
+    std::vector<int> hits(100, 0);
+    ParallelFor(100, [&](int64_t i) { hits[i]++; });
+    EXPECT_EQ(std::count(hits.begin(), hits.end(), 1), 100);
+  }
+  SetThreads(1);
+}
+
 TEST(FloatingPoint, IeeeByDefault) { EXPECT_NO_THROW(RequireIeeeFloatingPoint()); }
 
 #if defined(__x86_64__)
@@ -123,6 +152,29 @@ TEST(FloatingPoint, RefusesFlushToZeroAndDenormalsAreZero) {
     }
   }
   _mm_setcsr(saved);
+}
+
+// A library that sets FTZ on the thread that loads it is named; a worker whose environment
+// changed fails the next parallel loop instead of computing other bits. (The worker keeps FTZ:
+// this test is the last use of its pool.)
+TEST(FloatingPoint, ALibraryThatSetsFtzIsNamedAndAWorkerWithItFailsItsLoop) {
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | (1u << 15));
+  try {
+    RequireIeeeFloatingPoint("loading libexample.so");
+    ADD_FAILURE() << "FTZ accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("loading libexample.so left this thread's"),
+              std::string::npos)
+        << e.what();
+  }
+  _mm_setcsr(saved);
+  SetThreads(2);
+  ParallelForEachThread([](int64_t t) {
+    if (t == 1) _mm_setcsr(_mm_getcsr() | (1u << 15));  // the worker's own MXCSR
+  });
+  EXPECT_THROW(ParallelForEachThread([](int64_t) {}), Error);
+  SetThreads(1);
 }
 #endif
 

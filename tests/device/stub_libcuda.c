@@ -2,12 +2,15 @@
    "device" of compute capability 9.0 whose kernels do nothing and whose copies move no bytes.
    The test cli_cuda_device_that_computes_nothing runs lockstep against it: the device must be
    refused by its known-answer check, never believed. STUB_CUDA_DEVICES sets the device count it
-   reports and STUB_CUDA_CAPABILITY the compute capability (major * 10 + minor). Test-only; never
-   installed. */
+   reports and STUB_CUDA_CAPABILITY the compute capability (major * 10 + minor); with
+   STUB_CUDA_SET_FTZ=1 it sets FTZ and DAZ as it loads. Test-only; never installed. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -162,4 +165,15 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
   (void)params;
   (void)extra;
   return 0;
+}
+
+/* STUB_CUDA_SET_FTZ=1: the library sets FTZ and DAZ on the loading thread, as a -ffast-math
+   object's constructor does: lockstep must refuse the driver naming it. */
+__attribute__((constructor)) static void SetFtzWhenAsked(void) {
+  const char* text = getenv("STUB_CUDA_SET_FTZ");
+#if defined(__x86_64__)
+  if (text != NULL && text[0] == '1') _mm_setcsr(_mm_getcsr() | (1u << 15) | (1u << 6));
+#else
+  (void)text;
+#endif
 }
