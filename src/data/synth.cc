@@ -26,7 +26,8 @@ class DrawSequence {
 
   // Uniform in [0, n) by 64-bit multiply-shift, as in the stream's shuffle.
   uint64_t Below(uint64_t n) {
-    const uint64_t x = uint64_t{Next()} | uint64_t{Next()} << 32;
+    const uint64_t low = Next();  // two statements: the order of a | b's operands is unspecified
+    const uint64_t x = low | uint64_t{Next()} << 32;
     return static_cast<uint64_t>((static_cast<unsigned __int128>(x) * n) >> 64);
   }
   bool Chance(uint64_t numerator, uint64_t denominator) { return Below(denominator) < numerator; }
