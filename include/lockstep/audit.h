@@ -76,6 +76,7 @@ struct ReplayResult {
   std::optional<Digest> expected;
   std::optional<bool> match;  // nullopt: no target
   std::vector<float> losses;  // one per replayed step; empty for init
+  std::vector<Digest> backward_digests;  // each replayed step's (StepReport::backward_digest)
   double wall_seconds = 0;
   uint64_t peak_rss_bytes = 0, planned_peak_rss_bytes = 0;
   uint64_t spill_bytes = 0;  // what the spill files held on disk at the end (0 in RAM)

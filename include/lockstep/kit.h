@@ -125,13 +125,22 @@ struct AuditReceiptContext {
   std::string started;  // when the audit started (UtcNow())
   AuditedKit kit;
 };
-// The proof of replay of an interval unit: BLAKE2b-256 of "lockstep/replay-proof/v1" \0, the
+// What a replay computed in one step that no kit holds: its loss, and its backward digest
+// (train::StepReport::backward_digest), which only a backward through every layer yields.
+struct ReplayedStep {
+  float loss = 0;
+  Digest backward{};
+};
+// The proof of replay of an interval unit: BLAKE2b-256 of "lockstep/replay-proof/v2" \0, the
 // signer's public key (32 zero bytes unsigned), the kit.json's sha256, the unit's name and \0,
-// start and until step (u64 little-endian) and the loss of every replayed step (binary32
-// little-endian, in step order). The losses are in no kit: only a replay (or the publisher's
-// metrics.jsonl) has them.
+// start and until step (u64 little-endian), then for every replayed step in step order its loss
+// (binary32 little-endian) and its backward digest (32 bytes). Neither is in any kit: only a
+// replay (or the publisher's metrics.jsonl) has them.
 Digest ReplayProof(const Ed25519PublicKey& signer, const Digest& kit_sha256, const kit::Unit& unit,
-                   std::span<const float> losses);
+                   std::span<const ReplayedStep> steps);
+// Audit receipts are of format version 2: version 1's proofs of replay bound the losses alone,
+// which the forward of a unit's first step gives without a backward.
+inline constexpr uint64_t kAuditReceiptFormatVersion = 2;
 // The receipt file's text for `outcomes` of context.kit, signed with `key` if given.
 std::string AuditReceipt(const std::vector<UnitOutcome>& outcomes,
                          const AuditReceiptContext& context, const Ed25519Seed* key);

@@ -387,6 +387,7 @@ void LayerForward(const OpHooks& hooks, const ModelConfig& config, int64_t layer
 struct LossSums {
   float loss = 0;   // Σ over rows of the cross-entropy (rk::RowSum lane rule, fp32)
   float zloss = 0;  // Σ over rows of z_loss · lse²
+  Digest backward{};  // ForwardBackward: its Backward's digest; zero after a Forward alone
 };
 
 // Logits kept from the forward for the backward when rows x vocab is at most this many floats
@@ -422,8 +423,11 @@ class Model : private AttentionContext {
   LossSums Forward(TensorAccess& access, std::span<const uint32_t> tokens);
   // Gradient of grad_scale · Σ_rows (loss + zloss) for the tokens of the last Forward (the same
   // params). accumulate = false overwrites every gradient tensor; accumulate = true adds this
-  // microbatch's gradient to it as docs/model.md defines ("Gradient accumulation").
-  void Backward(TensorAccess& access, float grad_scale, bool accumulate);
+  // microbatch's gradient to it as docs/model.md defines ("Gradient accumulation"). Returns the
+  // backward digest (docs/training.md, "The backward digest"): BLAKE2b-256 of the gradient with
+  // respect to each layer's input [rows, d_model], last layer first, each binary32
+  // little-endian: what only a backward through every layer computes, and no checkpoint holds.
+  Digest Backward(TensorAccess& access, float grad_scale, bool accumulate);
   LossSums ForwardBackward(TensorAccess& access, std::span<const uint32_t> tokens, float grad_scale,
                            bool accumulate);
   // The same on ParamStores in RAM (their tensors must be the model's, by name and shape).

@@ -41,6 +41,9 @@ struct StepReport {
   bool skipped = false;
   bool halt = false;  // the spike protocol saw spike_max_skips skips within spike_window steps
   int64_t tokens = 0;  // tokens this step consumed
+  // BLAKE2b-256 of the backward digests (Model::Backward) of the step's microbatches, 32 bytes
+  // each, in microbatch order over every rank (docs/training.md, "The backward digest").
+  Digest backward_digest{};
   double seconds = 0;
   // Distributed runs, during the step: the seconds this rank's exchanges ran, the part of them
   // that ran while it computed (the rest it waited for), and the bytes it sent.
@@ -60,10 +63,11 @@ struct MetricsLine {
   bool skipped = false;
   uint64_t tokens = 0;  // cumulative
   Digest tokens_blake2b{};
+  std::optional<Digest> backward_blake2b;  // absent from an earlier lockstep's lines
   double step_seconds = 0, tokens_per_second = 0, comm_seconds = 0, comm_hidden_seconds = 0;
   uint64_t comm_bytes = 0;
 };
-// The one writer of a step's JSON line (no newline): metrics.jsonl's 14 fields of `r` and
+// The one writer of a step's JSON line (no newline): metrics.jsonl's 15 fields of `r` and
 // `state` (the step just done), "tokens" counting every step up to r.step; with `state_hash`,
 // also "state_hash" (replay's --loss-log). Keys sorted, compact, non-finite floats null.
 std::string MetricsLineJson(const StepReport& r, const StepState& state,
@@ -249,10 +253,11 @@ class Trainer {
   void ForEachHeldPiece(std::initializer_list<StateArray> arrays, Body&& body,
                         std::optional<std::span<const size_t>> tensors = std::nullopt);
   // Microbatch group g (its microbatches' windows from `cursor`) forward and backward into
-  // `access`; returns each microbatch's (loss, zloss) sums and appends its tokens to `tokens`.
-  // Each microbatch done is added to `progress`.
+  // `access`; returns each microbatch's (loss, zloss) sums and appends its tokens to `tokens`
+  // and its backward digest to `backward`. Each microbatch done is added to `progress`.
   std::vector<float> RunGroup(int64_t g, uint64_t cursor, TensorAccess& access,
-                              std::vector<uint32_t>& tokens, ProgressLine& progress);
+                              std::vector<uint32_t>& tokens, std::vector<Digest>& backward,
+                              ProgressLine& progress);
   // Adds the gradients of round j's groups (in the group buffer of each rank) into the owners'
   // gradients, in group order (nothing to add where the route put them there: one process's
   // first round, full sharding).
@@ -262,6 +267,7 @@ class Trainer {
   struct GroupsDone {
     float loss = 0, zloss = 0;  // the step's mean losses over its tokens
     Digest tokens_digest{};     // of every token consumed, in microbatch order
+    Digest backward_digest{};   // of every microbatch's backward digest, in microbatch order
     // Per tensor, its gradient's block squares where the route summed them (else empty).
     std::vector<std::vector<double>> squares;
   };

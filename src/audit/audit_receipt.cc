@@ -21,7 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-constexpr char kProofPrefix[] = "lockstep/replay-proof/v1";
+constexpr char kProofPrefix[] = "lockstep/replay-proof/v2";
 
 // The first value of a "key : value" line of a /proc or /etc file, or "".
 std::string FileField(const char* path, std::string_view key, char separator) {
@@ -40,6 +40,19 @@ std::string FileField(const char* path, std::string_view key, char separator) {
   return "";
 }
 
+// What a replay of an interval unit computed per step that its proof binds.
+std::vector<ReplayedStep> Replayed(const ReplayResult& result) {
+  if (result.losses.size() != result.backward_digests.size()) {
+    LOCKSTEP_INTERNAL("{} losses, {} backward digests", result.losses.size(),
+                      result.backward_digests.size());
+  }
+  std::vector<ReplayedStep> steps;
+  for (size_t i = 0; i < result.losses.size(); ++i) {
+    steps.push_back({result.losses[i], result.backward_digests[i]});
+  }
+  return steps;
+}
+
 json MachineFacts(const AuditReceiptContext& context) {
   utsname u{};
   uname(&u);
@@ -55,12 +68,13 @@ json MachineFacts(const AuditReceiptContext& context) {
 }  // namespace
 
 Digest ReplayProof(const Ed25519PublicKey& signer, const Digest& kit_sha256, const kit::Unit& unit,
-                   std::span<const float> losses) {
+                   std::span<const ReplayedStep> steps) {
   Blake2b h;
   h.Update(std::string_view(kProofPrefix, sizeof kProofPrefix));  // with its zero byte
   h.Update(signer).Update(kit_sha256);
   h.Update(std::string_view(unit.name.c_str(), unit.name.size() + 1));
-  h.UpdateU64(unit.start_step).UpdateU64(unit.until_step).Update(losses);
+  h.UpdateU64(unit.start_step).UpdateU64(unit.until_step);
+  for (const ReplayedStep& s : steps) h.Update(std::span(&s.loss, 1)).Update(s.backward);
   return h.Final();
 }
 
@@ -92,7 +106,7 @@ std::string AuditReceipt(const std::vector<UnitOutcome>& outcomes,
          {"replayed", o.result ? json(ToHex(o.result->state_hash)) : json(nullptr)},
          {"verdict", o.verdict()},
          {"error", o.result ? json(nullptr) : json(o.error)},
-         {"proof", proven ? json(ToHex(ReplayProof(signer, kit_sha256, u, o.result->losses)))
+         {"proof", proven ? json(ToHex(ReplayProof(signer, kit_sha256, u, Replayed(*o.result))))
                           : json(nullptr)},
          {"wall_ms", o.result ? static_cast<uint64_t>(o.result->wall_seconds * 1000 + 0.5) : 0},
          {"peak_rss_bytes", o.result ? o.result->peak_rss_bytes : 0},
@@ -100,7 +114,7 @@ std::string AuditReceipt(const std::vector<UnitOutcome>& outcomes,
   }
   const json receipt = {
       {"format", kReceiptFormat},
-      {"format_version", kReceiptFormatVersion},
+      {"format_version", kAuditReceiptFormatVersion},
       {"kind", "audit"},
       {"lockstep_version", build::kVersion},
       {"contract_version", build::kContractVersion},
@@ -182,10 +196,11 @@ std::string AuditReportMarkdown(const AuditedKit& kit, const std::string& receip
 - It shows that this binary, on this machine, recomputed each MATCH unit's state from the kit's
   files and reached the hash the publisher committed to, bit for bit; a MISMATCH or an error is
   reported as it happened.
-- The proof of replay of an interval unit is a digest of the losses of every replayed step, bound
-  to the signer's key and this kit. The losses are in no kit, so the publisher, holding the run's
+- The proof of replay of an interval unit is a digest of the loss and the backward digest (the
+  gradients at every layer's input, which only a backward computes) of every replayed step, bound
+  to the signer's key and this kit. Neither is in any kit, so the publisher, holding the run's
   `metrics.jsonl`, can check that the signer computed them (`lockstep coverage --metrics`). It
-  does not show that the signer computed them alone: someone who gives the signer the losses
+  does not show that the signer computed them alone: someone who gives the signer them
   (the publisher, or another auditor's `--json-out` report) makes the proof possible without a
   replay. An init unit has no proof: its state is the kit's step-0 checkpoint.
 - The machine and toolchain above are what the binary read on the machine it ran on, stated by
@@ -222,14 +237,21 @@ bool IsUtcTime(std::string_view text) {
 // Checks one receipt against the kit; Error on anything that makes it not count.
 void CheckReceipt(ReadReceipt& rr, const CoverageOptions& o, const kit::KitManifest& manifest,
                   const Digest& kit_sha256, const kit::Trajectory& trajectory,
-                  const std::optional<std::map<uint64_t, float>>& losses) {
+                  const std::optional<std::map<uint64_t, ReplayedStep>>& losses) {
   const std::string what = rr.file + ": receipt";
   const json& r = rr.receipt;
   RequireKeys(r,
               {"format", "format_version", "kind", "lockstep_version", "contract_version", "binary",
                "machine", "kit", "command", "started", "units"},
               what);
-  RequireFormat(r, kReceiptFormat, kReceiptFormatVersion, what);
+  if (r.at("format_version") == 1 && r.at("kind") == "audit") {
+    Fail(
+        "{}: an audit receipt of format version 1, made by an earlier lockstep: its proofs of "
+        "replay bind the losses alone, which forwards give without a backward; audit again "
+        "with this lockstep",
+        what);
+  }
+  RequireFormat(r, kReceiptFormat, kAuditReceiptFormatVersion, what);
   if (StringField(r, "kind", what) != "audit") {
     Fail("{}: kind = {}, not \"audit\"", what, ShownJson(r.at("kind")));
   }
@@ -307,7 +329,7 @@ void CheckReceipt(ReadReceipt& rr, const CoverageOptions& o, const kit::KitManif
     const Digest claimed = DigestField(u, "proof", at);
     proof = "unchecked";
     if (!losses || u.at("verdict") != "MATCH") continue;
-    std::vector<float> steps;
+    std::vector<ReplayedStep> steps;
     for (uint64_t step = unit->start_step + 1; step <= unit->until_step; ++step) {
       const auto it = losses->find(step);
       if (it == losses->end()) break;
@@ -316,8 +338,8 @@ void CheckReceipt(ReadReceipt& rr, const CoverageOptions& o, const kit::KitManif
     if (steps.size() != unit->until_step - unit->start_step) continue;  // a non-finite loss
     if (ReplayProof(signer, kit_sha256, *unit, steps) != claimed) {
       Fail(
-          "{}: unit {}: the proof of replay does not check against the publisher's losses "
-          "({}): it was not made from a replay of this unit by this key",
+          "{}: unit {}: the proof of replay does not check against the publisher's losses and "
+          "backward digests ({}): it was not made from a replay of this unit by this key",
           at, name, o.metrics->string());
     }
     proof = "checked";
@@ -328,14 +350,21 @@ std::vector<std::string> Sorted(const std::set<std::string>& set) {
   return {set.begin(), set.end()};
 }
 
-// The publisher's losses by step from --metrics (a non-finite one absent: its bits are not in
-// the file), after checking that the file is the whole metrics.jsonl of the kit's run.
-std::map<uint64_t, float> PublisherLosses(const fs::path& metrics,
-                                          const kit::Trajectory& trajectory) {
-  std::map<uint64_t, float> losses;
+// The publisher's loss and backward digest by step from --metrics (a step with a non-finite
+// loss absent: its bits are not in the file), after checking that the file is the whole
+// metrics.jsonl of the kit's run, with every step's backward digest.
+std::map<uint64_t, ReplayedStep> PublisherLosses(const fs::path& metrics,
+                                                 const kit::Trajectory& trajectory) {
+  std::map<uint64_t, ReplayedStep> losses;
   const std::vector<train::MetricsLine> lines = train::ReadMetrics(metrics);
   for (const train::MetricsLine& m : lines) {
-    if (std::isfinite(m.loss)) losses[m.step] = static_cast<float>(m.loss);
+    if (!m.backward_blake2b) {
+      Fail(
+          "--metrics {}: step {} has no backward_blake2b: a metrics.jsonl of an earlier "
+          "lockstep, against which no proof of replay can be checked",
+          metrics.string(), m.step);
+    }
+    if (std::isfinite(m.loss)) losses[m.step] = {static_cast<float>(m.loss), *m.backward_blake2b};
   }
   const uint64_t last = trajectory.units.empty() ? 0 : trajectory.units.back().until_step;
   for (uint64_t step = 1; step <= last; ++step) {
@@ -366,9 +395,10 @@ std::map<uint64_t, float> PublisherLosses(const fs::path& metrics,
 }
 
 // Every receipt file given, read and checked on its own (ReadReceipt::status says how it counts).
-std::vector<ReadReceipt> ReadReceipts(const CoverageOptions& o, const kit::KitManifest& manifest,
-                                      const Digest& kit_sha256, const kit::Trajectory& trajectory,
-                                      const std::optional<std::map<uint64_t, float>>& losses) {
+std::vector<ReadReceipt> ReadReceipts(
+    const CoverageOptions& o, const kit::KitManifest& manifest, const Digest& kit_sha256,
+    const kit::Trajectory& trajectory,
+    const std::optional<std::map<uint64_t, ReplayedStep>>& losses) {
   std::vector<ReadReceipt> receipts;
   std::map<Digest, std::string> seen;  // each receipt's bytes (SHA-256) -> the first file
   for (const fs::path& path : o.receipts) {
@@ -431,7 +461,7 @@ json Coverage(const CoverageOptions& o) {
   const kit::KitManifest manifest = kit::ReadManifest(o.kit_dir);
   const Digest kit_sha256 = Sha256(ReadFileBytes(o.kit_dir / kit::kManifestName));
   const kit::Trajectory trajectory = kit::ReadTrajectory(o.kit_dir);
-  std::optional<std::map<uint64_t, float>> losses;
+  std::optional<std::map<uint64_t, ReplayedStep>> losses;
   if (o.metrics) losses = PublisherLosses(*o.metrics, trajectory);
   const std::vector<ReadReceipt> receipts =
       ReadReceipts(o, manifest, kit_sha256, trajectory, losses);

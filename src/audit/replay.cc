@@ -17,6 +17,13 @@
 
 namespace lockstep::audit {
 namespace {
+
+// Each replayed step's backward digest, as hex.
+std::vector<std::string> BackwardHex(std::span<const Digest> digests) {
+  std::vector<std::string> hex;
+  for (const Digest& d : digests) hex.push_back(ToHex(d));
+  return hex;
+}
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
@@ -313,6 +320,7 @@ ReplayResult ReplayInterval(const ReplayOptions& o) {
     if (trainer.state().step + 1 == o.until_step && !state_needed) trainer.DiscardNextState();
     const train::StepReport r = trainer.Step();
     result.losses.push_back(r.loss);
+    result.backward_digests.push_back(r.backward_digest);
     for (train::PhaseReport phase : r.phases) {
       phase.name = fmt::format("step {}: {}", r.step, phase.name);
       if (phase.read_bytes + phase.written_bytes > 0) {
@@ -444,6 +452,7 @@ std::string ResultJson(const ReplayResult& r) {
       {"expected", r.expected ? nlohmann::ordered_json(ToHex(*r.expected)) : nullptr},
       {"match", r.match ? nlohmann::ordered_json(*r.match) : nullptr},
       {"losses", r.losses},
+      {"backward_blake2b", BackwardHex(r.backward_digests)},
       {"wall_seconds", r.wall_seconds},
       {"peak_rss_bytes", r.peak_rss_bytes},
       {"planned_peak_rss_bytes", r.planned_peak_rss_bytes},

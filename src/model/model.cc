@@ -474,7 +474,7 @@ void Model::Attend(const OpHooks& obs, int64_t l, std::span<float> q, std::span<
                     A(layers_[static_cast<size_t>(l)].attn_lse));
 }
 
-void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
+Digest Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
   if (!have_forward_) Fail("Model::Backward: called before Forward");
   const ModelConfig& c = config_;
   const ParamIndex P(c);
@@ -498,6 +498,7 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
   access.CloseParam(P.final_norm);
   GainGrad(access, -1, P.final_norm, accumulate);
 
+  Blake2b backward;  // the gradient at each layer's input, as the layers' backwards end
   for (int64_t l = c.n_layers - 1; l >= 0; --l) {
     LayerTensors w;
     OpenLayer(access, l, w);
@@ -513,6 +514,7 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
       ForwardLayer({.observer = nullptr, .executor = obs.executor}, l, w, /*output=*/false);
     }
     BackwardLayer(access, l, w, accumulate);
+    backward.Update(OnHost(dx_));
     CloseLayer(access, l);
   }
 
@@ -532,6 +534,7 @@ void Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) {
       access.CloseGrad(i);
     }
   }
+  return backward.Final();
 }
 
 void Model::BackwardLayer(TensorAccess& access, int64_t l,
@@ -667,8 +670,8 @@ std::span<float> Model::ScatterGrad(TensorAccess& access, size_t i, bool accumul
 
 LossSums Model::ForwardBackward(TensorAccess& access, std::span<const uint32_t> tokens,
                                 float grad_scale, bool accumulate) {
-  const LossSums sums = Forward(access, tokens);
-  Backward(access, grad_scale, accumulate);
+  LossSums sums = Forward(access, tokens);
+  sums.backward = Backward(access, grad_scale, accumulate);
   return sums;
 }
 

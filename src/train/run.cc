@@ -75,6 +75,7 @@ std::string MetricsLineJson(const StepReport& r, const StepState& state, const D
                       {"skipped", r.skipped},
                       {"tokens", r.step * static_cast<uint64_t>(r.tokens)},
                       {"tokens_blake2b", ToHex(state.tokens_digest)},
+                      {"backward_blake2b", ToHex(r.backward_digest)},
                       {"step_seconds", r.seconds},
                       {"tokens_per_second", static_cast<double>(r.tokens) / r.seconds},
                       {"comm_seconds", r.comm_seconds},
@@ -90,28 +91,25 @@ std::vector<MetricsLine> ReadMetrics(const fs::path& path, TornLine torn) {
   for (size_t n = 0; n < lines.size(); ++n) {
     const std::string what = fmt::format("{}: line {}", path.string(), n + 1);
     const nlohmann::json j = ParseJsonStrict(lines[n], what);
-    static const std::set<std::string> kFields = {"step",
-                                                  "loss",
-                                                  "zloss",
-                                                  "grad_norm",
-                                                  "clip_factor",
-                                                  "lr",
-                                                  "skipped",
-                                                  "tokens",
-                                                  "tokens_blake2b",
-                                                  "step_seconds",
-                                                  "tokens_per_second",
-                                                  "comm_seconds",
-                                                  "comm_hidden_seconds",
+    static const std::set<std::string> kFields = {"step",           "loss",
+                                                  "zloss",          "grad_norm",
+                                                  "clip_factor",    "lr",
+                                                  "skipped",        "tokens",
+                                                  "tokens_blake2b", "backward_blake2b",
+                                                  "step_seconds",   "tokens_per_second",
+                                                  "comm_seconds",   "comm_hidden_seconds",
                                                   "comm_bytes"};
-    // A line of an older lockstep's lacks it: absent, it reads as 0.
-    static const std::string kLater = "comm_hidden_seconds";
+    // Lines of an earlier lockstep's lack these: comm_hidden_seconds reads as 0,
+    // backward_blake2b as absent.
+    static const std::set<std::string> kLater = {"comm_hidden_seconds", "backward_blake2b"};
     if (!j.is_object()) Fail("{}: not a JSON object", what);
     for (const auto& [key, value] : j.items()) {
       if (!kFields.contains(key)) Fail("{}: unknown field \"{}\"", what, key);
     }
     for (const std::string& key : kFields) {
-      if (!j.contains(key) && key != kLater) Fail("{}: missing field \"{}\"", what, key);
+      if (!j.contains(key) && !kLater.contains(key)) {
+        Fail("{}: missing field \"{}\"", what, key);
+      }
     }
     MetricsLine m;
     m.step = UnsignedField(j, "step", what);
@@ -132,7 +130,16 @@ std::vector<MetricsLine> ReadMetrics(const fs::path& path, TornLine torn) {
     m.step_seconds = NumberOrNull(j, "step_seconds", what);
     m.tokens_per_second = NumberOrNull(j, "tokens_per_second", what);
     m.comm_seconds = NumberOrNull(j, "comm_seconds", what);
-    if (j.contains(kLater)) m.comm_hidden_seconds = NumberOrNull(j, kLater.c_str(), what);
+    if (j.contains("comm_hidden_seconds")) {
+      m.comm_hidden_seconds = NumberOrNull(j, "comm_hidden_seconds", what);
+    }
+    if (j.contains("backward_blake2b")) {
+      if (!j["backward_blake2b"].is_string()) {
+        Fail("{}: field \"backward_blake2b\" is not a string", what);
+      }
+      m.backward_blake2b = DigestFromHex(j["backward_blake2b"].get<std::string>(),
+                                         what + ": field \"backward_blake2b\"");
+    }
     m.comm_bytes = UnsignedField(j, "comm_bytes", what);
     metrics.push_back(m);
   }

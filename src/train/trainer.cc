@@ -678,7 +678,8 @@ void Trainer::ReadPiece(size_t i, StateArray array, int64_t begin, std::span<flo
 }
 
 std::vector<float> Trainer::RunGroup(int64_t group, uint64_t cursor, TensorAccess& access,
-                                     std::vector<uint32_t>& tokens, ProgressLine& progress) {
+                                     std::vector<uint32_t>& tokens, std::vector<Digest>& backward,
+                                     ProgressLine& progress) {
   const TrainConfig& tc = config_.train;
   const int64_t seq = config_.model.seq_len, per_group = tc.microbatches / tc.grad_groups;
   const float inv_tokens = 1.0f / static_cast<float>(tokens_per_step());
@@ -699,6 +700,7 @@ std::vector<float> Trainer::RunGroup(int64_t group, uint64_t cursor, TensorAcces
     const LossSums s = model_.ForwardBackward(access, tokens_, inv_tokens, k > 0);
     sums.push_back(s.loss);
     sums.push_back(s.zloss);
+    backward.push_back(s.backward);
     progress.Add(1);
   }
   return sums;
@@ -769,7 +771,7 @@ Trainer::GroupsDone Trainer::RunGroups(uint64_t step) {
   const uint64_t cursor = state_.data_cursor;
   GroupsDone done;
   done.squares.resize(specs_.size());
-  Blake2b consumed;
+  Blake2b consumed, backward;
   std::vector<float> sums;  // (loss, zloss) of each microbatch, in microbatch order
   // A long step shows its microbatches going by; one done within 2 s prints nothing.
   ProgressLine microbatches(fmt::format("step {}: forward and backward", step),
@@ -785,7 +787,9 @@ Trainer::GroupsDone Trainer::RunGroups(uint64_t step) {
     const std::unique_ptr<GroupRoute> route =
         MakeGroupRoute(parts, round, rounds, step, corrupt_copy);
     std::vector<uint32_t> tokens;
-    const std::vector<float> group_sums = RunGroup(group, cursor, *route, tokens, microbatches);
+    std::vector<Digest> group_backward;
+    const std::vector<float> group_sums =
+        RunGroup(group, cursor, *route, tokens, group_backward, microbatches);
     route->Finish(done.squares);
     const std::vector<uint32_t> round_tokens = exchange_->AllgatherInRankOrder(
         tokens, tokens.size() * static_cast<size_t>(ranks_));
@@ -794,6 +798,10 @@ Trainer::GroupsDone Trainer::RunGroups(uint64_t step) {
     const std::vector<float> round_sums = exchange_->AllgatherInRankOrder(
         group_sums, group_sums.size() * static_cast<size_t>(ranks_));
     sums.insert(sums.end(), round_sums.begin(), round_sums.end());
+    for (const Digest& d : exchange_->AllgatherInRankOrder(
+             group_backward, group_backward.size() * static_cast<size_t>(ranks_))) {
+      backward.Update(d);
+    }
     FoldRound(round);
   }
   float loss_sum = 0.0f, zloss_sum = 0.0f;
@@ -805,6 +813,7 @@ Trainer::GroupsDone Trainer::RunGroups(uint64_t step) {
   done.loss = loss_sum * inv_tokens;
   done.zloss = zloss_sum * inv_tokens;
   done.tokens_digest = consumed.Final();
+  done.backward_digest = backward.Final();
   microbatches.Finish();
   return done;
 }
@@ -860,6 +869,7 @@ StepReport Trainer::Step() {
   GroupsDone groups = RunGroups(report.step);
   report.loss = groups.loss;
   report.zloss = groups.zloss;
+  report.backward_digest = groups.backward_digest;
 
   // 2. Global norm over every gradient in parameter order: each rank sums the squares of the
   //    kNormBlock blocks it holds; the block sums are shared and added in parameter order. A NaN

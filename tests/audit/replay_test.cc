@@ -161,6 +161,7 @@ TEST_F(Audit, IntervalReplayMatchesTheChainAtOneAndTwoThreads) {
     EXPECT_EQ(j.at("step"), 20);
     EXPECT_EQ(j.at("consumed_tokens"), 20 * 2 * 2 * 64);  // steps x microbatches x batch x seq
     EXPECT_EQ(j.at("losses").size(), 10u);
+    ASSERT_EQ(j.at("backward_blake2b").size(), 10u);
     EXPECT_NE(r.err.find("replay: state_hash=" + line20 + " expected=" + line20 + " MATCH=True"),
               std::string::npos)
         << r.err;
@@ -188,6 +189,8 @@ TEST_F(Audit, IntervalReplayMatchesTheChainAtOneAndTwoThreads) {
       ASSERT_LE(step, published.size());
       Json want = Json::parse(published[step - 1]);
       EXPECT_EQ(got.at("state_hash"), ChainHash(Run(), step));
+      // The backward digest is the publisher's (compared with the rest below) and the result's.
+      EXPECT_EQ(got.at("backward_blake2b"), j.at("backward_blake2b")[step - 11]);
       for (const char* other : {"step_seconds", "tokens_per_second", "comm_seconds",
                                 "state_hash"}) {
         got.erase(other);

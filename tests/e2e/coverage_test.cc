@@ -56,6 +56,47 @@ const Json& UnitOf(const Json& coverage, const std::string& name) {
   return coverage;
 }
 
+// A step's backward digest, as a proof binds it.
+using BackwardOf = std::function<std::vector<uint8_t>(uint64_t step)>;
+
+// The publisher's: metrics.jsonl's backward_blake2b.
+BackwardOf Backward(const std::vector<train::MetricsLine>& metrics) {
+  return [&metrics](uint64_t step) {
+    const Digest d = metrics[step - 1].backward_blake2b.value();
+    return std::vector<uint8_t>(d.begin(), d.end());
+  };
+}
+
+// The proof of replay of unit `u` (a receipt's unit object) by `key`, derived by hand from
+// docs/formats/receipt.md ("The proof of replay") with the losses of `metrics` and the backward
+// digests `backward` gives; `prefix` the proof's version string.
+std::string ProofFromMetrics(const Ed25519PublicKey& key, const std::string& kit_sha256,
+                             const Json& u, const std::vector<train::MetricsLine>& metrics,
+                             const BackwardOf& backward,
+                             std::string_view prefix = "lockstep/replay-proof/v2") {
+  std::vector<uint8_t> message(prefix.begin(), prefix.end());
+  message.push_back(0);
+  message.insert(message.end(), key.begin(), key.end());
+  const Digest kit = DigestFromHex(kit_sha256, "kit");
+  message.insert(message.end(), kit.begin(), kit.end());
+  const std::string name = u["unit"].get<std::string>();
+  message.insert(message.end(), name.begin(), name.end());
+  message.push_back(0);
+  const auto u64 = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i) message.push_back(static_cast<uint8_t>(v >> (8 * i)));
+  };
+  u64(u["start_step"]);
+  u64(u["until_step"]);
+  for (uint64_t step = u["start_step"].get<uint64_t>() + 1; step <= u["until_step"]; ++step) {
+    EXPECT_EQ(metrics[step - 1].step, step);
+    const uint32_t bits = std::bit_cast<uint32_t>(static_cast<float>(metrics[step - 1].loss));
+    for (int i = 0; i < 4; ++i) message.push_back(static_cast<uint8_t>(bits >> (8 * i)));
+    const std::vector<uint8_t> b = backward(step);
+    message.insert(message.end(), b.begin(), b.end());
+  }
+  return ToHex(Blake2b256(message));
+}
+
 const Json& ReceiptOf(const Json& coverage, const std::string& file) {
   for (const Json& r : coverage["receipts"]) {
     if (r["file"] == file) return r;
@@ -107,27 +148,8 @@ TEST_F(Coverage, DistinctKeysCountOnceConflictsShowAndReceiptsWithoutAReplayAreR
       EXPECT_TRUE(u["proof"].is_null());
       continue;
     }
-    std::vector<uint8_t> message;
-    const auto append = [&](std::string_view bytes) {
-      message.insert(message.end(), bytes.begin(), bytes.end());
-    };
-    append(std::string_view("lockstep/replay-proof/v1\0", 25));
-    message.insert(message.end(), a.begin(), a.end());
-    const Digest kit = DigestFromHex(kit_sha256, "kit");
-    message.insert(message.end(), kit.begin(), kit.end());
-    const std::string name = u["unit"].get<std::string>();
-    append(std::string_view(name.c_str(), name.size() + 1));
-    const auto u64 = [&](uint64_t v) {
-      for (int i = 0; i < 8; ++i) message.push_back(static_cast<uint8_t>(v >> (8 * i)));
-    };
-    u64(u["start_step"]);
-    u64(u["until_step"]);
-    for (uint64_t step = u["start_step"].get<uint64_t>() + 1; step <= u["until_step"]; ++step) {
-      const uint32_t bits = std::bit_cast<uint32_t>(static_cast<float>(metrics[step - 1].loss));
-      ASSERT_EQ(metrics[step - 1].step, step);
-      for (int i = 0; i < 4; ++i) message.push_back(static_cast<uint8_t>(bits >> (8 * i)));
-    }
-    EXPECT_EQ(u["proof"], ToHex(Blake2b256(message))) << name;
+    EXPECT_EQ(u["proof"], ProofFromMetrics(a, kit_sha256, u, metrics, Backward(metrics)))
+        << u["unit"];
   }
   // The human report holds the kit, the checksums, the result and the limits.
   const std::string report = ReadFileText(dir_ / "audit.md");
@@ -293,6 +315,69 @@ TEST_F(Coverage, DistinctKeysCountOnceConflictsShowAndReceiptsWithoutAReplayAreR
             std::string::npos);
   EXPECT_EQ(test::Count(dom, "class=\"dispute\" data-unit=\"interval_0_10\""), 3u);
   EXPECT_EQ(test::Count(dom, "class=\"receipt\" data-status=\"refused\""), 5u);
+}
+
+// A unit of one step: its loss is a forward of the public start checkpoint, so a proof that
+// bound the losses alone was made without any backward (coverage confirmed every unit of such a
+// kit). The proof binds each step's backward digest too: a forger holding every loss to the bit
+// (here taken from the publisher's own metrics.jsonl, more than forwards give) but no backward
+// is refused, in either form of the proof, while an honest replay's proof checks.
+TEST_F(Coverage, AOneStepUnitIsNotProvenByForwardsAlone) {
+  std::string config = ReadFileText(fs::path(LOCKSTEP_SOURCE_DIR) / "configs/tiny.yaml");
+  const size_t at = config.find("ckpt_every: 10");
+  ASSERT_NE(at, std::string::npos);
+  config.replace(at, 14, "ckpt_every: 1");
+  WriteFileSynced(dir_ / "tiny1.yaml", config);
+  for (const std::string& command :
+       {"data synth --out " + Path("data") + " --seed 3 --tokens 100000",
+        "train --config " + Path("tiny1.yaml") + " --data " + Path("data") + " --out " +
+            Path("run") + " --steps 2 --no-progress",
+        "kit build --run " + Path("run") + " --data " + Path("data") + " --out " + Path("kit"),
+        "keygen --out " + Path("H"), "keygen --out " + Path("F"),
+        "audit " + Path("kit") + " --receipt " + Path("honest.json") + " --sign-key " +
+            Path("H")}) {
+    const Result r = Lockstep(command);
+    ASSERT_EQ(r.exit_code, 0) << command << ": " << r.output;
+  }
+  const std::vector<train::MetricsLine> metrics = train::ReadMetrics(dir_ / "run/metrics.jsonl");
+  const std::string kit_sha256 = ToHex(Sha256(ReadFileBytes(dir_ / "kit/kit.json")));
+  const Ed25519PublicKey f = ReadPublicKey(Path("F.pub"));
+  const BackwardOf unknown = [](uint64_t) { return std::vector<uint8_t>(32, 0); };
+  const auto forge = [&](const std::string& name, const BackwardOf& backward,
+                         std::string_view prefix) {
+    return Forged("honest.json", "F", name, [&](Json& r) {
+      for (Json& u : r["units"]) {
+        if (u["kind"] == "interval") {
+          u["proof"] = ProofFromMetrics(f, kit_sha256, u, metrics, backward, prefix);
+        }
+      }
+    });
+  };
+  const std::string zeros = forge("zeros.json", unknown, "lockstep/replay-proof/v2");
+  const std::string losses_only = forge(
+      "losses_only.json", [](uint64_t) { return std::vector<uint8_t>(); },
+      "lockstep/replay-proof/v1");
+  // With the backward digests, the forger's proof would check: the test's derivation is right.
+  const std::string with_backward =
+      forge("with_backward.json", Backward(metrics), "lockstep/replay-proof/v2");
+  int exit_code = 0;
+  const Json c =
+      CoverageJson(Path("honest.json") + " " + zeros + " " + losses_only + " " + with_backward,
+                   " --metrics " + Path("run/metrics.jsonl"), &exit_code);
+  EXPECT_EQ(ReceiptOf(c, Path("honest.json"))["status"], "counted");
+  for (const char* unit : {"interval_0_1", "interval_1_2"}) {
+    const Json& u = UnitOf(c, unit);
+    ASSERT_FALSE(u["receipts"].empty()) << u.dump();
+    EXPECT_EQ(u["receipts"][0]["proof"], "checked") << u.dump();
+  }
+  for (const std::string& forged : {zeros, losses_only}) {
+    const Json& rr = ReceiptOf(c, forged);
+    EXPECT_EQ(rr["status"], "refused") << rr.dump();
+    EXPECT_NE(rr["reason"].get<std::string>().find("the proof of replay does not check"),
+              std::string::npos)
+        << rr.dump();
+  }
+  EXPECT_EQ(ReceiptOf(c, with_backward)["status"], "counted");
 }
 
 }  // namespace

@@ -115,6 +115,16 @@ TEST_F(Distributed, OneTwoAndFourProcessesCommitTheSameChainAndCheckpoints) {
     EXPECT_EQ(m.comm_hidden_seconds, 0.0) << m.step;
     EXPECT_EQ(m.comm_bytes, 0u) << m.step;
   }
+  // The backward digests, gathered from every rank in microbatch order, are one process's.
+  const std::vector<train::MetricsLine> single = train::ReadMetrics(dir_ / "n1/metrics.jsonl");
+  for (const char* run : {"n2", "n4"}) {
+    const std::vector<train::MetricsLine> many = train::ReadMetrics(dir_ / run / "metrics.jsonl");
+    ASSERT_EQ(many.size(), single.size()) << run;
+    for (size_t i = 0; i < single.size(); ++i) {
+      ASSERT_TRUE(single[i].backward_blake2b.has_value());
+      EXPECT_EQ(many[i].backward_blake2b, single[i].backward_blake2b) << run << " step " << i + 1;
+    }
+  }
   for (const char* run : {"n2", "n4"}) {
     double hidden = 0;
     for (const train::MetricsLine& m : train::ReadMetrics(dir_ / run / "metrics.jsonl")) {

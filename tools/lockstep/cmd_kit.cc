@@ -282,9 +282,11 @@ void AddCoverageFlags(CLI::App* cmd, CoverageFlags& flags, bool receipts_positio
                   "and none MISMATCH")
       ->capture_default_str()
       ->check(IntegerIn(1, 1 << 20));
-  cmd->add_option("--metrics", flags.metrics,
-                  "the publisher's metrics.jsonl of the run: every MATCH's proof of replay is "
-                  "checked against its losses, and a proof that does not check is refused")
+  cmd->add_option(
+         "--metrics", flags.metrics,
+         "the publisher's metrics.jsonl of the run: every MATCH's proof of replay is "
+         "checked against its losses and backward digests, and a proof that does not check is "
+         "refused")
       ->check(CLI::ExistingFile);
 }
 
