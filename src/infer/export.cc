@@ -655,6 +655,9 @@ std::string HfTokenizer(const fs::path& dir, const ModelConfig& c, const Tokeniz
       fs::copy_file(t.file, dir / "tokenizer.model");
       config["tokenizer_class"] = "LlamaTokenizer";
       config["legacy"] = true;  // sentencepiece's own encode, as lockstep tokenized the data
+      // The model's own dummy prefix, and no other: transformers 5's LlamaTokenizer adds a
+      // leading "▁" unless told not to.
+      config["add_prefix_space"] = data::ReadSentencePieceModel(t.file).add_dummy_prefix;
       WriteJson(dir / "tokenizer_config.json", config);
       return fmt::format("tokenizer: {} copied as tokenizer.model (SentencePiece)",
                          t.file.string());

@@ -212,6 +212,15 @@ TEST_F(Generate, TheSentencePiecePipelineReachesGenerate) {
                             " --data " + Path("sp_data") + " --prompt 'abc de' --max-tokens 4");
   EXPECT_EQ(g.exit_code, 0) << g.output;
   EXPECT_NE(g.output.find(" generated, stopped at "), std::string::npos) << g.output;
+  // Exported for transformers, the tokenizer says it adds no "▁" of its own (the model's
+  // add_dummy_prefix, false for lockstep's trainer): transformers 5 added one where unsaid.
+  const Result e = Lockstep("export --checkpoint " + Path("sp_run/checkpoints/step_000000002") +
+                            " --data " + Path("sp_data") + " --format hf --out " + Path("sp_hf"));
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  const json config = Read("sp_hf/tokenizer_config.json");
+  EXPECT_EQ(config["add_prefix_space"], false) << config.dump();
+  EXPECT_EQ(config["tokenizer_class"], "LlamaTokenizer") << config.dump();
+  EXPECT_EQ(ReadFileText(Path("sp_hf/tokenizer.model")), ReadFileText(Path("sp/tokenizer.model")));
 }
 
 TEST_F(Generate, ASignedReceiptVerifiesUnderItsKeyAndAForgedOneIsRefused) {
