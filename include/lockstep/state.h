@@ -96,7 +96,15 @@ struct StepState {
   SpikeState spike;
   Digest prev_hash{};      // hash of step - 1 (zeros for the init state)
   std::string descriptor;  // canonical run descriptor JSON, hashed as these exact UTF-8 bytes
+  // Not hashed: the chain of every step's state hash from 0 to this step (ChainAfter), which
+  // meta.json keeps as chain_blake2b so that a checkpoint pins every line of
+  // state_hashes.jsonl before it. Absent in a checkpoint of an earlier lockstep, and in a state
+  // continued from one.
+  std::optional<Digest> chain;
 };
+// The chain through step `step` of state hash `hash`: BLAKE2b-256(previous ‖ u64 little-endian
+// step ‖ hash), with previous the chain through step - 1 (32 zero bytes before step 0).
+Digest ChainAfter(const Digest& previous, uint64_t step, const Digest& hash);
 
 // One parameter with its AdamW moments and its post-clip gradient. param, m and v always have
 // the shape's element count (at init m, v and grad are zeros). The gradient is known by its
@@ -404,15 +412,16 @@ struct ChainAnchor {
   std::filesystem::path checkpoint;
   uint64_t step = 0;
   Digest hash{}, prev_hash{};
+  std::optional<Digest> chain;  // meta.json's chain_blake2b, when it has one
 };
 // The anchors of run_dir's complete checkpoints at steps up to `last_step`, in step order.
 std::vector<ChainAnchor> CheckpointAnchors(const std::filesystem::path& run_dir,
                                            uint64_t last_step);
 // Checks `lines` (of `path`) as the ancestry the checkpoints attest: one line per step from 0
-// without a gap, and for each anchor the line of its step holding its hash and the line of the
-// step before holding its prev_hash (zeros for step 0). Fails naming the file, the step and the
-// checkpoint. A line between two checkpoints is anchored by neither: only a replay of the
-// interval verifies it (docs/audit.md).
+// without a gap, and for each anchor the line of its step holding its hash, the line of the
+// step before holding its prev_hash (zeros for step 0), and, where the anchor has a chain, the
+// lines from step 0 to its step chaining (ChainAfter) to it: so every line up to a checkpoint
+// of this lockstep is pinned. Fails naming the file, the steps and the checkpoint.
 void CheckChainAncestry(const std::filesystem::path& path, std::span<const StateHashLine> lines,
                         std::span<const ChainAnchor> anchors);
 

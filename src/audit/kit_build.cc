@@ -127,8 +127,6 @@ Trajectory BuildKit(const KitBuildOptions& options) {
   const fs::path hashes_path = RunLayout{options.run_dir}.hashes();
   const std::vector<StateHashLine> lines = ReadStateHashLines(hashes_path);
   if (lines.empty()) Fail("{}: no line for step 0 (the init)", hashes_path.string());
-  // Every checkpoint must attest the chain it is published with (its hash and prev_hash).
-  CheckChainAncestry(hashes_path, lines, CheckpointAnchors(options.run_dir, UINT64_MAX));
   std::map<uint64_t, Digest> chain;
   for (const StateHashLine& line : lines) chain[line.step] = line.hash;
   // A signed run's signatures go into the kit; they must verify and sign this very chain.
@@ -138,8 +136,8 @@ Trajectory BuildKit(const KitBuildOptions& options) {
     if (const auto problems = VerifySignedChain(signed_chain, nullptr); !problems.empty()) {
       Fail("{}: {}", signatures.string(), problems.front());
     }
-    // Every line, anchored by a checkpoint or not, must be the one signed for its step: a line
-    // between two checkpoints is pinned by its signature alone (docs/kits.md).
+    // Every line must be the one signed for its step (checked first, as it names the step; the
+    // checkpoints' chains below pin the lines too, signed or not).
     for (const SignedLine& line : signed_chain.lines) {
       const auto it = chain.find(line.step);
       if (it == chain.end() || it->second != line.hash) {
@@ -156,6 +154,9 @@ Trajectory BuildKit(const KitBuildOptions& options) {
           signed_chain.lines.size());
     }
   }
+  // Every checkpoint must attest the chain it is published with: its hash, its prev_hash and
+  // (a checkpoint of this lockstep) its chain through every line before it.
+  CheckChainAncestry(hashes_path, lines, CheckpointAnchors(options.run_dir, UINT64_MAX));
 
   std::vector<PublishedCheckpoint> checkpoints;
   for (const uint64_t step : CompleteCheckpointSteps(options.run_dir)) {

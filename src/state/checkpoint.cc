@@ -108,7 +108,7 @@ std::string MetaJson(const StepState& s, std::span<const Digest> grad_digests,
                      const Digest& state_hash) {
   Json grads = Json::array();
   for (const Digest& d : grad_digests) grads.push_back(ToHex(d));
-  const Json meta = {
+  Json meta = {
       {"format", kMetaFormat},
       {"format_version", kCheckpointFormatVersion},
       {"step", s.step},
@@ -129,6 +129,7 @@ std::string MetaJson(const StepState& s, std::span<const Digest> grad_digests,
       {"grad_digests", std::move(grads)},
       {"state_hash", ToHex(state_hash)},
   };
+  if (s.chain) meta["chain_blake2b"] = ToHex(*s.chain);
   return DumpJson(meta, "checkpoint meta.json");
 }
 
@@ -140,7 +141,12 @@ struct Meta {
 };
 
 Meta ParseMeta(std::string_view text, const std::string& what) {
-  const Json meta = ParseJsonStrict(text, what);
+  Json meta = ParseJsonStrict(text, what);
+  std::optional<Digest> chain;  // absent in a checkpoint of an earlier lockstep
+  if (meta.is_object() && meta.contains("chain_blake2b")) {
+    chain = DigestField(meta, "chain_blake2b", what);
+    meta.erase("chain_blake2b");
+  }
   RequireKeys(meta,
               {"format", "format_version", "step", "optimizer_step", "lr_bits", "grad_norm_bits",
                "clip_factor_bits", "skipped", "tokens_digest", "rng_seed", "rng_counter",
@@ -173,6 +179,7 @@ Meta ParseMeta(std::string_view text, const std::string& what) {
     s.spike.recent_skips.push_back(AsU64(step, spike_what + ": recent_skips"));
   }
   s.prev_hash = DigestField(meta, "prev_hash", what);
+  s.chain = chain;
   s.descriptor = StringField(meta, "descriptor", what);
   const Json& grads = meta["grad_digests"];
   if (!grads.is_array()) {

@@ -52,7 +52,8 @@ std::vector<ChainAnchor> CheckpointAnchors(const std::filesystem::path& run_dir,
     if (step > last_step) break;
     const std::filesystem::path dir = CheckpointDir(run_dir, step);
     const CheckpointIndex index = OpenCheckpoint(dir);
-    anchors.push_back({dir, index.state.step, index.state_hash, index.state.prev_hash});
+    anchors.push_back(
+        {dir, index.state.step, index.state_hash, index.state.prev_hash, index.state.chain});
   }
   return anchors;
 }
@@ -66,6 +67,12 @@ void CheckChainAncestry(const std::filesystem::path& path, std::span<const State
            path.string(), n + 1, lines[n].step, n);
     }
   }
+  // chains[s]: the lines' chain through step s.
+  std::vector<Digest> chains;
+  for (const StateHashLine& line : lines) {
+    chains.push_back(ChainAfter(chains.empty() ? Digest{} : chains.back(), line.step, line.hash));
+  }
+  uint64_t pinned = 0;  // the lines before this step were pinned by an earlier anchor's chain
   for (const ChainAnchor& a : anchors) {
     const auto line_hash = [&](uint64_t step) -> std::string {
       return step < lines.size() ? ToHex(lines[step].hash) : "no line";
@@ -84,7 +91,19 @@ void CheckChainAncestry(const std::filesystem::path& path, std::span<const State
                        : line_hash(a.step - 1),
            a.checkpoint.string(), ToHex(a.prev_hash));
     }
+    if (a.chain && chains[a.step] != *a.chain) {
+      Fail(
+          "{}: a line from step {} to step {} is not the one checkpoint {} recorded (its "
+          "chain_blake2b {}, the lines chain to {}): the chain was edited, or is not this run's",
+          path.string(), pinned, a.step, a.checkpoint.string(), ToHex(*a.chain),
+          ToHex(chains[a.step]));
+    }
+    if (a.chain) pinned = a.step + 1;
   }
+}
+
+Digest ChainAfter(const Digest& previous, uint64_t step, const Digest& hash) {
+  return Blake2b().Update(previous).UpdateU64(step).Update(hash).Final();
 }
 
 }  // namespace lockstep

@@ -399,17 +399,17 @@ void ResumeRun(const TrainOptions& options, Comm& comm, Trainer& trainer, RunLog
     // one) record: an edited or deleted line is not carried forward.
     lines = ReadStateHashLines(hashes_path, TornLine::kDrop);
     std::erase_if(lines, [&](const StateHashLine& l) { return l.step > trainer.state().step; });
-    CheckChainAncestry(hashes_path, lines,
-                       CheckpointAnchors(options.run_dir, trainer.state().step));
     if (!logs.signer && fs::exists(signatures_path)) {
       Fail("{}: this run's chain is signed: resume it with --sign-key", signatures_path.string());
     }
-    // A line between two checkpoints is anchored by neither; in a signed run its signature
-    // pins it. Every kept line must be the one signed (before Rebuild signs the kept lines
-    // anew, which would launder an edited one).
+    // In a signed run every kept line must be the one signed (before Rebuild signs the kept
+    // lines anew, which would launder an edited one): checked first, as it names the step.
     if (logs.signer && fs::exists(signatures_path)) {
       CheckSignedLines(signatures_path, hashes_path, lines);
     }
+    // Signed or not, each checkpoint's chain pins every line up to it.
+    CheckChainAncestry(hashes_path, lines,
+                       CheckpointAnchors(options.run_dir, trainer.state().step));
     // Signs the chain up to the checkpoint again (it may refuse the signatures file).
     if (logs.signer) logs.signer->Rebuild(lines, CompleteCheckpointSteps(options.run_dir));
   });

@@ -443,6 +443,13 @@ void Trainer::ShareAndHash(const ChunkTable& held_chunks, bool update) {
                                    faults_.replica->step == state_.step);
   }
   hash_ = StateHashFromDigests(state_, digests);
+  // The chain through this step (meta.json's chain_blake2b): from the init, or continued from a
+  // checkpoint that has one.
+  if (state_.step == 0) {
+    state_.chain = ChainAfter(Digest{}, 0, hash_.hash);
+  } else if (state_.chain) {
+    state_.chain = ChainAfter(*state_.chain, state_.step, hash_.hash);
+  }
 }
 
 void Trainer::Initialize() {

@@ -164,6 +164,38 @@ TEST_F(ChainGaps, AnEditedUnanchoredLineOfASignedRunIsRefusedByResumeAndKitBuild
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
+// In an unsigned run too, a line between two checkpoints is pinned: the next checkpoint's
+// meta.json holds the chain of every line before it (chain_blake2b), so an edited line is
+// refused by resume and kit build, naming the checkpoint (it was resumed and published).
+TEST_F(ChainGaps, AnEditedUnanchoredLineOfAnUnsignedRunIsRefusedByResumeAndKitBuild) {
+  fs::copy(dir_ / "signed", dir_ / "unsigned", fs::copy_options::recursive);
+  fs::remove(dir_ / "unsigned/signatures.jsonl");
+  const std::vector<StateHashLine> lines = ReadStateHashLines(dir_ / "unsigned/state_hashes.jsonl");
+  ASSERT_EQ(lines.size(), 13u);
+  std::vector<StateHashLine> edited = lines;
+  edited[5].hash = lines[6].hash;
+  WriteStateHashLines(dir_ / "unsigned/state_hashes.jsonl", edited);
+  const std::string message = "a line from step 1 to step 10 is not the one checkpoint " +
+                              (dir_ / "unsigned/checkpoints/step_000000010").string() + " recorded";
+  Result r = Lockstep("train --config tiny --data " + Path("data") + " --out " + Path("unsigned") +
+                      " --no-progress --steps 13 --resume");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+  r = Lockstep("kit build --run " + Path("unsigned") + " --data " + Path("data") + " --out " +
+               Path("unsigned-kit"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "unsigned-kit"));
+  // The line put back, both go through.
+  WriteStateHashLines(dir_ / "unsigned/state_hashes.jsonl", lines);
+  r = Lockstep("kit build --run " + Path("unsigned") + " --data " + Path("data") + " --out " +
+               Path("unsigned-kit"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  r = Lockstep("train --config tiny --data " + Path("data") + " --out " + Path("unsigned") +
+               " --no-progress --steps 13 --resume");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
 // A signed run's chain line with no signature (signatures.jsonl cut short) is not published.
 TEST_F(ChainGaps, AnUnsignedLineOfASignedRunIsNotPublished) {
   fs::copy(dir_ / "signed", dir_ / "cut", fs::copy_options::recursive);
