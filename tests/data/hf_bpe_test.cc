@@ -6,6 +6,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "common/tokenizers_js.h"
 #include "data/data_test_util.h"
 
 namespace lockstep::data {
@@ -13,24 +14,10 @@ namespace {
 namespace fs = std::filesystem;
 using testing::TempDir;
 
-constexpr const char* kModuleVersion = "0.2.0";
+using test::TokenizersJs;
+constexpr const char* kModuleVersion = test::kTokenizersJsVersion;
 
 bool Shell(const std::string& command) { return std::system(command.c_str()) == 0; }
-
-// The @huggingface/tokenizers package: $LOCKSTEP_TOKENIZERS_JS, or installed once from npm into
-// a cache under the temp directory. Empty when neither is possible (no node, no network).
-std::string TokenizersJs() {
-  if (const char* dir = std::getenv("LOCKSTEP_TOKENIZERS_JS")) return dir;
-  if (!Shell("node --version > /dev/null 2>&1")) return {};
-  const fs::path prefix = fs::temp_directory_path() / fmt::format("lockstep-npm-{}", kModuleVersion);
-  const fs::path module = prefix / "node_modules/@huggingface/tokenizers";
-  if (!fs::exists(module / "dist/tokenizers.mjs")) {
-    Shell(fmt::format("timeout 180 npm install --silent --no-audit --no-fund --prefix {} "
-                    "@huggingface/tokenizers@{} > /dev/null 2>&1",
-                    prefix.string(), kModuleVersion));
-  }
-  return fs::exists(module / "dist/tokenizers.mjs") ? module.string() : std::string();
-}
 
 std::vector<fs::path> WriteCorpus(const TempDir& tmp, bool with_added_token) {
   const std::vector<std::string> words = {

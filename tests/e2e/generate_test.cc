@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/run_lockstep.h"
+#include "common/tokenizers_js.h"
 #include "lockstep/core.h"
 
 namespace lockstep {
@@ -324,6 +325,48 @@ TEST_F(Generate, AReceiptBindsItsTokenizerAndEodAndGeneratesRanges) {
   v = Verify("bom.json");
   EXPECT_EQ(v.exit_code, 2) << v.output;
   EXPECT_NE(v.output.find("byte order mark"), std::string::npos) << v.output;
+}
+
+// The byte vocabulary exported for transformers is read by @huggingface/tokenizers (the
+// independent implementation of tokenizer.json, run by node) as lockstep reads it: every byte its
+// own id, over non-ASCII text, emoji, whitespace runs, control bytes and the empty text. The one
+// documented difference (docs/export.md): the end-of-document string in text is the special id
+// there, bytes in lockstep and llama.cpp.
+TEST_F(Generate, AnExportedByteTokenizerGivesLockstepsIdsInHuggingFaceTokenizers) {
+  const std::string module = test::TokenizersJs();
+  if (module.empty()) {
+    GTEST_SKIP() << "node or @huggingface/tokenizers@" << test::kTokenizersJsVersion
+                 << " is not available (npm unreachable?): the ids are not compared";
+  }
+  const Result e = Lockstep("export --checkpoint " + Checkpoint(20) + " --data " + Path("data") +
+                            " --format hf --out " + Path("hf_bytes"));
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  const std::vector<std::string> texts = {
+      "naïve über 日本語の文 Ελληνικά русский",
+      "emoji 🙂🎉 and e\u0301 combining",
+      "   runs\t\tof   white\n\n\r\nspace  ",
+      "control \x01\x7f bytes",
+      "",
+      "one <|endoftext|> two"};
+  std::string files;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::string file = Path("text" + std::to_string(i) + ".txt");
+    WriteFileSynced(file, texts[i]);
+    files += " " + file;
+  }
+  const Result js = test::Shell("node " + std::string(LOCKSTEP_SOURCE_DIR) +
+                                "/tests/data/hf_encode.mjs " + module + " " +
+                                Path("hf_bytes/tokenizer.json") + files + " > " +
+                                Path("hf_ids.json"));
+  ASSERT_EQ(js.exit_code, 0) << js.output;
+  const json ids = Read("hf_ids.json");
+  ASSERT_EQ(ids.size(), texts.size());
+  for (size_t i = 0; i + 1 < texts.size(); ++i) {
+    std::vector<uint32_t> bytes;
+    for (const char c : texts[i]) bytes.push_back(static_cast<uint8_t>(c));
+    EXPECT_EQ(ids[i], json(bytes)) << "text " << i;
+  }
+  EXPECT_EQ(ids.back(), json::parse("[111, 110, 101, 32, 256, 32, 116, 119, 111]"));
 }
 
 // Output lines of a --batch run, by request id.
