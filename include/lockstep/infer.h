@@ -74,6 +74,9 @@ class KvDecoder : private AttentionContext {
   // One sequence per slot of up to capacities[slot] positions (1 .. config.seq_len) each.
   KvDecoder(const ModelConfig& config, const ParamStore& params,
             std::span<const int64_t> capacities);
+  ~KvDecoder();
+  KvDecoder(const KvDecoder&) = delete;
+  KvDecoder& operator=(const KvDecoder&) = delete;
   // The bytes the KV caches of slots of these capacities hold (the keys and values of every
   // layer), and the most one Append of `rows` new rows returning `logit_rows` rows of logits
   // holds besides (its activations and logits).
@@ -97,8 +100,10 @@ class KvDecoder : private AttentionContext {
   int64_t slots() const { return static_cast<int64_t>(lengths_.size()); }
 
   // Every op call is reported to hooks.observer and run by hooks.executor where it runs it
-  // (Model::set_hooks).
-  void set_hooks(const OpHooks& hooks) { hooks_ = hooks; }
+  // (Model::set_hooks). An executor keeps the weights and the KV caches resident (planned
+  // first: too large a model or batch for the device is refused, naming the sizes), so a token
+  // sends the device its few rows of activations, not every weight again.
+  void set_hooks(const OpHooks& hooks);
 
  private:
   // AttentionContext, for the pieces of the Append being run: per piece, RoPE at its positions,
@@ -112,6 +117,9 @@ class KvDecoder : private AttentionContext {
   ModelConfig config_;
   std::vector<int64_t> capacities_, first_;  // per slot: its positions, its first in the cache
   std::span<const float> tok_, emb_norm_, final_norm_, output_;
+  std::span<const float> weights_;  // every parameter, read in place (the ParamStore's)
+  // What an executor keeps: the weights and every layer's KV caches (fixed in size and place).
+  std::vector<std::span<const float>> Resident() const;
   std::vector<LayerTensors> layers_;
   // The Append being run: its pieces, and piece i's rows first_row_[i] .. first_row_[i + 1] - 1.
   std::span<const Piece> pieces_;

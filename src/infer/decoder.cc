@@ -48,6 +48,7 @@ KvDecoder::KvDecoder(const ModelConfig& config, const ParamStore& params,
     }
   }
   const ParamIndex P(config);
+  weights_ = params.Flat();
   tok_ = params.Tensor(P.tok);
   if (config.embedding_norm) emb_norm_ = params.Tensor(P.emb_norm);
   final_norm_ = params.Tensor(P.final_norm);
@@ -67,6 +68,41 @@ KvDecoder::KvDecoder(const ModelConfig& config, const ParamStore& params,
     k_cache_.emplace_back(floats);
     v_cache_.emplace_back(floats);
   }
+}
+
+KvDecoder::~KvDecoder() {
+  if (hooks_.executor == nullptr) return;
+  for (const std::span<const float> r : Resident()) hooks_.executor->Forget(r);
+}
+
+std::vector<std::span<const float>> KvDecoder::Resident() const {
+  std::vector<std::span<const float>> regions = {weights_};
+  for (size_t l = 0; l < k_cache_.size(); ++l) {
+    regions.emplace_back(k_cache_[l]);
+    regions.emplace_back(v_cache_[l]);
+  }
+  return regions;
+}
+
+void KvDecoder::set_hooks(const OpHooks& hooks) {
+  if (hooks_.executor != hooks.executor) {
+    if (hooks_.executor != nullptr) {
+      for (const std::span<const float> r : Resident()) {
+        hooks_.executor->ToHost(r);
+        hooks_.executor->Forget(r);
+      }
+    }
+    if (hooks.executor != nullptr) {
+      uint64_t bytes = 0, largest = 0;
+      for (const std::span<const float> r : Resident()) {
+        bytes += r.size_bytes();
+        largest = std::max<uint64_t>(largest, r.size_bytes());
+      }
+      hooks.executor->Plan(bytes, largest, "the model's weights and the KV caches");
+      for (const std::span<const float> r : Resident()) hooks.executor->Keep(r);
+    }
+  }
+  hooks_ = hooks;
 }
 
 int64_t KvDecoder::Length(int64_t slot) const {

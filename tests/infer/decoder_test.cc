@@ -215,6 +215,32 @@ TEST(KvDecoder, TheOpenClDeviceGivesTheSameBits) {
   EXPECT_GT(dev->traffic().to_device, 0u) << "the device ran none of the ops";
 }
 
+// The weights and the KV caches stay on the device: a decoded token sends it a few rows, not
+// every weight again (each op sent its weights, and the cache, on every call).
+TEST(KvDecoder, TheDeviceKeepsTheWeightsAndTheCaches) {
+  if (!device::OpenClBuiltIn()) GTEST_SKIP() << "built without OpenCL";
+  ASSERT_FALSE(device::ListDevices().empty()) << "no OpenCL device (scripts/install-deps.sh)";
+  const std::unique_ptr<device::Device> dev = device::Open({});
+  const Fixture f(Configs()[0]);
+  const std::vector<uint32_t> tokens = Tokens(20, 512, 5);
+  const std::span<const uint32_t> all(tokens);
+  const uint64_t weights = f.params.Flat().size_bytes();
+  {
+    KvDecoder d(f.c, f.params, 1);
+    d.set_hooks({nullptr, dev.get()});
+    const Piece prompt[] = {{0, all.first(19)}};
+    d.Append(prompt, false);
+    EXPECT_GT(dev->traffic().kept, weights);  // the weights and the caches, copied as used
+    const uint64_t before = dev->traffic().to_device;
+    const Piece next[] = {{0, all.subspan(19, 1)}};
+    const std::vector<float> logits = d.Append(next, false);
+    EXPECT_LT(dev->traffic().to_device - before, weights / 4)
+        << "a decoded token sent the device its weights again";
+    EXPECT_EQ(logits.size(), 512u);
+  }
+  EXPECT_EQ(dev->traffic().kept, 0u) << "the decoder left copies on the device";
+}
+
 TEST(KvDecoder, TooLongSequencesAndOutOfVocabularyTokensAreRefusedAndChangeNothing) {
   const Fixture f(Configs()[0]);
   KvDecoder d(f.c, f.params, 2);
