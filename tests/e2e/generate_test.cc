@@ -341,23 +341,21 @@ TEST_F(Generate, AnExportedByteTokenizerGivesLockstepsIdsInHuggingFaceTokenizers
   const Result e = Lockstep("export --checkpoint " + Checkpoint(20) + " --data " + Path("data") +
                             " --format hf --out " + Path("hf_bytes"));
   ASSERT_EQ(e.exit_code, 0) << e.output;
-  const std::vector<std::string> texts = {
-      "naïve über 日本語の文 Ελληνικά русский",
-      "emoji 🙂🎉 and e\u0301 combining",
-      "   runs\t\tof   white\n\n\r\nspace  ",
-      "control \x01\x7f bytes",
-      "",
-      "one <|endoftext|> two"};
+  const std::vector<std::string> texts = {"naïve über 日本語の文 Ελληνικά русский",
+                                          "emoji 🙂🎉 and e\u0301 combining",
+                                          "   runs\t\tof   white\n\n\r\nspace  ",
+                                          "control \x01\x7f bytes",
+                                          "",
+                                          "one <|endoftext|> two"};
   std::string files;
   for (size_t i = 0; i < texts.size(); ++i) {
     const std::string file = Path("text" + std::to_string(i) + ".txt");
     WriteFileSynced(file, texts[i]);
     files += " " + file;
   }
-  const Result js = test::Shell("node " + std::string(LOCKSTEP_SOURCE_DIR) +
-                                "/tests/data/hf_encode.mjs " + module + " " +
-                                Path("hf_bytes/tokenizer.json") + files + " > " +
-                                Path("hf_ids.json"));
+  const Result js = test::Shell(
+      "node " + std::string(LOCKSTEP_SOURCE_DIR) + "/tests/data/hf_encode.mjs " + module + " " +
+      Path("hf_bytes/tokenizer.json") + files + " > " + Path("hf_ids.json"));
   ASSERT_EQ(js.exit_code, 0) << js.output;
   const json ids = Read("hf_ids.json");
   ASSERT_EQ(ids.size(), texts.size());
