@@ -22,4 +22,15 @@ inline void RelistKitFile(const std::filesystem::path& kit, const std::string& p
   WriteFileSynced(kit / kit::kManifestName, kit::ManifestJson(m));
 }
 
+// `tiny`'s config with a checkpoint every `every` steps, written to `path`: kits of many short
+// units. Fails (Error) if tiny.yaml no longer says ckpt_every: 10.
+inline void WriteTinyWithCheckpointEvery(const std::filesystem::path& path, int every) {
+  std::string config =
+      ReadFileText(std::filesystem::path(LOCKSTEP_SOURCE_DIR) / "configs/tiny.yaml");
+  const size_t at = config.find("ckpt_every: 10");
+  if (at == std::string::npos) Fail("configs/tiny.yaml: no 'ckpt_every: 10' to replace");
+  config.replace(at, 14, "ckpt_every: " + std::to_string(every));
+  WriteFileSynced(path, config);
+}
+
 }  // namespace lockstep::test

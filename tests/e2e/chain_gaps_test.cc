@@ -33,11 +33,7 @@ class ChainGaps : public ::testing::Test {
     fs::create_directories(dir_);
     // tiny with a checkpoint every 2 steps: checkpoints 0, 2, 4, 6 and units init, interval_0_2,
     // interval_2_4, interval_4_6.
-    std::string config = ReadFileText(fs::path(LOCKSTEP_SOURCE_DIR) / "configs/tiny.yaml");
-    const size_t at = config.find("ckpt_every: 10");
-    ASSERT_NE(at, std::string::npos);
-    config.replace(at, 14, "ckpt_every: 2");
-    WriteFileSynced(dir_ / "tiny2.yaml", config);
+    test::WriteTinyWithCheckpointEvery(dir_ / "tiny2.yaml", 2);
     for (const std::string& cmd :
          {"data synth --out " + Path("data") + " --seed 7 --tokens 100000",
           "keygen --out " + Path("key"),

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/chromium.h"
+#include "common/kit_edit.h"
 #include "common/run_lockstep.h"
 #include "common/scratch_dir.h"
 #include "lockstep/json.h"
@@ -323,11 +324,7 @@ TEST_F(Coverage, DistinctKeysCountOnceConflictsShowAndReceiptsWithoutAReplayAreR
 // (here taken from the publisher's own metrics.jsonl, more than forwards give) but no backward
 // is refused, in either form of the proof, while an honest replay's proof checks.
 TEST_F(Coverage, AOneStepUnitIsNotProvenByForwardsAlone) {
-  std::string config = ReadFileText(fs::path(LOCKSTEP_SOURCE_DIR) / "configs/tiny.yaml");
-  const size_t at = config.find("ckpt_every: 10");
-  ASSERT_NE(at, std::string::npos);
-  config.replace(at, 14, "ckpt_every: 1");
-  WriteFileSynced(dir_ / "tiny1.yaml", config);
+  test::WriteTinyWithCheckpointEvery(dir_ / "tiny1.yaml", 1);
   for (const std::string& command :
        {"data synth --out " + Path("data") + " --seed 3 --tokens 100000",
         "train --config " + Path("tiny1.yaml") + " --data " + Path("data") + " --out " +
