@@ -347,14 +347,17 @@ TEST(Int8, BitwiseInvariant) {
       });
     }
   }
-  for (const bool transpose : {false, true}) {
+  // 19 rows; transposed also 150 (xᵀ's rows in tiles of 64: two whole tiles and a part).
+  for (const auto& [transpose, count] : {std::pair{false, 19}, {true, 19}, {true, 150}}) {
     for (const int64_t len : {64, 80, 4100, 37}) {
-      ExpectBitwiseInvariant(fmt::format("hadamard_rows len={} transpose={}", len, transpose), [&] {
-        std::vector<float> x = RandomFloats(19 * len, len + 5, -3, 3);
+      const std::string what =
+          fmt::format("hadamard_rows len={} rows={} transpose={}", len, count, transpose);
+      ExpectBitwiseInvariant(what, [&] {
+        std::vector<float> x = RandomFloats(count * len, len + 5, -3, 3);
         x[3] = kNaN;
         x[len + 1] = kInf;
         std::vector<float> y(x.size());
-        rk::HadamardRows(x, y, transpose ? len : 19, transpose ? 19 : len, transpose);
+        rk::HadamardRows(x, y, transpose ? len : count, transpose ? count : len, transpose);
         return y;
       });
     }
