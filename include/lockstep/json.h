@@ -50,8 +50,9 @@ uint64_t AsU64(const nlohmann::json& value, std::string_view what);
 // A receipt file is {"receipt": R} or, signed, {"receipt": R, "signature": {"ed25519": KEY,
 // "signature": SIG}}: Ed25519 over "lockstep/receipt/v1" \0 BLAKE2b-256(R's canonical text).
 // One envelope for every kind of receipt (generation, audit).
-// Every kind's receipt object has "format": kReceiptFormat, "format_version":
-// kReceiptFormatVersion.
+// Every kind's receipt object has "format": kReceiptFormat and a "format_version":
+// kReceiptFormatVersion for generation receipts, kAuditReceiptFormatVersion (lockstep/kit.h)
+// for audit receipts.
 inline constexpr char kReceiptFormat[] = "lockstep-receipt";
 inline constexpr uint64_t kReceiptFormatVersion = 1;
 // The file's text (indented JSON and a newline), signed with `key` when it is not null.
