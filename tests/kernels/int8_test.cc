@@ -348,7 +348,10 @@ TEST(Int8, BitwiseInvariant) {
     }
   }
   // 19 rows; transposed also 150 (xᵀ's rows in tiles of 64: two whole tiles and a part).
-  for (const auto& [transpose, count] : {std::pair{false, 19}, {true, 19}, {true, 150}}) {
+  for (const std::pair<bool, int64_t>& shape :
+       {std::pair<bool, int64_t>{false, 19}, {true, 19}, {true, 150}}) {
+    const bool transpose = shape.first;  // not a structured binding: lambdas capture these
+    const int64_t count = shape.second;
     for (const int64_t len : {64, 80, 4100, 37}) {
       const std::string what =
           fmt::format("hadamard_rows len={} rows={} transpose={}", len, count, transpose);
