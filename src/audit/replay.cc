@@ -17,6 +17,8 @@
 
 namespace lockstep::audit {
 namespace {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
 
 // Each replayed step's backward digest, as hex.
 std::vector<std::string> BackwardHex(std::span<const Digest> digests) {
@@ -24,8 +26,6 @@ std::vector<std::string> BackwardHex(std::span<const Digest> digests) {
   for (const Digest& d : digests) hex.push_back(ToHex(d));
   return hex;
 }
-namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 
 // The init unit generates and hashes each tensor in pieces of this many floats (16 MiB: 16
 // hash chunks, enough for every core's hashing lanes).

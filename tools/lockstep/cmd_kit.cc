@@ -207,12 +207,12 @@ int RunAudit(const AuditCommand& command) {
   const std::vector<audit::UnitOutcome> outcomes = audit::AuditKit(options);
   const std::string table = audit::KitAuditTable(outcomes), json = audit::KitAuditJson(outcomes);
   if (!command.receipt.empty()) {
-    const audit::AuditedKit now = audit::ReadAuditedKit(options.kit_dir, kit.verified);
-    if (now.kit_json_sha256 != kit.kit_json_sha256) {
+    const Digest now = Sha256(ReadFileBytes(options.kit_dir / kit::kManifestName));
+    if (now != kit.kit_json_sha256) {
       Fail(
           "{}: kit.json changed while the audit ran (sha256 {} when it was verified, {} now): no "
           "receipt written",
-          options.kit_dir.string(), ToHex(kit.kit_json_sha256), ToHex(now.kit_json_sha256));
+          options.kit_dir.string(), ToHex(kit.kit_json_sha256), ToHex(now));
     }
     const std::string receipt = audit::AuditReceipt(outcomes, context, key ? &*key : nullptr);
     ReplaceFileSynced(command.receipt, receipt);
