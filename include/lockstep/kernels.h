@@ -126,6 +126,10 @@ void RowMax(std::span<const float> x, std::span<float> out, int64_t rows, int64_
 // ---- element-wise helpers -------------------------------------------------------------------
 // y[i] += x[i] (in place on y; used to accumulate gradients across microbatches).
 void AddInto(std::span<const float> x, std::span<float> y);
+// x[i] = WidenBf16(NarrowToBf16(x[i])) (lockstep/tensor.h), in place: each value rounded to the
+// nearest bfloat16 and kept as the binary32 of that value -- how a tensor stored as bf16 is made
+// (docs/numerics.md, "bf16").
+void RoundToBf16(std::span<float> x);
 
 // ---- RMSNorm --------------------------------------------------------------------------------
 // y[r,:] = x[r,:] * rstd[r] (* gain), rstd[r] = 1 / sqrt(sumsq(x[r,:]) * (1/d) + eps).
@@ -355,6 +359,7 @@ enum class Op : uint8_t {
   kDequantizeRows,
   kHadamardRows,
   kQuantizeRowsByScale,
+  kRoundToBf16,
   kCount
 };
 

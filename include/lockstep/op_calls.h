@@ -73,6 +73,8 @@ void AddInto(const OpHooks& hooks, int64_t layer, std::span<const float> x, std:
              std::optional<int64_t> tensor = std::nullopt);
 // y = x (the same sizes).
 void Copy(const OpHooks& hooks, int64_t layer, std::span<const float> x, std::span<float> y);
+// x = its values rounded to bfloat16 (rk::RoundToBf16), in place.
+void RoundToBf16(const OpHooks& hooks, int64_t layer, std::span<float> x);
 // The forward records grad_scale 0. `logits` is the kernels' optional logits buffer (not
 // recorded).
 void CrossEntropyFwd(const OpHooks& hooks, int64_t layer, const rk::CrossEntropyShape& s,

@@ -5,6 +5,7 @@
 // dtype alike.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <ranges>
@@ -27,6 +28,17 @@ struct BFloat16 {
   uint16_t bits = 0;
   bool operator==(const BFloat16&) const = default;
 };
+
+// The bfloat16 nearest to x (docs/numerics.md, "bf16"): round to nearest, ties to even, on x's
+// bits; subnormals kept (never flushed), a finite x past the largest bfloat16 to ±inf, ±0 and
+// ±inf kept, and every NaN to the canonical 0x7FC0.
+constexpr BFloat16 NarrowToBf16(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return {0x7FC0};
+  return {static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16)};
+}
+// Exact: the binary32 whose high half is b and low half zero.
+constexpr float WidenBf16(BFloat16 b) { return std::bit_cast<float>(uint32_t{b.bits} << 16); }
 
 struct DtypeInfo {
   Dtype dtype;

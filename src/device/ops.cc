@@ -404,6 +404,7 @@ class RuntimeDevice final : public Device {
   void RunScale(rk::Op op, Binding& io);
   void RunBlockSquares(rk::Op op, Binding& io);
   void RunCanonicalizeNaNs(rk::Op op, Binding& io);
+  void RunRoundToBf16(rk::Op op, Binding& io);
   void RunAdamW(rk::Op op, Binding& io);
   void RunSwiglu(rk::Op op, Binding& io);
   void RunAttention(rk::Op op, Binding& io);
@@ -736,6 +737,11 @@ void RuntimeDevice::RunCanonicalizeNaNs(rk::Op /*op*/, Binding& io) {
   Launch(main_, "canonicalize_nans", n, io.Out("x", n), n);
 }
 
+void RuntimeDevice::RunRoundToBf16(rk::Op /*op*/, Binding& io) {
+  const int64_t n = io.Size("x");
+  Launch(main_, "round_to_bf16", n, io.Out("x", n), n);
+}
+
 void RuntimeDevice::RunAdamW(rk::Op /*op*/, Binding& io) {
   const std::string_view name = io.name();
   const rk::AdamWParams p{io.Float("lr"),  io.Float("beta1"),        io.Float("beta2"),
@@ -975,6 +981,7 @@ const Recipe* RecipeOf(rk::Op op) {
       {rk::Op::kScale, &RuntimeDevice::RunScale},
       {rk::Op::kBlockSquares, &RuntimeDevice::RunBlockSquares, kFp64},
       {rk::Op::kCanonicalizeNaNs, &RuntimeDevice::RunCanonicalizeNaNs},
+      {rk::Op::kRoundToBf16, &RuntimeDevice::RunRoundToBf16},
       {rk::Op::kAdamW, &RuntimeDevice::RunAdamW},
       {rk::Op::kSwigluFwd, &RuntimeDevice::RunSwiglu},
       {rk::Op::kSwigluBwd, &RuntimeDevice::RunSwiglu},

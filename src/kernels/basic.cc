@@ -1,5 +1,5 @@
-// Public entry points of the row reductions, AddInto, RMSNorm and RoPE: validation, then the
-// reference or the active SIMD variant.
+// Public entry points of the row reductions, AddInto, RoundToBf16, RMSNorm and RoPE: validation,
+// then the reference or the active SIMD variant.
 #include "kernels/impl.h"
 #include "kernels/internal.h"
 
@@ -50,6 +50,10 @@ void AddInto(std::span<const float> x, std::span<float> y) {
   CheckSize("AddInto", "x", x, static_cast<int64_t>(y.size()), "y.size()");
   CheckDisjoint("AddInto", "y", y, "x", x);
   LOCKSTEP_RK_RUN(AddInto, x.data(), y.data(), static_cast<int64_t>(y.size()));
+}
+
+void RoundToBf16(std::span<float> x) {
+  LOCKSTEP_RK_RUN(RoundToBf16, x.data(), static_cast<int64_t>(x.size()));
 }
 
 void RmsNormForward(std::span<const float> x, std::span<const float> gain, float eps,

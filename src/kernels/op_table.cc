@@ -1,6 +1,7 @@
 // The op table (include/lockstep/kernels.h): every op a step records, with its kernel run from
 // recorded values and a sample call for the selftest.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <iterator>
@@ -117,6 +118,7 @@ void RunAddInto(const OpValues& in, OpValues& out) {
   AddInto(in.F("x"), y);
 }
 void RunCopy(const OpValues& in, OpValues& out) { out.Put("y", in.F("x")); }
+void RunRoundToBf16(const OpValues& in, OpValues& out) { RoundToBf16(out.Put("x", in.F("x"))); }
 void RunSwigluFwd(const OpValues& in, OpValues& out) {
   const std::span<float> act = out.Put("act", Zeros(in, {in.Int("rows"), in.Int("f")}));
   SwigluForward(in.F("gu"), act, in.Int("rows"), in.Int("f"));
@@ -286,6 +288,19 @@ OpValues SampleAddInto() {
   OpValues v = With({{"n", 1003}});
   v.Put("x", SelftestFloats(1003, 40));
   v.Put("y", SelftestFloats(1003, 41));
+  return v;
+}
+// Values of every kind the rule treats apart: ties (to even, up and down), a carry into the
+// exponent, overflow to infinity, subnormals, signed zeros, infinities and NaN payloads.
+OpValues SampleRoundToBf16() {
+  OpValues v = With({{"n", 4099}});
+  Floats x = SelftestFloats(4099, 43);
+  const uint32_t special[] = {0x3F808000u, 0x3F818000u, 0x3F80FFFFu, 0x3FFFFFFFu, 0x7F7FFFFFu,
+                              0x7F7F7FFFu, 0xFF7F8000u, 0x00000001u, 0x00008000u, 0x00018000u,
+                              0x007FFFFFu, 0x807F8000u, 0x00000000u, 0x80000000u, 0x7F800000u,
+                              0xFF800000u, 0x7F800001u, 0xFFC00000u, 0x7FBFFFFFu, 0xFFFFFFFFu};
+  for (size_t i = 0; i < std::size(special); ++i) x[i * 37] = std::bit_cast<float>(special[i]);
+  v.Put("x", std::move(x));
   return v;
 }
 OpValues SampleCopy() {
@@ -694,6 +709,15 @@ const std::vector<OpSpec>& Table() {
          {{"q", kI8}},
          RunQuantizeRowsByScale,
          SampleQuantizeRowsByScale},
+        {Op::kRoundToBf16,
+         "round_to_bf16",
+         "RoundToBf16",
+         {"n"},
+         {},
+         {{"x"}},
+         {{"x"}},
+         RunRoundToBf16,
+         SampleRoundToBf16},
     };
     for (size_t i = 0; i < t.size(); ++i) {
       if (static_cast<size_t>(t[i].op) != i) LOCKSTEP_INTERNAL("op table entry {} out of order", i);
@@ -796,7 +820,8 @@ void CanonicalizeNaNsOf(HostTensor& t) {
 }  // namespace
 
 std::vector<float> OutputWords(const OpSpec& op, const OpValues& values) {
-  const bool canonical = op.op != Op::kGlobalNorm && op.op != Op::kAdamW;
+  const bool canonical =
+      op.op != Op::kGlobalNorm && op.op != Op::kAdamW && op.op != Op::kRoundToBf16;
   std::vector<std::byte> bytes;
   for (const OpRole& role : op.outputs) {
     const auto it = values.tensors.find(role.name);

@@ -221,6 +221,11 @@ void Copy(const OpHooks& hooks, int64_t layer, std::span<const float> x, std::sp
        [&] { std::ranges::copy(x, y.begin()); });
 }
 
+void RoundToBf16(const OpHooks& hooks, int64_t layer, std::span<float> x) {
+  Call(hooks, rk::Op::kRoundToBf16, layer, {D(std::ssize(x))}, {x}, {x},
+       [&] { rk::RoundToBf16(x); });
+}
+
 void CrossEntropyFwd(const OpHooks& hooks, int64_t layer, const rk::CrossEntropyShape& s,
                      std::span<const float> h, std::span<const float> w,
                      std::span<const uint32_t> targets, std::span<float> loss,

@@ -1,5 +1,6 @@
-// Row reductions, AddInto, RMSNorm, RoPE: bitwise invariance, fp64 accuracy, finite-difference
-// gradients, special values and argument errors.
+// Row reductions, AddInto, bf16 rounding, RMSNorm, RoPE: bitwise invariance, fp64 accuracy,
+// finite-difference gradients, special values and argument errors.
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -241,6 +242,71 @@ TEST(AddInto, BitwiseAndSizes) {
   });
   std::vector<float> x(3), y(4);
   EXPECT_THROW(rk::AddInto(x, y), Error);
+}
+
+// The binary32 value of a bfloat16's bits, by its fields in fp64: an all-ones exponent with a
+// zero fraction stands for ±2^128, the value IEEE 754 rounds to infinity at.
+double Bf16Value(uint32_t bits16) {
+  const double sign = (bits16 & 0x8000u) != 0 ? -1.0 : 1.0;
+  const int exponent = static_cast<int>((bits16 >> 7) & 0xffu);
+  const double fraction = static_cast<double>(bits16 & 0x7fu);
+  if (exponent == 0) return sign * std::ldexp(fraction, -133);  // subnormal: f · 2^-126 / 2^7
+  return sign * std::ldexp(128.0 + fraction, exponent - 134);
+}
+
+// docs/numerics.md's rule, derived apart from the bit trick: of the two bfloat16 values around
+// x, the nearer by exact fp64 distance, a tie to the one with an even last bit.
+uint16_t NearestBf16(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  if (std::isnan(x)) return 0x7fc0;
+  if (std::isinf(x)) return static_cast<uint16_t>(u >> 16);
+  const uint32_t low = u >> 16, high = low + 1;  // toward zero, and one step away from it
+  const double v = x, dl = std::fabs(v - Bf16Value(low)), dh = std::fabs(Bf16Value(high) - v);
+  if (dl != dh) return static_cast<uint16_t>(dl < dh ? low : high);
+  return static_cast<uint16_t>((low & 1u) == 0 ? low : high);
+}
+
+TEST(Bf16, NarrowingIsRoundToNearestEvenByValue) {
+  // Every exponent and sign, and in each the ties, the values beside them and random low bits.
+  int64_t checked = 0;
+  for (uint32_t high = 0; high < 0x10000u; ++high) {
+    for (const uint32_t low :
+         {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu, (high * 2654435761u) & 0xffffu}) {
+      const float x = std::bit_cast<float>(high << 16 | low);
+      const BFloat16 got = NarrowToBf16(x);
+      ASSERT_EQ(got.bits, NearestBf16(x)) << fmt::format("x bits {:#010x}", high << 16 | low);
+      if ((got.bits & 0x7f80u) != 0x7f80u) {  // finite: widening is exact
+        ASSERT_EQ(static_cast<double>(WidenBf16(got)), Bf16Value(got.bits));
+      }
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 7 * 65536);
+  EXPECT_EQ(NarrowToBf16(0x1.0p-149f).bits, 0x0000);  // below half the least subnormal: +0
+  EXPECT_EQ(NarrowToBf16(0x1.0p-133f).bits, 0x0001);  // the least subnormal bfloat16, not flushed
+  EXPECT_EQ(NarrowToBf16(3.40282347e38f).bits, 0x7f80);  // FLT_MAX rounds past the last: +inf
+}
+
+TEST(Bf16, RoundToBf16IsTheNarrowingOnEveryVariant) {
+  std::vector<float> x = RandomFloats(70001, 61, -4, 4);
+  for (size_t i = 0; i < x.size(); i += 97) x[i] = std::ldexp(x[i], -130);  // subnormals
+  x[1] = kNaN;
+  x[2] = -kInf;
+  x[3] = -0.0f;
+  x[4] = std::bit_cast<float>(0xff812345u);  // a NaN with a payload and a sign
+  x[5] = std::bit_cast<float>(0x3f808000u);  // a tie, to even (down)
+  x[6] = std::bit_cast<float>(0x3f818000u);  // a tie, to even (up)
+  std::vector<float> want = x;
+  for (float& v : want) v = WidenBf16(NarrowToBf16(v));
+  std::vector<float> got = x;
+  rk::RoundToBf16(got);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::bit_cast<uint32_t>(got[4]), 0x7fc00000u);
+  ExpectBitwiseInvariant("RoundToBf16", [&] {
+    std::vector<float> y = x;
+    rk::RoundToBf16(y);
+    return y;
+  });
 }
 
 }  // namespace

@@ -24,6 +24,15 @@ __kernel void canonicalize_nans(__global float* x, long n) {
   if (i < n) x[i] = CANONICAL(x[i]);
 }
 
+// docs/numerics.md, "bf16": round to nearest even on the bits, subnormals kept, NaN canonical.
+__kernel void round_to_bf16(__global float* x, long n) {
+  const long i = get_global_id(0);
+  if (i >= n) return;
+  const uint u = as_uint(x[i]);
+  const uint rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  x[i] = (u & 0x7fffffffu) > 0x7f800000u ? as_float(0x7fc00000u) : as_float(rounded);
+}
+
 // The per-step scalars are the host's (rk::AdamWScalars, computed once per call as the contract
 // says); per element:
 //   m' = fma(beta1, m, omb1 * g); v' = fma(beta2, v, (omb2 * g) * g)

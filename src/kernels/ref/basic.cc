@@ -1,4 +1,4 @@
-// Scalar reference (normative) of the row reductions, AddInto, RMSNorm and RoPE.
+// Scalar reference (normative) of the row reductions, AddInto, RoundToBf16, RMSNorm and RoPE.
 #include <cmath>
 
 #include "kernels/impl.h"
@@ -21,6 +21,10 @@ void RowMax(const float* x, float* out, int64_t rows, int64_t cols) {
 
 void AddInto(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = y[i] + x[i];
+}
+
+void RoundToBf16(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = WidenBf16(NarrowToBf16(x[i]));
 }
 
 void RmsNormForward(const float* x, const float* gain, float eps, float* y, float* rstd,

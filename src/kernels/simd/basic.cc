@@ -1,5 +1,5 @@
-// SIMD row reductions, AddInto, RMSNorm and RoPE. Reductions keep the canonical 16 logical
-// lanes as two 8-float vectors (lanes 0-7, 8-15) so the order is the reference's on every
+// SIMD row reductions, AddInto, RoundToBf16, RMSNorm and RoPE. Reductions keep the canonical 16
+// logical lanes as two 8-float vectors (lanes 0-7, 8-15) so the order is the reference's on every
 // target; element-wise work is vectorised across independent outputs.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/simd/basic.cc"
@@ -123,6 +123,24 @@ void AddInto(const float* x, float* y, int64_t n) {
   });
 }
 
+// NarrowToBf16's rule on the bits of each lane (lockstep/tensor.h), widened back.
+void RoundToBf16(float* x, int64_t n) {
+  constexpr int64_t kBlock = int64_t{1} << 14;
+  ParallelFor((n + kBlock - 1) / kBlock, [&](int64_t block) {
+    float* xb = x + block * kBlock;
+    ForEachVector(std::min(kBlock, n - block * kBlock), [&](auto d, int64_t i) {
+      const hn::RebindToUnsigned<decltype(d)> du;
+      const auto v = hn::LoadU(d, xb + i);
+      const auto u = hn::BitCast(du, v);
+      const auto odd = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
+      const auto rounded =
+          hn::And(hn::Add(u, hn::Add(odd, hn::Set(du, 0x7FFFu))), hn::Set(du, 0xFFFF0000u));
+      const auto nan = hn::BitCast(d, hn::Set(du, 0x7FC00000u));
+      hn::StoreU(hn::IfThenElse(hn::IsNaN(v), nan, hn::BitCast(d, rounded)), d, xb + i);
+    });
+  });
+}
+
 void RmsNormForward(const float* x, const float* gain, float eps, float* y, float* rstd,
                     int64_t rows, int64_t d) {
   const float inv_d = 1.0f / static_cast<float>(d);
@@ -213,6 +231,7 @@ HWY_EXPORT(RowSum);
 HWY_EXPORT(RowSumSquares);
 HWY_EXPORT(RowMax);
 HWY_EXPORT(AddInto);
+HWY_EXPORT(RoundToBf16);
 HWY_EXPORT(RmsNormForward);
 HWY_EXPORT(RmsNormBackward);
 HWY_EXPORT(Rope);
@@ -227,6 +246,7 @@ void RowMax(const float* x, float* out, int64_t rows, int64_t cols) {
   HWY_DYNAMIC_DISPATCH(RowMax)(x, out, rows, cols);
 }
 void AddInto(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(AddInto)(x, y, n); }
+void RoundToBf16(float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(RoundToBf16)(x, n); }
 void RmsNormForward(const float* x, const float* gain, float eps, float* y, float* rstd,
                     int64_t rows, int64_t d) {
   HWY_DYNAMIC_DISPATCH(RmsNormForward)(x, gain, eps, y, rstd, rows, d);
