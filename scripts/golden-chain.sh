@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Regenerates the pinned chains tests/fixtures/tiny_chain.jsonl and tiny_int8_chain.jsonl: the
-# state-hash chains of `tiny` and `tiny-int8` (int8 linears) trained 20 steps on the synthetic
+# Regenerates the pinned chains tests/fixtures/tiny_chain.jsonl, tiny_int8_chain.jsonl and
+# tiny_bf16_chain.jsonl: the state-hash chains of `tiny`, `tiny-int8` (int8 linears) and
+# `tiny-bf16` (bf16 activations and compute weights) trained 20 steps on the synthetic
 # corpus (seed 7, 200000 tokens). tests/e2e/golden_test.cc compares fresh runs with them, so a
 # toolchain, library or code change that moves a single bit of the contract fails CI (the other
 # tests compare variants with the reference and cannot see both move together).
@@ -12,7 +13,7 @@ lockstep=${LOCKSTEP:-build/lockstep}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$lockstep" data synth --out "$tmp/data" --seed 7 --tokens 200000 >/dev/null 2>&1
-for config in tiny tiny-int8; do
+for config in tiny tiny-int8 tiny-bf16; do
   run="$tmp/$config"
   fixture="tests/fixtures/${config//-/_}_chain.jsonl"
   "$lockstep" train --config "$config" --data "$tmp/data" --out "$run" --steps 20 --no-progress >/dev/null 2>&1

@@ -69,7 +69,8 @@ std::vector<uint32_t> ReadTokenFile(const std::filesystem::path& path, uint64_t 
 class KvDecoder : private AttentionContext {
  public:
   // `slots` sequences of up to config.seq_len positions each, cached in RAM. The decoder reads
-  // the weights in `params` in place, never copied: the ParamStore must outlive it.
+  // the weights in `params` in place (the ParamStore must outlive it), or with
+  // model.compute_weights = bf16 their compute copy, made once here (ComputeCopyBytes).
   KvDecoder(const ModelConfig& config, const ParamStore& params, int64_t slots);
   // One sequence per slot of up to capacities[slot] positions (1 .. config.seq_len) each.
   KvDecoder(const ModelConfig& config, const ParamStore& params,
@@ -82,6 +83,8 @@ class KvDecoder : private AttentionContext {
   // holds besides (its activations and logits).
   static uint64_t CacheBytes(const ModelConfig& config, std::span<const int64_t> capacities);
   static uint64_t AppendBytes(const ModelConfig& config, int64_t rows, int64_t logit_rows);
+  // The bytes of the weights' compute copy (0 unless model.compute_weights = bf16).
+  static uint64_t ComputeCopyBytes(const ModelConfig& config);
 
   // New tokens of one sequence: they are its positions Length(slot) ..
   struct Piece {
@@ -117,7 +120,10 @@ class KvDecoder : private AttentionContext {
   ModelConfig config_;
   std::vector<int64_t> capacities_, first_;  // per slot: its positions, its first in the cache
   std::span<const float> tok_, emb_norm_, final_norm_, output_;
-  std::span<const float> weights_;  // every parameter, read in place (the ParamStore's)
+  std::span<const float> weights_;  // every parameter: the ParamStore's, or compute_'s
+  // With model.compute_weights = bf16: the parameters rounded to bf16 but the int8 scales
+  // (docs/model.md, "bf16"); the embedding table's rows are the rounded rows training looks up.
+  std::unique_ptr<ParamStore> compute_;
   // What an executor keeps: the weights and every layer's KV caches (fixed in size and place).
   std::vector<std::span<const float>> Resident() const;
   std::vector<LayerTensors> layers_;

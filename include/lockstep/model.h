@@ -27,6 +27,10 @@ namespace lockstep {
 // and weights (docs/numerics.md, "Int8").
 enum class Linear { kFp32, kInt8 };
 std::string_view LinearName(Linear linear);  // "fp32", "int8"
+// How a kind of tensor is stored (docs/model.md, "bf16"): as binary32, or rounded to bfloat16
+// (rk::RoundToBf16); the arithmetic is binary32 either way.
+enum class Storage { kFp32, kBf16 };
+std::string_view StorageName(Storage storage);  // "fp32", "bf16"
 
 // Real-valued fields keep the decimal value read from YAML (so the run descriptor shows "0.02",
 // not its binary32 neighbour); they are rounded to binary32 where the arithmetic uses them.
@@ -44,6 +48,11 @@ struct ModelConfig {
   // With linear = int8: the backward's GEMMs int8 too, after a Hadamard rotation along the length
   // they sum over (docs/model.md, "Linears"); optional in YAML (default false).
   bool int8_backward = false;
+  // The activations and the activation gradients between ops, and the compute copy of the
+  // weights that the forward and backward read (docs/model.md, "bf16"); optional in YAML
+  // (default fp32).
+  Storage activations = Storage::kFp32;
+  Storage compute_weights = Storage::kFp32;
 };
 
 struct TrainConfig {
@@ -384,6 +393,14 @@ void LayerForward(const OpHooks& hooks, const ModelConfig& config, int64_t layer
                   std::span<const std::span<const float>> w, const LayerBuffers& b,
                   AttentionContext& attention, bool output = true);
 
+// With model.activations = bf16, x (written by an op of layer `layer`) rounded in place to
+// bf16 (ops::RoundToBf16); else untouched. docs/model.md, "bf16".
+void StoreActivation(const OpHooks& hooks, const ModelConfig& config, int64_t layer,
+                     std::span<float> x);
+// The embedding's output x, the rows it looked up: rounded to bf16 with bf16 activations or bf16
+// compute weights (rows of the bf16 compute copy of the table: the table rounded).
+void StoreEmbedding(const OpHooks& hooks, const ModelConfig& config, std::span<float> x);
+
 struct LossSums {
   float loss = 0;   // Σ over rows of the cross-entropy (rk::RowSum lane rule, fp32)
   float zloss = 0;  // Σ over rows of z_loss · lse²
@@ -466,13 +483,18 @@ class Model : private AttentionContext {
   // A(s) for the host to read: the executor's newer bytes copied back first.
   std::span<const float> OnHost(Span s) const;
   void CheckParams(const ParamStore& params, const char* what) const;
-  // Opens parameter i, checking its size against the model's.
-  std::span<const float> Param(TensorAccess& access, size_t i) const;
+  // Opens parameter i, checking its size against the model's: what the forward and backward
+  // read of it, its compute copy with model.compute_weights = bf16 (ComputeCopy).
+  std::span<const float> Param(TensorAccess& access, size_t i);
+  // With model.compute_weights = bf16, where parameter i's compute copy is made when it is
+  // opened (a copy rounded to bf16); empty for the embedding table (StoreEmbedding rounds the
+  // rows looked up: the same values), the int8 scales, and without bf16 compute weights.
+  Span ComputeCopy(size_t i) const;
   // access.WillOpenParam for every tensor of `layer`.
   void WillOpenLayer(TensorAccess& access, int64_t layer) const;
   // Layer `layer`'s parameters opened into w (the scales' slots empty without int8 linears),
   // and closed.
-  void OpenLayer(TensorAccess& access, int64_t layer, LayerTensors& w) const;
+  void OpenLayer(TensorAccess& access, int64_t layer, LayerTensors& w);
   void CloseLayer(TensorAccess& access, int64_t layer) const;
   std::span<float> Grad(TensorAccess& access, size_t i, bool accumulate) const;
   // Layer l's forward (LayerForward) from its input with parameters w into its activations, and
@@ -532,6 +554,9 @@ class Model : private AttentionContext {
   Span emb_, emb_rstd_, x_final_, final_rstd_, xf_, loss_, zloss_, lse_, logits_;
   // Backward scratch.
   Span dx_, dh_, dq_, dk_, dv_, dattn_, dgu_, dact_, dgain_;
+  // The compute copies (ComputeCopy): one per layer tensor kind, shared by the layers.
+  std::array<Span, kTensorsPerLayer> compute_layer_{};
+  Span compute_emb_norm_, compute_final_norm_, compute_output_;
   int64_t arena_floats_ = 0;
   std::vector<float> arena_;
   std::vector<uint32_t> inputs_, targets_;

@@ -48,20 +48,27 @@ KvDecoder::KvDecoder(const ModelConfig& config, const ParamStore& params,
     }
   }
   const ParamIndex P(config);
-  weights_ = params.Flat();
-  tok_ = params.Tensor(P.tok);
-  if (config.embedding_norm) emb_norm_ = params.Tensor(P.emb_norm);
-  final_norm_ = params.Tensor(P.final_norm);
-  output_ = params.Tensor(P.output);
+  if (config.compute_weights == Storage::kBf16) {
+    compute_ = std::make_unique<ParamStore>(params);
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (!specs[i].is_scale) rk::RoundToBf16(compute_->Tensor(i));
+    }
+  }
+  const ParamStore& weights = compute_ != nullptr ? *compute_ : params;
+  weights_ = weights.Flat();
+  tok_ = weights.Tensor(P.tok);
+  if (config.embedding_norm) emb_norm_ = weights.Tensor(P.emb_norm);
+  final_norm_ = weights.Tensor(P.final_norm);
+  output_ = weights.Tensor(P.output);
   const int64_t kv = config.n_kv_heads * config.head_dim;
   for (int64_t l = 0; l < config.n_layers; ++l) {
     LayerTensors& w = layers_.emplace_back();
     for (size_t which = 0; which < kTensorsPerLayer; ++which) {
-      w[which] = params.Tensor(P.Layer(l, which));
+      w[which] = weights.Tensor(P.Layer(l, which));
     }
     if (config.linear == Linear::kInt8) {
       for (const LayerTensor which : kLayerLinears) {
-        w[ScaleSlot(which)] = params.Tensor(P.Scale(l, which));
+        w[ScaleSlot(which)] = weights.Tensor(P.Scale(l, which));
       }
     }
     const auto floats = static_cast<size_t>(positions * kv);
@@ -144,6 +151,13 @@ uint64_t KvDecoder::AppendBytes(const ModelConfig& c, int64_t rows, int64_t logi
          int8;
 }
 
+uint64_t KvDecoder::ComputeCopyBytes(const ModelConfig& c) {
+  if (c.compute_weights != Storage::kBf16) return 0;
+  uint64_t floats = 0;
+  for (const ParamSpec& spec : ParameterSpecs(c)) floats += static_cast<uint64_t>(spec.numel());
+  return floats * sizeof(float);
+}
+
 void KvDecoder::Norm(int64_t layer, std::span<const float> x, std::span<const float> gain,
                      std::span<float> y, int64_t rows, int64_t cols) {
   const float eps = static_cast<float>(config_.norm_eps);
@@ -207,7 +221,11 @@ std::vector<float> KvDecoder::Append(std::span<const Piece> pieces, bool every_p
 
   // Embedding (+ optional RMSNorm): x[N, d].
   ops::EmbeddingFwd(hooks_, -1, tok_, ids, c.embedding_norm ? y_ : x_, c.vocab, d);
-  if (c.embedding_norm) Norm(-1, y_, emb_norm_, x_, n, d);
+  StoreEmbedding(hooks_, c, c.embedding_norm ? y_ : x_);
+  if (c.embedding_norm) {
+    Norm(-1, y_, emb_norm_, x_, n, d);
+    StoreActivation(hooks_, c, -1, x_);
+  }
   pieces_ = pieces;
   first_row_ = first_row;
   const std::span<float> rstd(rstd_);
@@ -251,6 +269,7 @@ std::vector<float> KvDecoder::Append(std::span<const Piece> pieces, bool every_p
   const std::span<const float> x = std::span(x_).first(static_cast<size_t>(rows * d));
   const std::span<float> xf = std::span(h_).first(static_cast<size_t>(rows * d));
   Norm(-1, x, final_norm_, xf, rows, d);
+  StoreActivation(hooks_, c, -1, xf);
   std::vector<float> logits(static_cast<size_t>(rows * c.vocab));
   ops::GemmXWt(hooks_, -1, xf, output_, logits, rows, c.vocab, d);
   return logits;
@@ -276,6 +295,8 @@ void KvDecoder::Attend(const OpHooks& hooks, int64_t l, std::span<float> q_rows,
     std::vector<float>& v_cache = v_cache_[static_cast<size_t>(l)];
     ops::RopeFwd(hooks, l, rope_, theta, q, q, 1, rows, c.n_heads, hd, past);
     ops::RopeFwd(hooks, l, rope_, theta, k, k, 1, rows, c.n_kv_heads, hd, past);
+    StoreActivation(hooks, c, l, q);
+    StoreActivation(hooks, c, l, k);
     ops::Copy(hooks, l, k, Cache(k_cache, slot, past, rows));
     ops::Copy(hooks, l, piece(v_rows, kv), Cache(v_cache, slot, past, rows));
     shape.seq = rows;

@@ -782,6 +782,12 @@ std::string ExportArchitecture(const ModelConfig& c, ExportFormat format) {
         "compute another model",
         LinearName(c.linear));
   }
+  if (c.activations != Storage::kFp32) {
+    Fail(
+        "model.activations = {}: neither format rounds every activation to bfloat16 between "
+        "ops as lockstep does (docs/model.md, \"bf16\"); an export would compute another model",
+        StorageName(c.activations));
+  }
   const bool sliding = AnySlidingLayer(c);
   if (format == ExportFormat::kHf) {
     if (c.qk_norm) return "Qwen3ForCausalLM";
@@ -819,10 +825,21 @@ std::vector<float> PermuteForInterleavedRope(std::span<const float> w, int64_t h
   return out;
 }
 
-ExportResult Export(const VerifiedModel& m, ExportFormat format, const fs::path& out,
+ExportResult Export(const VerifiedModel& checkpoint, ExportFormat format, const fs::path& out,
                     const fs::path& data) {
   ExportResult result;
-  result.architecture = ExportArchitecture(m.config.model, format);
+  result.architecture = ExportArchitecture(checkpoint.config.model, format);
+  // With bf16 compute weights the model computes with its weights rounded to bfloat16 (the
+  // embedding's looked-up rows likewise): those values are the ones written, exactly in F32.
+  std::optional<VerifiedModel> rounded;
+  if (checkpoint.config.model.compute_weights == Storage::kBf16) {
+    rounded = checkpoint;
+    rk::RoundToBf16(rounded->params.Flat());
+    result.notes.push_back(
+        "the weights are written as the model computes with them: rounded to bf16 "
+        "(model.compute_weights = bf16), each held exactly in F32");
+  }
+  const VerifiedModel& m = rounded ? *rounded : checkpoint;
   RefuseOutputsOntoInputs({{"--out", out}}, {{"--checkpoint", m.dir}, {"--data", data}});
   const Tokenizer tok = DatasetTokenizer(m, data);
   // The tensors in fp32 (hf also splits w_gate_up, the same bytes), plus headers and tokenizer.

@@ -136,6 +136,16 @@ ModelConfig ReadModel(MapReader r) {
     }
   }
   if (r.Has("int8_backward")) m.int8_backward = r.Bool("int8_backward");
+  for (const auto& [key, storage] : {std::pair{"activations", &m.activations},
+                                     std::pair{"compute_weights", &m.compute_weights}}) {
+    if (!r.Has(key)) continue;
+    const std::string name = r.String(key);
+    if (name == StorageName(Storage::kBf16)) {
+      *storage = Storage::kBf16;
+    } else {
+      Require(name == StorageName(Storage::kFp32), r, key, name, "must be fp32 or bf16");
+    }
+  }
   r.Finish();
 
   // Token ids are uint32 and the byte tokenizer needs 256 byte ids plus end-of-document.
@@ -358,6 +368,10 @@ std::string DescriptorJson(const RunConfig& config) {
   // Only where it is not the default: an fp32 config's descriptor is the one it always was.
   if (m.linear != Linear::kFp32) model["linear"] = LinearName(m.linear);
   if (m.int8_backward) model["int8_backward"] = true;
+  if (m.activations != Storage::kFp32) model["activations"] = StorageName(m.activations);
+  if (m.compute_weights != Storage::kFp32) {
+    model["compute_weights"] = StorageName(m.compute_weights);
+  }
   nlohmann::json train = {
       {"microbatch", t.microbatch},
       {"microbatches", t.microbatches},
@@ -395,6 +409,9 @@ std::string DescriptorJson(const RunConfig& config) {
 }
 
 std::string_view LinearName(Linear linear) { return linear == Linear::kInt8 ? "int8" : "fp32"; }
+std::string_view StorageName(Storage storage) {
+  return storage == Storage::kBf16 ? "bf16" : "fp32";
+}
 
 int64_t LayerWindow(const ModelConfig& config, int64_t layer) {
   const bool full = config.window == 0 || (layer + 1) % config.full_attention_every == 0 ||
@@ -412,14 +429,16 @@ RunConfig ConfigOfDescriptor(std::string_view descriptor, const std::string& sou
   }
   // JSON is YAML, but YAML reads the string "512" as 512: the descriptor's values must have
   // their own types (DescriptorJson writes numbers and booleans as such; the only strings are
-  // the name, train.schedule and model.linear).
+  // the name, train.schedule, model.linear, model.activations and model.compute_weights).
   for (const char* section : {"model", "train"}) {
     const nlohmann::json& fields = config[section];
     if (!fields.is_object())
       Fail("{}: the run descriptor's \"{}\" is not an object", source, section);
     for (const auto& [field, value] : fields.items()) {
-      const bool text = (std::string_view(section) == "train" && field == "schedule") ||
-                        (std::string_view(section) == "model" && field == "linear");
+      const bool text =
+          (std::string_view(section) == "train" && field == "schedule") ||
+          (std::string_view(section) == "model" &&
+           (field == "linear" || field == "activations" || field == "compute_weights"));
       if (value.is_string() != text || value.is_structured() || value.is_null()) {
         Fail("{}: the run descriptor's {}.{} is {}, not a {}", source, section, field,
              ShownJson(value), text ? "string" : "number or boolean");

@@ -39,7 +39,13 @@ class LinearInput {
  public:
   LinearInput(const OpHooks& hooks, const ModelConfig& config, int64_t layer, int64_t rows,
               std::span<const float> x, int64_t cols, Int8Scratch* int8)
-      : hooks_(hooks), layer_(layer), rows_(rows), cols_(cols), x_(x), int8_(int8) {
+      : hooks_(hooks),
+        config_(config),
+        layer_(layer),
+        rows_(rows),
+        cols_(cols),
+        x_(x),
+        int8_(int8) {
     if (config.linear == Linear::kFp32) {
       int8_ = nullptr;
       return;
@@ -49,22 +55,24 @@ class LinearInput {
                       rows_, cols_);
   }
   // y[rows, out] = x · Wᵀ for the layer's weight `which`, w[which] [out, cols] (and with int8
-  // its scales w[ScaleSlot(which)] [out]).
+  // its scales w[ScaleSlot(which)] [out]), stored as the config stores activations.
   void Apply(std::span<const std::span<const float>> w, LayerTensor which, std::span<float> y,
              int64_t out) const {
     if (int8_ == nullptr) {
       ops::GemmXWt(hooks_, layer_, x_, w[which], y, rows_, out, cols_);
-      return;
+    } else {
+      const std::span<int8_t> qw = Take(int8_->qw, out * cols_);
+      const std::span<const float> sw = w[ScaleSlot(which)];
+      ops::QuantizeRowsByScale(hooks_, layer_, w[which], sw, qw, out, cols_);
+      ops::GemmI8XWt(hooks_, layer_, Take(int8_->qx, rows_ * cols_), Take(int8_->sx, rows_), qw, sw,
+                     y, rows_, out, cols_);
     }
-    const std::span<int8_t> qw = Take(int8_->qw, out * cols_);
-    const std::span<const float> sw = w[ScaleSlot(which)];
-    ops::QuantizeRowsByScale(hooks_, layer_, w[which], sw, qw, out, cols_);
-    ops::GemmI8XWt(hooks_, layer_, Take(int8_->qx, rows_ * cols_), Take(int8_->sx, rows_), qw, sw,
-                   y, rows_, out, cols_);
+    StoreActivation(hooks_, config_, layer_, y);
   }
 
  private:
   const OpHooks& hooks_;
+  const ModelConfig& config_;
   int64_t layer_, rows_, cols_;
   std::span<const float> x_;
   Int8Scratch* int8_;
@@ -269,6 +277,15 @@ Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int6
   dgu_ = take(n * 2 * f);
   dact_ = take(n * f);
   dgain_ = take(d);
+  if (config.compute_weights == Storage::kBf16) {
+    const ParamIndex P(config);
+    for (size_t which = 0; which < kTensorsPerLayer; ++which) {
+      compute_layer_[which] = take(specs_[P.Layer(0, which)].numel());
+    }
+    if (config.embedding_norm) compute_emb_norm_ = take(d);
+    compute_final_norm_ = take(d);
+    compute_output_ = take(config.vocab * d);
+  }
   arena_floats_ = end;
 }
 
@@ -306,7 +323,7 @@ void Model::WillOpenLayer(TensorAccess& access, int64_t layer) const {
   for (const size_t i : LayerParams(config_, layer)) access.WillOpenParam(i);
 }
 
-void Model::OpenLayer(TensorAccess& access, int64_t layer, LayerTensors& w) const {
+void Model::OpenLayer(TensorAccess& access, int64_t layer, LayerTensors& w) {
   const std::vector<size_t> at = LayerParams(config_, layer);
   w = {};
   for (size_t slot = 0; slot < at.size(); ++slot) w[slot] = Param(access, at[slot]);
@@ -316,13 +333,29 @@ void Model::CloseLayer(TensorAccess& access, int64_t layer) const {
   for (const size_t i : LayerParams(config_, layer)) access.CloseParam(i);
 }
 
-std::span<const float> Model::Param(TensorAccess& access, size_t i) const {
+std::span<const float> Model::Param(TensorAccess& access, size_t i) {
   const std::span<const float> p = access.OpenParam(i);
   if (static_cast<int64_t>(p.size()) != specs_[i].numel()) {
     Fail("Model: parameter '{}' has {} elements, the model expects {}", specs_[i].name, p.size(),
          specs_[i].numel());
   }
-  return p;
+  const Span copy = ComputeCopy(i);
+  if (copy.size == 0) return p;
+  ops::Copy(hooks_, specs_[i].layer, p, A(copy));
+  ops::RoundToBf16(hooks_, specs_[i].layer, A(copy));
+  return A(copy);
+}
+
+Model::Span Model::ComputeCopy(size_t i) const {
+  if (config_.compute_weights != Storage::kBf16) return {};
+  const ParamIndex P(config_);
+  if (i == P.output) return compute_output_;
+  if (i == P.final_norm) return compute_final_norm_;
+  if (config_.embedding_norm && i == P.emb_norm) return compute_emb_norm_;
+  if (i >= P.first_layer && i < P.final_norm) {
+    return compute_layer_[(i - P.first_layer) % kTensorsPerLayer];
+  }
+  return {};
 }
 
 std::span<float> Model::Grad(TensorAccess& access, size_t i, bool accumulate) const {
@@ -368,9 +401,11 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
   ops::EmbeddingFwd(obs, -1, Param(access, P.tok), inputs_, c.embedding_norm ? A(emb_) : x0,
                     c.vocab, d);
   access.CloseParam(P.tok);
+  StoreEmbedding(obs, c, c.embedding_norm ? A(emb_) : x0);
   if (c.embedding_norm) {
     ops::RmsNormFwd(obs, -1, A(emb_), Param(access, P.emb_norm), eps, x0, A(emb_rstd_), n, d);
     access.CloseParam(P.emb_norm);
+    StoreActivation(obs, c, -1, x0);
   }
 
   WillOpenLayer(access, 0);
@@ -391,6 +426,7 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
   ops::RmsNormFwd(obs, -1, A(x_final_), Param(access, P.final_norm), eps, A(xf_), A(final_rstd_), n,
                   d);
   access.CloseParam(P.final_norm);
+  StoreActivation(obs, c, -1, A(xf_));
   ops::CrossEntropyFwd(obs, -1, CrossEntropyShape(), A(xf_), Param(access, P.output), targets_,
                        A(loss_), A(zloss_), A(lse_), A(logits_));
   access.CloseParam(P.output);
@@ -412,7 +448,10 @@ void LayerForward(const OpHooks& obs, const ModelConfig& c, int64_t l, int64_t n
   const auto input = [&](std::span<const float> x, int64_t cols) {
     return LinearInput(obs, c, l, n, x, cols, b.int8);
   };
+  // Every activation an op writes is stored as the config says (StoreActivation).
+  const auto store = [&](std::span<float> x) { StoreActivation(obs, c, l, x); };
   ops::RmsNormFwd(obs, l, b.x_in, w[kAttnNorm], eps, b.h, b.attn_rstd, n, d);  // h[N, d]
+  store(b.h);
   {
     const LinearInput h = input(b.h, d);
     if (c.qk_norm) {
@@ -420,6 +459,8 @@ void LayerForward(const OpHooks& obs, const ModelConfig& c, int64_t l, int64_t n
       h.Apply(w, kWk, b.k_raw, kv_dim);  // k_raw[N, K]
       ops::RmsNormFwd(obs, l, b.q_raw, {}, eps, b.q, b.q_rstd, n * c.n_heads, hd);
       ops::RmsNormFwd(obs, l, b.k_raw, {}, eps, b.k, b.k_rstd, n * c.n_kv_heads, hd);
+      store(b.q);
+      store(b.k);
     } else {
       h.Apply(w, kWq, b.q, q_dim);
       h.Apply(w, kWk, b.k, kv_dim);
@@ -427,16 +468,32 @@ void LayerForward(const OpHooks& obs, const ModelConfig& c, int64_t l, int64_t n
     h.Apply(w, kWv, b.v, kv_dim);  // v[N, K]
   }
   attention.Attend(obs, l, b.q, b.k, b.v, b.attn);  // attn[N, Q]
-  input(b.attn, q_dim).Apply(w, kWo, b.x_mid, d);   // x_mid[N, d]
+  store(b.attn);
+  input(b.attn, q_dim).Apply(w, kWo, b.x_mid, d);  // x_mid[N, d]
   ops::AddInto(obs, l, b.x_in, b.x_mid);
+  store(b.x_mid);
   // Feed-forward block: x_out = x_mid + SwiGLU(RMSNorm(x_mid) · W_guᵀ) · W_downᵀ.
   ops::RmsNormFwd(obs, l, b.x_mid, w[kFfnNorm], eps, b.h2, b.ffn_rstd, n, d);
+  store(b.h2);
   input(b.h2, d).Apply(w, kWGateUp, b.gu, 2 * f);  // gu[N, 2F]: gate | up
   ops::SwigluFwd(obs, l, b.gu, b.act, n, f);       // act[N, F]
+  store(b.act);
   // A recomputation stops here: the backward reads no further.
   if (!output) return;
   input(b.act, f).Apply(w, kWDown, b.x_out, d);  // x_out[N, d]
   ops::AddInto(obs, l, b.x_mid, b.x_out);
+  store(b.x_out);
+}
+
+void StoreActivation(const OpHooks& hooks, const ModelConfig& config, int64_t layer,
+                     std::span<float> x) {
+  if (config.activations == Storage::kBf16) ops::RoundToBf16(hooks, layer, x);
+}
+
+void StoreEmbedding(const OpHooks& hooks, const ModelConfig& config, std::span<float> x) {
+  if (config.activations == Storage::kBf16 || config.compute_weights == Storage::kBf16) {
+    ops::RoundToBf16(hooks, -1, x);
+  }
 }
 
 void Model::ForwardLayer(const OpHooks& obs, int64_t l, std::span<const std::span<const float>> w,
@@ -470,6 +527,8 @@ void Model::Attend(const OpHooks& obs, int64_t l, std::span<float> q, std::span<
   const float theta = static_cast<float>(c.rope_theta);
   ops::RopeFwd(obs, l, rope_, theta, q, q, batch_, seq_, c.n_heads, c.head_dim);
   ops::RopeFwd(obs, l, rope_, theta, k, k, batch_, seq_, c.n_kv_heads, c.head_dim);
+  StoreActivation(obs, c, l, q);
+  StoreActivation(obs, c, l, k);
   ops::AttentionFwd(obs, l, AttentionShape(l), q, k, v, attn,
                     A(layers_[static_cast<size_t>(l)].attn_lse));
 }
@@ -490,12 +549,15 @@ Digest Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) 
     ops::CrossEntropyBwd(obs, -1, CrossEntropyShape(), A(xf_), head, targets_, A(lse_), grad_scale,
                          A(dh_), dw, logits_kept_ ? A(logits_) : std::span<float>());
   }
+  // The activations' gradients between ops are stored as the activations are.
+  StoreActivation(obs, c, -1, A(dh_));
   logits_kept_ = false;  // the backward overwrote them
   access.CloseGrad(P.output);
   access.CloseParam(P.output);
   ops::RmsNormBwd(obs, -1, A(dh_), A(x_final_), Param(access, P.final_norm), A(final_rstd_), A(dx_),
                   A(dgain_), n, d);
   access.CloseParam(P.final_norm);
+  StoreActivation(obs, c, -1, A(dx_));
   GainGrad(access, -1, P.final_norm, accumulate);
 
   Blake2b backward;  // the gradient at each layer's input, as the layers' backwards end
@@ -523,6 +585,7 @@ Digest Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) 
     ops::RmsNormBwd(obs, -1, A(dx_), A(emb_), Param(access, P.emb_norm), A(emb_rstd_), A(dx_),
                     A(dgain_), n, d);
     access.CloseParam(P.emb_norm);
+    StoreActivation(obs, c, -1, A(dx_));
     GainGrad(access, -1, P.emb_norm, accumulate);
   }
   ops::EmbeddingBwd(obs, -1, A(dx_), inputs_, ScatterGrad(access, P.tok, accumulate), c.vocab, d);
@@ -560,37 +623,55 @@ void Model::BackwardLayer(TensorAccess& access, int64_t l,
   const auto input = [&](std::span<const float> x, int64_t in) {
     return SteOperands() ? DequantizedInput(l, x, in) : x;
   };
+  // Every gradient between ops is stored as the activations are.
+  const auto store = [&](Span x) { StoreActivation(obs, c, l, A(x)); };
   // Feed-forward block; on entry dx = d x_out, on exit dx = d x_mid.
-  input_grad(kWDown, A(dx_), A(dact_), d, f);                   // dact[N, F]
-  weight_grad(kWDown, A(dx_), input(A(a.act), f), d, f);        // dW_down[d, F]
-  ops::SwigluBwd(obs, l, A(a.gu), A(dact_), A(dgu_), n, f);     // dgu[N, 2F]
-  input_grad(kWGateUp, A(dgu_), A(dh_), 2 * f, d);              // dh2[N, d]
+  input_grad(kWDown, A(dx_), A(dact_), d, f);  // dact[N, F]
+  store(dact_);
+  weight_grad(kWDown, A(dx_), input(A(a.act), f), d, f);     // dW_down[d, F]
+  ops::SwigluBwd(obs, l, A(a.gu), A(dact_), A(dgu_), n, f);  // dgu[N, 2F]
+  store(dgu_);
+  input_grad(kWGateUp, A(dgu_), A(dh_), 2 * f, d);  // dh2[N, d]
+  store(dh_);
   weight_grad(kWGateUp, A(dgu_), input(A(a.h2), d), 2 * f, d);  // dW_gu[2F, d]
   ops::RmsNormBwd(obs, l, A(dh_), A(a.x_mid), w[kFfnNorm], A(a.ffn_rstd), A(dh_), A(dgain_), n, d);
+  store(dh_);
   GainGrad(access, l, P.Layer(l, kFfnNorm), accumulate);
   ops::AddInto(obs, l, A(dh_), A(dx_));
+  store(dx_);
   // Attention block; on exit dx = d x_in.
-  input_grad(kWo, A(dx_), A(dattn_), d, q_dim);                 // dattn[N, Q]
+  input_grad(kWo, A(dx_), A(dattn_), d, q_dim);  // dattn[N, Q]
+  store(dattn_);
   weight_grad(kWo, A(dx_), input(A(a.attn), q_dim), d, q_dim);  // dWo[d, Q]
   ops::AttentionBwd(obs, l, AttentionShape(l), A(a.q), A(a.k), A(a.v), A(a.attn), A(a.attn_lse),
                     A(dattn_), A(dq_), A(dk_), A(dv_));  // dq[N, Q], dk/dv[N, K]
+  for (const Span g : {dq_, dk_, dv_}) store(g);
   ops::RopeBwd(obs, l, rope_, theta, A(dq_), A(dq_), batch_, seq_, c.n_heads, hd);
+  store(dq_);
   ops::RopeBwd(obs, l, rope_, theta, A(dk_), A(dk_), batch_, seq_, c.n_kv_heads, hd);
+  store(dk_);
   if (c.qk_norm) {
     ops::RmsNormBwd(obs, l, A(dq_), A(a.q_raw), {}, A(a.q_rstd), A(dq_), {}, n * c.n_heads, hd);
+    store(dq_);
     ops::RmsNormBwd(obs, l, A(dk_), A(a.k_raw), {}, A(a.k_rstd), A(dk_), {}, n * c.n_kv_heads, hd);
+    store(dk_);
   }
   // dh[N, d] = dq · Wq + dk · Wk + dv · Wv (the latter two GEMMs accumulate into dh).
   input_grad(kWq, A(dq_), A(dh_), q_dim, d);
+  store(dh_);
   input_grad(kWk, A(dk_), A(dh_), kv_dim, d, /*add=*/true);
+  store(dh_);
   input_grad(kWv, A(dv_), A(dh_), kv_dim, d, /*add=*/true);
+  store(dh_);
   const std::span<const float> h = input(A(a.h), d);
   weight_grad(kWq, A(dq_), h, q_dim, d);   // dWq[Q, d]
   weight_grad(kWk, A(dk_), h, kv_dim, d);  // dWk[K, d]
   weight_grad(kWv, A(dv_), h, kv_dim, d);  // dWv[K, d]
   ops::RmsNormBwd(obs, l, A(dh_), A(a.x_in), w[kAttnNorm], A(a.attn_rstd), A(dh_), A(dgain_), n, d);
+  store(dh_);
   GainGrad(access, l, P.Layer(l, kAttnNorm), accumulate);
   ops::AddInto(obs, l, A(dh_), A(dx_));
+  store(dx_);
 }
 
 void Model::InputGrad(int64_t layer, std::span<const float> dy, std::span<const float> w,
@@ -687,8 +768,14 @@ void Model::Logits(const ParamStore& params, std::span<float> logits) const {
   if (!have_forward_) Fail("Model::Logits: called before Forward");
   CheckParams(params, "params");
   OnHost(xf_);
-  rk::GemmXWt(A(xf_), params.Tensor(ParamIndex(config_).output), logits, rows_, config_.vocab,
-              config_.d_model);
+  std::span<const float> head = params.Tensor(ParamIndex(config_).output);
+  std::vector<float> rounded;  // its compute copy
+  if (config_.compute_weights == Storage::kBf16) {
+    rounded.assign(head.begin(), head.end());
+    rk::RoundToBf16(rounded);
+    head = rounded;
+  }
+  rk::GemmXWt(A(xf_), head, logits, rows_, config_.vocab, config_.d_model);
 }
 
 void CheckOpCall(const rk::OpSpec& op, std::span<const OpArg> args,

@@ -52,10 +52,18 @@ TEST_F(OnDevice, TinyTrainedOnTheDeviceIsTheGoldenChain) {
 TEST_F(OnDevice, TinyInt8TrainedOnTheDeviceIsItsGoldenChain) {
   const Result r = Train("device-int8", "--steps 20 --device opencl", "tiny-int8");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("27 of the op table's 28 ops run there; on the CPU: global_norm "),
+  EXPECT_NE(r.output.find("28 of the op table's 29 ops run there; on the CPU: global_norm "),
             std::string::npos)
       << r.output;
   EXPECT_EQ(ReadFileText(dir_ / "device-int8/state_hashes.jsonl"), Golden("tiny_int8_chain.jsonl"));
+}
+
+// bf16 storage (tiny-bf16: the rounding op after every activation, gradient and compute copy)
+// gives the pinned bf16 chain on the device.
+TEST_F(OnDevice, TinyBf16TrainedOnTheDeviceIsItsGoldenChain) {
+  const Result r = Train("device-bf16", "--steps 20 --device opencl", "tiny-bf16");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(ReadFileText(dir_ / "device-bf16/state_hashes.jsonl"), Golden("tiny_bf16_chain.jsonl"));
 }
 
 // tiny-dp's 8 microbatch groups: the group gradients are kept on the device too and added into

@@ -5,7 +5,8 @@ Usage: export_llama.py LOCKSTEP_BINARY SOURCE_DIR
 
 Trains small models (tiny-sized, 20 steps on `data synth` data) for each feature llama.cpp
 expresses: plain (arch llama: the interleaved-RoPE row permutation), QK-norm (qwen3), embedding
-norm (folded into the table), sliding windows (mimo2); exports each to GGUF, runs the GGUF in
+norm (folded into the table), sliding windows (mimo2), bf16 compute weights (written rounded);
+exports each to GGUF, runs the GGUF in
 llama.cpp (tests/clients/llama/next_token.mjs) and compares, at every prompt position, its
 next-token probabilities with softmax(lockstep forward's logits), and a 32-token greedy
 continuation with lockstep's own (lockstep forward on the growing sequence, argmax, ties to the
@@ -104,6 +105,8 @@ def config(work, name, **model):
     text = re.sub(r"^name: tiny", f"name: {name}", TINY, flags=re.M)
     for key, value in model.items():
         text, n = re.subn(rf"^(  {key}:) [^\n]*", rf"\1 {value}", text, flags=re.M)
+        if n == 0:  # an optional key tiny.yaml leaves out: added to the model section
+            text, n = re.subn(r"^(  init_std: [^\n]*)", rf"\1\n  {key}: {value}", text, flags=re.M)
         assert n == 1, key
     path = work / f"{name}.yaml"
     path.write_text(text)
@@ -114,6 +117,9 @@ CASES = [  # name, model keys, llama.cpp architecture
     ("plain", dict(qk_norm="false", embedding_norm="false", window=0), "llama"),
     ("qknorm", dict(qk_norm="true", embedding_norm="false", window=0), "qwen3"),
     ("embnorm", dict(qk_norm="false", embedding_norm="true", window=0), "llama"),
+    # bf16 compute weights: the export writes the weights rounded as the model computes with them.
+    ("bf16weights", dict(qk_norm="false", embedding_norm="true", window=0,
+                         compute_weights="bf16"), "llama"),
     # 4 layers, every 3rd full: layers 0, 1 slide (window 8), 2 (every 3rd) and 3 (last) full.
     ("windows", dict(qk_norm="false", embedding_norm="true", window=8, n_layers=4,
                      full_attention_every=3), "mimo2"),

@@ -47,6 +47,9 @@ TEST(Export, ArchitecturePerBuiltInConfig) {
   for (const ExportFormat format : {ExportFormat::kHf, ExportFormat::kGguf}) {
     const std::string why = Refusal("tiny-int8", format);
     EXPECT_NE(why.find("model.linear = int8"), std::string::npos) << why;
+    // Nor activations rounded to bf16 between ops.
+    const std::string bf16 = Refusal("tiny-bf16", format);
+    EXPECT_NE(bf16.find("model.activations = bf16"), std::string::npos) << bf16;
   }
 }
 

@@ -111,6 +111,28 @@ TEST_F(E2e, Int8LinearsChainIsIdenticalAtAnyThreadCountAndAcrossAResume) {
   EXPECT_NE(chains[0], chains[1]);
 }
 
+// bf16 storage (tiny-bf16) keeps the chain's invariances too: the same chain at 1 and 3 threads
+// and after a stop at 2 threads and a resume, another chain than tiny's.
+TEST_F(E2e, Bf16StorageChainIsIdenticalAtAnyThreadCountAndAcrossAResume) {
+  const auto train = [&](const std::string& config, const std::string& run,
+                         const std::string& extra) {
+    const Result r =
+        Lockstep("train --config " + config + " --data " + Data().string() + " --out " +
+                 (dir_ / run).string() + " --no-progress --steps " + extra);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+  };
+  train("tiny", "fp32", "12 --threads 2");
+  train("tiny-bf16", "t1", "12 --threads 1");
+  train("tiny-bf16", "t3", "12 --threads 3");
+  train("tiny-bf16", "resumed", "6 --threads 2");
+  train("tiny-bf16", "resumed", "12 --threads 2 --resume");
+  const std::string chain = Text("t1/state_hashes.jsonl");
+  EXPECT_EQ(std::count(chain.begin(), chain.end(), '\n'), 13);  // steps 0..12
+  EXPECT_EQ(chain, Text("t3/state_hashes.jsonl"));
+  EXPECT_EQ(chain, Text("resumed/state_hashes.jsonl"));
+  EXPECT_NE(chain, Text("fp32/state_hashes.jsonl"));
+}
+
 // The int8 linears' scale tensors are state, set from their weights: in every checkpoint each
 // scale is its weight row's largest magnitude over 127 (computed here from the checkpoint's own
 // weight), refreshed by each update (step 3's differ from step 0's), with AdamW moments of zero.

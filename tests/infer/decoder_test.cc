@@ -21,14 +21,15 @@ using infer::KvDecoder;
 using Piece = KvDecoder::Piece;
 
 // tiny (windows of 8 beside full attention, QK-norm, embedding norm), the same without the
-// optional features, and tiny-int8 (int8 linears).
+// optional features, tiny-int8 (int8 linears) and tiny-bf16 (bf16 activations and compute
+// weights).
 std::vector<ModelConfig> Configs() {
   ModelConfig tiny = LoadRunConfig("tiny").model;
   ModelConfig plain = tiny;
   plain.window = 0;
   plain.qk_norm = false;
   plain.embedding_norm = false;
-  return {tiny, plain, LoadRunConfig("tiny-int8").model};
+  return {tiny, plain, LoadRunConfig("tiny-int8").model, LoadRunConfig("tiny-bf16").model};
 }
 
 std::vector<uint32_t> Tokens(int64_t n, uint32_t vocab, uint32_t seed) {

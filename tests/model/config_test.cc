@@ -146,6 +146,24 @@ TEST(Config, DescriptorIsCanonicalJson) {
   const std::string straight_text = DescriptorJson(straight);
   EXPECT_FALSE(nlohmann::json::parse(straight_text)["model"].contains("int8_backward"));
   EXPECT_FALSE(ConfigOfDescriptor(straight_text, "d").model.int8_backward);
+  // model.activations and model.compute_weights likewise, only where they are bf16.
+  EXPECT_FALSE(j["model"].contains("activations")) << text;
+  EXPECT_FALSE(j["model"].contains("compute_weights")) << text;
+  const RunConfig bf16 = LoadRunConfig("tiny-bf16");
+  const std::string bf16_text = DescriptorJson(bf16);
+  const nlohmann::json bf16_model = nlohmann::json::parse(bf16_text)["model"];
+  EXPECT_EQ(bf16_model["activations"], "bf16") << bf16_text;
+  EXPECT_EQ(bf16_model["compute_weights"], "bf16") << bf16_text;
+  for (const Storage activations : {Storage::kFp32, Storage::kBf16}) {
+    for (const Storage weights : {Storage::kFp32, Storage::kBf16}) {
+      RunConfig one = bf16;
+      one.model.activations = activations;
+      one.model.compute_weights = weights;
+      const ModelConfig back = ConfigOfDescriptor(DescriptorJson(one), "d").model;
+      EXPECT_EQ(back.activations, activations);
+      EXPECT_EQ(back.compute_weights, weights);
+    }
+  }
 }
 
 // A descriptor is read back with its values' own types: the string "512" is not the number 512.
@@ -236,6 +254,13 @@ TEST(Config, BadConfigsNameTheFieldAndTheValue) {
        "  z_loss: 1.0e-4\n  linear: int4",
        {"bad.yaml", "model.linear = int4", "fp32 or int8"}},
       {"  z_loss: 1.0e-4", "  z_loss: 1.0e-4\n  linear: true", {"model.linear"}},
+      {"  z_loss: 1.0e-4",
+       "  z_loss: 1.0e-4\n  activations: fp16",
+       {"bad.yaml", "model.activations = fp16", "fp32 or bf16"}},
+      {"  z_loss: 1.0e-4",
+       "  z_loss: 1.0e-4\n  compute_weights: BF16",
+       {"bad.yaml", "model.compute_weights = BF16", "fp32 or bf16"}},
+      {"  z_loss: 1.0e-4", "  z_loss: 1.0e-4\n  activations: 16", {"model.activations"}},
       {"  ffn_hidden: 1024",
        "  ffn_hidden: 133145\n  linear: int8",
        {"bad.yaml", "model.ffn_hidden = 133145", "133144"}},

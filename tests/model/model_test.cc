@@ -1,9 +1,16 @@
 // The model's forward and backward: an independent fp64 reference and finite differences,
 // bit-identical results across threads and SIMD variants, and gradient accumulation.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "lockstep/core.h"
@@ -247,11 +254,20 @@ RunConfig TinyInt8StraightThrough() {
   return run;
 }
 
+// tiny-int8 with bf16 activations and compute weights: OPEN's recipe.
+RunConfig TinyInt8Bf16() {
+  RunConfig run = LoadRunConfig("tiny-int8");
+  run.model.activations = Storage::kBf16;
+  run.model.compute_weights = Storage::kBf16;
+  return run;
+}
+
 TEST(ModelDeterminism, SameBitsOnEveryThreadCountAndIsa) {
-  for (const char* name : {"tiny", "tiny-int8", "tiny-int8 straight-through"}) {
-    const RunConfig run = std::string_view(name).ends_with("straight-through")
-                              ? TinyInt8StraightThrough()
-                              : LoadRunConfig(name);
+  for (const std::string_view name :
+       {"tiny", "tiny-int8", "tiny-int8 straight-through", "tiny-bf16", "tiny-int8 bf16"}) {
+    const RunConfig run = name.ends_with("straight-through") ? TinyInt8StraightThrough()
+                          : name.ends_with(" bf16")          ? TinyInt8Bf16()
+                                                             : LoadRunConfig(std::string(name));
     const ParamStore params = TestParams(run.model);
     // Two sequences of 24 positions keep the sweep (every variant x 3 thread counts) fast while
     // crossing layer 0's window (8) and the batch boundary.
@@ -440,6 +456,126 @@ TEST(ModelForward, RejectsBadShapes) {
   EXPECT_THROW(model.Forward(params, std::vector<uint32_t>(9, 100000)), Error);
   ParamStore wrong(ParameterSpecs(LoadRunConfig("smoke").model));
   EXPECT_THROW(model.Forward(wrong, std::vector<uint32_t>(9, 0)), Error);
+}
+
+// The ops' f32 operands that the model stores as bf16 (docs/model.md, "bf16"): the activations,
+// the gradients between ops and the compute weights; by op and role. (Not: the embedding's
+// table, the master weights a compute copy is made from, the statistics rstd and lse, the weight
+// gradients, the int8 scales.)
+const std::map<std::string_view, std::vector<std::string_view>>& Bf16Operands() {
+  static const std::map<std::string_view, std::vector<std::string_view>> kOperands = {
+      {"rmsnorm_fwd", {"x", "gain"}},
+      {"gemm_xwt", {"x", "w"}},
+      {"rope_fwd", {"x"}},
+      {"attention_fwd", {"q", "k", "v"}},
+      {"add_into", {"x", "y"}},
+      {"swiglu_fwd", {"gu"}},
+      {"cross_entropy_fwd", {"h", "w"}},
+      {"cross_entropy_bwd", {"h", "w"}},
+      {"rmsnorm_bwd", {"dy", "x", "gain"}},
+      {"gemm_dyw", {"dy", "w", "dx"}},
+      {"gemm_dytx", {"dy", "x"}},
+      {"swiglu_bwd", {"gu", "dact"}},
+      {"attention_bwd", {"q", "k", "v", "out", "dout"}},
+      {"rope_bwd", {"dy"}},
+      {"embedding_bwd", {"dout"}},
+      {"quantize_rows", {"x"}},
+      {"quantize_rows_by_scale", {"x"}},
+      {"hadamard_rows", {"x"}},
+  };
+  return kOperands;
+}
+
+// Which (op.role) of Bf16Operands were read holding a value that is not a bfloat16's.
+class Bf16OperandCheck final : public OpObserver {
+ public:
+  void Context(uint64_t, int64_t) override {}
+  void Begin(std::string_view op, int64_t, std::span<const OpArg>,
+             std::span<const OpTensor> inputs) override {
+    const auto it = Bf16Operands().find(op);
+    if (it == Bf16Operands().end()) return;
+    for (const OpTensor& t : inputs) {
+      if (std::ranges::find(it->second, t.role) == it->second.end()) continue;
+      ++checked;
+      const std::span<const float> x = t.view.As<float>();
+      const bool bf16 = std::ranges::all_of(
+          x, [](float v) { return (std::bit_cast<uint32_t>(v) & 0xffffu) == 0; });
+      if (!bf16) wide.insert(fmt::format("{}.{}", op, t.role));
+    }
+  }
+  void End(std::span<const OpOutput>) override {}
+  int64_t checked = 0;
+  std::set<std::string> wide;
+};
+
+// With bf16 activations and compute weights every such operand of a forward and backward is a
+// bfloat16 value, in fp32 linears and in int8 ones; in the fp32 model none is (so the check
+// sees what it looks for).
+TEST(ModelBf16, EveryActivationGradientAndComputeWeightIsBf16) {
+  constexpr int64_t kBatch = 2, kSeq = 24;
+  for (const std::string_view name : {"tiny-bf16", "tiny-int8 bf16", "tiny"}) {
+    const RunConfig run =
+        name == "tiny-int8 bf16" ? TinyInt8Bf16() : LoadRunConfig(std::string(name));
+    const ParamStore params = TestParams(run.model);
+    ParamStore grads(ParameterSpecs(run.model));
+    const std::vector<uint32_t> tokens = RandomTokens(kBatch * (kSeq + 1), run.model.vocab, 8);
+    Model model(run.model, run.train.vocab_chunk, kBatch, kSeq);
+    Bf16OperandCheck check;
+    model.set_hooks({.observer = &check});
+    model.ForwardBackward(params, tokens, 0.01f, false, grads);
+    EXPECT_GT(check.checked, 60) << name;
+    if (name == "tiny") {
+      EXPECT_GE(check.wide.size(), 15u) << name;
+    } else if (name == "tiny-int8 bf16") {
+      // Inside one linear's int8 backward GEMM (docs/model.md, "Linears"): its rotated operands
+      // are quantized (quantize_rows.x) and its product is added to the gradient (add_into.x),
+      // neither stored; the rotation reads the stored gradients (hadamard_rows.x).
+      EXPECT_EQ(check.wide, (std::set<std::string>{"add_into.x", "quantize_rows.x"}));
+    } else {
+      EXPECT_TRUE(check.wide.empty())
+          << name << ": " << fmt::format("{}", fmt::join(check.wide, ", "));
+    }
+  }
+}
+
+// bf16 storage computes the fp32 model within bfloat16's rounding (2^-9 relative per value):
+// every row's loss and every gradient relative to its tensor's largest; and it is not the fp32
+// model.
+TEST(ModelBf16, IsTheFp32ModelWithinBf16Rounding) {
+  const RunConfig bf16 = LoadRunConfig("tiny-bf16");
+  const RunConfig fp32 = LoadRunConfig("tiny");
+  const ParamStore params = TestParams(fp32.model);
+  constexpr int64_t kBatch = 2, kSeq = 24;
+  const std::vector<uint32_t> tokens = RandomTokens(kBatch * (kSeq + 1), fp32.model.vocab, 9);
+  const auto run = [&](const RunConfig& r, std::vector<float>& rows, ParamStore& grads) {
+    Model model(r.model, r.train.vocab_chunk, kBatch, kSeq);
+    model.ForwardBackward(params, tokens, 1.0f / (kBatch * kSeq), false, grads);
+    rows.assign(model.RowLoss().begin(), model.RowLoss().end());
+  };
+  std::vector<float> rows32, rows16;
+  ParamStore grads32(ParameterSpecs(fp32.model)), grads16(ParameterSpecs(bf16.model));
+  run(fp32, rows32, grads32);
+  run(bf16, rows16, grads16);
+  double loss_worst = 0, grad_worst = 0;
+  for (size_t r = 0; r < rows32.size(); ++r) {
+    loss_worst = std::max(
+        loss_worst, static_cast<double>(std::fabs(rows16[r] - rows32[r]) / std::fabs(rows32[r])));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::span<const float> a = grads32.Tensor(i), b = grads16.Tensor(i);
+    double largest = 0, diff = 0;
+    for (size_t j = 0; j < a.size(); ++j) {
+      largest = std::max(largest, static_cast<double>(std::fabs(a[j])));
+      diff = std::max(diff, static_cast<double>(std::fabs(a[j] - b[j])));
+    }
+    grad_worst = std::max(grad_worst, diff / largest);
+  }
+  std::printf(
+      "bf16 vs fp32 storage: worst row loss difference %.3g, worst relative gradient %.3g\n",
+      loss_worst, grad_worst);
+  EXPECT_LT(loss_worst, 0.01);
+  EXPECT_LT(grad_worst, 0.05);
+  EXPECT_NE(rows16, rows32);
 }
 
 }  // namespace

@@ -25,10 +25,12 @@ int Describe(const std::string& config_name) {
   const std::vector<ParamSpec> specs = ParameterSpecs(config.model);
   size_t name_width = 4;
   for (const ParamSpec& spec : specs) name_width = std::max(name_width, spec.name.size());
-  fmt::print("config {}: {} layers, d_model {}, vocab {}, {} linears{}\n", config.name,
-             config.model.n_layers, config.model.d_model, config.model.vocab,
-             LinearName(config.model.linear),
-             config.model.int8_backward ? " with an int8 backward" : "");
+  fmt::print(
+      "config {}: {} layers, d_model {}, vocab {}, {} linears{}, {} activations, {} compute "
+      "weights\n",
+      config.name, config.model.n_layers, config.model.d_model, config.model.vocab,
+      LinearName(config.model.linear), config.model.int8_backward ? " with an int8 backward" : "",
+      StorageName(config.model.activations), StorageName(config.model.compute_weights));
   fmt::print("{:<{}}  {:<14}  {:>13}\n", "name", name_width, "shape", "count");
   int64_t total = 0, embedding = 0, scales = 0;
   for (const ParamSpec& spec : specs) {
