@@ -3,9 +3,9 @@
 # g++-aarch64-linux-gnu and arm64 libraries, without MPI or the tests) into build-aarch64, then
 # under qemu-aarch64 runs the selftest (the variants NEON_DOTPROD and NEON), checks that a CPU
 # without the dot-product extension is offered NEON alone, and trains `tiny` 20 steps at 1 and 2
-# threads and `tiny-int8` (int8 linears, on sdot) 20 steps at 1 thread with the best variant;
-# each chain must be the pinned one x86-64 gives (tests/fixtures/tiny_chain.jsonl,
-# tiny_int8_chain.jsonl). Needs root for the packages (it adds arm64 ones beside the native ones
+# threads, `tiny-int8` (int8 linears, on sdot) and `tiny-bf16` (bf16 storage) 20 steps at 1
+# thread with the best variant; each chain must be the pinned one x86-64 gives
+# (tests/fixtures/tiny_chain.jsonl, tiny_int8_chain.jsonl, tiny_bf16_chain.jsonl). Needs root for the packages (it adds arm64 ones beside the native ones
 # and removes nothing); slow (qemu: about 4 s per step at one thread).
 #   usage: scripts/aarch64.sh [--short]   (--short: the selftest and 3 steps of each chain at one
 #   thread, compared with the pinned chains' first 3 steps; about 8 minutes against 12)
@@ -87,8 +87,10 @@ check_chain() {
 if [[ $short ]]; then
   check_chain tiny tests/fixtures/tiny_chain.jsonl 3 1
   check_chain tiny-int8 tests/fixtures/tiny_int8_chain.jsonl 3 1
+  check_chain tiny-bf16 tests/fixtures/tiny_bf16_chain.jsonl 3 1
 else
   check_chain tiny tests/fixtures/tiny_chain.jsonl 20 1
   check_chain tiny tests/fixtures/tiny_chain.jsonl 20 2
   check_chain tiny-int8 tests/fixtures/tiny_int8_chain.jsonl 20 1
+  check_chain tiny-bf16 tests/fixtures/tiny_bf16_chain.jsonl 20 1
 fi

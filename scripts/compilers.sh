@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The numerics contract across compilers: builds the lockstep binary with Clang (build-clang,
 # -Wall -Wextra -Werror: every source of the library and the CLI) beside the GCC build (build),
-# trains `tiny` and `tiny-int8` 20 steps with each, and requires every chain to equal its pinned
-# golden chain (tests/fixtures/tiny_chain.jsonl, tiny_int8_chain.jsonl) bit for bit, and each to generate, from GCC's step-20
+# trains `tiny`, `tiny-int8` and `tiny-bf16` 20 steps with each, and requires every chain to equal
+# its pinned golden chain (tests/fixtures/tiny_chain.jsonl, tiny_int8_chain.jsonl,
+# tiny_bf16_chain.jsonl) bit for bit, and each to generate, from GCC's step-20
 # checkpoint with sampling, the same receipt byte for byte (docs/inference.md). Also runs Clang's selftest (every kernel on every
 # usable SIMD variant vs the reference), and compiles every test and benchmark source with Clang
 # and the same warnings as errors (-fsyntax-only: Clang's warnings come from its front end, and
@@ -37,7 +38,7 @@ trap 'rm -rf "$tmp"' EXIT
 build/lockstep data synth --out "$tmp/data" --seed 7 --tokens 200000 >/dev/null 2>&1
 status=0
 for compiler in build build-clang; do
-  for config in tiny tiny-int8; do
+  for config in tiny tiny-int8 tiny-bf16; do
     out="$tmp/$compiler"
     [[ $config == tiny ]] || out="$tmp/$compiler-$config"
     "$compiler/lockstep" train --config "$config" --data "$tmp/data" --out "$out" --steps 20 \

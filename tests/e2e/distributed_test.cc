@@ -88,6 +88,35 @@ class Distributed : public ::testing::Test {
     EXPECT_EQ(r.output.find("MISMATCH"), std::string::npos) << r.output;
   }
 
+  // tiny-dp with `keys` added to its model (as config `name`): 1, 2 and 4 processes commit the same
+  // chain and checkpoints, and the run's kit audits MATCH in one process.
+  void ExpectSameAtOneTwoAndFourProcessesAndKitAuditsMatch(const std::string& name,
+                                                           const std::string& keys) {
+    std::string yaml = ReadFileText(fs::path(LOCKSTEP_SOURCE_DIR) / "configs/tiny-dp.yaml");
+    const size_t at = yaml.find("train:\n");
+    ASSERT_NE(at, std::string::npos);
+    yaml.insert(at, keys);
+    yaml.replace(yaml.find("name: tiny-dp"), 13, "name: " + name);
+    const fs::path config = dir_ / (name + ".yaml");
+    WriteFileSynced(config, yaml);
+    const auto args = [&](const std::string& run) {
+      return "train --config " + config.string() + " --data " + Data() + " --out " + Run(run) +
+             " --no-progress --steps 10 --threads 1";
+    };
+    ASSERT_EQ(Lockstep(args(name + "-n1")).exit_code, 0);
+    const Result two = Mpi(2, args(name + "-n2"));
+    ASSERT_EQ(two.exit_code, 0) << two.output;
+    const Result four = Mpi(4, args(name + "-n4"));
+    ASSERT_EQ(four.exit_code, 0) << four.output;
+    const std::string chain = Text(name + "-n1/state_hashes.jsonl");
+    EXPECT_EQ(std::count(chain.begin(), chain.end(), '\n'), 11);  // steps 0..10
+    EXPECT_EQ(chain, Text(name + "-n2/state_hashes.jsonl"));
+    EXPECT_EQ(chain, Text(name + "-n4/state_hashes.jsonl"));
+    ExpectSameCheckpoints(name + "-n1", name + "-n2");
+    ExpectSameCheckpoints(name + "-n1", name + "-n4");
+    ExpectKitAuditsMatch(name + "-n4", 3);  // the init and the intervals 0-5 and 5-10
+  }
+
   fs::path dir_;
 };
 
@@ -138,32 +167,17 @@ TEST_F(Distributed, OneTwoAndFourProcessesCommitTheSameChainAndCheckpoints) {
   }
 }
 
-// An int8 model (tiny-dp with int8 linears and the int8 backward): 1, 2 and 4 processes commit
-// the same chain and checkpoints, and the run's kit audits MATCH in one process.
+// An int8 model (int8 linears and the int8 backward).
 TEST_F(Distributed, AnInt8RunIsTheSameAtOneTwoAndFourProcessesAndItsKitAuditsMatch) {
-  std::string yaml = ReadFileText(fs::path(LOCKSTEP_SOURCE_DIR) / "configs/tiny-dp.yaml");
-  const size_t at = yaml.find("train:\n");
-  ASSERT_NE(at, std::string::npos);
-  yaml.insert(at, "  linear: int8\n  int8_backward: true\n");
-  yaml.replace(yaml.find("name: tiny-dp"), 13, "name: tiny-dp-int8");
-  const fs::path config = dir_ / "tiny-dp-int8.yaml";
-  WriteFileSynced(config, yaml);
-  const auto args = [&](const std::string& run) {
-    return "train --config " + config.string() + " --data " + Data() + " --out " + Run(run) +
-           " --no-progress --steps 10 --threads 1";
-  };
-  ASSERT_EQ(Lockstep(args("n1")).exit_code, 0);
-  const Result two = Mpi(2, args("n2"));
-  ASSERT_EQ(two.exit_code, 0) << two.output;
-  const Result four = Mpi(4, args("n4"));
-  ASSERT_EQ(four.exit_code, 0) << four.output;
-  const std::string chain = Text("n1/state_hashes.jsonl");
-  EXPECT_EQ(std::count(chain.begin(), chain.end(), '\n'), 11);  // steps 0..10
-  EXPECT_EQ(chain, Text("n2/state_hashes.jsonl"));
-  EXPECT_EQ(chain, Text("n4/state_hashes.jsonl"));
-  ExpectSameCheckpoints("n1", "n2");
-  ExpectSameCheckpoints("n1", "n4");
-  ExpectKitAuditsMatch("n4", 3);  // the init and the intervals 0-5 and 5-10
+  ExpectSameAtOneTwoAndFourProcessesAndKitAuditsMatch("tiny-dp-int8",
+                                                      "  linear: int8\n  int8_backward: true\n");
+}
+
+// OPEN's whole recipe: int8 linears and backward, bf16 activations and compute weights.
+TEST_F(Distributed, AnInt8Bf16RunIsTheSameAtOneTwoAndFourProcessesAndItsKitAuditsMatch) {
+  ExpectSameAtOneTwoAndFourProcessesAndKitAuditsMatch(
+      "tiny-dp-open",
+      "  linear: int8\n  int8_backward: true\n  activations: bf16\n  compute_weights: bf16\n");
 }
 
 // Ranks that disagree on what they run are refused at start, every rank naming the rank and the
