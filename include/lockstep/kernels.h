@@ -130,6 +130,10 @@ void AddInto(std::span<const float> x, std::span<float> y);
 // nearest bfloat16 and kept as the binary32 of that value -- how a tensor stored as bf16 is made
 // (docs/numerics.md, "bf16").
 void RoundToBf16(std::span<float> x);
+// y[i] = NarrowToBf16(x[i]): x stored as bf16 (exact where x holds bfloat16 values, as RoundToBf16
+// leaves them); and y[i] = WidenBf16(x[i]), always exact.
+void ToBf16(std::span<const float> x, std::span<BFloat16> y);
+void FromBf16(std::span<const BFloat16> x, std::span<float> y);
 
 // ---- RMSNorm --------------------------------------------------------------------------------
 // y[r,:] = x[r,:] * rstd[r] (* gain), rstd[r] = 1 / sqrt(sumsq(x[r,:]) * (1/d) + eps).
@@ -360,6 +364,8 @@ enum class Op : uint8_t {
   kHadamardRows,
   kQuantizeRowsByScale,
   kRoundToBf16,
+  kToBf16,
+  kFromBf16,
   kCount
 };
 

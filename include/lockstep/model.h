@@ -476,6 +476,23 @@ class Model : private AttentionContext {
     Span x_in, attn_rstd, h, q_raw, q_rstd, k_raw, k_rstd, q, k, v, attn, attn_lse;
     Span x_mid, ffn_rstd, h2, gu, act;
   };
+  // The activations a layer's backward reads but its input and the statistics (rstd, lse): with
+  // bf16 activations kept (Bf16Saved) each layer but the last keeps these in bf16_.
+  static constexpr Span LayerActivations::*kBf16Saved[] = {
+      &LayerActivations::h,    &LayerActivations::q_raw, &LayerActivations::k_raw,
+      &LayerActivations::q,    &LayerActivations::k,     &LayerActivations::v,
+      &LayerActivations::attn, &LayerActivations::x_mid, &LayerActivations::h2,
+      &LayerActivations::gu,   &LayerActivations::act};
+  using Bf16Spans = std::array<Span, std::size(kBf16Saved)>;
+  // Whether the layers share one binary32 set of those activations and keep them as bf16
+  // between their forward and backward: kept activations of a model that stores activations
+  // as bf16 (docs/model.md, "bf16 storage"), of more than one layer.
+  bool Bf16Saved() const;
+  std::span<BFloat16> B(Span s) { return {bf16_.data() + s.offset, static_cast<size_t>(s.size)}; }
+  // Layer l's activations (the shared set) into its bf16 spans, or back; neither is reported to
+  // an observer (like recomputation, how the activations are kept is not part of the run).
+  void SaveBf16(int64_t l);
+  void RestoreBf16(int64_t l);
   std::span<float> A(Span s) { return {arena_.data() + s.offset, static_cast<size_t>(s.size)}; }
   std::span<const float> A(Span s) const {
     return {arena_.data() + s.offset, static_cast<size_t>(s.size)};
@@ -559,6 +576,9 @@ class Model : private AttentionContext {
   Span compute_emb_norm_, compute_final_norm_, compute_output_;
   int64_t arena_floats_ = 0;
   std::vector<float> arena_;
+  std::vector<Bf16Spans> bf16_spans_;  // per layer (Bf16Saved)
+  int64_t bf16_elements_ = 0;
+  std::vector<BFloat16> bf16_;
   std::vector<uint32_t> inputs_, targets_;
   Int8Scratch int8_;  // model.linear = int8 only
   bool have_forward_ = false;

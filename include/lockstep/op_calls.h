@@ -75,6 +75,9 @@ void AddInto(const OpHooks& hooks, int64_t layer, std::span<const float> x, std:
 void Copy(const OpHooks& hooks, int64_t layer, std::span<const float> x, std::span<float> y);
 // x = its values rounded to bfloat16 (rk::RoundToBf16), in place.
 void RoundToBf16(const OpHooks& hooks, int64_t layer, std::span<float> x);
+// y = x stored as bf16 (rk::ToBf16), and x = y read back (rk::FromBf16); the same sizes.
+void ToBf16(const OpHooks& hooks, int64_t layer, std::span<const float> x, std::span<BFloat16> y);
+void FromBf16(const OpHooks& hooks, int64_t layer, std::span<const BFloat16> x, std::span<float> y);
 // The forward records grad_scale 0. `logits` is the kernels' optional logits buffer (not
 // recorded).
 void CrossEntropyFwd(const OpHooks& hooks, int64_t layer, const rk::CrossEntropyShape& s,

@@ -405,6 +405,7 @@ class RuntimeDevice final : public Device {
   void RunBlockSquares(rk::Op op, Binding& io);
   void RunCanonicalizeNaNs(rk::Op op, Binding& io);
   void RunRoundToBf16(rk::Op op, Binding& io);
+  void RunBf16Conversion(rk::Op op, Binding& io);
   void RunAdamW(rk::Op op, Binding& io);
   void RunSwiglu(rk::Op op, Binding& io);
   void RunAttention(rk::Op op, Binding& io);
@@ -742,6 +743,11 @@ void RuntimeDevice::RunRoundToBf16(rk::Op /*op*/, Binding& io) {
   Launch(main_, "round_to_bf16", n, io.Out("x", n), n);
 }
 
+void RuntimeDevice::RunBf16Conversion(rk::Op op, Binding& io) {
+  const int64_t n = io.Size("x");
+  Launch(main_, op == rk::Op::kToBf16 ? "to_bf16" : "from_bf16", n, io.In("x"), io.Out("y", n), n);
+}
+
 void RuntimeDevice::RunAdamW(rk::Op /*op*/, Binding& io) {
   const std::string_view name = io.name();
   const rk::AdamWParams p{io.Float("lr"),  io.Float("beta1"),        io.Float("beta2"),
@@ -982,6 +988,8 @@ const Recipe* RecipeOf(rk::Op op) {
       {rk::Op::kBlockSquares, &RuntimeDevice::RunBlockSquares, kFp64},
       {rk::Op::kCanonicalizeNaNs, &RuntimeDevice::RunCanonicalizeNaNs},
       {rk::Op::kRoundToBf16, &RuntimeDevice::RunRoundToBf16},
+      {rk::Op::kToBf16, &RuntimeDevice::RunBf16Conversion},
+      {rk::Op::kFromBf16, &RuntimeDevice::RunBf16Conversion},
       {rk::Op::kAdamW, &RuntimeDevice::RunAdamW},
       {rk::Op::kSwigluFwd, &RuntimeDevice::RunSwiglu},
       {rk::Op::kSwigluBwd, &RuntimeDevice::RunSwiglu},

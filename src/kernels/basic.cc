@@ -1,5 +1,7 @@
 // Public entry points of the row reductions, AddInto, RoundToBf16, RMSNorm and RoPE: validation,
 // then the reference or the active SIMD variant.
+#include <algorithm>
+
 #include "kernels/impl.h"
 #include "kernels/internal.h"
 
@@ -50,6 +52,30 @@ void AddInto(std::span<const float> x, std::span<float> y) {
   CheckSize("AddInto", "x", x, static_cast<int64_t>(y.size()), "y.size()");
   CheckDisjoint("AddInto", "y", y, "x", x);
   LOCKSTEP_RK_RUN(AddInto, x.data(), y.data(), static_cast<int64_t>(y.size()));
+}
+
+// Memory-bound conversions with one result per element and nothing to vectorise by hand: the
+// same code on every variant.
+void ToBf16(std::span<const float> x, std::span<BFloat16> y) {
+  CheckSize("ToBf16", "x", x, static_cast<int64_t>(y.size()), "y.size()");
+  constexpr int64_t kBlock = int64_t{1} << 15;
+  const auto n = static_cast<int64_t>(x.size());
+  ParallelFor((n + kBlock - 1) / kBlock, [&](int64_t block) {
+    for (int64_t i = block * kBlock; i < std::min(n, (block + 1) * kBlock); ++i) {
+      y[static_cast<size_t>(i)] = NarrowToBf16(x[static_cast<size_t>(i)]);
+    }
+  });
+}
+
+void FromBf16(std::span<const BFloat16> x, std::span<float> y) {
+  CheckSize("FromBf16", "x", x, static_cast<int64_t>(y.size()), "y.size()");
+  constexpr int64_t kBlock = int64_t{1} << 15;
+  const auto n = static_cast<int64_t>(x.size());
+  ParallelFor((n + kBlock - 1) / kBlock, [&](int64_t block) {
+    for (int64_t i = block * kBlock; i < std::min(n, (block + 1) * kBlock); ++i) {
+      y[static_cast<size_t>(i)] = WidenBf16(x[static_cast<size_t>(i)]);
+    }
+  });
 }
 
 void RoundToBf16(std::span<float> x) {

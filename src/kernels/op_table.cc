@@ -119,6 +119,14 @@ void RunAddInto(const OpValues& in, OpValues& out) {
 }
 void RunCopy(const OpValues& in, OpValues& out) { out.Put("y", in.F("x")); }
 void RunRoundToBf16(const OpValues& in, OpValues& out) { RoundToBf16(out.Put("x", in.F("x"))); }
+void RunToBf16(const OpValues& in, OpValues& out) {
+  const int64_t n = Allocation(in, {static_cast<int64_t>(in.F("x").size())});
+  ToBf16(in.F("x"), out.Put("y", std::vector<BFloat16>(static_cast<size_t>(n))));
+}
+void RunFromBf16(const OpValues& in, OpValues& out) {
+  const std::span<const BFloat16> x = in.Get<BFloat16>("x");
+  FromBf16(x, out.Put("y", Zeros(in, {static_cast<int64_t>(x.size())})));
+}
 void RunSwigluFwd(const OpValues& in, OpValues& out) {
   const std::span<float> act = out.Put("act", Zeros(in, {in.Int("rows"), in.Int("f")}));
   SwigluForward(in.F("gu"), act, in.Int("rows"), in.Int("f"));
@@ -303,6 +311,22 @@ OpValues SampleRoundToBf16() {
   v.Put("x", std::move(x));
   return v;
 }
+OpValues SampleToBf16() {
+  OpValues v = SampleRoundToBf16();  // every kind of value, not only bfloat16 ones
+  v.Put("x", std::vector<float>(v.F("x").begin(), v.F("x").end()));
+  return v;
+}
+OpValues SampleFromBf16() {
+  OpValues v = With({{"n", 4099}});
+  std::vector<BFloat16> x(4099);
+  const Floats f = SelftestFloats(4099, 44);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = NarrowToBf16(f[i]);
+  for (const uint16_t special : {0x0001, 0x8000, 0x7f80, 0xff80, 0x7fc0, 0x7f7f, 0x0080}) {
+    x[special % 4099] = {special};
+  }
+  v.Put("x", std::move(x));
+  return v;
+}
 OpValues SampleCopy() {
   OpValues v = With({{"n", 1003}});
   v.Put("x", SelftestFloats(1003, 42));
@@ -452,7 +476,8 @@ OpValues SampleHadamardRows() {
   return v;
 }
 
-constexpr Dtype kU32 = Dtype::kU32, kF64 = Dtype::kF64, kF32 = Dtype::kF32, kI8 = Dtype::kI8;
+constexpr Dtype kU32 = Dtype::kU32, kF64 = Dtype::kF64, kF32 = Dtype::kF32, kI8 = Dtype::kI8,
+                kBF16 = Dtype::kBF16;
 constexpr bool kOptional = true;
 
 const std::vector<OpSpec>& Table() {
@@ -718,6 +743,24 @@ const std::vector<OpSpec>& Table() {
          {{"x"}},
          RunRoundToBf16,
          SampleRoundToBf16},
+        {Op::kToBf16,
+         "to_bf16",
+         "ToBf16",
+         {"n"},
+         {},
+         {{"x"}},
+         {{"y", kBF16}},
+         RunToBf16,
+         SampleToBf16},
+        {Op::kFromBf16,
+         "from_bf16",
+         "FromBf16",
+         {"n"},
+         {},
+         {{"x", kBF16}},
+         {{"y"}},
+         RunFromBf16,
+         SampleFromBf16},
     };
     for (size_t i = 0; i < t.size(); ++i) {
       if (static_cast<size_t>(t[i].op) != i) LOCKSTEP_INTERNAL("op table entry {} out of order", i);
@@ -820,8 +863,8 @@ void CanonicalizeNaNsOf(HostTensor& t) {
 }  // namespace
 
 std::vector<float> OutputWords(const OpSpec& op, const OpValues& values) {
-  const bool canonical =
-      op.op != Op::kGlobalNorm && op.op != Op::kAdamW && op.op != Op::kRoundToBf16;
+  const bool canonical = op.op != Op::kGlobalNorm && op.op != Op::kAdamW &&
+                         op.op != Op::kRoundToBf16 && op.op != Op::kToBf16;
   std::vector<std::byte> bytes;
   for (const OpRole& role : op.outputs) {
     const auto it = values.tensors.find(role.name);

@@ -139,13 +139,16 @@ Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int6
              Activations activations)
     : Model(config, vocab_chunk, batch, seq, activations, PlanOnly{}) {
   arena_.assign(static_cast<size_t>(arena_floats_), 0.0f);
+  bf16_.assign(static_cast<size_t>(bf16_elements_), BFloat16{});
   if (config.linear == Linear::kInt8) int8_.Resize(config, rows_, /*backward=*/true);
   inputs_.resize(static_cast<size_t>(rows_));
   targets_.resize(static_cast<size_t>(rows_));
 }
 
 Model::~Model() {
-  if (hooks_.executor != nullptr) hooks_.executor->Forget(arena_);
+  if (hooks_.executor == nullptr) return;
+  hooks_.executor->Forget(arena_);
+  if (!bf16_.empty()) hooks_.executor->Forget(bf16_);
 }
 
 void Model::set_hooks(const OpHooks& hooks) {
@@ -153,8 +156,15 @@ void Model::set_hooks(const OpHooks& hooks) {
     if (hooks_.executor != nullptr) {
       hooks_.executor->ToHost(arena_);
       hooks_.executor->Forget(arena_);
+      if (!bf16_.empty()) {
+        hooks_.executor->ToHost(bf16_);
+        hooks_.executor->Forget(bf16_);
+      }
     }
-    if (hooks.executor != nullptr) hooks.executor->Keep(arena_);
+    if (hooks.executor != nullptr) {
+      hooks.executor->Keep(arena_);
+      if (!bf16_.empty()) hooks.executor->Keep(bf16_);
+    }
   }
   hooks_ = hooks;
 }
@@ -167,6 +177,7 @@ int64_t Model::AllocatedBytes(const ModelConfig& config, int64_t vocab_chunk, in
                            ? Int8Scratch::Bytes(config, plan.rows_, /*backward=*/true)
                            : 0;
   return (plan.arena_floats_ + rope_floats) * int64_t{sizeof(float)} +
+         plan.bf16_elements_ * int64_t{sizeof(BFloat16)} +
          2 * plan.rows_ * int64_t{sizeof(uint32_t)} + int8;
 }
 
@@ -234,14 +245,23 @@ Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int6
     emb_rstd_ = take(n);
   }
   layers_.resize(static_cast<size_t>(config.n_layers));
-  // Recomputed, every layer keeps its input only, and all share one set of the rest.
-  const bool shared = activations == Activations::kRecomputed;
+  // Recomputed, every layer keeps its input only, and all share one set of the rest. Kept as
+  // bf16, every layer keeps its input and statistics, and all share one binary32 set of the rest.
+  const bool bf16 = Bf16Saved();
+  const bool shared = activations == Activations::kRecomputed || bf16;
   for (LayerActivations& a : layers_) {
     a.x_in = take(n * d);
     if (shared && &a != &layers_.front()) {
       const Span x_in = a.x_in;
       a = layers_.front();
       a.x_in = x_in;
+      if (bf16) {
+        a.attn_rstd = take(n);
+        a.q_rstd = take(qk_raw * n * config.n_heads);
+        a.k_rstd = take(qk_raw * n * config.n_kv_heads);
+        a.attn_lse = take(n * config.n_heads);
+        a.ffn_rstd = take(n);
+      }
       continue;
     }
     a.attn_rstd = take(n);
@@ -287,6 +307,39 @@ Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int6
     compute_output_ = take(config.vocab * d);
   }
   arena_floats_ = end;
+  if (bf16) {
+    for (int64_t l = 0; l + 1 < config.n_layers; ++l) {
+      Bf16Spans& spans = bf16_spans_.emplace_back();
+      for (size_t j = 0; j < spans.size(); ++j) {
+        const int64_t size = (layers_.front().*kBf16Saved[j]).size;
+        spans[j] = {bf16_elements_, size};
+        bf16_elements_ += (size + 31) / 32 * 32;  // 64-byte aligned, as the arena's
+      }
+    }
+  }
+}
+
+bool Model::Bf16Saved() const {
+  return activations_ == Activations::kKept && config_.activations == Storage::kBf16 &&
+         config_.n_layers > 1;
+}
+
+void Model::SaveBf16(int64_t l) {
+  const OpHooks hidden{.observer = nullptr, .executor = hooks_.executor};
+  const LayerActivations& a = layers_[static_cast<size_t>(l)];
+  const Bf16Spans& spans = bf16_spans_[static_cast<size_t>(l)];
+  for (size_t j = 0; j < spans.size(); ++j) {
+    if (spans[j].size > 0) ops::ToBf16(hidden, l, A(a.*kBf16Saved[j]), B(spans[j]));
+  }
+}
+
+void Model::RestoreBf16(int64_t l) {
+  const OpHooks hidden{.observer = nullptr, .executor = hooks_.executor};
+  const LayerActivations& a = layers_[static_cast<size_t>(l)];
+  const Bf16Spans& spans = bf16_spans_[static_cast<size_t>(l)];
+  for (size_t j = 0; j < spans.size(); ++j) {
+    if (spans[j].size > 0) ops::FromBf16(hidden, l, B(spans[j]), A(a.*kBf16Saved[j]));
+  }
 }
 
 void Model::CheckParams(const ParamStore& params, const char* what) const {
@@ -419,6 +472,7 @@ LossSums Model::Forward(TensorAccess& access, std::span<const uint32_t> tokens) 
       access.WillOpenParam(P.output);
     }
     ForwardLayer(obs, l, w, /*output=*/true);
+    if (Bf16Saved() && l + 1 < c.n_layers) SaveBf16(l);
     CloseLayer(access, l);
   }
 
@@ -575,6 +629,7 @@ Digest Model::Backward(TensorAccess& access, float grad_scale, bool accumulate) 
     if (activations_ == Activations::kRecomputed && l + 1 < c.n_layers) {
       ForwardLayer({.observer = nullptr, .executor = obs.executor}, l, w, /*output=*/false);
     }
+    if (Bf16Saved() && l + 1 < c.n_layers) RestoreBf16(l);
     BackwardLayer(access, l, w, accumulate);
     backward.Update(OnHost(dx_));
     CloseLayer(access, l);

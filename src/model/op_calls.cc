@@ -226,6 +226,15 @@ void RoundToBf16(const OpHooks& hooks, int64_t layer, std::span<float> x) {
        [&] { rk::RoundToBf16(x); });
 }
 
+void ToBf16(const OpHooks& hooks, int64_t layer, std::span<const float> x, std::span<BFloat16> y) {
+  Call(hooks, rk::Op::kToBf16, layer, {D(std::ssize(x))}, {x}, {y}, [&] { rk::ToBf16(x, y); });
+}
+
+void FromBf16(const OpHooks& hooks, int64_t layer, std::span<const BFloat16> x,
+              std::span<float> y) {
+  Call(hooks, rk::Op::kFromBf16, layer, {D(std::ssize(x))}, {x}, {y}, [&] { rk::FromBf16(x, y); });
+}
+
 void CrossEntropyFwd(const OpHooks& hooks, int64_t layer, const rk::CrossEntropyShape& s,
                      std::span<const float> h, std::span<const float> w,
                      std::span<const uint32_t> targets, std::span<float> loss,

@@ -33,6 +33,20 @@ __kernel void round_to_bf16(__global float* x, long n) {
   x[i] = (u & 0x7fffffffu) > 0x7f800000u ? as_float(0x7fc00000u) : as_float(rounded);
 }
 
+// A tensor stored as bf16 (its bits: ushort) and read back exactly.
+__kernel void to_bf16(__global const float* x, __global ushort* y, long n) {
+  const long i = get_global_id(0);
+  if (i >= n) return;
+  const uint u = as_uint(x[i]);
+  y[i] = (u & 0x7fffffffu) > 0x7f800000u ? (ushort)0x7fc0u
+                                         : (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+__kernel void from_bf16(__global const ushort* x, __global float* y, long n) {
+  const long i = get_global_id(0);
+  if (i < n) y[i] = as_float((uint)x[i] << 16);
+}
+
 // The per-step scalars are the host's (rk::AdamWScalars, computed once per call as the contract
 // says); per element:
 //   m' = fma(beta1, m, omb1 * g); v' = fma(beta2, v, (omb2 * g) * g)
