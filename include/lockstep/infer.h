@@ -70,7 +70,8 @@ class KvDecoder : private AttentionContext {
  public:
   // `slots` sequences of up to config.seq_len positions each, cached in RAM. The decoder reads
   // the weights in `params` in place (the ParamStore must outlive it), or with
-  // model.compute_weights = bf16 their compute copy, made once here (ComputeCopyBytes).
+  // model.compute_weights = bf16 their compute copy, made once here; and on the CPU the head
+  // packed for decode's few rows, made at the first call that needs it (CopyBytes).
   KvDecoder(const ModelConfig& config, const ParamStore& params, int64_t slots);
   // One sequence per slot of up to capacities[slot] positions (1 .. config.seq_len) each.
   KvDecoder(const ModelConfig& config, const ParamStore& params,
@@ -83,8 +84,9 @@ class KvDecoder : private AttentionContext {
   // holds besides (its activations and logits).
   static uint64_t CacheBytes(const ModelConfig& config, std::span<const int64_t> capacities);
   static uint64_t AppendBytes(const ModelConfig& config, int64_t rows, int64_t logit_rows);
-  // The bytes of the weights' compute copy (0 unless model.compute_weights = bf16).
-  static uint64_t ComputeCopyBytes(const ModelConfig& config);
+  // The most bytes of the copies of weights a decoder makes: the bf16 compute copy (with
+  // model.compute_weights = bf16) and the packed head.
+  static uint64_t CopyBytes(const ModelConfig& config);
 
   // New tokens of one sequence: they are its positions Length(slot) ..
   struct Piece {
@@ -124,6 +126,7 @@ class KvDecoder : private AttentionContext {
   // With model.compute_weights = bf16: the parameters rounded to bf16 but the int8 scales
   // (docs/model.md, "bf16"); the embedding table's rows are the rounded rows training looks up.
   std::unique_ptr<ParamStore> compute_;
+  std::optional<rk::GemvPacking> head_;  // output_ packed (rk::PackForGemv), once asked for
   // What an executor keeps: the weights and every layer's KV caches (fixed in size and place).
   std::vector<std::span<const float>> Resident() const;
   std::vector<LayerTensors> layers_;

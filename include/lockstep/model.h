@@ -488,6 +488,7 @@ class Model : private AttentionContext {
   // between their forward and backward: kept activations of a model that stores activations
   // as bf16 (docs/model.md, "bf16 storage"), of more than one layer.
   bool Bf16Saved() const;
+  void PlanBf16();  // bf16_spans_ and bf16_elements_ for every layer but the last
   std::span<BFloat16> B(Span s) { return {bf16_.data() + s.offset, static_cast<size_t>(s.size)}; }
   // Layer l's activations (the shared set) into its bf16 spans, or back; neither is reported to
   // an observer (like recomputation, how the activations are kept is not part of the run).

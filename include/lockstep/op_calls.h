@@ -28,6 +28,9 @@ void RmsNormFwd(const OpHooks& hooks, int64_t layer, std::span<const float> x,
 void GemmXWt(const OpHooks& hooks, int64_t layer, std::span<const float> x,
              std::span<const float> w, std::span<float> y, int64_t m, int64_t n, int64_t k,
              bool accumulate = false);
+// The same op (recorded with w.w) on CPU from w's packing (rk::GemmXWtPacked: the same bits).
+void GemmXWtPacked(const OpHooks& hooks, int64_t layer, std::span<const float> x,
+                   const rk::GemvPacking& w, std::span<float> y, int64_t m);
 void GemmDyW(const OpHooks& hooks, int64_t layer, std::span<const float> dy,
              std::span<const float> w, std::span<float> dx, int64_t m, int64_t n, int64_t k,
              bool accumulate = false);

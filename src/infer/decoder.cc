@@ -151,10 +151,12 @@ uint64_t KvDecoder::AppendBytes(const ModelConfig& c, int64_t rows, int64_t logi
          int8;
 }
 
-uint64_t KvDecoder::ComputeCopyBytes(const ModelConfig& c) {
-  if (c.compute_weights != Storage::kBf16) return 0;
-  uint64_t floats = 0;
-  for (const ParamSpec& spec : ParameterSpecs(c)) floats += static_cast<uint64_t>(spec.numel());
+uint64_t KvDecoder::CopyBytes(const ModelConfig& c) {
+  // The packing rounds the head's rows up to a multiple of the widest vector (16 floats).
+  uint64_t floats = static_cast<uint64_t>((c.vocab + 15) / 16 * 16 * c.d_model);
+  if (c.compute_weights == Storage::kBf16) {
+    for (const ParamSpec& spec : ParameterSpecs(c)) floats += static_cast<uint64_t>(spec.numel());
+  }
   return floats * sizeof(float);
 }
 
@@ -271,7 +273,12 @@ std::vector<float> KvDecoder::Append(std::span<const Piece> pieces, bool every_p
   Norm(-1, x, final_norm_, xf, rows, d);
   StoreActivation(hooks_, c, -1, xf);
   std::vector<float> logits(static_cast<size_t>(rows * c.vocab));
-  ops::GemmXWt(hooks_, -1, xf, output_, logits, rows, c.vocab, d);
+  if (hooks_.executor == nullptr && rows <= rk::kGemvMaxRows) {
+    if (!head_) head_ = rk::PackForGemv(output_, c.vocab, d);
+    ops::GemmXWtPacked(hooks_, -1, xf, *head_, logits, rows);
+  } else {
+    ops::GemmXWt(hooks_, -1, xf, output_, logits, rows, c.vocab, d);
+  }
   return logits;
 }
 

@@ -78,18 +78,17 @@ void CheckGenerationFits(const ModelConfig& c, std::span<const Request> requests
   const uint64_t cache = KvDecoder::CacheBytes(c, capacities);
   const uint64_t prefill =
       KvDecoder::AppendBytes(c, prompts, static_cast<int64_t>(requests.size()));
-  const uint64_t copy = KvDecoder::ComputeCopyBytes(c);
+  const uint64_t copy = KvDecoder::CopyBytes(c);
   if (cache + prefill + copy > available) {
     Fail(
         "{} requests need {} for their KV caches ({} layers, {} positions in all: each prompt "
-        "and max_tokens, at most seq_len) and {} for the prefill of their {} prompt tokens{}; "
-        "this machine has {} available (MemAvailable): give fewer requests or a smaller "
+        "and max_tokens, at most seq_len), {} for the prefill of their {} prompt tokens and {} "
+        "for the copies of the weights the decoder makes (its packed head; its bf16 compute "
+        "copy); this machine has {} available (MemAvailable): give fewer requests or a smaller "
         "--max-tokens",
         requests.size(), MiB(cache), c.n_layers,
         std::accumulate(capacities.begin(), capacities.end(), int64_t{0}), MiB(prefill), prompts,
-        copy == 0 ? std::string()
-                  : fmt::format(", and the model needs {} for its bf16 compute copy", MiB(copy)),
-        MiB(available));
+        MiB(copy), MiB(available));
   }
 }
 

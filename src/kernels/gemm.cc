@@ -34,6 +34,31 @@ void Run(const GemmArgs& g) {
 }
 }  // namespace
 
+GemvPacking PackForGemv(std::span<const float> w, int64_t n, int64_t k) {
+  detail::CheckNonNegative("PackForGemv", "n", n);
+  detail::CheckNonNegative("PackForGemv", "k", k);
+  detail::CheckSize("PackForGemv", "w", w, detail::Elements("PackForGemv", "n*k", {n, k}), "n*k");
+  GemvPacking p{w, n, k, 0, {}};
+  if (detail::UsingReference() || n == 0 || k == 0) return p;
+  p.lanes = simd::GemvLanes();
+  p.packed.resize(static_cast<size_t>((n + p.lanes - 1) / p.lanes * p.lanes * k));
+  simd::PackGemv(w.data(), n, k, p.packed.data());
+  return p;
+}
+
+void GemmXWtPacked(std::span<const float> x, const GemvPacking& w, std::span<float> y, int64_t m) {
+  if (m < 0 || m > kGemvMaxRows) {
+    Fail("GemmXWtPacked: m = {} (the packed product is for 0 to {} rows)", m, kGemvMaxRows);
+  }
+  if (w.lanes == 0 || detail::UsingReference() || simd::GemvLanes() != w.lanes) {
+    GemmXWt(x, w.w, y, m, w.n, w.k);
+    return;
+  }
+  CheckGemm("GemmXWtPacked", "x", x, "m*k", "w", w.w, "n*k", "y", y, "m*n", m, w.n, w.k);
+  if (m == 0 || w.n == 0) return;
+  simd::GemvPacked(x.data(), w.packed.data(), y.data(), m, w.n, w.k);
+}
+
 void GemmXWt(std::span<const float> x, std::span<const float> w, std::span<float> y, int64_t m,
              int64_t n, int64_t k, bool accumulate) {
   CheckGemm("GemmXWt", "x", x, "m*k", "w", w, "n*k", "y", y, "m*n", m, n, k);

@@ -55,6 +55,11 @@ LOCKSTEP_RK_IMPLS
 }
 namespace simd {
 LOCKSTEP_RK_IMPLS
+// Decode's packed weight (rk::PackForGemv), which only the SIMD variants have: the vectors of
+// the active one, W packed for them, and the product from it.
+int64_t GemvLanes();
+void PackGemv(const float* w, int64_t n, int64_t k, float* packed);
+void GemvPacked(const float* x, const float* packed, float* y, int64_t m, int64_t n, int64_t k);
 }
 #undef LOCKSTEP_RK_IMPLS
 

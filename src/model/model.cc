@@ -307,14 +307,16 @@ Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int6
     compute_output_ = take(config.vocab * d);
   }
   arena_floats_ = end;
-  if (bf16) {
-    for (int64_t l = 0; l + 1 < config.n_layers; ++l) {
-      Bf16Spans& spans = bf16_spans_.emplace_back();
-      for (size_t j = 0; j < spans.size(); ++j) {
-        const int64_t size = (layers_.front().*kBf16Saved[j]).size;
-        spans[j] = {bf16_elements_, size};
-        bf16_elements_ += (size + 31) / 32 * 32;  // 64-byte aligned, as the arena's
-      }
+  if (bf16) PlanBf16();
+}
+
+void Model::PlanBf16() {
+  for (int64_t l = 0; l + 1 < config_.n_layers; ++l) {
+    Bf16Spans& spans = bf16_spans_.emplace_back();
+    for (size_t j = 0; j < spans.size(); ++j) {
+      const int64_t size = (layers_.front().*kBf16Saved[j]).size;
+      spans[j] = {bf16_elements_, size};
+      bf16_elements_ += (size + 31) / 32 * 32;  // 64-byte aligned, as the arena's
     }
   }
 }

@@ -110,6 +110,12 @@ void GemmXWt(const OpHooks& hooks, int64_t layer, std::span<const float> x,
        [&] { rk::GemmXWt(x, w, y, m, n, k, accumulate); });
 }
 
+void GemmXWtPacked(const OpHooks& hooks, int64_t layer, std::span<const float> x,
+                   const rk::GemvPacking& w, std::span<float> y, int64_t m) {
+  Call(hooks, rk::Op::kGemmXWt, layer, {D(m), D(w.n), D(w.k), 0.0}, {x, w.w, std::span<float>()},
+       {y}, [&] { rk::GemmXWtPacked(x, w, y, m); });
+}
+
 void GemmDyW(const OpHooks& hooks, int64_t layer, std::span<const float> dy,
              std::span<const float> w, std::span<float> dx, int64_t m, int64_t n, int64_t k,
              bool accumulate) {

@@ -130,8 +130,15 @@ TEST(KvDecoder, ASlotHoldsItsCapacityAndABatchIsPlannedBeforeItIsAllocated) {
   const std::vector<infer::Request> requests = {{0, Tokens(4, 512, 6)}, {1, Tokens(4, 512, 7)}};
   infer::SamplingParams params;
   params.max_tokens = 3;
-  const uint64_t need =
-      KvDecoder::CacheBytes(f.c, std::vector<int64_t>{6, 6}) + KvDecoder::AppendBytes(f.c, 8, 2);
+  const uint64_t need = KvDecoder::CacheBytes(f.c, std::vector<int64_t>{6, 6}) +
+                        KvDecoder::AppendBytes(f.c, 8, 2) + KvDecoder::CopyBytes(f.c);
+  // The packed head, rows rounded up to 16, and with bf16 compute weights a copy of every weight.
+  const uint64_t head = uint64_t((f.c.vocab + 15) / 16 * 16 * f.c.d_model) * sizeof(float);
+  ModelConfig bf16 = f.c;
+  bf16.compute_weights = Storage::kBf16;
+  EXPECT_EQ(KvDecoder::CopyBytes(f.c), head);
+  EXPECT_EQ(KvDecoder::CopyBytes(bf16),
+            head + uint64_t(ParamStore(ParameterSpecs(bf16)).NumParameters()) * sizeof(float));
   EXPECT_NO_THROW(infer::CheckGenerationFits(f.c, requests, params, need));
   test::ExpectError([&] { infer::CheckGenerationFits(f.c, requests, params, need - 1); },
                     {"2 requests need", "12 positions in all", "MemAvailable",

@@ -126,6 +126,37 @@ TEST(Gemm, DecodeRowsBitwiseInvariantWithSpecialValues) {
   }
 }
 
+// The decoder's head: W packed once (rk::PackForGemv) under one variant gives GemmXWt's bits
+// under every variant (a variant of other vectors, or the reference, runs GemmXWt on W itself),
+// at every thread count, on the decode shapes above.
+TEST(Gemm, PackedDecodeIsGemmXWt) {
+  for (int64_t m = 1; m <= rk::kGemvMaxRows; ++m) {
+    for (int64_t n : {1, 3, 17, 40, 255}) {
+      for (int64_t k : {1, 17, 256, 600}) {
+        const uint64_t seed = static_cast<uint64_t>(m * 1000 + n * 10 + k);
+        const std::vector<float> x = WithSpecials(m * k, seed), w = WithSpecials(n * k, seed + 1);
+        std::vector<float> want(static_cast<size_t>(m * n));
+        rk::GemmXWt(x, w, want, m, n, k);
+        rk::CanonicalizeNaNs(want);
+        const rk::GemvPacking packed = rk::PackForGemv(w, n, k);
+        EXPECT_GT(packed.lanes, 0) << "the default variant packs";
+        ExpectBitwiseInvariant(fmt::format("GemmXWtPacked m={} n={} k={}", m, n, k), [&] {
+          std::vector<float> y(static_cast<size_t>(m * n), 5.0f);
+          rk::GemmXWtPacked(x, packed, y, m);
+          rk::CanonicalizeNaNs(y);
+          EXPECT_EQ(std::memcmp(y.data(), want.data(), y.size() * sizeof(float)), 0)
+              << "m=" << m << " n=" << n << " k=" << k;
+          return y;
+        });
+      }
+    }
+  }
+  const std::vector<float> w(12, 1.0f), x(9 * 3, 1.0f);
+  std::vector<float> y(9 * 4);
+  const rk::GemvPacking packed = rk::PackForGemv(w, 4, 3);
+  ExpectError([&] { rk::GemmXWtPacked(x, packed, y, 9); }, {"GemmXWtPacked", "m = 9"});
+}
+
 TEST(Gemm, DecodeSignedZerosAndChunkOrder) {
   // Every product -0: each chunk sum is fma(-0, w, +0) = +0, so y = +0, and accumulating onto -0
   // gives -0 + +0 = +0. Also the chunk order at m = 3, for each row and each of 37 columns (more

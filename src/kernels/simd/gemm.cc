@@ -207,7 +207,8 @@ HWY_INLINE void Microkernel(D d, const float* HWY_RESTRICT ap, const float* HWY_
 // kKc from +0 in order, the chunk sums added in order (onto the old output when accumulating).
 // Threads split the columns. Up to 8 rows it beat the loop nest on every decode shape measured
 // (docs/performance.md, "Generation"): 2.3-3.2x at one row, 1.5-2.4x at eight (AVX-512).
-constexpr int64_t kGemvMaxRows = 8;
+// A weight multiplied many times (the decoder's head) is packed once instead (PackGemv): the
+// same lanes' steps read as one stream, without the transposes.
 
 // Transposes the L x L tile (L = lanes of d, a multiple of 4) whose row l is t[l]: on return
 // t[q] holds column q. 4x4 transposes within each 128-bit block, then the blocks themselves
@@ -332,6 +333,80 @@ void Gemv(const GemmArgs& g) {
       return GemvRows<7>(g);
     default:
       return GemvRows<8>(g);
+  }
+}
+
+int64_t GemvLanes() { return static_cast<int64_t>(hn::MaxLanes(hn::ScalableTag<float>())); }
+
+// Block b of L columns: packed[(b·k + r)·L + l] = W[j0 + l, r], j0 = b·L, past n a repeat of the
+// last row (as GemvColumns' lanes past n).
+void PackGemv(const float* w, int64_t n, int64_t k, float* packed) {
+  const int64_t L = GemvLanes(), blocks = (n + L - 1) / L;
+  ParallelFor(blocks, [&](int64_t b) {
+    float* out = packed + b * k * L;
+    for (int64_t l = 0; l < L; ++l) {
+      const float* row = w + std::min(b * L + l, n - 1) * k;
+      for (int64_t r = 0; r < k; ++r) out[r * L + l] = row[r];
+    }
+  });
+}
+
+// GemvColumns on a packed block: vector r of the block is W[j0..j0+L, r], the same steps in the
+// same order.
+template <int M, class D>
+HWY_NOINLINE void GemvPackedColumns(D d, const float* x, const float* block, float* y, int64_t n,
+                                    int64_t k, int64_t j0) {
+  using V = hn::Vec<D>;
+  constexpr int64_t L = hn::MaxLanes(D());
+  HWY_ALIGN float buf[L];
+  V out[M];
+  for (int64_t pc = 0; pc < k; pc += kKc) {
+    const int64_t pend = std::min(k, pc + kKc);
+    V s[M];
+    for (int i = 0; i < M; ++i) s[i] = hn::Zero(d);
+    for (int64_t r = pc; r < pend; ++r) {
+      const V t = hn::LoadU(d, block + r * L);
+      for (int i = 0; i < M; ++i) s[i] = hn::MulAdd(hn::Set(d, x[i * k + r]), t, s[i]);
+    }
+    for (int i = 0; i < M; ++i) out[i] = pc > 0 ? hn::Add(out[i], s[i]) : s[i];
+  }
+  const int64_t cols = std::min(L, n - j0);
+  for (int i = 0; i < M; ++i) {
+    hn::Store(out[i], d, buf);
+    std::copy(buf, buf + cols, y + i * n + j0);
+  }
+}
+
+template <int M>
+void GemvPackedRows(const float* x, const float* packed, float* y, int64_t n, int64_t k) {
+  const hn::ScalableTag<float> d;
+  constexpr int64_t L = hn::MaxLanes(hn::ScalableTag<float>());
+  const int64_t blocks = (n + L - 1) / L, threads = Threads();
+  ParallelForEachThread([&](int64_t t) {
+    for (int64_t b = blocks * t / threads; b < blocks * (t + 1) / threads; ++b) {
+      GemvPackedColumns<M>(d, x, packed + b * k * L, y, n, k, b * L);
+    }
+  });
+}
+
+void GemvPacked(const float* x, const float* packed, float* y, int64_t m, int64_t n, int64_t k) {
+  switch (m) {
+    case 1:
+      return GemvPackedRows<1>(x, packed, y, n, k);
+    case 2:
+      return GemvPackedRows<2>(x, packed, y, n, k);
+    case 3:
+      return GemvPackedRows<3>(x, packed, y, n, k);
+    case 4:
+      return GemvPackedRows<4>(x, packed, y, n, k);
+    case 5:
+      return GemvPackedRows<5>(x, packed, y, n, k);
+    case 6:
+      return GemvPackedRows<6>(x, packed, y, n, k);
+    case 7:
+      return GemvPackedRows<7>(x, packed, y, n, k);
+    default:
+      return GemvPackedRows<8>(x, packed, y, n, k);
   }
 }
 
@@ -468,6 +543,16 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace lockstep::rk::simd {
 HWY_EXPORT(Gemm);
+HWY_EXPORT(GemvLanes);
+HWY_EXPORT(PackGemv);
+HWY_EXPORT(GemvPacked);
 void Gemm(const GemmArgs& g) { HWY_DYNAMIC_DISPATCH(Gemm)(g); }
+int64_t GemvLanes() { return HWY_DYNAMIC_DISPATCH(GemvLanes)(); }
+void PackGemv(const float* w, int64_t n, int64_t k, float* packed) {
+  HWY_DYNAMIC_DISPATCH(PackGemv)(w, n, k, packed);
+}
+void GemvPacked(const float* x, const float* packed, float* y, int64_t m, int64_t n, int64_t k) {
+  HWY_DYNAMIC_DISPATCH(GemvPacked)(x, packed, y, m, n, k);
+}
 }  // namespace lockstep::rk::simd
 #endif
