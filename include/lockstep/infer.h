@@ -170,6 +170,12 @@ struct Request {
 // The most requests one generation -- a --batch, and so a receipt -- may hold: generate refuses
 // a larger batch and verify-generation a larger receipt before anything else is read of them.
 inline constexpr size_t kMaxRequests = 4096;
+// A --batch file's text (`source` names it in errors): one JSON object per line,
+// {"prompt": TEXT} (encoded with `tokenizer`, which must then be given) or {"prompt_tokens":
+// [ids]}, with an optional "id" (a decimal string; default: the line's index from 0); 1 to
+// kMaxRequests lines, the ids distinct. Fails naming the line and the key.
+std::vector<Request> ParseBatch(std::string_view text, const data::Tokenizer* tokenizer,
+                                const std::string& source);
 // The first two requests (positions, in order) that share an id, found in O(n log n); nothing
 // when every id is distinct. Each request's draws are keyed by its id, so ids must be distinct.
 std::optional<std::pair<size_t, size_t>> FirstSharedId(std::span<const Request> requests);

@@ -432,6 +432,11 @@ void WriteSigningKey(const std::filesystem::path& key_path, const Ed25519Seed& s
 Ed25519Seed ReadSigningKey(const std::filesystem::path& key_path);
 Ed25519PublicKey ReadPublicKey(const std::filesystem::path& pub_path);
 std::string PublicKeyJson(const Ed25519PublicKey& key);
+// A list of trusted public keys (docs/cli.md, "Input files"): one key per line as 64 lowercase
+// hex digits, trailing spaces and CRs ignored, empty lines and lines from '#' skipped; at least
+// one key. `source` names the list in errors, with the line.
+inline constexpr uint64_t kMaxTrustedKeysBytes = uint64_t{1} << 20;  // 15,000 keys
+std::vector<Ed25519PublicKey> ParseTrustedKeys(std::string_view text, const std::string& source);
 
 struct SignedLine {
   uint64_t step = 0;

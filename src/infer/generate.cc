@@ -6,7 +6,10 @@
 #include <cstring>
 #include <numeric>
 
+#include <nlohmann/json.hpp>
+
 #include "lockstep/infer.h"
+#include "lockstep/json.h"
 
 namespace lockstep::infer {
 namespace {
@@ -173,6 +176,57 @@ std::vector<Generation> Generate(const VerifiedModel& model, std::span<const Req
     }
   }
   return out;
+}
+
+std::vector<Request> ParseBatch(std::string_view text, const data::Tokenizer* tokenizer,
+                                const std::string& source) {
+  std::vector<Request> requests;
+  const std::vector<std::string> lines = Lines(text);
+  if (lines.size() > kMaxRequests) {
+    Fail("{}: {} lines, more requests than one generation may hold ({})", source, lines.size(),
+         kMaxRequests);
+  }
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string what = fmt::format("{}: line {}", source, i + 1);
+    const nlohmann::json line = ParseJsonStrict(lines[i], what);
+    if (!line.is_object()) Fail("{}: not a JSON object", what);
+    Request r{i, {}};
+    if (line.contains("id")) {
+      const std::string id = line.at("id").is_string() ? line.at("id").get<std::string>() : "";
+      const std::optional<uint64_t> value = ParseDecimalU64(id);
+      if (!value) {
+        Fail("{}: id = {} (a decimal string from \"0\" to \"18446744073709551615\")", what,
+             ShownJson(line.at("id")));
+      }
+      r.id = *value;
+    }
+    const bool text = line.contains("prompt"), ids = line.contains("prompt_tokens");
+    if (text == ids) Fail("{}: give exactly one of \"prompt\" and \"prompt_tokens\"", what);
+    if (line.size() != 1 + size_t(line.contains("id"))) {
+      Fail("{}: keys other than \"id\", \"prompt\" and \"prompt_tokens\"", what);
+    }
+    if (text) {
+      if (tokenizer == nullptr) Fail("{}: a text prompt needs --data (the tokenizer)", what);
+      if (!line.at("prompt").is_string()) Fail("{}: prompt is not a string", what);
+      r.prompt = tokenizer->Encode(line.at("prompt").get<std::string>(), what);
+    } else {
+      const nlohmann::json& list = line.at("prompt_tokens");
+      if (!list.is_array()) Fail("{}: prompt_tokens is not an array", what);
+      for (size_t k = 0; k < list.size(); ++k) {
+        const uint64_t id = AsU64(list[k], fmt::format("{}: prompt_tokens[{}]", what, k));
+        if (id >= data::kMaxVocab)
+          Fail("{}: prompt_tokens[{}] = {} is not a token id", what, k, id);
+        r.prompt.push_back(static_cast<uint32_t>(id));
+      }
+    }
+    requests.push_back(std::move(r));
+  }
+  if (requests.empty()) Fail("{}: no requests", source);
+  if (const auto shared = FirstSharedId(requests)) {
+    Fail("{}: lines {} and {} have the same id {} (each request's draws are keyed by its id)",
+         source, shared->first + 1, shared->second + 1, requests[shared->first].id);
+  }
+  return requests;
 }
 
 }  // namespace lockstep::infer

@@ -217,4 +217,20 @@ std::optional<std::string> FindEquivocation(const SignedChain& a, const SignedCh
   return std::nullopt;
 }
 
+std::vector<Ed25519PublicKey> ParseTrustedKeys(std::string_view text, const std::string& source) {
+  std::vector<Ed25519PublicKey> keys;
+  const std::vector<std::string> lines = Lines(text);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    std::string line = lines[i];
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+    if (line.empty() || line.starts_with('#')) continue;
+    keys.push_back(BytesFromHex<32>(
+        line, fmt::format("{}: line {} (a key is 64 lowercase hex digits: the \"ed25519\" value "
+                          "of a KEY.pub)",
+                          source, i + 1)));
+  }
+  if (keys.empty()) Fail("{}: no key (one 64-hex Ed25519 public key per line)", source);
+  return keys;
+}
+
 }  // namespace lockstep

@@ -25,56 +25,10 @@ struct GenerateOptions {
   int threads = 1;
 };
 
-// --batch FILE: one JSON object per line, {"prompt": TEXT} or {"prompt_tokens": [ids]}, with an
-// optional "id" (a decimal string; default: the line's index from 0).
+// --batch FILE (infer::ParseBatch).
 std::vector<infer::Request> ReadBatch(const fs::path& path, const data::Tokenizer* tokenizer) {
-  std::vector<infer::Request> requests;
-  const std::vector<std::string> lines = Lines(ReadFileText(path, kMaxJsonBytes, "a --batch file"));
-  if (lines.size() > infer::kMaxRequests) {
-    Fail("{}: {} lines, more requests than one generation may hold ({})", path.string(),
-         lines.size(), infer::kMaxRequests);
-  }
-  for (size_t i = 0; i < lines.size(); ++i) {
-    const std::string what = fmt::format("{}: line {}", path.string(), i + 1);
-    const nlohmann::json line = ParseJsonStrict(lines[i], what);
-    if (!line.is_object()) Fail("{}: not a JSON object", what);
-    infer::Request r{i, {}};
-    if (line.contains("id")) {
-      const std::string id = line.at("id").is_string() ? line.at("id").get<std::string>() : "";
-      const std::optional<uint64_t> value = ParseDecimalU64(id);
-      if (!value) {
-        Fail("{}: id = {} (a decimal string from \"0\" to \"18446744073709551615\")", what,
-             ShownJson(line.at("id")));
-      }
-      r.id = *value;
-    }
-    const bool text = line.contains("prompt"), ids = line.contains("prompt_tokens");
-    if (text == ids) Fail("{}: give exactly one of \"prompt\" and \"prompt_tokens\"", what);
-    if (line.size() != 1 + size_t(line.contains("id"))) {
-      Fail("{}: keys other than \"id\", \"prompt\" and \"prompt_tokens\"", what);
-    }
-    if (text) {
-      if (tokenizer == nullptr) Fail("{}: a text prompt needs --data (the tokenizer)", what);
-      if (!line.at("prompt").is_string()) Fail("{}: prompt is not a string", what);
-      r.prompt = tokenizer->Encode(line.at("prompt").get<std::string>(), what);
-    } else {
-      const nlohmann::json& list = line.at("prompt_tokens");
-      if (!list.is_array()) Fail("{}: prompt_tokens is not an array", what);
-      for (size_t k = 0; k < list.size(); ++k) {
-        const uint64_t id = AsU64(list[k], fmt::format("{}: prompt_tokens[{}]", what, k));
-        if (id >= data::kMaxVocab)
-          Fail("{}: prompt_tokens[{}] = {} is not a token id", what, k, id);
-        r.prompt.push_back(static_cast<uint32_t>(id));
-      }
-    }
-    requests.push_back(std::move(r));
-  }
-  if (requests.empty()) Fail("{}: no requests", path.string());
-  if (const auto shared = infer::FirstSharedId(requests)) {
-    Fail("{}: lines {} and {} have the same id {} (each request's draws are keyed by its id)",
-         path.string(), shared->first + 1, shared->second + 1, requests[shared->first].id);
-  }
-  return requests;
+  return infer::ParseBatch(ReadFileText(path, kMaxJsonBytes, "a --batch file"), tokenizer,
+                           path.string());
 }
 
 int RunGenerate(const GenerateOptions& o) {

@@ -239,21 +239,8 @@ int RunAudit(const AuditCommand& command) {
 // --trusted-keys FILE: one Ed25519 public key per line (64 hex digits, as in KEY.pub); blank
 // lines and lines starting with '#' are skipped.
 std::vector<Ed25519PublicKey> ReadTrustedKeys(const fs::path& path) {
-  constexpr uint64_t kMaxBytes = 1 << 20;  // 15,000 keys
-  std::vector<Ed25519PublicKey> keys;
-  const std::vector<std::string> lines =
-      Lines(ReadFileText(path, kMaxBytes, "a --trusted-keys list"));
-  for (size_t i = 0; i < lines.size(); ++i) {
-    std::string line = lines[i];
-    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
-    if (line.empty() || line.starts_with('#')) continue;
-    keys.push_back(BytesFromHex<32>(
-        line, fmt::format("{}: line {} (a key is 64 lowercase hex digits: the \"ed25519\" value "
-                          "of a KEY.pub)",
-                          path.string(), i + 1)));
-  }
-  if (keys.empty()) Fail("{}: no key (one 64-hex Ed25519 public key per line)", path.string());
-  return keys;
+  return ParseTrustedKeys(ReadFileText(path, kMaxTrustedKeysBytes, "a --trusted-keys list"),
+                          path.string());
 }
 
 // The coverage options `coverage` and `report` share.
