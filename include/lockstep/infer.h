@@ -85,8 +85,8 @@ class KvDecoder : private AttentionContext {
   static uint64_t CacheBytes(const ModelConfig& config, std::span<const int64_t> capacities);
   static uint64_t AppendBytes(const ModelConfig& config, int64_t rows, int64_t logit_rows);
   // The most bytes of the copies of weights a decoder makes: the bf16 compute copy (with
-  // model.compute_weights = bf16) and the packed head.
-  static uint64_t CopyBytes(const ModelConfig& config);
+  // model.compute_weights = bf16) and, on the CPU (`on_cpu`), the packed head.
+  static uint64_t CopyBytes(const ModelConfig& config, bool on_cpu);
 
   // New tokens of one sequence: they are its positions Length(slot) ..
   struct Piece {
@@ -124,7 +124,8 @@ class KvDecoder : private AttentionContext {
   std::span<const float> tok_, emb_norm_, final_norm_, output_;
   std::span<const float> weights_;  // every parameter: the ParamStore's, or compute_'s
   // With model.compute_weights = bf16: the parameters rounded to bf16 but the int8 scales
-  // (docs/model.md, "bf16"); the embedding table's rows are the rounded rows training looks up.
+  // (docs/model.md, "bf16 storage"); the embedding table's rows are the rounded rows training looks
+  // up.
   std::unique_ptr<ParamStore> compute_;
   std::optional<rk::GemvPacking> head_;  // output_ packed (rk::PackForGemv), once asked for
   // What an executor keeps: the weights and every layer's KV caches (fixed in size and place).
@@ -191,10 +192,11 @@ struct Generation {
 // BLAKE2b-256 of the ids as uint32 little-endian.
 Digest PromptDigest(std::span<const uint32_t> ids);
 // Fails, naming the sizes, unless the KV caches of `requests` (each request's prompt and
-// max_tokens positions, at most seq_len) and the prefill's activations fit in `available` bytes.
-// Generate checks it against MemAvailable before it allocates anything.
+// max_tokens positions, at most seq_len), the prefill's activations and the decoder's copies of
+// weights (KvDecoder::CopyBytes; `on_cpu`: no executor) fit in `available` bytes. Generate
+// checks it against MemAvailable before it allocates anything.
 void CheckGenerationFits(const ModelConfig& config, std::span<const Request> requests,
-                         const SamplingParams& params, uint64_t available);
+                         const SamplingParams& params, uint64_t available, bool on_cpu);
 // Every request decoded side by side with one KvDecoder (a slot each): the prompts prefilled in
 // one call, then one token per unfinished request per call, each chosen by SampleToken from its
 // own logits; a request stops at `eod` (when given), at max_tokens, or when its next token would

@@ -76,6 +76,8 @@ struct GemvPacking {
   std::vector<float> packed;
 };
 GemvPacking PackForGemv(std::span<const float> w, int64_t n, int64_t k);
+// The floats PackForGemv holds for a weight [n, k] under the active variant (0: it packs none).
+int64_t PackedGemvFloats(int64_t n, int64_t k);
 // y[m, n] = x[m, k] · wᵀ, m <= kGemvMaxRows: GemmXWt(x, w, y, m, n, k).
 void GemmXWtPacked(std::span<const float> x, const GemvPacking& w, std::span<float> y, int64_t m);
 //   dx[m,k] = dy[m,n] · w[n,k]       (input gradient; reduction over n)
@@ -140,10 +142,12 @@ void RowMax(std::span<const float> x, std::span<float> out, int64_t rows, int64_
 // ---- element-wise helpers -------------------------------------------------------------------
 // y[i] += x[i] (in place on y; used to accumulate gradients across microbatches).
 void AddInto(std::span<const float> x, std::span<float> y);
-// x[i] = WidenBf16(NarrowToBf16(x[i])) (lockstep/tensor.h), in place: each value rounded to the
-// nearest bfloat16 and kept as the binary32 of that value -- how a tensor stored as bf16 is made
-// (docs/numerics.md, "bf16").
-void RoundToBf16(std::span<float> x);
+// y[i] = WidenBf16(NarrowToBf16(x[i])) (lockstep/tensor.h): each value rounded to the nearest
+// bfloat16 and kept as the binary32 of that value -- how a tensor stored as bf16 is made
+// (docs/numerics.md, "bf16"). y is x (in place) or apart from it; the one-argument form is in
+// place.
+void RoundToBf16(std::span<const float> x, std::span<float> y);
+inline void RoundToBf16(std::span<float> x) { RoundToBf16(x, x); }
 // y[i] = NarrowToBf16(x[i]): x stored as bf16 (exact where x holds bfloat16 values, as RoundToBf16
 // leaves them); and y[i] = WidenBf16(x[i]), always exact.
 void ToBf16(std::span<const float> x, std::span<BFloat16> y);

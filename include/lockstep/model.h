@@ -27,8 +27,8 @@ namespace lockstep {
 // and weights (docs/numerics.md, "Int8").
 enum class Linear { kFp32, kInt8 };
 std::string_view LinearName(Linear linear);  // "fp32", "int8"
-// How a kind of tensor is stored (docs/model.md, "bf16"): as binary32, or rounded to bfloat16
-// (rk::RoundToBf16); the arithmetic is binary32 either way.
+// How a kind of tensor is stored (docs/model.md, "bf16 storage"): as binary32, or rounded to
+// bfloat16 (rk::RoundToBf16); the arithmetic is binary32 either way.
 enum class Storage { kFp32, kBf16 };
 std::string_view StorageName(Storage storage);  // "fp32", "bf16"
 
@@ -49,7 +49,7 @@ struct ModelConfig {
   // they sum over (docs/model.md, "Linears"); optional in YAML (default false).
   bool int8_backward = false;
   // The activations and the activation gradients between ops, and the compute copy of the
-  // weights that the forward and backward read (docs/model.md, "bf16"); optional in YAML
+  // weights that the forward and backward read (docs/model.md, "bf16 storage"); optional in YAML
   // (default fp32).
   Storage activations = Storage::kFp32;
   Storage compute_weights = Storage::kFp32;
@@ -394,7 +394,7 @@ void LayerForward(const OpHooks& hooks, const ModelConfig& config, int64_t layer
                   AttentionContext& attention, bool output = true);
 
 // With model.activations = bf16, x (written by an op of layer `layer`) rounded in place to
-// bf16 (ops::RoundToBf16); else untouched. docs/model.md, "bf16".
+// bf16 (ops::RoundToBf16); else untouched. docs/model.md, "bf16 storage".
 void StoreActivation(const OpHooks& hooks, const ModelConfig& config, int64_t layer,
                      std::span<float> x);
 // The embedding's output x, the rows it looked up: rounded to bf16 with bf16 activations or bf16
@@ -453,13 +453,15 @@ class Model : private AttentionContext {
                            float grad_scale, bool accumulate, ParamStore& grads);
 
   // After Forward: per-row results [batch * seq] and the logits [batch * seq, vocab]
-  // (one GemmXWt of the final hidden state with output.weight: the logits the loss used).
+  // (one GemmXWt of the final hidden state with output.weight, or with bf16 compute weights its
+  // compute copy: the logits the loss used).
   std::span<const float> RowLoss() const;
   std::span<const float> RowZLoss() const;
   void Logits(const ParamStore& params, std::span<float> logits) const;
 
-  // Every kernel call of Forward and Backward is reported to `hooks.observer` (null: none), with
-  // layer -1 for the embedding and the head, and run by `hooks.executor` where it runs it, which
+  // Every kernel call of Forward and Backward is reported to `hooks.observer` (null: none), but
+  // those of how activations are kept (recomputation, bf16 saving), with layer -1 for the
+  // embedding and the head, and run by `hooks.executor` where it runs it, which
   // may keep the activations (OpExecutor::Keep) until another executor is set or the Model ends.
   void set_hooks(const OpHooks& hooks);
 

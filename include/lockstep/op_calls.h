@@ -76,8 +76,11 @@ void AddInto(const OpHooks& hooks, int64_t layer, std::span<const float> x, std:
              std::optional<int64_t> tensor = std::nullopt);
 // y = x (the same sizes).
 void Copy(const OpHooks& hooks, int64_t layer, std::span<const float> x, std::span<float> y);
-// x = its values rounded to bfloat16 (rk::RoundToBf16), in place.
-void RoundToBf16(const OpHooks& hooks, int64_t layer, std::span<float> x);
+// y = x's values rounded to bfloat16 (rk::RoundToBf16); in place with one tensor.
+void RoundToBf16(const OpHooks& hooks, int64_t layer, std::span<const float> x, std::span<float> y);
+inline void RoundToBf16(const OpHooks& hooks, int64_t layer, std::span<float> x) {
+  RoundToBf16(hooks, layer, x, x);
+}
 // y = x stored as bf16 (rk::ToBf16), and x = y read back (rk::FromBf16); the same sizes.
 void ToBf16(const OpHooks& hooks, int64_t layer, std::span<const float> x, std::span<BFloat16> y);
 void FromBf16(const OpHooks& hooks, int64_t layer, std::span<const BFloat16> x, std::span<float> y);

@@ -740,7 +740,7 @@ void RuntimeDevice::RunCanonicalizeNaNs(rk::Op /*op*/, Binding& io) {
 
 void RuntimeDevice::RunRoundToBf16(rk::Op /*op*/, Binding& io) {
   const int64_t n = io.Size("x");
-  Launch(main_, "round_to_bf16", n, io.Out("x", n), n);
+  Launch(main_, "round_to_bf16", n, io.In("x"), io.Out("y", n), n);
 }
 
 void RuntimeDevice::RunBf16Conversion(rk::Op op, Binding& io) {

@@ -151,11 +151,13 @@ uint64_t KvDecoder::AppendBytes(const ModelConfig& c, int64_t rows, int64_t logi
          int8;
 }
 
-uint64_t KvDecoder::CopyBytes(const ModelConfig& c) {
-  // The packing rounds the head's rows up to a multiple of the widest vector (16 floats).
-  uint64_t floats = static_cast<uint64_t>((c.vocab + 15) / 16 * 16 * c.d_model);
+uint64_t KvDecoder::CopyBytes(const ModelConfig& c, bool on_cpu) {
+  uint64_t floats = on_cpu ? static_cast<uint64_t>(rk::PackedGemvFloats(c.vocab, c.d_model)) : 0;
   if (c.compute_weights == Storage::kBf16) {
-    for (const ParamSpec& spec : ParameterSpecs(c)) floats += static_cast<uint64_t>(spec.numel());
+    // A ParamStore: every tensor from a 64-byte boundary.
+    for (const ParamSpec& spec : ParameterSpecs(c)) {
+      floats += static_cast<uint64_t>((spec.numel() + 15) / 16 * 16);
+    }
   }
   return floats * sizeof(float);
 }

@@ -74,14 +74,14 @@ std::vector<int64_t> Capacities(const ModelConfig& c, std::span<const Request> r
 }  // namespace
 
 void CheckGenerationFits(const ModelConfig& c, std::span<const Request> requests,
-                         const SamplingParams& params, uint64_t available) {
+                         const SamplingParams& params, uint64_t available, bool on_cpu) {
   const std::vector<int64_t> capacities = Capacities(c, requests, params);
   int64_t prompts = 0;
   for (const Request& r : requests) prompts += static_cast<int64_t>(r.prompt.size());
   const uint64_t cache = KvDecoder::CacheBytes(c, capacities);
   const uint64_t prefill =
       KvDecoder::AppendBytes(c, prompts, static_cast<int64_t>(requests.size()));
-  const uint64_t copy = KvDecoder::CopyBytes(c);
+  const uint64_t copy = KvDecoder::CopyBytes(c, on_cpu);
   if (cache + prefill + copy > available) {
     Fail(
         "{} requests need {} for their KV caches ({} layers, {} positions in all: each prompt "
@@ -125,7 +125,7 @@ std::vector<Generation> Generate(const VerifiedModel& model, std::span<const Req
            requests[r].id, n, c.seq_len);
     }
   }
-  CheckGenerationFits(c, requests, params, MemAvailableBytes());
+  CheckGenerationFits(c, requests, params, MemAvailableBytes(), hooks.executor == nullptr);
   const std::vector<int64_t> capacities = Capacities(c, requests, params);
   KvDecoder decoder(c, model.params, capacities);
   decoder.set_hooks(hooks);

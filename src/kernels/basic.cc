@@ -78,8 +78,10 @@ void FromBf16(std::span<const BFloat16> x, std::span<float> y) {
   });
 }
 
-void RoundToBf16(std::span<float> x) {
-  LOCKSTEP_RK_RUN(RoundToBf16, x.data(), static_cast<int64_t>(x.size()));
+void RoundToBf16(std::span<const float> x, std::span<float> y) {
+  CheckSize("RoundToBf16", "x", x, static_cast<int64_t>(y.size()), "y.size()");
+  if (x.data() != y.data()) CheckDisjoint("RoundToBf16", "y", y, "x", x);
+  LOCKSTEP_RK_RUN(RoundToBf16, x.data(), y.data(), static_cast<int64_t>(y.size()));
 }
 
 void RmsNormForward(std::span<const float> x, std::span<const float> gain, float eps,

@@ -34,14 +34,21 @@ void Run(const GemmArgs& g) {
 }
 }  // namespace
 
+int64_t PackedGemvFloats(int64_t n, int64_t k) {
+  if (detail::UsingReference() || n == 0 || k == 0) return 0;
+  const int64_t lanes = simd::GemvLanes();
+  return (n + lanes - 1) / lanes * lanes * k;
+}
+
 GemvPacking PackForGemv(std::span<const float> w, int64_t n, int64_t k) {
   detail::CheckNonNegative("PackForGemv", "n", n);
   detail::CheckNonNegative("PackForGemv", "k", k);
   detail::CheckSize("PackForGemv", "w", w, detail::Elements("PackForGemv", "n*k", {n, k}), "n*k");
   GemvPacking p{w, n, k, 0, {}};
-  if (detail::UsingReference() || n == 0 || k == 0) return p;
+  const int64_t floats = PackedGemvFloats(n, k);
+  if (floats == 0) return p;
   p.lanes = simd::GemvLanes();
-  p.packed.resize(static_cast<size_t>((n + p.lanes - 1) / p.lanes * p.lanes * k));
+  p.packed.resize(static_cast<size_t>(floats));
   simd::PackGemv(w.data(), n, k, p.packed.data());
   return p;
 }

@@ -35,7 +35,7 @@ struct GemmArgs {
   void RowSumSquares(const float* x, float* out, int64_t rows, int64_t cols);                     \
   void RowMax(const float* x, float* out, int64_t rows, int64_t cols);                            \
   void AddInto(const float* x, float* y, int64_t n);                                              \
-  void RoundToBf16(float* x, int64_t n);                                                          \
+  void RoundToBf16(const float* x, float* y, int64_t n);                                          \
   void RmsNormForward(const float* x, const float* gain, float eps, float* y, float* rstd,        \
                       int64_t rows, int64_t d);                                                   \
   void RmsNormBackward(const float* dy, const float* x, const float* gain, const float* rstd,     \

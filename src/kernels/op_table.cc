@@ -118,7 +118,9 @@ void RunAddInto(const OpValues& in, OpValues& out) {
   AddInto(in.F("x"), y);
 }
 void RunCopy(const OpValues& in, OpValues& out) { out.Put("y", in.F("x")); }
-void RunRoundToBf16(const OpValues& in, OpValues& out) { RoundToBf16(out.Put("x", in.F("x"))); }
+void RunRoundToBf16(const OpValues& in, OpValues& out) {
+  RoundToBf16(in.F("x"), out.Put("y", Zeros(in, {static_cast<int64_t>(in.F("x").size())})));
+}
 void RunToBf16(const OpValues& in, OpValues& out) {
   const int64_t n = Allocation(in, {static_cast<int64_t>(in.F("x").size())});
   ToBf16(in.F("x"), out.Put("y", std::vector<BFloat16>(static_cast<size_t>(n))));
@@ -311,11 +313,7 @@ OpValues SampleRoundToBf16() {
   v.Put("x", std::move(x));
   return v;
 }
-OpValues SampleToBf16() {
-  OpValues v = SampleRoundToBf16();  // every kind of value, not only bfloat16 ones
-  v.Put("x", std::vector<float>(v.F("x").begin(), v.F("x").end()));
-  return v;
-}
+OpValues SampleToBf16() { return SampleRoundToBf16(); }  // every kind of value, not only bf16
 OpValues SampleFromBf16() {
   OpValues v = With({{"n", 4099}});
   std::vector<BFloat16> x(4099);
@@ -740,7 +738,7 @@ const std::vector<OpSpec>& Table() {
          {"n"},
          {},
          {{"x"}},
-         {{"x"}},
+         {{"y"}},
          RunRoundToBf16,
          SampleRoundToBf16},
         {Op::kToBf16,

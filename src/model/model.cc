@@ -396,8 +396,7 @@ std::span<const float> Model::Param(TensorAccess& access, size_t i) {
   }
   const Span copy = ComputeCopy(i);
   if (copy.size == 0) return p;
-  ops::Copy(hooks_, specs_[i].layer, p, A(copy));
-  ops::RoundToBf16(hooks_, specs_[i].layer, A(copy));
+  ops::RoundToBf16(hooks_, specs_[i].layer, p, A(copy));
   return A(copy);
 }
 
@@ -825,13 +824,10 @@ void Model::Logits(const ParamStore& params, std::span<float> logits) const {
   if (!have_forward_) Fail("Model::Logits: called before Forward");
   CheckParams(params, "params");
   OnHost(xf_);
-  std::span<const float> head = params.Tensor(ParamIndex(config_).output);
-  std::vector<float> rounded;  // its compute copy
-  if (config_.compute_weights == Storage::kBf16) {
-    rounded.assign(head.begin(), head.end());
-    rk::RoundToBf16(rounded);
-    head = rounded;
-  }
+  // With bf16 compute weights, the head's compute copy, which the forward made from `params`.
+  const std::span<const float> head = config_.compute_weights == Storage::kBf16
+                                          ? OnHost(compute_output_)
+                                          : params.Tensor(ParamIndex(config_).output);
   rk::GemmXWt(A(xf_), head, logits, rows_, config_.vocab, config_.d_model);
 }
 

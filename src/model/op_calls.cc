@@ -227,9 +227,10 @@ void Copy(const OpHooks& hooks, int64_t layer, std::span<const float> x, std::sp
        [&] { std::ranges::copy(x, y.begin()); });
 }
 
-void RoundToBf16(const OpHooks& hooks, int64_t layer, std::span<float> x) {
-  Call(hooks, rk::Op::kRoundToBf16, layer, {D(std::ssize(x))}, {x}, {x},
-       [&] { rk::RoundToBf16(x); });
+void RoundToBf16(const OpHooks& hooks, int64_t layer, std::span<const float> x,
+                 std::span<float> y) {
+  Call(hooks, rk::Op::kRoundToBf16, layer, {D(std::ssize(x))}, {x}, {y},
+       [&] { rk::RoundToBf16(x, y); });
 }
 
 void ToBf16(const OpHooks& hooks, int64_t layer, std::span<const float> x, std::span<BFloat16> y) {

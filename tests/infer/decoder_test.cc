@@ -131,16 +131,22 @@ TEST(KvDecoder, ASlotHoldsItsCapacityAndABatchIsPlannedBeforeItIsAllocated) {
   infer::SamplingParams params;
   params.max_tokens = 3;
   const uint64_t need = KvDecoder::CacheBytes(f.c, std::vector<int64_t>{6, 6}) +
-                        KvDecoder::AppendBytes(f.c, 8, 2) + KvDecoder::CopyBytes(f.c);
-  // The packed head, rows rounded up to 16, and with bf16 compute weights a copy of every weight.
-  const uint64_t head = uint64_t((f.c.vocab + 15) / 16 * 16 * f.c.d_model) * sizeof(float);
+                        KvDecoder::AppendBytes(f.c, 8, 2) + KvDecoder::CopyBytes(f.c, true);
+  // The packed head as PackForGemv holds it (none on a device), and with bf16 compute weights a
+  // ParamStore's copy of every weight.
+  const std::vector<float> head(static_cast<size_t>(f.c.vocab * f.c.d_model));
+  const uint64_t packed =
+      rk::PackForGemv(head, f.c.vocab, f.c.d_model).packed.size() * sizeof(float);
+  EXPECT_GE(packed, head.size() * sizeof(float));
   ModelConfig bf16 = f.c;
   bf16.compute_weights = Storage::kBf16;
-  EXPECT_EQ(KvDecoder::CopyBytes(f.c), head);
-  EXPECT_EQ(KvDecoder::CopyBytes(bf16),
-            head + uint64_t(ParamStore(ParameterSpecs(bf16)).NumParameters()) * sizeof(float));
-  EXPECT_NO_THROW(infer::CheckGenerationFits(f.c, requests, params, need));
-  test::ExpectError([&] { infer::CheckGenerationFits(f.c, requests, params, need - 1); },
+  EXPECT_EQ(KvDecoder::CopyBytes(f.c, true), packed);
+  EXPECT_EQ(KvDecoder::CopyBytes(f.c, false), 0u);
+  EXPECT_EQ(KvDecoder::CopyBytes(bf16, false),
+            ParamStore(ParameterSpecs(bf16)).Flat().size() * sizeof(float));
+  EXPECT_NO_THROW(infer::CheckGenerationFits(f.c, requests, params, need, true));
+  EXPECT_NO_THROW(infer::CheckGenerationFits(f.c, requests, params, need - packed, false));
+  test::ExpectError([&] { infer::CheckGenerationFits(f.c, requests, params, need - 1, true); },
                     {"2 requests need", "12 positions in all", "MemAvailable",
                      "fewer requests or a smaller --max-tokens"});
 }

@@ -102,7 +102,7 @@ std::vector<float> WithSpecials(int64_t n, uint64_t seed) {
 
 TEST(Gemm, DecodeRowsBitwiseInvariantWithSpecialValues) {
   // GemmXWt with m = 1..8 rows, the decode shapes, all at most the SIMD variant's GEMV
-  // threshold (kGemvMaxRows = 8 in src/kernels/simd/gemm.cc), so every case below runs that
+  // threshold (rk::kGemvMaxRows = 8), so every case below runs that
   // path: n not a multiple of 4, 8 or 16 lanes, k below, above and not a multiple of the chunk
   // of 256 or of the lanes. Non-accumulating, then accumulating onto outputs that hold special
   // values too (-0 among them). NaN signs and payloads are not part of the contract
@@ -126,9 +126,9 @@ TEST(Gemm, DecodeRowsBitwiseInvariantWithSpecialValues) {
   }
 }
 
-// The decoder's head: W packed once (rk::PackForGemv) under one variant gives GemmXWt's bits
-// under every variant (a variant of other vectors, or the reference, runs GemmXWt on W itself),
-// at every thread count, on the decode shapes above.
+// The decoder's head: W packed (rk::PackForGemv) under each variant gives GemmXWt's bits there,
+// at every thread count, on the decode shapes above; and W packed under one variant gives them
+// under every other (a variant of other vectors, or the reference, runs GemmXWt on W itself).
 TEST(Gemm, PackedDecodeIsGemmXWt) {
   for (int64_t m = 1; m <= rk::kGemvMaxRows; ++m) {
     for (int64_t n : {1, 3, 17, 40, 255}) {
@@ -142,6 +142,10 @@ TEST(Gemm, PackedDecodeIsGemmXWt) {
         EXPECT_GT(packed.lanes, 0) << "the default variant packs";
         ExpectBitwiseInvariant(fmt::format("GemmXWtPacked m={} n={} k={}", m, n, k), [&] {
           std::vector<float> y(static_cast<size_t>(m * n), 5.0f);
+          rk::GemmXWtPacked(x, rk::PackForGemv(w, n, k), y, m);
+          rk::CanonicalizeNaNs(y);
+          EXPECT_EQ(std::memcmp(y.data(), want.data(), y.size() * sizeof(float)), 0)
+              << "packed here, m=" << m << " n=" << n << " k=" << k;
           rk::GemmXWtPacked(x, packed, y, m);
           rk::CanonicalizeNaNs(y);
           EXPECT_EQ(std::memcmp(y.data(), want.data(), y.size() * sizeof(float)), 0)

@@ -25,26 +25,28 @@ __kernel void canonicalize_nans(__global float* x, long n) {
 }
 
 // docs/numerics.md, "bf16": round to nearest even on the bits, subnormals kept, NaN canonical.
-__kernel void round_to_bf16(__global float* x, long n) {
+// On the bits as integers, so that no device's float loads or stores can flush a subnormal. x
+// and y may be one buffer (in place).
+__kernel void round_to_bf16(__global const uint* x, __global uint* y, long n) {
   const long i = get_global_id(0);
   if (i >= n) return;
-  const uint u = as_uint(x[i]);
+  const uint u = x[i];
   const uint rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  x[i] = (u & 0x7fffffffu) > 0x7f800000u ? as_float(0x7fc00000u) : as_float(rounded);
+  y[i] = (u & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : rounded;
 }
 
 // A tensor stored as bf16 (its bits: ushort) and read back exactly.
-__kernel void to_bf16(__global const float* x, __global ushort* y, long n) {
+__kernel void to_bf16(__global const uint* x, __global ushort* y, long n) {
   const long i = get_global_id(0);
   if (i >= n) return;
-  const uint u = as_uint(x[i]);
+  const uint u = x[i];
   y[i] = (u & 0x7fffffffu) > 0x7f800000u ? (ushort)0x7fc0u
                                          : (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-__kernel void from_bf16(__global const ushort* x, __global float* y, long n) {
+__kernel void from_bf16(__global const ushort* x, __global uint* y, long n) {
   const long i = get_global_id(0);
-  if (i < n) y[i] = as_float((uint)x[i] << 16);
+  if (i < n) y[i] = (uint)x[i] << 16;
 }
 
 // The per-step scalars are the host's (rk::AdamWScalars, computed once per call as the contract

@@ -23,8 +23,8 @@ void AddInto(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = y[i] + x[i];
 }
 
-void RoundToBf16(float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] = WidenBf16(NarrowToBf16(x[i]));
+void RoundToBf16(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = WidenBf16(NarrowToBf16(x[i]));
 }
 
 void RmsNormForward(const float* x, const float* gain, float eps, float* y, float* rstd,

@@ -124,10 +124,11 @@ void AddInto(const float* x, float* y, int64_t n) {
 }
 
 // NarrowToBf16's rule on the bits of each lane (lockstep/tensor.h), widened back.
-void RoundToBf16(float* x, int64_t n) {
+void RoundToBf16(const float* x, float* y, int64_t n) {
   constexpr int64_t kBlock = int64_t{1} << 14;
   ParallelFor((n + kBlock - 1) / kBlock, [&](int64_t block) {
-    float* xb = x + block * kBlock;
+    const float* xb = x + block * kBlock;
+    float* yb = y + block * kBlock;
     ForEachVector(std::min(kBlock, n - block * kBlock), [&](auto d, int64_t i) {
       const hn::RebindToUnsigned<decltype(d)> du;
       const auto v = hn::LoadU(d, xb + i);
@@ -136,7 +137,7 @@ void RoundToBf16(float* x, int64_t n) {
       const auto rounded =
           hn::And(hn::Add(u, hn::Add(odd, hn::Set(du, 0x7FFFu))), hn::Set(du, 0xFFFF0000u));
       const auto nan = hn::BitCast(d, hn::Set(du, 0x7FC00000u));
-      hn::StoreU(hn::IfThenElse(hn::IsNaN(v), nan, hn::BitCast(d, rounded)), d, xb + i);
+      hn::StoreU(hn::IfThenElse(hn::IsNaN(v), nan, hn::BitCast(d, rounded)), d, yb + i);
     });
   });
 }
@@ -246,7 +247,9 @@ void RowMax(const float* x, float* out, int64_t rows, int64_t cols) {
   HWY_DYNAMIC_DISPATCH(RowMax)(x, out, rows, cols);
 }
 void AddInto(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(AddInto)(x, y, n); }
-void RoundToBf16(float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(RoundToBf16)(x, n); }
+void RoundToBf16(const float* x, float* y, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(RoundToBf16)(x, y, n);
+}
 void RmsNormForward(const float* x, const float* gain, float eps, float* y, float* rstd,
                     int64_t rows, int64_t d) {
   HWY_DYNAMIC_DISPATCH(RmsNormForward)(x, gain, eps, y, rstd, rows, d);
