@@ -203,6 +203,8 @@ struct CacheLineAllocator {
 class ParamStore {
  public:
   explicit ParamStore(std::vector<ParamSpec> specs);
+  // The floats of a store of `specs`, padding included (Flat().size()), without making one.
+  static int64_t FlatFloats(const std::vector<ParamSpec>& specs);
 
   size_t size() const { return specs_.size(); }
   const ParamSpec& Spec(size_t i) const { return specs_.at(i); }

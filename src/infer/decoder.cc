@@ -152,14 +152,9 @@ uint64_t KvDecoder::AppendBytes(const ModelConfig& c, int64_t rows, int64_t logi
 }
 
 uint64_t KvDecoder::CopyBytes(const ModelConfig& c, bool on_cpu) {
-  uint64_t floats = on_cpu ? static_cast<uint64_t>(rk::PackedGemvFloats(c.vocab, c.d_model)) : 0;
-  if (c.compute_weights == Storage::kBf16) {
-    // A ParamStore: every tensor from a 64-byte boundary.
-    for (const ParamSpec& spec : ParameterSpecs(c)) {
-      floats += static_cast<uint64_t>((spec.numel() + 15) / 16 * 16);
-    }
-  }
-  return floats * sizeof(float);
+  int64_t floats = on_cpu ? rk::PackedGemvFloats(c.vocab, c.d_model) : 0;
+  if (c.compute_weights == Storage::kBf16) floats += ParamStore::FlatFloats(ParameterSpecs(c));
+  return static_cast<uint64_t>(floats) * sizeof(float);
 }
 
 void KvDecoder::Norm(int64_t layer, std::span<const float> x, std::span<const float> gain,

@@ -785,7 +785,8 @@ std::string ExportArchitecture(const ModelConfig& c, ExportFormat format) {
   if (c.activations != Storage::kFp32) {
     Fail(
         "model.activations = {}: neither format rounds every activation to bfloat16 between "
-        "ops as lockstep does (docs/model.md, \"bf16\"); an export would compute another model",
+        "ops as lockstep does (docs/model.md, \"bf16 storage\"); an export would compute another "
+        "model",
         StorageName(c.activations));
   }
   const bool sliding = AnySlidingLayer(c);

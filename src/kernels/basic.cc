@@ -54,28 +54,26 @@ void AddInto(std::span<const float> x, std::span<float> y) {
   LOCKSTEP_RK_RUN(AddInto, x.data(), y.data(), static_cast<int64_t>(y.size()));
 }
 
-// Memory-bound conversions with one result per element and nothing to vectorise by hand: the
-// same code on every variant.
-void ToBf16(std::span<const float> x, std::span<BFloat16> y) {
-  CheckSize("ToBf16", "x", x, static_cast<int64_t>(y.size()), "y.size()");
+// y[i] = convert(x[i]): the bf16 conversions, memory-bound with one result per element and
+// nothing to vectorise by hand, so the same code on every variant.
+template <typename From, typename To, typename Convert>
+void ConvertEach(const char* op, std::span<const From> x, std::span<To> y, Convert convert) {
+  CheckSize(op, "x", x, static_cast<int64_t>(y.size()), "y.size()");
   constexpr int64_t kBlock = int64_t{1} << 15;
   const auto n = static_cast<int64_t>(x.size());
   ParallelFor((n + kBlock - 1) / kBlock, [&](int64_t block) {
     for (int64_t i = block * kBlock; i < std::min(n, (block + 1) * kBlock); ++i) {
-      y[static_cast<size_t>(i)] = NarrowToBf16(x[static_cast<size_t>(i)]);
+      y[static_cast<size_t>(i)] = convert(x[static_cast<size_t>(i)]);
     }
   });
 }
 
+void ToBf16(std::span<const float> x, std::span<BFloat16> y) {
+  ConvertEach("ToBf16", x, y, NarrowToBf16);
+}
+
 void FromBf16(std::span<const BFloat16> x, std::span<float> y) {
-  CheckSize("FromBf16", "x", x, static_cast<int64_t>(y.size()), "y.size()");
-  constexpr int64_t kBlock = int64_t{1} << 15;
-  const auto n = static_cast<int64_t>(x.size());
-  ParallelFor((n + kBlock - 1) / kBlock, [&](int64_t block) {
-    for (int64_t i = block * kBlock; i < std::min(n, (block + 1) * kBlock); ++i) {
-      y[static_cast<size_t>(i)] = WidenBf16(x[static_cast<size_t>(i)]);
-    }
-  });
+  ConvertEach("FromBf16", x, y, WidenBf16);
 }
 
 void RoundToBf16(std::span<const float> x, std::span<float> y) {

@@ -91,14 +91,27 @@ double ModelFlopsPerStep(const RunConfig& config) {
          12.0 * static_cast<double>(m.head_dim * m.n_heads) * pairs * sequences;
 }
 
-ParamStore::ParamStore(std::vector<ParamSpec> specs) : specs_(std::move(specs)) {
+namespace {
+// A tensor's floats in a ParamStore: its elements, then padding to the next 64-byte boundary.
+int64_t PaddedFloats(const ParamSpec& spec) {
   constexpr int64_t kAlignFloats = 64 / sizeof(float);
+  return (spec.numel() + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+}
+}  // namespace
+
+ParamStore::ParamStore(std::vector<ParamSpec> specs) : specs_(std::move(specs)) {
   int64_t end = 0;
   for (const ParamSpec& spec : specs_) {
     offsets_.push_back(end);
-    end += (spec.numel() + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+    end += PaddedFloats(spec);
   }
   data_.assign(static_cast<size_t>(end), 0.0f);
+}
+
+int64_t ParamStore::FlatFloats(const std::vector<ParamSpec>& specs) {
+  int64_t floats = 0;
+  for (const ParamSpec& spec : specs) floats += PaddedFloats(spec);
+  return floats;
 }
 
 std::span<float> ParamStore::Tensor(size_t i) {

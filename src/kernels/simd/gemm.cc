@@ -15,6 +15,7 @@
 #include <hwy/cache_control.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/impl.h"
 #include "lockstep/core.h"
@@ -315,25 +316,33 @@ void GemvRows(const GemmArgs& g) {
   });
 }
 
-void Gemv(const GemmArgs& g) {
-  switch (g.m) {
+// f(std::integral_constant<int, M>()) for M = m, 1 .. kGemvMaxRows: the row count as a
+// template argument, so that each few-row kernel keeps its M accumulators in registers.
+template <class F>
+void WithRows(int64_t m, F&& f) {
+  static_assert(kGemvMaxRows == 8);
+  switch (m) {
     case 1:
-      return GemvRows<1>(g);
+      return f(std::integral_constant<int, 1>());
     case 2:
-      return GemvRows<2>(g);
+      return f(std::integral_constant<int, 2>());
     case 3:
-      return GemvRows<3>(g);
+      return f(std::integral_constant<int, 3>());
     case 4:
-      return GemvRows<4>(g);
+      return f(std::integral_constant<int, 4>());
     case 5:
-      return GemvRows<5>(g);
+      return f(std::integral_constant<int, 5>());
     case 6:
-      return GemvRows<6>(g);
+      return f(std::integral_constant<int, 6>());
     case 7:
-      return GemvRows<7>(g);
+      return f(std::integral_constant<int, 7>());
     default:
-      return GemvRows<8>(g);
+      return f(std::integral_constant<int, 8>());
   }
+}
+
+void Gemv(const GemmArgs& g) {
+  WithRows(g.m, [&](auto rows) { GemvRows<decltype(rows)::value>(g); });
 }
 
 int64_t GemvLanes() { return static_cast<int64_t>(hn::MaxLanes(hn::ScalableTag<float>())); }
@@ -390,24 +399,7 @@ void GemvPackedRows(const float* x, const float* packed, float* y, int64_t n, in
 }
 
 void GemvPacked(const float* x, const float* packed, float* y, int64_t m, int64_t n, int64_t k) {
-  switch (m) {
-    case 1:
-      return GemvPackedRows<1>(x, packed, y, n, k);
-    case 2:
-      return GemvPackedRows<2>(x, packed, y, n, k);
-    case 3:
-      return GemvPackedRows<3>(x, packed, y, n, k);
-    case 4:
-      return GemvPackedRows<4>(x, packed, y, n, k);
-    case 5:
-      return GemvPackedRows<5>(x, packed, y, n, k);
-    case 6:
-      return GemvPackedRows<6>(x, packed, y, n, k);
-    case 7:
-      return GemvPackedRows<7>(x, packed, y, n, k);
-    default:
-      return GemvPackedRows<8>(x, packed, y, n, k);
-  }
+  WithRows(m, [&](auto rows) { GemvPackedRows<decltype(rows)::value>(x, packed, y, n, k); });
 }
 
 void Gemm(const GemmArgs& g) {
