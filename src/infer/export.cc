@@ -311,32 +311,33 @@ std::string PadVocab(GgufVocab& v, int64_t n_vocab, std::string_view format) {
 
 size_t Utf8Length(uint8_t lead) { return lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4; }
 
-// A SentencePiece model as tokenizer.ggml.model "llama". Returns why it cannot be, or "".
-std::string SentencePieceVocab(const fs::path& file, int64_t n_vocab, GgufVocab& v) {
+// A SentencePiece model as tokenizer.ggml.model "llama" (`target` names it in the reasons), or
+// as the tokenizer.json of SentencePieceHfJson (`hf`). Returns why it cannot be, or "".
+std::string SentencePieceVocab(const fs::path& file, int64_t n_vocab, GgufVocab& v, bool hf) {
   using Type = data::SentencePieceModel::PieceType;
   const data::SentencePieceModel m = data::ReadSentencePieceModel(file);
+  const std::string_view target = hf ? "the tokenizer.json" : "llama.cpp's \"llama\" vocabulary";
   if (m.model_type != "bpe") {
     return fmt::format(
-        "{} is a SentencePiece {} model: llama.cpp's \"llama\" vocabulary encodes by "
-        "SentencePiece-BPE's merging of the best-scored adjacent pair, not by the unigram "
-        "model's Viterbi search, and its unigram vocabulary (\"t5\") has no byte fallback (a "
-        "character outside the vocabulary becomes <unk>), so neither gives lockstep's ids; "
-        "a model trained with --model bpe exports exactly",
-        file.string(), m.model_type);
+        "{} is a SentencePiece {} model: {} encodes by SentencePiece-BPE's merging of the "
+        "best-scored adjacent pair, not by the unigram model's Viterbi search{}; a model trained "
+        "with --model bpe exports exactly",
+        file.string(), m.model_type, target,
+        hf ? ""
+           : ", and its unigram vocabulary (\"t5\") has no byte fallback (a character "
+             "outside the vocabulary becomes <unk>), so neither gives lockstep's ids");
   }
   if (!m.byte_fallback) {
-    return fmt::format(
-        "{} was trained without byte_fallback: llama.cpp's \"llama\" vocabulary "
-        "always falls back to bytes",
-        file.string());
+    return fmt::format("{} was trained without byte_fallback: {} always falls back to bytes",
+                       file.string(), target);
   }
   if (m.has_charsmap || m.remove_extra_whitespaces || !m.escape_whitespaces ||
       m.treat_whitespace_as_suffix) {
     return fmt::format(
         "{} normalizes text (normalizer '{}', remove_extra_whitespaces {}, escape_whitespaces {}, "
-        "treat_whitespace_as_suffix {}): llama.cpp's \"llama\" vocabulary only escapes spaces",
+        "treat_whitespace_as_suffix {}): {} only escapes spaces",
         file.string(), m.normalizer_name, m.remove_extra_whitespaces, m.escape_whitespaces,
-        m.treat_whitespace_as_suffix);
+        m.treat_whitespace_as_suffix, target);
   }
   v.model = "llama";
   v.spm = true;
@@ -345,8 +346,8 @@ std::string SentencePieceVocab(const fs::path& file, int64_t n_vocab, GgufVocab&
     if (p.type == Type::kUserDefined || p.type == Type::kUnused) {
       return fmt::format(
           "{}: piece {} ('{}') is {}: SentencePiece matches user-defined pieces before merging "
-          "and splits unused ones again, llama.cpp's \"llama\" vocabulary does neither alike",
-          file.string(), id, p.text, p.type == Type::kUnused ? "unused" : "user-defined");
+          "and splits unused ones again, {} does neither alike",
+          file.string(), id, p.text, p.type == Type::kUnused ? "unused" : "user-defined", target);
     }
     v.tokens.push_back(p.text);
     v.scores.push_back(p.score);
@@ -358,14 +359,15 @@ std::string SentencePieceVocab(const fs::path& file, int64_t n_vocab, GgufVocab&
   if (std::string why = PadVocab(v, n_vocab, "<unused_{}>"); !why.empty()) {
     return fmt::format("{}: {}", file.string(), why);
   }
-  // SentencePiece merges only into normal pieces; llama.cpp into any token's text. They agree
-  // unless a merge of two symbols (a character or a piece) can spell a control, unknown, byte
-  // or placeholder token: then refuse.
+  // SentencePiece merges only into normal pieces; llama.cpp into any token's text (the
+  // tokenizer.json's merges are into normal pieces only). They agree unless a merge of two
+  // symbols (a character or a piece) can spell a control, unknown, byte or placeholder token:
+  // then refuse.
   std::unordered_set<std::string_view> texts(v.tokens.begin(), v.tokens.end());
   const auto symbol = [&](std::string_view t) {
     return texts.contains(t) || (!t.empty() && Utf8Length(static_cast<uint8_t>(t[0])) == t.size());
   };
-  for (size_t id = 0; id < v.tokens.size(); ++id) {
+  for (size_t id = 0; id < v.tokens.size() && !hf; ++id) {
     if (v.types[id] == kTypeNormal) continue;
     const std::string_view t = v.tokens[id];
     for (size_t k = Utf8Length(static_cast<uint8_t>(t[0])); k < t.size();
@@ -496,7 +498,7 @@ std::string GgufTokenizer(GgufWriter& g, const std::string& arch, const ModelCon
           kEodToken);
       break;
     case Tokenizer::Kind::kSentencePiece:
-      why = SentencePieceVocab(t.file, c.vocab, v);
+      why = SentencePieceVocab(t.file, c.vocab, v, false);
       what =
           fmt::format("{} (SentencePiece BPE) as tokenizer.ggml.model \"llama\"", t.file.string());
       break;
@@ -602,56 +604,120 @@ void WriteGguf(const VerifiedModel& m, const std::string& arch, const Tokenizer&
 
 void WriteJson(const fs::path& path, const json& j) { WriteFileSynced(path, j.dump(2) + "\n"); }
 
+// The parts of a tokenizer.json that every layout here shares: no added tokens (a special
+// piece's string in text is text, as in lockstep and llama.cpp; docs/export.md), no
+// pre-tokenizer unless given, no post-processor.
+json HfTokenizerJson(json normalizer, json pre_tokenizer, json decoder, json model) {
+  return {{"version", "1.0"},
+          {"truncation", nullptr},
+          {"padding", nullptr},
+          {"added_tokens", json::array()},
+          {"normalizer", std::move(normalizer)},
+          {"pre_tokenizer", std::move(pre_tokenizer)},
+          {"post_processor", nullptr},
+          {"decoder", std::move(decoder)},
+          {"model", std::move(model)}};
+}
+
+json HfBpeModel(json vocab, json merges, json unk, bool byte_fallback) {
+  return {{"type", "BPE"},
+          {"dropout", nullptr},
+          {"unk_token", std::move(unk)},
+          {"continuing_subword_prefix", nullptr},
+          {"end_of_word_suffix", nullptr},
+          {"fuse_unk", byte_fallback},
+          {"byte_fallback", byte_fallback},
+          {"ignore_merges", false},
+          {"vocab", std::move(vocab)},
+          {"merges", std::move(merges)}};
+}
+
+// A SentencePiece BPE vocabulary (SentencePieceVocab's, so every check of the GGUF form holds)
+// as a tokenizer.json BPE with byte fallback. SentencePiece merges the adjacent pair of symbols
+// whose concatenation is the best-scored normal piece, leftmost first; the merges here are every
+// split of a normal piece into two normal pieces, ranked by the piece's score, best first (and
+// within a piece by the halves' ids). Returns why it cannot be, or "".
+std::string SentencePieceHfJson(const GgufVocab& v, json& tokenizer) {
+  const std::string space = "\u2581";  // SentencePiece's escaped space
+  json vocab = json::object();
+  std::unordered_map<std::string_view, int64_t> normal;
+  for (size_t id = 0; id < v.tokens.size(); ++id) {
+    vocab[v.tokens[id]] = id;
+    if (v.types[id] == kTypeNormal) normal.emplace(v.tokens[id], static_cast<int64_t>(id));
+  }
+  struct Merge {
+    float score;
+    int64_t left, right;
+  };
+  std::vector<Merge> merges;
+  for (const auto& [piece, id] : normal) {
+    for (size_t k = 0; k < piece.size(); k += Utf8Length(static_cast<uint8_t>(piece[k]))) {
+      const size_t n = Utf8Length(static_cast<uint8_t>(piece[k]));
+      if (!normal.contains(piece.substr(k, n))) {
+        // SentencePiece would merge that character into the piece; tokenizer.json's BPE turns a
+        // character outside the vocabulary into bytes first.
+        return fmt::format(
+            "piece {} ('{}') has the character '{}', which is not a normal piece of its own", id,
+            piece, piece.substr(k, n));
+      }
+      if (k == 0) continue;
+      const auto left = normal.find(piece.substr(0, k)), right = normal.find(piece.substr(k));
+      if (left != normal.end() && right != normal.end()) {
+        merges.push_back({v.scores[id], left->second, right->second});
+      }
+    }
+  }
+  std::sort(merges.begin(), merges.end(), [](const Merge& a, const Merge& b) {
+    return std::tie(b.score, a.left, a.right) < std::tie(a.score, b.left, b.right);
+  });
+  json ranked = json::array();
+  for (const Merge& m : merges) ranked.push_back(v.tokens[m.left] + " " + v.tokens[m.right]);
+  const json escape = {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", space}};
+  json normalizer = escape, decoder = json::array();
+  if (v.add_space_prefix) {
+    normalizer = {{"type", "Sequence"},
+                  {"normalizers", {{{"type", "Prepend"}, {"prepend", space}}, escape}}};
+  }
+  decoder.push_back({{"type", "Replace"}, {"pattern", {{"String", space}}}, {"content", " "}});
+  decoder.push_back({{"type", "ByteFallback"}});
+  decoder.push_back({{"type", "Fuse"}});
+  if (v.add_space_prefix) {
+    decoder.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+  }
+  const json unk = v.unk >= 0 ? json(v.tokens[v.unk]) : json(nullptr);
+  tokenizer = HfTokenizerJson(normalizer, nullptr, {{"type", "Sequence"}, {"decoders", decoder}},
+                              HfBpeModel(std::move(vocab), std::move(ranked), unk, true));
+  return "";
+}
+
 std::string HfTokenizer(const fs::path& dir, const ModelConfig& c, const Tokenizer& t) {
   json config = {{"model_max_length", c.seq_len},
                  {"add_bos_token", false},
                  {"add_eos_token", false},
                  {"clean_up_tokenization_spaces", false}};
+  // lockstep reads the string of a special piece (the byte vocabulary's, a SentencePiece model's
+  // control pieces) in text as text, as llama.cpp does; transformers too when told.
+  if (t.kind == Tokenizer::Kind::kBytes || t.kind == Tokenizer::Kind::kSentencePiece) {
+    config["split_special_tokens"] = true;
+  }
   switch (t.kind) {
     case Tokenizer::Kind::kBytes: {
-      json vocab = json::object(), added = json::array();
-      for (int64_t id = 0; id < c.vocab; ++id) {
-        vocab[BytePiece(id)] = id;
-        if (id >= 256) {
-          added.push_back({{"id", id},
-                           {"content", BytePiece(id)},
-                           {"single_word", false},
-                           {"lstrip", false},
-                           {"rstrip", false},
-                           {"normalized", false},
-                           {"special", true}});
-        }
-      }
+      json vocab = json::object();
+      for (int64_t id = 0; id < c.vocab; ++id) vocab[BytePiece(id)] = id;
       const json byte_level = {{"type", "ByteLevel"},
                                {"add_prefix_space", false},
                                {"trim_offsets", false},
                                {"use_regex", false}};
-      const json tokenizer = {{"version", "1.0"},
-                              {"truncation", nullptr},
-                              {"padding", nullptr},
-                              {"added_tokens", added},
-                              {"normalizer", nullptr},
-                              {"pre_tokenizer", byte_level},
-                              {"post_processor", nullptr},
-                              {"decoder", byte_level},
-                              {"model",
-                               {{"type", "BPE"},
-                                {"dropout", nullptr},
-                                {"unk_token", nullptr},
-                                {"continuing_subword_prefix", nullptr},
-                                {"end_of_word_suffix", nullptr},
-                                {"fuse_unk", false},
-                                {"byte_fallback", false},
-                                {"ignore_merges", false},
-                                {"vocab", vocab},
-                                {"merges", json::array()}}}};
+      const json tokenizer =
+          HfTokenizerJson(nullptr, byte_level, byte_level,
+                          HfBpeModel(std::move(vocab), json::array(), nullptr, false));
       WriteFileSynced(dir / "tokenizer.json", tokenizer.dump() + "\n");
       config["tokenizer_class"] = "PreTrainedTokenizerFast";
       config["eos_token"] = kEodPiece;
       WriteJson(dir / "tokenizer_config.json", config);
       return "tokenizer: the byte vocabulary as a byte-level BPE tokenizer.json without merges";
     }
-    case Tokenizer::Kind::kSentencePiece:
+    case Tokenizer::Kind::kSentencePiece: {
       fs::copy_file(t.file, dir / "tokenizer.model");
       config["tokenizer_class"] = "LlamaTokenizer";
       config["legacy"] = true;  // sentencepiece's own encode, as lockstep tokenized the data
@@ -659,8 +725,21 @@ std::string HfTokenizer(const fs::path& dir, const ModelConfig& c, const Tokeniz
       // leading "▁" unless told not to.
       config["add_prefix_space"] = data::ReadSentencePieceModel(t.file).add_dummy_prefix;
       WriteJson(dir / "tokenizer_config.json", config);
-      return fmt::format("tokenizer: {} copied as tokenizer.model (SentencePiece)",
-                         t.file.string());
+      GgufVocab v;
+      json tokenizer;
+      std::string why = SentencePieceVocab(t.file, c.vocab, v, true);
+      if (why.empty()) why = SentencePieceHfJson(v, tokenizer);
+      if (!why.empty()) {
+        return fmt::format(
+            "tokenizer: {} copied as tokenizer.model (SentencePiece); no tokenizer.json: {}",
+            t.file.string(), why);
+      }
+      WriteFileSynced(dir / "tokenizer.json", tokenizer.dump() + "\n");
+      return fmt::format(
+          "tokenizer: {} copied as tokenizer.model (SentencePiece) and written as a BPE "
+          "tokenizer.json",
+          t.file.string());
+    }
     case Tokenizer::Kind::kHfJson:
       fs::copy_file(t.file, dir / "tokenizer.json");
       config["tokenizer_class"] = "PreTrainedTokenizerFast";

@@ -58,10 +58,12 @@ void AddExportCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--data", o->data,
                   "the dataset directory the run trained on (its manifest digest must be the "
                   "checkpoint descriptor's data_manifest_blake2b): its tokenizer is written where "
-                  "the format expresses it (hf: the byte vocabulary as a tokenizer.json, a "
-                  "SentencePiece tokenizer.model or an imported tokenizer.json copied when it is "
-                  "in the dataset directory; gguf: the byte vocabulary). Without it no tokenizer "
-                  "is written, and the output says so");
+                  "the format expresses it exactly (hf: the byte vocabulary as a tokenizer.json, "
+                  "a SentencePiece tokenizer.model copied, with a tokenizer.json for a BPE model, "
+                  "or an imported tokenizer.json copied, when it is in the dataset directory; "
+                  "gguf: the byte vocabulary, a SentencePiece BPE model or a byte-level BPE "
+                  "tokenizer.json; docs/export.md). Without it no tokenizer is written, and the "
+                  "output says so");
   cmd->final_callback([o, exit_code] { *exit_code = RunExport(*o); });
 }
 
