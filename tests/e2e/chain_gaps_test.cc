@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 
 #include "common/kit_edit.h"
@@ -190,6 +191,52 @@ TEST_F(ChainGaps, AnEditedUnanchoredLineOfAnUnsignedRunIsRefusedByResumeAndKitBu
   r = Lockstep("train --config tiny --data " + Path("data") + " --out " + Path("unsigned") +
                " --no-progress --steps 13 --resume");
   EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+// A signed kit holds every chain line (signatures.jsonl), so kit verify checks each checkpoint's
+// chain_blake2b against them: a publisher who re-signs a history with one line between two
+// checkpoints changed is refused, naming the checkpoint whose chain it contradicts (kit verify
+// checked the signed lines at the units' ends only).
+TEST_F(ChainGaps, ASignedKitWhoseLinesAreNotItsCheckpointsChainIsRefused) {
+  Result r = Lockstep("kit build --run " + Path("signed") + " --data " + Path("data") + " --out " +
+                      Path("signed-kit"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = Lockstep("kit verify " + Path("signed-kit") + " --trusted-key " + Path("key.pub"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+
+  // Step 5's line replaced and every signature made anew with the publisher's key.
+  fs::copy(dir_ / "signed-kit", dir_ / "resigned-kit", fs::copy_options::recursive);
+  const fs::path file = dir_ / "resigned-kit/signatures.jsonl";
+  SignedChain chain = ReadSignedChain(file);
+  ASSERT_EQ(chain.lines.size(), 13u);
+  chain.lines[5].hash = chain.lines[6].hash;
+  const Ed25519Seed seed = ReadSigningKey(Path("key"));
+  fs::remove(file);
+  StartSignedChain(file, chain.key);
+  size_t written = 0;
+  const auto write_lines = [&](size_t until) {
+    for (; written < until; ++written) {
+      SignedLine& line = chain.lines[written];
+      line.signature = SignMessage(seed, ChainLineMessage(line.step, line.hash));
+      AppendSignedLine(file, line);
+    }
+  };
+  for (SignedRoot& root : chain.roots) {
+    write_lines(root.steps);
+    root.root = ChainRoot(std::span(chain.lines).first(root.steps));
+    root.signature = SignMessage(seed, ChainRootMessage(root.steps, root.root));
+    AppendSignedRoot(file, root);
+  }
+  write_lines(chain.lines.size());
+  test::RelistKitFile(dir_ / "resigned-kit", "signatures.jsonl");
+  ASSERT_TRUE(VerifySignedChain(ReadSignedChain(file), nullptr).empty());
+  const std::string message = "a line from step 1 to step 10 is not the one checkpoint " +
+                              Path("resigned-kit/checkpoints/step_000000010") + " recorded";
+  for (const std::string& key : {std::string(), " --trusted-key " + Path("key.pub")}) {
+    r = Lockstep("kit verify " + Path("resigned-kit") + key);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+  }
 }
 
 // A signed run's chain line with no signature (signatures.jsonl cut short) is not published.
