@@ -129,6 +129,11 @@ int64_t HadamardBlock(int64_t length);
 // length its GEMM sums over (docs/numerics.md, "Int8").
 void HadamardRows(std::span<const float> x, std::span<float> y, int64_t rows, int64_t cols,
                   bool transpose);
+// QuantizeRows of HadamardRows(x, transpose), in one pass with no rotated matrix in memory: q
+// and scale are QuantizeRows' of the rotated rows (q[rows, cols] and scale[rows], or q[cols,
+// rows] and scale[cols] when transposed), bit for bit. The int8 backward's operands.
+void HadamardQuantizeRows(std::span<const float> x, std::span<int8_t> q, std::span<float> scale,
+                          int64_t rows, int64_t cols, bool transpose);
 
 // ---- row reductions (canonical lane rule) ---------------------------------------------------
 // out[r] for each row of x[rows, cols]: lane j (of kReductionLanes) accumulates elements
@@ -379,7 +384,7 @@ enum class Op : uint8_t {
   kQuantizeRows,
   kGemmI8XWt,
   kDequantizeRows,
-  kHadamardRows,
+  kHadamardQuantizeRows,
   kQuantizeRowsByScale,
   kRoundToBf16,
   kToBf16,

@@ -370,9 +370,9 @@ class AttentionContext {
 struct Int8Scratch {
   std::vector<int8_t> qx, qw;
   std::vector<float> sx, x_hat, w_hat;
-  // With model.int8_backward, in place of x_hat and w_hat: the backward GEMM's rotated operands
-  // (rot_a, rot_b), their quantized rows (qa, qb) and scales (sa, sb), and a product to add.
-  std::vector<float> rot_a, rot_b, sa, sb, sum;
+  // With model.int8_backward, in place of x_hat and w_hat: the backward GEMM's operands rotated
+  // and quantized (qa, qb), their scales (sa, sb), and a product to add.
+  std::vector<float> sa, sb, sum;
   std::vector<int8_t> qa, qb;
   // Sized for `rows` rows of every linear of `config`; the backward's buffers only with
   // `backward`.
@@ -552,8 +552,8 @@ class Model : private AttentionContext {
   // quantized rows stand for (QuantizeRows, then DequantizeRows into the scratch's x_hat).
   std::span<const float> DequantizedInput(int64_t layer, std::span<const float> x, int64_t cols);
   // The int8 backward's GEMM: y[m, n] = A · Bᵀ (with `add`, added to y) for A[m, k] given as a
-  // (a[k, m] when a_transposed) and B[n, k] as b likewise: both rotated along k (HadamardRows),
-  // their rows quantized, the exact int8 GEMM.
+  // (a[k, m] when a_transposed) and B[n, k] as b likewise: both rotated along k and their rows
+  // quantized (HadamardQuantizeRows), the exact int8 GEMM.
   void RotatedInt8Gemm(int64_t layer, std::span<const float> a, bool a_transposed,
                        std::span<const float> b, bool b_transposed, std::span<float> y, int64_t m,
                        int64_t n, int64_t k, bool add);

@@ -37,7 +37,8 @@ void GemmDyW(const OpHooks& hooks, int64_t layer, std::span<const float> dy,
 void GemmDytX(const OpHooks& hooks, int64_t layer, std::span<const float> dy,
               std::span<const float> x, std::span<float> dw, int64_t m, int64_t n, int64_t k,
               bool accumulate = false);
-// The int8 ops (rk::QuantizeRows, QuantizeRowsByScale, GemmI8XWt, DequantizeRows, HadamardRows).
+// The int8 ops (rk::QuantizeRows, QuantizeRowsByScale, GemmI8XWt, DequantizeRows,
+// HadamardQuantizeRows).
 void QuantizeRows(const OpHooks& hooks, int64_t layer, std::span<const float> x,
                   std::span<int8_t> q, std::span<float> scale, int64_t rows, int64_t cols);
 void QuantizeRowsByScale(const OpHooks& hooks, int64_t layer, std::span<const float> x,
@@ -48,8 +49,9 @@ void GemmI8XWt(const OpHooks& hooks, int64_t layer, std::span<const int8_t> qx,
                std::span<float> y, int64_t m, int64_t n, int64_t k);
 void DequantizeRows(const OpHooks& hooks, int64_t layer, std::span<const int8_t> q,
                     std::span<const float> scale, std::span<float> y, int64_t rows, int64_t cols);
-void HadamardRows(const OpHooks& hooks, int64_t layer, std::span<const float> x, std::span<float> y,
-                  int64_t rows, int64_t cols, bool transpose);
+void HadamardQuantizeRows(const OpHooks& hooks, int64_t layer, std::span<const float> x,
+                          std::span<int8_t> q, std::span<float> scale, int64_t rows, int64_t cols,
+                          bool transpose);
 // RoPE with `table` (made with rk::MakeRopeTable(table.seq, head_dim, theta)); `position`, the
 // first row's position (recorded when given), continues a sequence.
 void RopeFwd(const OpHooks& hooks, int64_t layer, const rk::RopeTable& table, float theta,

@@ -419,7 +419,7 @@ class RuntimeDevice final : public Device {
   void RunQuantizeRowsByScale(rk::Op op, Binding& io);
   void RunGemmI8XWt(rk::Op op, Binding& io);
   void RunDequantizeRows(rk::Op op, Binding& io);
-  void RunHadamardRows(rk::Op op, Binding& io);
+  void RunHadamardQuantizeRows(rk::Op op, Binding& io);
 
   bool InKeptRegion(Bytes data) const {
     return !data.empty() && std::ranges::any_of(kept_, [&](Bytes r) {
@@ -964,7 +964,9 @@ void RuntimeDevice::RunDequantizeRows(rk::Op /*op*/, Binding& io) {
          io.Out("y", rows * cols), rows, cols);
 }
 
-void RuntimeDevice::RunHadamardRows(rk::Op /*op*/, Binding& io) {
+// hadamard_rows into the op's scratch, then quantize_rows from there: the same two steps as the
+// CPU's (rk::HadamardQuantizeRows is QuantizeRows of HadamardRows).
+void RuntimeDevice::RunHadamardQuantizeRows(rk::Op /*op*/, Binding& io) {
   const std::string_view name = io.name();
   const int64_t rows = io.Positive("rows"), cols = io.Positive("cols");
   const int64_t transpose = io.Int("transpose");
@@ -972,8 +974,12 @@ void RuntimeDevice::RunHadamardRows(rk::Op /*op*/, Binding& io) {
     Fail("{}: transpose = {} (must be 0 or 1)", name, transpose);
   CheckElements(name, "x", io.Size("x"), rows * cols);
   const int64_t block = rk::HadamardBlock(transpose != 0 ? rows : cols);
-  Launch(main_, "hadamard_rows", rows * cols / block, io.In("x"), io.Out("y", rows * cols), rows,
-         cols, static_cast<int>(transpose), block);
+  const Buffer& rotated = io.Scratch(rows * cols);
+  Launch(main_, "hadamard_rows", rows * cols / block, io.In("x"), rotated, rows, cols,
+         static_cast<int>(transpose), block);
+  const int64_t lines = transpose != 0 ? cols : rows, len = transpose != 0 ? rows : cols;
+  Launch(main_, "quantize_rows", lines, rotated, io.Out("q", rows * cols), io.Out("scale", lines),
+         lines, len);
 }
 
 const Recipe* RecipeOf(rk::Op op) {
@@ -1007,7 +1013,7 @@ const Recipe* RecipeOf(rk::Op op) {
       {rk::Op::kQuantizeRows, &RuntimeDevice::RunQuantizeRows},
       {rk::Op::kGemmI8XWt, &RuntimeDevice::RunGemmI8XWt},
       {rk::Op::kDequantizeRows, &RuntimeDevice::RunDequantizeRows},
-      {rk::Op::kHadamardRows, &RuntimeDevice::RunHadamardRows},
+      {rk::Op::kHadamardQuantizeRows, &RuntimeDevice::RunHadamardQuantizeRows},
       {rk::Op::kQuantizeRowsByScale, &RuntimeDevice::RunQuantizeRowsByScale},
   };
   const auto it = std::ranges::find(kRecipes, op, &Recipe::op);

@@ -48,7 +48,9 @@ struct GemmArgs {
   void GemmI8XWt(const int8_t* qx, const float* sx, const int8_t* qw, const float* sw, float* y,  \
                  int64_t m, int64_t n, int64_t k);                                                \
   void DequantizeRows(const int8_t* q, const float* scale, float* y, int64_t rows, int64_t cols); \
-  void HadamardRows(const float* x, float* y, int64_t rows, int64_t cols, bool transpose);
+  void HadamardRows(const float* x, float* y, int64_t rows, int64_t cols, bool transpose);        \
+  void HadamardQuantizeRows(const float* x, int8_t* q, float* scale, int64_t rows, int64_t cols,  \
+                            bool transpose);
 
 namespace ref {
 LOCKSTEP_RK_IMPLS

@@ -152,4 +152,26 @@ void HadamardRows(std::span<const float> x, std::span<float> y, int64_t rows, in
   }
 }
 
+void HadamardQuantizeRows(std::span<const float> x, std::span<int8_t> q, std::span<float> scale,
+                          int64_t rows, int64_t cols, bool transpose) {
+  const char* op = "HadamardQuantizeRows";
+  detail::CheckNonNegative(op, "rows", rows);
+  detail::CheckNonNegative(op, "cols", cols);
+  detail::CheckSize(op, "x", x, {rows, cols}, "rows*cols");
+  detail::CheckSize(op, "q", q, {rows, cols}, "rows*cols");
+  detail::CheckSize(op, "scale", scale, transpose ? cols : rows, transpose ? "cols" : "rows");
+  detail::CheckDisjoint(op, "q", q, "x", x);
+  detail::CheckDisjoint(op, "scale", scale, "x", x);
+  detail::CheckDisjoint(op, "scale", scale, "q", q);
+  if (rows == 0 || cols == 0) {
+    std::ranges::fill(scale, 0.0f);  // QuantizeRows' scale of an empty row
+    return;
+  }
+  if (detail::UsingReference()) {
+    ref::HadamardQuantizeRows(x.data(), q.data(), scale.data(), rows, cols, transpose);
+  } else {
+    simd::HadamardQuantizeRows(x.data(), q.data(), scale.data(), rows, cols, transpose);
+  }
+}
+
 }  // namespace lockstep::rk

@@ -206,10 +206,13 @@ void RunDequantizeRows(const OpValues& in, OpValues& out) {
                  cols);
 }
 
-void RunHadamardRows(const OpValues& in, OpValues& out) {
+void RunHadamardQuantizeRows(const OpValues& in, OpValues& out) {
   const int64_t rows = in.Int("rows"), cols = in.Int("cols");
-  HadamardRows(in.F("x"), out.Put("y", Zeros(in, {rows, cols})), rows, cols,
-               in.Int("transpose") != 0);
+  const bool transpose = in.Int("transpose") != 0;
+  const std::span<int8_t> q =
+      out.Put("q", std::vector<int8_t>(static_cast<size_t>(Allocation(in, {rows, cols}))));
+  HadamardQuantizeRows(in.F("x"), q, out.Put("scale", Zeros(in, {transpose ? cols : rows})), rows,
+                       cols, transpose);
 }
 
 // ---- samples: small ragged shapes with the special values ---------------------------------------
@@ -465,11 +468,13 @@ OpValues SampleDequantizeRows() {
   return v;
 }
 
-OpValues SampleHadamardRows() {
-  // Rows in blocks of 64, whose butterflies the variants take within and across vectors, with
-  // the special values (xᵀ's rows, a tile of copies, are covered by tests/kernels/int8_test.cc).
-  constexpr int64_t kRows = 9, kCols = 1088;
-  OpValues v = With({{"rows", kRows}, {"cols", kCols}, {"transpose", 0}});
+OpValues SampleHadamardQuantizeRows() {
+  // The rows of xᵀ (three of every four calls in the int8 backward): rotated in blocks of 64,
+  // whose butterflies the variants take within and across vectors, in a whole tile of columns
+  // and a part, with the special values (a column with a NaN or an infinity: a NaN scale). The
+  // rows of x are covered by tests/kernels/int8_test.cc.
+  constexpr int64_t kRows = 1088, kCols = 73;
+  OpValues v = With({{"rows", kRows}, {"cols", kCols}, {"transpose", 1}});
   v.Put("x", SelftestFloats(kRows * kCols, 39, true));
   return v;
 }
@@ -714,15 +719,15 @@ const std::vector<OpSpec>& Table() {
          {{"y"}},
          RunDequantizeRows,
          SampleDequantizeRows},
-        {Op::kHadamardRows,
-         "hadamard_rows",
-         "HadamardRows",
+        {Op::kHadamardQuantizeRows,
+         "hadamard_quantize_rows",
+         "HadamardQuantizeRows",
          {"rows", "cols", "transpose"},
          {},
          {{"x"}},
-         {{"y"}},
-         RunHadamardRows,
-         SampleHadamardRows},
+         {{"q", kI8}, {"scale"}},
+         RunHadamardQuantizeRows,
+         SampleHadamardQuantizeRows},
         {Op::kQuantizeRowsByScale,
          "quantize_rows_by_scale",
          "QuantizeRowsByScale",

@@ -87,7 +87,7 @@ struct Int8Sizes {
   int64_t qx, sx, qw;    // the forward's quantized rows and the input's scales
   int64_t x_hat, w_hat;  // the straight-through backward's dequantized operands
   // The int8 backward's rotated, quantized operands a and b of its GEMM and a sum to add.
-  int64_t rot_a, sa, rot_b, sb, sum;
+  int64_t qa, sa, qb, sb, sum;
 };
 
 Int8Sizes SizesOf(const ModelConfig& config, int64_t rows, bool backward) {
@@ -100,9 +100,9 @@ Int8Sizes SizesOf(const ModelConfig& config, int64_t rows, bool backward) {
   } else if (backward) {
     // A: dy [rows, out] or dyᵀ [out, rows]; B: Wᵀ [in, out] or xᵀ [in, rows]; the sum: an input
     // gradient [rows, in] or a weight gradient [out, in].
-    z.rot_a = rows * out;
+    z.qa = rows * out;
     z.sa = std::max(rows, out);
-    z.rot_b = std::max(weight, rows * in);
+    z.qb = std::max(weight, rows * in);
     z.sb = in;
     z.sum = std::max(rows * in, weight);
   }
@@ -119,19 +119,17 @@ void Int8Scratch::Resize(const ModelConfig& config, int64_t rows, bool backward)
   qw.resize(size(z.qw));
   x_hat.resize(size(z.x_hat));
   w_hat.resize(size(z.w_hat));
-  rot_a.resize(size(z.rot_a));
-  qa.resize(size(z.rot_a));
+  qa.resize(size(z.qa));
   sa.resize(size(z.sa));
-  rot_b.resize(size(z.rot_b));
-  qb.resize(size(z.rot_b));
+  qb.resize(size(z.qb));
   sb.resize(size(z.sb));
   sum.resize(size(z.sum));
 }
 
 int64_t Int8Scratch::Bytes(const ModelConfig& config, int64_t rows, bool backward) {
   const Int8Sizes z = SizesOf(config, rows, backward);
-  const int64_t int8s = z.qx + z.qw + z.rot_a + z.rot_b;
-  const int64_t floats = z.sx + z.x_hat + z.w_hat + z.rot_a + z.sa + z.rot_b + z.sb + z.sum;
+  const int64_t int8s = z.qx + z.qw + z.qa + z.qb;
+  const int64_t floats = z.sx + z.x_hat + z.w_hat + z.sa + z.sb + z.sum;
   return int8s + floats * int64_t{sizeof(float)};
 }
 
@@ -774,13 +772,12 @@ void Model::RotatedInt8Gemm(int64_t layer, std::span<const float> a, bool a_tran
                             std::span<const float> b, bool b_transposed, std::span<float> y,
                             int64_t m, int64_t n, int64_t k, bool add) {
   Int8Scratch& s = int8_;
-  const std::span<float> ra = Take(s.rot_a, m * k), rb = Take(s.rot_b, n * k);
   const std::span<int8_t> qa = Take(s.qa, m * k), qb = Take(s.qb, n * k);
   const std::span<float> sa = Take(s.sa, m), sb = Take(s.sb, n);
-  ops::HadamardRows(hooks_, layer, a, ra, a_transposed ? k : m, a_transposed ? m : k, a_transposed);
-  ops::QuantizeRows(hooks_, layer, ra, qa, sa, m, k);
-  ops::HadamardRows(hooks_, layer, b, rb, b_transposed ? k : n, b_transposed ? n : k, b_transposed);
-  ops::QuantizeRows(hooks_, layer, rb, qb, sb, n, k);
+  ops::HadamardQuantizeRows(hooks_, layer, a, qa, sa, a_transposed ? k : m, a_transposed ? m : k,
+                            a_transposed);
+  ops::HadamardQuantizeRows(hooks_, layer, b, qb, sb, b_transposed ? k : n, b_transposed ? n : k,
+                            b_transposed);
   const std::span<float> product = add ? Take(s.sum, m * n) : y;
   ops::GemmI8XWt(hooks_, layer, qa, sa, qb, sb, product, m, n, k);
   if (add) ops::AddInto(hooks_, layer, product, y);

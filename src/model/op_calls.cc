@@ -158,10 +158,11 @@ void DequantizeRows(const OpHooks& hooks, int64_t layer, std::span<const int8_t>
        [&] { rk::DequantizeRows(q, scale, y, rows, cols); });
 }
 
-void HadamardRows(const OpHooks& hooks, int64_t layer, std::span<const float> x, std::span<float> y,
-                  int64_t rows, int64_t cols, bool transpose) {
-  Call(hooks, rk::Op::kHadamardRows, layer, {D(rows), D(cols), double(transpose)}, {x}, {y},
-       [&] { rk::HadamardRows(x, y, rows, cols, transpose); });
+void HadamardQuantizeRows(const OpHooks& hooks, int64_t layer, std::span<const float> x,
+                          std::span<int8_t> q, std::span<float> scale, int64_t rows, int64_t cols,
+                          bool transpose) {
+  Call(hooks, rk::Op::kHadamardQuantizeRows, layer, {D(rows), D(cols), double(transpose)}, {x},
+       {q, scale}, [&] { rk::HadamardQuantizeRows(x, q, scale, rows, cols, transpose); });
 }
 
 void RopeFwd(const OpHooks& hooks, int64_t layer, const rk::RopeTable& table, float theta,

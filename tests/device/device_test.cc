@@ -269,7 +269,7 @@ TEST_F(DeviceTest, TheInt8OpsGiveTheReferenceBitsAcrossShapes) {
                  {"cols", double(transpose ? 3 : len)},
                  {"transpose", double(transpose)}};
       in.Put("x", rk::SelftestFloats(3 * len, 80 + static_cast<uint32_t>(len)));
-      check(rk::Op::kHadamardRows, in, fmt::format("len {} transpose {}", len, transpose));
+      check(rk::Op::kHadamardQuantizeRows, in, fmt::format("len {} transpose {}", len, transpose));
     }
   }
   for (const int64_t cols : {1, 5, 64, 300}) {

@@ -230,10 +230,10 @@ TEST_F(Dispute, TheInt8OpsAreRecomputedAndAFaultInOneIsDecided) {
   for (std::string line; std::getline(in, line);) {
     const Json rec = Json::parse(line);
     const std::string op = rec["op"];
-    if (op == "quantize_rows" || op == "gemm_i8_xwt" || op == "hadamard_rows")
+    if (op == "quantize_rows" || op == "gemm_i8_xwt" || op == "hadamard_quantize_rows")
       first.try_emplace(op, rec["index"]);
   }
-  ASSERT_EQ(first.size(), 3u) << "quantize_rows, gemm_i8_xwt and hadamard_rows";
+  ASSERT_EQ(first.size(), 3u) << "quantize_rows, gemm_i8_xwt and hadamard_quantize_rows";
   std::string dumps;
   for (const auto& [op, index] : first) dumps += " --dump-op " + std::to_string(index);
   const int64_t k = first["gemm_i8_xwt"];

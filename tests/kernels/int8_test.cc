@@ -302,6 +302,34 @@ TEST(HadamardRows, IsTheBlockDiagonalOrthonormalHadamardProduct) {
   }
 }
 
+// The fused op is QuantizeRows of HadamardRows, bit for bit, under the active variant: rows of x
+// and of xᵀ, a row with a NaN (NaN scale), an all-zero row (scale 0), past a tile of 64 columns.
+TEST(HadamardQuantizeRows, IsQuantizeRowsOfTheRotation) {
+  for (const bool transpose : {false, true}) {
+    const int64_t rows = transpose ? 128 : 70, cols = transpose ? 70 : 128;
+    std::vector<float> x = RandomFloats(rows * cols, 11, -4, 4);
+    x[transpose ? 5 * cols + 3 : 3 * cols + 5] = kNaN;  // line 3 of the rotated
+    for (int64_t e = 0; e < (transpose ? rows : cols); ++e) {
+      x[transpose ? e * cols + 9 : 9 * cols + e] = 0.0f;  // line 9: zeros
+    }
+    const int64_t lines = transpose ? cols : rows;
+    std::vector<float> rotated(x.size());
+    rk::HadamardRows(x, rotated, rows, cols, transpose);
+    const Quantized want = Quantize(rotated, lines, rows * cols / lines);
+    Quantized got{std::vector<int8_t>(x.size()), std::vector<float>(static_cast<size_t>(lines))};
+    rk::HadamardQuantizeRows(x, got.q, got.scale, rows, cols, transpose);
+    EXPECT_EQ(got.q, want.q) << "transpose " << transpose;
+    EXPECT_EQ(std::memcmp(got.scale.data(), want.scale.data(), 4 * got.scale.size()), 0)
+        << "transpose " << transpose;
+    EXPECT_TRUE(std::isnan(got.scale[3])) << "transpose " << transpose;
+    EXPECT_EQ(got.scale[9], 0.0f) << "transpose " << transpose;
+  }
+  std::vector<float> x(12), scale(4);
+  std::vector<int8_t> q(12);
+  EXPECT_THROW(rk::HadamardQuantizeRows(x, q, std::span(scale).first(3), 3, 4, true), Error);
+  EXPECT_THROW(rk::HadamardQuantizeRows(x, std::span(q).first(11), scale, 3, 4, true), Error);
+}
+
 TEST(HadamardRows, ArgumentsAreChecked) {
   std::vector<float> x(12), y(12);
   EXPECT_THROW(rk::HadamardRows(x, std::span(y).first(11), 3, 4, false), Error);  // y: rows*cols
@@ -362,6 +390,17 @@ TEST(Int8, BitwiseInvariant) {
         std::vector<float> y(x.size());
         rk::HadamardRows(x, y, transpose ? len : count, transpose ? count : len, transpose);
         return y;
+      });
+      // The fused op, against the sweep's reference: QuantizeRows of the reference rotation.
+      ExpectBitwiseInvariant("hadamard_quantize_rows" + what.substr(what.find(' ')), [&] {
+        std::vector<float> x = RandomFloats(count * len, len + 6, -3, 3);
+        x[3] = kNaN;
+        x[len + 1] = kInf;
+        x[2 * len + 2] = 0x1.0p-140f;
+        Quantized z{std::vector<int8_t>(x.size()), std::vector<float>(static_cast<size_t>(count))};
+        rk::HadamardQuantizeRows(x, z.q, z.scale, transpose ? len : count, transpose ? count : len,
+                                 transpose);
+        return Words(z);
       });
     }
   }

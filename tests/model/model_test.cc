@@ -484,7 +484,7 @@ const std::map<std::string_view, std::vector<std::string_view>>& Bf16Operands() 
       {"embedding_bwd", {"dout"}},
       {"quantize_rows", {"x"}},
       {"quantize_rows_by_scale", {"x"}},
-      {"hadamard_rows", {"x"}},
+      {"hadamard_quantize_rows", {"x"}},
   };
   return kOperands;
 }
@@ -530,10 +530,10 @@ TEST(ModelBf16, EveryActivationGradientAndComputeWeightIsBf16) {
     if (name == "tiny") {
       EXPECT_GE(check.wide.size(), 15u) << name;
     } else if (name == "tiny-int8 bf16") {
-      // Inside one linear's int8 backward GEMM (docs/model.md, "Linears"): its rotated operands
-      // are quantized (quantize_rows.x) and its product is added to the gradient (add_into.x),
-      // neither stored; the rotation reads the stored gradients (hadamard_rows.x).
-      EXPECT_EQ(check.wide, (std::set<std::string>{"add_into.x", "quantize_rows.x"}));
+      // Inside one linear's int8 backward GEMM (docs/model.md, "Linears"): its product is added
+      // to the gradient (add_into.x), not stored; the rotation reads the stored gradients
+      // (hadamard_quantize_rows.x).
+      EXPECT_EQ(check.wide, (std::set<std::string>{"add_into.x"}));
     } else {
       EXPECT_TRUE(check.wide.empty())
           << name << ": " << fmt::format("{}", fmt::join(check.wide, ", "));

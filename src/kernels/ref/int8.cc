@@ -1,6 +1,7 @@
 // Scalar reference of the exact int8 ops (normative): docs/numerics.md, "Int8".
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/impl.h"
 #include "kernels/ref/int8_rules.h"
@@ -58,6 +59,13 @@ void HadamardRows(const float* x, float* y, int64_t rows, int64_t cols, bool tra
     for (int64_t e = 0; e < len; ++e) out[e] = transpose ? x[e * cols + i] : x[i * cols + e];
     for (int64_t s = 0; s < len; s += block) int8::RotateBlock(out + s, block);
   });
+}
+
+void HadamardQuantizeRows(const float* x, int8_t* q, float* scale, int64_t rows, int64_t cols,
+                          bool transpose) {
+  std::vector<float> rotated(static_cast<size_t>(rows * cols));
+  HadamardRows(x, rotated.data(), rows, cols, transpose);
+  QuantizeRows(rotated.data(), q, scale, transpose ? cols : rows, transpose ? rows : cols);
 }
 
 }  // namespace lockstep::rk::ref

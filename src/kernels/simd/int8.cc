@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels/impl.h"
 #include "kernels/internal.h"
@@ -30,41 +31,44 @@ void QuantizeRow(const float* row, float s, int8_t* out, int64_t cols) {
     std::fill(out, out + cols, int8_t{0});
     return;
   }
+  const hn::Rebind<int8_t, decltype(di)> d8;
   const auto vs = hn::Set(d, s), lo = hn::Set(d, -127.0f), hi = hn::Set(d, 127.0f);
-  HWY_ALIGN int32_t ints[hn::MaxLanes(di)];
   int64_t i = 0;
   for (; i + n <= cols; i += n) {
     const auto y = hn::Div(hn::LoadU(d, row + i), vs);
-    // NaN lanes to 0 before the rounding, the clamp and the conversion.
+    // NaN lanes to 0 before the rounding, the clamp and the conversion; the narrowing to int8
+    // is exact (the values are in [-127, 127] already).
     const auto v = hn::Min(hn::Max(hn::Round(hn::IfThenZeroElse(hn::IsNaN(y), y)), lo), hi);
-    hn::Store(hn::ConvertTo(di, v), di, ints);
-    for (int64_t t = 0; t < n; ++t) out[i + t] = static_cast<int8_t>(ints[t]);
+    hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, v)), d8, out + i);
   }
   for (; i < cols; ++i) out[i] = int8::Quantize(row[i], s);
 }
 
-void QuantizeRows(const float* x, int8_t* q, float* scale, int64_t rows, int64_t cols) {
+// One row quantized with its own scale (QuantizeRows' row): *scale and out[0, cols).
+void QuantizeRowOwnScale(const float* row, int8_t* out, float* scale, int64_t cols) {
   const hn::ScalableTag<float> d;
   const auto n = static_cast<int64_t>(hn::Lanes(d));
-  ParallelFor(rows, [&](int64_t r) {
-    const float* row = x + r * cols;
-    auto vmax = hn::Zero(d);
-    auto bad = hn::FirstN(d, 0);  // no lane
-    int64_t i = 0;
-    for (; i + n <= cols; i += n) {
-      const auto v = hn::LoadU(d, row + i);
-      bad = hn::Or(bad, hn::Not(hn::IsFinite(v)));
-      vmax = hn::Max(vmax, hn::Abs(v));
-    }
-    float amax = hn::GetLane(hn::MaxOfLanes(d, vmax));
-    bool finite = hn::AllFalse(d, bad);
-    for (int64_t t = i; t < cols; ++t) {
-      finite = finite && std::isfinite(row[t]);
-      amax = std::max(amax, std::fabs(row[t]));
-    }
-    scale[r] = int8::RowScale(amax, finite);
-    QuantizeRow(row, scale[r], q + r * cols, cols);
-  });
+  auto vmax = hn::Zero(d);
+  auto bad = hn::FirstN(d, 0);  // no lane
+  int64_t i = 0;
+  for (; i + n <= cols; i += n) {
+    const auto v = hn::LoadU(d, row + i);
+    bad = hn::Or(bad, hn::Not(hn::IsFinite(v)));
+    vmax = hn::Max(vmax, hn::Abs(v));
+  }
+  float amax = hn::GetLane(hn::MaxOfLanes(d, vmax));
+  bool finite = hn::AllFalse(d, bad);
+  for (int64_t t = i; t < cols; ++t) {
+    finite = finite && std::isfinite(row[t]);
+    amax = std::max(amax, std::fabs(row[t]));
+  }
+  *scale = int8::RowScale(amax, finite);
+  QuantizeRow(row, *scale, out, cols);
+}
+
+void QuantizeRows(const float* x, int8_t* q, float* scale, int64_t rows, int64_t cols) {
+  ParallelFor(rows,
+              [&](int64_t r) { QuantizeRowOwnScale(x + r * cols, q + r * cols, scale + r, cols); });
 }
 
 void QuantizeRowsByScale(const float* x, const float* scale, int8_t* q, int64_t rows,
@@ -200,10 +204,10 @@ void DequantizeRows(const int8_t* q, const float* scale, float* y, int64_t rows,
 // HadamardRows in the reference's stage order (strides 1, 2, ..., block / 2), each stage's
 // butterflies the reference's additions on the same values, so the same bits.
 //
-// Rows of x (not transposed): in place in y, whole vectors at a time. Strides below the vector's
-// n lanes pair lane l with lane l ^ h of one vector (a permutation; the lower lane gets a + b,
-// the upper a - b), strides from n up pair whole vectors.
-void RotateRows(const float* x, float* y, int64_t rows, int64_t cols) {
+// A row of x (not transposed), in place in v[0, cols), whole vectors at a time. Strides below the
+// vector's n lanes pair lane l with lane l ^ h of one vector (a permutation; the lower lane gets
+// a + b, the upper a - b), strides from n up pair whole vectors.
+void RotateRow(float* v, int64_t cols) {
   const hn::CappedTag<float, 16> d;
   const hn::RebindToSigned<decltype(d)> di;
   const auto n = static_cast<int64_t>(hn::Lanes(d));
@@ -212,86 +216,117 @@ void RotateRows(const float* x, float* y, int64_t rows, int64_t cols) {
   const int64_t inner = std::min(block, n);  // the strides within a vector: 1 .. inner / 2
   const auto factor = hn::Set(d, int8::HadamardFactor(block));
   const auto lane = hn::Iota(di, 0);
-  ParallelFor(rows, [&](int64_t r) {
-    float* v = y + r * cols;
-    if (v != x + r * cols) std::copy_n(x + r * cols, cols, v);
-    for (int64_t s = 0; s < whole; s += chunk) {
-      float* c = v + s;
-      for (int64_t j = 0; j < chunk; j += n) {
-        auto a = hn::LoadU(d, c + j);
-        for (int64_t h = 1; h < inner; h *= 2) {
-          const auto other = hn::TableLookupLanes(
-              a, hn::IndicesFromVec(d, hn::Xor(lane, hn::Set(di, static_cast<int32_t>(h)))));
-          const auto upper = hn::RebindMask(
-              d, hn::Ne(hn::And(lane, hn::Set(di, static_cast<int32_t>(h))), hn::Zero(di)));
-          a = hn::IfThenElse(upper, hn::Sub(other, a), hn::Add(a, other));
-        }
-        hn::StoreU(a, d, c + j);
+  for (int64_t s = 0; s < whole; s += chunk) {
+    float* c = v + s;
+    for (int64_t j = 0; j < chunk; j += n) {
+      auto a = hn::LoadU(d, c + j);
+      for (int64_t h = 1; h < inner; h *= 2) {
+        const auto other = hn::TableLookupLanes(
+            a, hn::IndicesFromVec(d, hn::Xor(lane, hn::Set(di, static_cast<int32_t>(h)))));
+        const auto upper = hn::RebindMask(
+            d, hn::Ne(hn::And(lane, hn::Set(di, static_cast<int32_t>(h))), hn::Zero(di)));
+        a = hn::IfThenElse(upper, hn::Sub(other, a), hn::Add(a, other));
       }
-      for (int64_t h = n; h < block; h *= 2) {
-        for (int64_t i = 0; i < chunk; i += 2 * h) {
-          for (int64_t j = i; j < i + h; j += n) {
-            const auto a = hn::LoadU(d, c + j), b = hn::LoadU(d, c + j + h);
-            hn::StoreU(hn::Add(a, b), d, c + j);
-            hn::StoreU(hn::Sub(a, b), d, c + j + h);
-          }
-        }
-      }
-      for (int64_t j = 0; j < chunk; j += n)
-        hn::StoreU(hn::Mul(hn::LoadU(d, c + j), factor), d, c + j);
+      hn::StoreU(a, d, c + j);
     }
-    // Blocks smaller than a vector past the last whole vector.
-    for (int64_t s = whole; s < cols; s += block) int8::RotateBlock(v + s, block);
-  });
+    for (int64_t h = n; h < block; h *= 2) {
+      for (int64_t i = 0; i < chunk; i += 2 * h) {
+        for (int64_t j = i; j < i + h; j += n) {
+          const auto a = hn::LoadU(d, c + j), b = hn::LoadU(d, c + j + h);
+          hn::StoreU(hn::Add(a, b), d, c + j);
+          hn::StoreU(hn::Sub(a, b), d, c + j + h);
+        }
+      }
+    }
+    for (int64_t j = 0; j < chunk; j += n)
+      hn::StoreU(hn::Mul(hn::LoadU(d, c + j), factor), d, c + j);
+  }
+  // Blocks smaller than a vector past the last whole vector.
+  for (int64_t s = whole; s < cols; s += block) int8::RotateBlock(v + s, block);
 }
 
-// Rows of xᵀ: kLines of them at a time as the columns of a tile whose row j holds element j of
-// each (x's rows read four cache lines at a time: one line at a time ran at a third of the
-// speed on the wide shapes), so that every butterfly is whole vectors.
-void RotateColumns(const float* x, float* y, int64_t rows, int64_t cols) {
-  constexpr int64_t kLines = 64, kMaxBlock = 64;
-  const hn::CappedTag<float, kLines> d;
+// Rows of xᵀ are kColumnTile columns of x at a time.
+constexpr int64_t kColumnTile = 64;
+
+// The rows first .. first + kColumnTile - 1 of xᵀ (fewer at the end), rotated into out[l * rows +
+// j] (row first + l, element j): the columns of a tile whose row j holds element j of each (x's
+// rows read four cache lines at a time: one line at a time ran at a third of the speed on the
+// wide shapes), so that every butterfly is whole vectors.
+void RotateColumnTile(const float* x, float* out, int64_t rows, int64_t cols, int64_t first) {
+  constexpr int64_t kMaxBlock = 64;
+  const hn::CappedTag<float, kColumnTile> d;
   const auto n = static_cast<int64_t>(hn::Lanes(d));
   const int64_t block = HadamardBlock(rows);
   const auto factor = hn::Set(d, int8::HadamardFactor(block));
-  ParallelFor((cols + kLines - 1) / kLines, [&](int64_t t) {
-    HWY_ALIGN float tile[kMaxBlock * kLines] = {};
-    const int64_t first = t * kLines, count = std::min(kLines, cols - first);
-    for (int64_t s = 0; s < rows; s += block) {
-      for (int64_t j = 0; j < block; ++j) {
-        std::copy_n(x + (s + j) * cols + first, count, tile + j * kLines);
-      }
-      for (int64_t h = 1; h < block; h *= 2) {
-        for (int64_t i = 0; i < block; i += 2 * h) {
-          for (int64_t j = i; j < i + h; ++j) {
-            for (int64_t l = 0; l < kLines; l += n) {
-              float* p = tile + j * kLines + l;
-              float* q = tile + (j + h) * kLines + l;
-              const auto a = hn::Load(d, p), b = hn::Load(d, q);
-              hn::Store(hn::Add(a, b), d, p);
-              hn::Store(hn::Sub(a, b), d, q);
-            }
+  HWY_ALIGN float tile[kMaxBlock * kColumnTile] = {};
+  const int64_t count = std::min(kColumnTile, cols - first);
+  for (int64_t s = 0; s < rows; s += block) {
+    for (int64_t j = 0; j < block; ++j) {
+      std::copy_n(x + (s + j) * cols + first, count, tile + j * kColumnTile);
+    }
+    for (int64_t h = 1; h < block; h *= 2) {
+      for (int64_t i = 0; i < block; i += 2 * h) {
+        for (int64_t j = i; j < i + h; ++j) {
+          for (int64_t l = 0; l < kColumnTile; l += n) {
+            float* p = tile + j * kColumnTile + l;
+            float* q = tile + (j + h) * kColumnTile + l;
+            const auto a = hn::Load(d, p), b = hn::Load(d, q);
+            hn::Store(hn::Add(a, b), d, p);
+            hn::Store(hn::Sub(a, b), d, q);
           }
         }
       }
-      for (int64_t j = 0; j < block; ++j) {
-        for (int64_t l = 0; l < kLines; l += n) {
-          hn::Store(hn::Mul(hn::Load(d, tile + j * kLines + l), factor), d, tile + j * kLines + l);
-        }
-      }
-      for (int64_t l = 0; l < count; ++l) {
-        float* out = y + (first + l) * rows + s;
-        for (int64_t j = 0; j < block; ++j) out[j] = tile[j * kLines + l];
+    }
+    for (int64_t j = 0; j < block; ++j) {
+      for (int64_t l = 0; l < kColumnTile; l += n) {
+        float* p = tile + j * kColumnTile + l;
+        hn::Store(hn::Mul(hn::Load(d, p), factor), d, p);
       }
     }
-  });
+    for (int64_t l = 0; l < count; ++l) {
+      float* o = out + l * rows + s;
+      for (int64_t j = 0; j < block; ++j) o[j] = tile[j * kColumnTile + l];
+    }
+  }
 }
+
+int64_t ColumnTiles(int64_t cols) { return (cols + kColumnTile - 1) / kColumnTile; }
 
 void HadamardRows(const float* x, float* y, int64_t rows, int64_t cols, bool transpose) {
   if (transpose) {
-    RotateColumns(x, y, rows, cols);
+    ParallelFor(ColumnTiles(cols), [&](int64_t t) {
+      RotateColumnTile(x, y + t * kColumnTile * rows, rows, cols, t * kColumnTile);
+    });
   } else {
-    RotateRows(x, y, rows, cols);
+    ParallelFor(rows, [&](int64_t r) {
+      float* v = y + r * cols;
+      if (v != x + r * cols) std::copy_n(x + r * cols, cols, v);
+      RotateRow(v, cols);
+    });
+  }
+}
+
+// The rotated rows (one row, or one tile of xᵀ's) in a buffer of the worker's that stays in its
+// caches, each quantized from there: the rotated matrix never goes to memory.
+void HadamardQuantizeRows(const float* x, int8_t* q, float* scale, int64_t rows, int64_t cols,
+                          bool transpose) {
+  static thread_local std::vector<float> rotated;
+  if (transpose) {
+    ParallelFor(ColumnTiles(cols), [&](int64_t t) {
+      const int64_t first = t * kColumnTile, count = std::min(kColumnTile, cols - first);
+      rotated.resize(static_cast<size_t>(count * rows));
+      RotateColumnTile(x, rotated.data(), rows, cols, first);
+      for (int64_t l = 0; l < count; ++l) {
+        QuantizeRowOwnScale(rotated.data() + l * rows, q + (first + l) * rows, scale + first + l,
+                            rows);
+      }
+    });
+  } else {
+    ParallelFor(rows, [&](int64_t r) {
+      rotated.assign(x + r * cols, x + (r + 1) * cols);
+      RotateRow(rotated.data(), cols);
+      QuantizeRowOwnScale(rotated.data(), q + r * cols, scale + r, cols);
+    });
   }
 }
 
@@ -305,6 +340,7 @@ HWY_EXPORT(QuantizeRowsByScale);
 HWY_EXPORT(GemmI8XWt);
 HWY_EXPORT(DequantizeRows);
 HWY_EXPORT(HadamardRows);
+HWY_EXPORT(HadamardQuantizeRows);
 
 void QuantizeRows(const float* x, int8_t* q, float* scale, int64_t rows, int64_t cols) {
   HWY_DYNAMIC_DISPATCH(QuantizeRows)(x, q, scale, rows, cols);
@@ -322,6 +358,10 @@ void DequantizeRows(const int8_t* q, const float* scale, float* y, int64_t rows,
 }
 void HadamardRows(const float* x, float* y, int64_t rows, int64_t cols, bool transpose) {
   HWY_DYNAMIC_DISPATCH(HadamardRows)(x, y, rows, cols, transpose);
+}
+void HadamardQuantizeRows(const float* x, int8_t* q, float* scale, int64_t rows, int64_t cols,
+                          bool transpose) {
+  HWY_DYNAMIC_DISPATCH(HadamardQuantizeRows)(x, q, scale, rows, cols, transpose);
 }
 }  // namespace lockstep::rk::simd
 #endif
