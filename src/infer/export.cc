@@ -343,6 +343,12 @@ std::string SentencePieceVocab(const fs::path& file, int64_t n_vocab, GgufVocab&
   v.spm = true;
   for (size_t id = 0; id < m.pieces.size(); ++id) {
     const auto& p = m.pieces[id];
+    try {  // libsentencepiece loads a piece of any bytes; both formats hold UTF-8 text
+      data::ValidateUtf8(std::span(reinterpret_cast<const uint8_t*>(p.text.data()), p.text.size()),
+                         fmt::format("{}: piece {}", file.string(), id));
+    } catch (const Error& e) {
+      return e.what();
+    }
     if (p.type == Type::kUserDefined || p.type == Type::kUnused) {
       return fmt::format(
           "{}: piece {} ('{}') is {}: SentencePiece matches user-defined pieces before merging "

@@ -399,6 +399,36 @@ TEST_F(Generate, AReceiptBindsItsTokenizerAndEodAndGeneratesRanges) {
   EXPECT_NE(v.output.find("byte order mark"), std::string::npos) << v.output;
 }
 
+// libsentencepiece loads a model whose piece is not UTF-8 (here piece 'be' as the bytes ff fe, the
+// fuzz corpus's regression input): the export writes it nowhere and says why, naming the piece,
+// where it failed with a JSON library's message naming neither.
+TEST_F(Generate, AnExportedTokenizerWithAPieceThatIsNotUtf8IsNotWritten) {
+  fs::create_directories(Path("bad_sp"));
+  fs::copy_file(fs::path(LOCKSTEP_SOURCE_DIR) /
+                    "tests/fuzz/corpus/sentencepiece/regression-invalid-utf8-piece.model",
+                Path("bad_sp/tokenizer.model"));
+  WriteFileSynced(Path("bad_sp.txt"), "abc de fg hij naïve über\nbe ab\n");
+  for (const std::string& cmd :
+       {"data tokenize --tokenizer " + Path("bad_sp") + " --input " + Path("bad_sp.txt") +
+            " --out " + Path("bad_sp_data"),
+        "train --config tiny --data " + Path("bad_sp_data") + " --out " + Path("bad_sp_run") +
+            " --steps 1 --no-progress",
+        "export --checkpoint " + Path("bad_sp_run/checkpoints/step_000000001") + " --data " +
+            Path("bad_sp_data") + " --format hf --out " + Path("bad_sp_hf")}) {
+    const Result r = Lockstep(cmd);
+    ASSERT_EQ(r.exit_code, 0) << cmd << ": " << r.output;
+    if (cmd.starts_with("export")) {
+      EXPECT_NE(
+          r.output.find("no tokenizer.json: " + Path("bad_sp_data/tokenizer.model") + ": piece "),
+          std::string::npos)
+          << r.output;
+      EXPECT_NE(r.output.find("invalid UTF-8"), std::string::npos) << r.output;
+    }
+  }
+  EXPECT_FALSE(fs::exists(Path("bad_sp_hf/tokenizer.json")));
+  EXPECT_TRUE(fs::exists(Path("bad_sp_hf/tokenizer.model")));
+}
+
 // The byte vocabulary exported for transformers is read by @huggingface/tokenizers (the
 // independent implementation of tokenizer.json, run by node) as lockstep reads it: every byte its
 // own id, the strings of special pieces (<|endoftext|>) included.
