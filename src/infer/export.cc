@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -850,6 +851,26 @@ void WriteHf(const VerifiedModel& m, const std::string& arch, const Tokenizer& t
   }
   t.push_back({"model.norm.weight", {c.d_model}, p.Get("final_norm.weight")});
   t.push_back({"lm_head.weight", {c.vocab, c.d_model}, p.Get("output.weight")});
+  // A bf16-compute-weight model's weights are bfloat16s (Export rounded them): written as BF16,
+  // exactly, where every value of a tensor is one (not an embedding table with the norm folded
+  // in). config.json's dtype stays float32, so transformers widens them on loading.
+  std::vector<std::unique_ptr<std::vector<BFloat16>>> narrowed;
+  int64_t bf16_tensors = 0;
+  for (NamedTensor& named : t) {
+    const std::span<const float> v = named.data.As<float>();
+    const auto is_bf16 = [](float x) { return (std::bit_cast<uint32_t>(x) & 0xffffu) == 0; };
+    if (c.compute_weights != Storage::kBf16 || !std::ranges::all_of(v, is_bf16)) continue;
+    auto& b = *narrowed.emplace_back(std::make_unique<std::vector<BFloat16>>(v.size()));
+    std::ranges::transform(v, b.begin(), [](float x) { return NarrowToBf16(x); });
+    named.data = TensorView(b);
+    ++bf16_tensors;
+  }
+  if (bf16_tensors > 0) {
+    notes.push_back(fmt::format(
+        "{} of {} tensors written as BF16 (their values are bfloat16s, model.compute_weights = "
+        "bf16), the rest as F32",
+        bf16_tensors, t.size()));
+  }
   WriteSafetensors(dir / "model.safetensors", t,
                    {{"format", "pt"},
                     {"lockstep_checkpoint_state_hash", ToHex(m.state_hash)},
@@ -916,14 +937,18 @@ ExportResult Export(const VerifiedModel& checkpoint, ExportFormat format, const 
   ExportResult result;
   result.architecture = ExportArchitecture(checkpoint.config.model, format);
   // With bf16 compute weights the model computes with its weights rounded to bfloat16 (the
-  // embedding's looked-up rows likewise): those values are the ones written, exactly in F32.
+  // embedding's looked-up rows likewise): those values are the ones written, exactly (hf: as
+  // BF16; gguf: in F32).
   std::optional<VerifiedModel> rounded;
   if (checkpoint.config.model.compute_weights == Storage::kBf16) {
     rounded = checkpoint;
     rk::RoundToBf16(rounded->params.Flat());
-    result.notes.push_back(
+    result.notes.push_back(fmt::format(
         "the weights are written as the model computes with them: rounded to bf16 "
-        "(model.compute_weights = bf16), each held exactly in F32");
+        "(model.compute_weights = bf16){}",
+        format == ExportFormat::kGguf
+            ? ", each held exactly in F32 (llama.cpp's BF16 product rounds its activations too)"
+            : ""));
   }
   const VerifiedModel& m = rounded ? *rounded : checkpoint;
   RefuseOutputsOntoInputs({{"--out", out}}, {{"--checkpoint", m.dir}, {"--data", data}});

@@ -18,6 +18,8 @@
 #include "common/tokenizers_js.h"
 #include "lockstep/core.h"
 #include "lockstep/data.h"
+#include "lockstep/infer.h"
+#include "lockstep/state.h"
 
 namespace lockstep {
 namespace {
@@ -427,6 +429,52 @@ TEST_F(Generate, AnExportedTokenizerWithAPieceThatIsNotUtf8IsNotWritten) {
   }
   EXPECT_FALSE(fs::exists(Path("bad_sp_hf/tokenizer.json")));
   EXPECT_TRUE(fs::exists(Path("bad_sp_hf/tokenizer.model")));
+}
+
+// A model that computes with bf16 weights is exported for transformers as BF16 tensors holding
+// exactly the values it computes with (the checkpoint's weights rounded to bfloat16), except the
+// embedding table with the embedding norm folded in, whose values are not bfloat16s (F32);
+// config.json's dtype stays float32, so transformers widens them on loading.
+TEST_F(Generate, ABf16WeightModelIsExportedForTransformersAsBf16Tensors) {
+  std::string config = ReadFileText(fs::path(LOCKSTEP_SOURCE_DIR) / "configs/tiny.yaml");
+  ASSERT_NE(config.find("model:\n"), std::string::npos);
+  config.replace(config.find("model:\n"), 7, "model:\n  compute_weights: bf16\n");
+  WriteFileSynced(Path("tiny-bf16w.yaml"), config);
+  for (const std::string& cmd :
+       {"train --config " + Path("tiny-bf16w.yaml") + " --data " + Path("data") + " --out " +
+            Path("bf16w") + " --steps 2 --no-progress",
+        "export --checkpoint " + Path("bf16w/checkpoints/step_000000002") + " --format hf --out " +
+            Path("bf16w_hf")}) {
+    const Result r = Lockstep(cmd);
+    ASSERT_EQ(r.exit_code, 0) << cmd << ": " << r.output;
+    if (cmd.starts_with("export")) {
+      EXPECT_NE(r.output.find("tensors written as BF16"), std::string::npos) << r.output;
+    }
+  }
+  EXPECT_EQ(Read("bf16w_hf/config.json")["torch_dtype"], "float32");
+  const infer::VerifiedModel model = infer::LoadVerified(Path("bf16w/checkpoints/step_000000002"));
+  const SafetensorsFile file = ParseSafetensors(ReadFileBytes(Path("bf16w_hf/model.safetensors")),
+                                                "model.safetensors", SafetensorsDtypes::kAny);
+  int64_t bf16 = 0;
+  for (const NamedTensor& t : file.tensors()) {
+    if (t.name == "model.embed_tokens.weight") {
+      EXPECT_EQ(t.data.dtype(), Dtype::kF32);
+      continue;
+    }
+    EXPECT_EQ(t.data.dtype(), Dtype::kBF16) << t.name;
+    bf16 += t.data.dtype() == Dtype::kBF16;
+  }
+  EXPECT_EQ(bf16, static_cast<int64_t>(file.tensors().size()) - 1);
+  // The head, bit for bit: the checkpoint's weights, each rounded to the nearest bfloat16.
+  const std::span<const BFloat16> head = file.Get("lm_head.weight").data.As<BFloat16>();
+  const std::span<const float> master = model.params.Tensor(model.params.Find("output.weight"));
+  ASSERT_EQ(head.size(), master.size());
+  size_t rounded = 0;
+  for (size_t i = 0; i < head.size(); ++i) {
+    ASSERT_EQ(head[i].bits, NarrowToBf16(master[i]).bits) << i;
+    rounded += WidenBf16(head[i]) != master[i];
+  }
+  EXPECT_GT(rounded, head.size() / 2);  // the master is not bfloat16 itself
 }
 
 // The byte vocabulary exported for transformers is read by @huggingface/tokenizers (the
