@@ -762,6 +762,26 @@ std::string HfTokenizer(const fs::path& dir, const ModelConfig& c, const Tokeniz
   return t.note;
 }
 
+// A bf16-compute-weight model's weights are bfloat16s (Export rounded them): each tensor whose
+// every value is one (all but an embedding table with the norm folded in) made BF16, exactly,
+// its values held in `narrowed`. config.json's dtype stays float32, so transformers widens them
+// on loading. Returns the note.
+std::string NarrowToBf16Tensors(std::vector<NamedTensor>& tensors,
+                                std::vector<std::vector<BFloat16>>& narrowed) {
+  const auto is_bf16 = [](float x) { return (std::bit_cast<uint32_t>(x) & 0xffffu) == 0; };
+  for (NamedTensor& named : tensors) {
+    const std::span<const float> v = named.data.As<float>();
+    if (!std::ranges::all_of(v, is_bf16)) continue;
+    std::vector<BFloat16>& b = narrowed.emplace_back(v.size());
+    std::ranges::transform(v, b.begin(), [](float x) { return NarrowToBf16(x); });
+    named.data = TensorView(b);
+  }
+  return fmt::format(
+      "{} of {} tensors written as BF16 (their values are bfloat16s, model.compute_weights = "
+      "bf16), the rest as F32",
+      narrowed.size(), tensors.size());
+}
+
 void WriteHf(const VerifiedModel& m, const std::string& arch, const Tokenizer& tok,
              const fs::path& dir, std::vector<std::string>& notes) {
   const ModelConfig& c = m.config.model;
@@ -851,26 +871,8 @@ void WriteHf(const VerifiedModel& m, const std::string& arch, const Tokenizer& t
   }
   t.push_back({"model.norm.weight", {c.d_model}, p.Get("final_norm.weight")});
   t.push_back({"lm_head.weight", {c.vocab, c.d_model}, p.Get("output.weight")});
-  // A bf16-compute-weight model's weights are bfloat16s (Export rounded them): written as BF16,
-  // exactly, where every value of a tensor is one (not an embedding table with the norm folded
-  // in). config.json's dtype stays float32, so transformers widens them on loading.
-  std::vector<std::unique_ptr<std::vector<BFloat16>>> narrowed;
-  int64_t bf16_tensors = 0;
-  for (NamedTensor& named : t) {
-    const std::span<const float> v = named.data.As<float>();
-    const auto is_bf16 = [](float x) { return (std::bit_cast<uint32_t>(x) & 0xffffu) == 0; };
-    if (c.compute_weights != Storage::kBf16 || !std::ranges::all_of(v, is_bf16)) continue;
-    auto& b = *narrowed.emplace_back(std::make_unique<std::vector<BFloat16>>(v.size()));
-    std::ranges::transform(v, b.begin(), [](float x) { return NarrowToBf16(x); });
-    named.data = TensorView(b);
-    ++bf16_tensors;
-  }
-  if (bf16_tensors > 0) {
-    notes.push_back(fmt::format(
-        "{} of {} tensors written as BF16 (their values are bfloat16s, model.compute_weights = "
-        "bf16), the rest as F32",
-        bf16_tensors, t.size()));
-  }
+  std::vector<std::vector<BFloat16>> narrowed;
+  if (c.compute_weights == Storage::kBf16) notes.push_back(NarrowToBf16Tensors(t, narrowed));
   WriteSafetensors(dir / "model.safetensors", t,
                    {{"format", "pt"},
                     {"lockstep_checkpoint_state_hash", ToHex(m.state_hash)},

@@ -129,6 +129,25 @@ Trajectory ReadTrajectory(const std::filesystem::path& kit_dir) {
   return ParseTrajectory(ReadFileText(path, kMaxJsonBytes, "a trajectory.json"), path.string());
 }
 
+namespace {
+// A signed kit holds every chain line: each checkpoint's state hash, prev_hash and chain_blake2b
+// must be theirs (docs/kits.md, "What a kit proves"). The first that is not, if any.
+std::optional<std::string> SignedLinesProblem(const std::filesystem::path& kit_dir) {
+  const std::filesystem::path signatures = kit_dir / kSignaturesName;
+  if (!std::filesystem::exists(signatures)) return std::nullopt;
+  try {
+    std::vector<StateHashLine> lines;
+    for (const SignedLine& line : ReadSignedChain(signatures).lines) {
+      lines.push_back({line.step, line.hash});
+    }
+    CheckChainAncestry(signatures, lines, CheckpointAnchors(kit_dir, UINT64_MAX));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return std::nullopt;
+}
+}  // namespace
+
 std::vector<std::string> VerifyKitChain(const std::filesystem::path& kit_dir) {
   Trajectory trajectory;
   try {
@@ -342,20 +361,7 @@ std::vector<std::string> VerifyKitChain(const std::filesystem::path& kit_dir) {
         where, before->until_step, before->name, last, std::min(before->until_step, last) + 1,
         std::max(before->until_step, last)));
   }
-  // A signed kit holds every chain line: each checkpoint's state hash, prev_hash and
-  // chain_blake2b must be theirs (docs/kits.md, "What a kit proves").
-  if (const std::filesystem::path signatures = kit_dir / kSignaturesName;
-      std::filesystem::exists(signatures)) {
-    try {
-      std::vector<StateHashLine> lines;
-      for (const SignedLine& line : ReadSignedChain(signatures).lines) {
-        lines.push_back({line.step, line.hash});
-      }
-      CheckChainAncestry(signatures, lines, CheckpointAnchors(kit_dir, UINT64_MAX));
-    } catch (const Error& e) {
-      problems.push_back(e.what());
-    }
-  }
+  if (std::optional<std::string> p = SignedLinesProblem(kit_dir)) problems.push_back(*p);
   return problems;
 }
 
