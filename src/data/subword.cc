@@ -32,14 +32,23 @@ class LineIterator final : public sentencepiece::SentenceIterator {
   size_t next_ = 0;
 };
 
+// Loads a model into `processor`: false when libsentencepiece refuses it, by its status or by
+// throwing (its trie builder throws on a piece it cannot index, such as an empty one).
+bool LoadSentencePiece(sentencepiece::SentencePieceProcessor& processor, std::string_view proto) {
+  try {
+    return processor.LoadFromSerializedProto(proto).ok();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 class SentencePieceTokenizer final : public Tokenizer {
  public:
   explicit SentencePieceTokenizer(const fs::path& model) {
     const std::vector<uint8_t> bytes = ReadFileBytes(model);
-    const sentencepiece::util::Status status = processor_.LoadFromSerializedProto(
-        std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
     // SentencePiece's message names its own source lines, nothing the user can change.
-    if (!status.ok()) {
+    if (!LoadSentencePiece(processor_, std::string_view(reinterpret_cast<const char*>(bytes.data()),
+                                                        bytes.size()))) {
       Fail(
           "{}: not a SentencePiece model (a Hugging Face tokenizer is read as one only when its "
           "name ends in .json): give a tokenizer.model that 'lockstep tokenizer train' wrote, a "
@@ -184,7 +193,7 @@ SentencePieceModel ReadSentencePieceModel(const fs::path& file) {
   const std::vector<uint8_t> bytes = ReadFileBytes(file);
   const std::string_view proto(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   sentencepiece::SentencePieceProcessor processor;
-  if (!processor.LoadFromSerializedProto(proto).ok()) {
+  if (!LoadSentencePiece(processor, proto)) {
     Fail("{}: not a SentencePiece model", file.string());
   }
   SentencePieceModel m;
