@@ -268,6 +268,21 @@ json HuggingFaceIds(const std::string& module, const fs::path& tokenizer,
   return json::parse(ReadFileText(dir / "hf_ids.json"));
 }
 
+// @huggingface/tokenizers' ids of `texts` under `tokenizer_json` are lockstep's under the
+// SentencePiece model `model` (a file or its directory). Returns those ids.
+json ExpectLockstepsIds(const std::string& module, const fs::path& tokenizer_json,
+                        const fs::path& model, const std::vector<std::string>& texts,
+                        const fs::path& dir) {
+  const json ids = HuggingFaceIds(module, tokenizer_json, texts, dir);
+  EXPECT_EQ(ids.size(), texts.size());
+  if (ids.size() != texts.size()) return ids;
+  const std::unique_ptr<data::Tokenizer> sp = data::OpenTokenizer(model);
+  for (size_t i = 0; i < texts.size(); ++i) {
+    EXPECT_EQ(ids[i], json(sp->Encode(texts[i], "text"))) << "text " << i;
+  }
+  return ids;
+}
+
 // A SentencePiece BPE model exported for transformers is also a tokenizer.json, which
 // @huggingface/tokenizers (the independent implementation, run by node) reads as lockstep
 // reads the model: lockstep's ids on the texts above and on the whole training text (every merge
@@ -288,12 +303,9 @@ TEST_F(Generate, AnExportedSentencePieceTokenizerGivesLockstepsIdsInHuggingFaceT
   std::vector<std::string> texts = kTokenizerTexts;
   texts.push_back(ReadFileText(path("sp.txt")));
   texts.push_back("a" + texts.back().substr(0, 2000) + " ");
-  const json ids = HuggingFaceIds(module, path("sp_hf/tokenizer.json"), texts, Path(""));
+  const json ids = ExpectLockstepsIds(module, path("sp_hf/tokenizer.json"),
+                                      path("sp/tokenizer.model"), texts, Path(""));
   ASSERT_EQ(ids.size(), texts.size());
-  const std::unique_ptr<data::Tokenizer> sp = data::OpenTokenizer(path("sp/tokenizer.model"));
-  for (size_t i = 0; i < texts.size(); ++i) {
-    EXPECT_EQ(ids[i], json(sp->Encode(texts[i], "text"))) << "text " << i;
-  }
   // The special pieces' strings are text: no id of a control or unknown piece.
   for (const json& id : ids[6]) EXPECT_GT(id.get<uint32_t>(), 2u);
 }
@@ -401,6 +413,27 @@ TEST_F(Generate, AReceiptBindsItsTokenizerAndEodAndGeneratesRanges) {
   EXPECT_NE(v.output.find("byte order mark"), std::string::npos) << v.output;
 }
 
+// A dataset of a short text tokenized by the fuzz corpus's SentencePiece model `model` and tiny
+// trained one step on it, exported for transformers: into NAME_sp (the model), NAME_data,
+// NAME_run and NAME_hf. Returns the export's result.
+Result ExportOnACorpusModel(const std::function<std::string(const std::string&)>& path,
+                            const std::string& model, const std::string& name) {
+  fs::create_directories(path(name + "_sp"));
+  fs::copy_file(fs::path(LOCKSTEP_SOURCE_DIR) / "tests/fuzz/corpus/sentencepiece" / model,
+                path(name + "_sp/tokenizer.model"));
+  WriteFileSynced(path(name + ".txt"), "abc de fg hij naïve über\nbe ab\n");
+  for (const std::string& cmd : {"data tokenize --tokenizer " + path(name + "_sp") + " --input " +
+                                     path(name + ".txt") + " --out " + path(name + "_data"),
+                                 "train --config tiny --data " + path(name + "_data") + " --out " +
+                                     path(name + "_run") + " --steps 1 --no-progress"}) {
+    const Result r = Lockstep(cmd);
+    EXPECT_EQ(r.exit_code, 0) << cmd << ": " << r.output;
+    if (r.exit_code != 0) return r;
+  }
+  return Lockstep("export --checkpoint " + path(name + "_run/checkpoints/step_000000001") +
+                  " --data " + path(name + "_data") + " --format hf --out " + path(name + "_hf"));
+}
+
 // A SentencePiece BPE model that adds a dummy prefix (tests/fuzz/corpus/sentencepiece's, a
 // `tokenizer train --model bpe` model with the normalizer's add_dummy_prefix set): its
 // tokenizer.json prepends the "▁" and @huggingface/tokenizers still gives lockstep's ids.
@@ -410,61 +443,27 @@ TEST_F(Generate, AnExportedSentencePieceTokenizerWithADummyPrefixGivesLockstepsI
     GTEST_SKIP() << "node or @huggingface/tokenizers@" << test::kTokenizersJsVersion
                  << " is not available (npm unreachable?): the ids are not compared";
   }
-  fs::create_directories(Path("prefix_sp"));
-  fs::copy_file(
-      fs::path(LOCKSTEP_SOURCE_DIR) / "tests/fuzz/corpus/sentencepiece/bpe-dummy-prefix.model",
-      Path("prefix_sp/tokenizer.model"));
+  const Result e = ExportOnACorpusModel(Path, "bpe-dummy-prefix.model", "prefix");
+  ASSERT_EQ(e.exit_code, 0) << e.output;
   ASSERT_TRUE(data::ReadSentencePieceModel(Path("prefix_sp/tokenizer.model")).add_dummy_prefix);
-  WriteFileSynced(Path("prefix.txt"), "abc de fg hij naïve über\nbe ab\n");
-  for (const std::string& cmd :
-       {"data tokenize --tokenizer " + Path("prefix_sp") + " --input " + Path("prefix.txt") +
-            " --out " + Path("prefix_data"),
-        "train --config tiny --data " + Path("prefix_data") + " --out " + Path("prefix_run") +
-            " --steps 1 --no-progress",
-        "export --checkpoint " + Path("prefix_run/checkpoints/step_000000001") + " --data " +
-            Path("prefix_data") + " --format hf --out " + Path("prefix_hf")}) {
-    const Result r = Lockstep(cmd);
-    ASSERT_EQ(r.exit_code, 0) << cmd << ": " << r.output;
-  }
   EXPECT_EQ(Read("prefix_hf/tokenizer_config.json")["add_prefix_space"], true);
   std::vector<std::string> texts = kTokenizerTexts;
   texts.push_back("abcdef ghij abc de fg hij abcd");
-  const json ids = HuggingFaceIds(module, Path("prefix_hf/tokenizer.json"), texts, Path(""));
-  ASSERT_EQ(ids.size(), texts.size());
-  const std::unique_ptr<data::Tokenizer> sp = data::OpenTokenizer(Path("prefix_sp"));
-  for (size_t i = 0; i < texts.size(); ++i) {
-    EXPECT_EQ(ids[i], json(sp->Encode(texts[i], "text"))) << "text " << i;
-  }
+  ExpectLockstepsIds(module, Path("prefix_hf/tokenizer.json"), Path("prefix_sp"), texts, Path(""));
 }
 
 // libsentencepiece loads a model whose piece is not UTF-8 (here piece 'be' as the bytes ff fe, the
 // fuzz corpus's regression input): the export writes it nowhere and says why, naming the piece,
 // where it failed with a JSON library's message naming neither.
 TEST_F(Generate, AnExportedTokenizerWithAPieceThatIsNotUtf8IsNotWritten) {
-  fs::create_directories(Path("bad_sp"));
-  fs::copy_file(fs::path(LOCKSTEP_SOURCE_DIR) /
-                    "tests/fuzz/corpus/sentencepiece/regression-invalid-utf8-piece.model",
-                Path("bad_sp/tokenizer.model"));
-  WriteFileSynced(Path("bad_sp.txt"), "abc de fg hij naïve über\nbe ab\n");
-  for (const std::string& cmd :
-       {"data tokenize --tokenizer " + Path("bad_sp") + " --input " + Path("bad_sp.txt") +
-            " --out " + Path("bad_sp_data"),
-        "train --config tiny --data " + Path("bad_sp_data") + " --out " + Path("bad_sp_run") +
-            " --steps 1 --no-progress",
-        "export --checkpoint " + Path("bad_sp_run/checkpoints/step_000000001") + " --data " +
-            Path("bad_sp_data") + " --format hf --out " + Path("bad_sp_hf")}) {
-    const Result r = Lockstep(cmd);
-    ASSERT_EQ(r.exit_code, 0) << cmd << ": " << r.output;
-    if (cmd.starts_with("export")) {
-      EXPECT_NE(
-          r.output.find("no tokenizer.json: " + Path("bad_sp_data/tokenizer.model") + ": piece "),
-          std::string::npos)
-          << r.output;
-      EXPECT_NE(r.output.find("invalid UTF-8"), std::string::npos) << r.output;
-    }
-  }
-  EXPECT_FALSE(fs::exists(Path("bad_sp_hf/tokenizer.json")));
-  EXPECT_TRUE(fs::exists(Path("bad_sp_hf/tokenizer.model")));
+  const Result e = ExportOnACorpusModel(Path, "regression-invalid-utf8-piece.model", "bad");
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  EXPECT_NE(e.output.find("no tokenizer.json: " + Path("bad_data/tokenizer.model") + ": piece "),
+            std::string::npos)
+      << e.output;
+  EXPECT_NE(e.output.find("invalid UTF-8"), std::string::npos) << e.output;
+  EXPECT_FALSE(fs::exists(Path("bad_hf/tokenizer.json")));
+  EXPECT_TRUE(fs::exists(Path("bad_hf/tokenizer.model")));
 }
 
 // A model that computes with bf16 weights is exported for transformers as BF16 tensors holding
