@@ -149,6 +149,12 @@ double ReadBandwidthGBps(int threads, int64_t mib) {
 }
 
 // ---- the model's bytes ----------------------------------------------------------------------
+// What decode reads per element of a weight matrix: binary32, or the bfloat16s the decoder packs
+// a bf16 compute copy as.
+double WeightElementBytes(const lockstep::ModelConfig& c) {
+  return c.compute_weights == lockstep::Storage::kBf16 ? 2.0 : 4.0;
+}
+
 struct Bytes {
   double parameters_total = 0;   // every tensor, fp32
   double parameters_read = 0;    // read per decode step: all but the embedding table, + one row
@@ -160,7 +166,11 @@ Bytes ModelBytes(const lockstep::ModelConfig& c, int64_t prompt, int64_t decode)
   for (const lockstep::ParamSpec& spec : lockstep::ParameterSpecs(c)) {
     const double bytes = 4.0 * static_cast<double>(spec.numel());
     b.parameters_total += bytes;
-    b.parameters_read += spec.name == "tok_embeddings.weight" ? 4.0 * c.d_model : bytes;
+    if (spec.name == "tok_embeddings.weight") {
+      b.parameters_read += 4.0 * static_cast<double>(c.d_model);
+    } else {
+      b.parameters_read += spec.is_matrix ? bytes / 4.0 * WeightElementBytes(c) : bytes;
+    }
   }
   const double kv = static_cast<double>(c.n_kv_heads * c.head_dim);
   double keys = 0;  // summed over layers and decode positions
@@ -344,7 +354,7 @@ int Main(int argc, char** argv) {
     }
     if (profile) {
       infer::KvDecoder decoder(c, params, 1);
-      OpTimer timer;
+      OpTimer timer(WeightElementBytes(c));
       Generate(decoder, prompt, 1, 2, c.vocab, nullptr);
       decoder.Reset(0);
       std::vector<infer::KvDecoder::Piece> pieces = {{0, prompt}};
@@ -390,16 +400,17 @@ int Main(int argc, char** argv) {
   fmt::print(
       "{{\n  \"runtime\": \"lockstep KvDecoder\",\n  \"config\": \"{}\",\n  \"source\": \"{}\",\n"
       "  \"load_seconds\": {:.2f},\n  \"lockstep_variant\": \"{}\",\n  \"parameters\": {},\n"
-      "  \"parameter_bytes\": {:.0f},\n  \"parameter_bytes_read_per_decode_step\": {:.0f},\n"
+      "  \"parameter_bytes\": {:.0f},\n  \"weight_matrices_read_as\": \"{}\",\n"
+      "  \"parameter_bytes_read_per_decode_step\": {:.0f},\n"
       "  \"kv_bytes_read_per_token_mean\": {:.0f},\n  \"prompt_tokens\": {},\n"
       "  \"decode_tokens\": {},\n  \"reps\": {},\n  \"read_bandwidth\": [{}],\n"
       "  \"bandwidth_buffer_mib\": {},\n  \"greedy_tokens_same\": {},\n  \"runs\": [\n{}\n  "
       "]{}\n}}\n",
       config.name, checkpoint.empty() ? "InitParameters seed 1" : checkpoint, load_seconds,
       lockstep::rk::ActiveIsa().name, params.NumParameters(), bytes.parameters_total,
-      bytes.parameters_read, bytes.kv_read_per_token, prompt_len, decode_len, reps, bw_json,
-      bandwidth_mib, greedy_same ? "true" : "false", runs_json,
-      profile ? fmt::format(",\n  \"profile_decode\": [\n{}\n  ]", profile_json) : "");
+      WeightElementBytes(c) == 2 ? "bf16" : "f32", bytes.parameters_read, bytes.kv_read_per_token,
+      prompt_len, decode_len, reps, bw_json, bandwidth_mib, greedy_same ? "true" : "false",
+      runs_json, profile ? fmt::format(",\n  \"profile_decode\": [\n{}\n  ]", profile_json) : "");
   return greedy_same ? 0 : 1;
 }
 

@@ -15,6 +15,9 @@ namespace lockstep::bench {
 
 class OpTimer : public OpObserver {
  public:
+  // weight_element_bytes: what a GEMM reads per element of its weight (4; 2 for a decoder's
+  // weights packed as bf16).
+  explicit OpTimer(double weight_element_bytes = 4) : weight_element_bytes_(weight_element_bytes) {}
   struct Total {
     int64_t calls = 0;
     double seconds = 0, flops = 0, weight_bytes = 0;
@@ -33,7 +36,7 @@ class OpTimer : public OpObserver {
       }
       key_ += fmt::format(" {}x{}x{}", m, n, k);
       flops_ = 2 * m * n * k;
-      weight_bytes_ = 4 * n * k;
+      weight_bytes_ = weight_element_bytes_ * n * k;
     }
     start_ = std::chrono::steady_clock::now();
   }
@@ -47,6 +50,7 @@ class OpTimer : public OpObserver {
   const std::map<std::string, Total>& totals() const { return totals_; }
 
  private:
+  double weight_element_bytes_;
   std::string key_;
   double flops_ = 0, weight_bytes_ = 0;
   std::chrono::steady_clock::time_point start_;

@@ -16,8 +16,11 @@
 # sizes, prompt and decode lengths. A config the GGUF export refuses (smoke: sliding windows
 # with QK-norm) is measured on lockstep alone, the refusal recorded, and the nearest config
 # that exports (the same with model.qk_norm: false, `smoke-noqknorm`) is measured on both.
+# open-100m is also measured with model.compute_weights: bf16 (`open-100m-bf16`), whose decoder
+# reads its weights as bfloat16s, half the bytes; llama.cpp runs its export, which is F32
+# (docs/export.md: llama.cpp's BF16 product would compute another model).
 # Needs about 6 GB free under the work directory (open-100m's checkpoint and GGUF) and, on 2
-# cores, about 5 minutes.
+# cores, about 4 minutes.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build="$here/build"
@@ -67,17 +70,21 @@ start=$(date +%s)
 # The smoke config with QK-norm off: the same shapes, exportable to GGUF (mimo2).
 sed -e 's/^name: smoke/name: smoke-noqknorm/' -e 's/^\(  qk_norm:\) true/\1 false/' \
   "$here/configs/smoke.yaml" > "$work/smoke-noqknorm.yaml"
+# open-100m with bf16 compute weights.
+sed -e 's/^name: open-100m/name: open-100m-bf16/' -e 's/^model:$/model:\n  compute_weights: bf16/' \
+  "$here/configs/open-100m.yaml" > "$work/open-100m-bf16.yaml"
 
 models=()
 IFS=, read -ra config_list <<< "$configs"
 for cfg in "${config_list[@]}"; do
   models+=("$cfg")
   [ "$cfg" = smoke ] && models+=(smoke-noqknorm)
+  [ "$cfg" = open-100m ] && models+=(open-100m-bf16)
 done
 
 for m in "${models[@]}"; do
   src="$m"
-  [ "$m" = smoke-noqknorm ] && src="$work/smoke-noqknorm.yaml"
+  case "$m" in smoke-noqknorm | open-100m-bf16) src="$work/$m.yaml" ;; esac
   log "$m: step-0 checkpoint"
   "$lockstep" train --config "$src" --data "$work/data" --out "$work/run-$m" --steps 0 \
     --threads 2 --no-progress > "$work/$m.train.log" 2>&1

@@ -70,8 +70,9 @@ class KvDecoder : private AttentionContext {
  public:
   // `slots` sequences of up to config.seq_len positions each, cached in RAM. The decoder reads
   // the weights in `params` in place (the ParamStore must outlive it), or with
-  // model.compute_weights = bf16 their compute copy, made once here; and on the CPU the head
-  // packed for decode's few rows, made at the first call that needs it (CopyBytes).
+  // model.compute_weights = bf16 their compute copy, made once here; and on the CPU the head and
+  // the fp32 linears packed for decode's few rows, made at the first call that needs them
+  // (CopyBytes).
   KvDecoder(const ModelConfig& config, const ParamStore& params, int64_t slots);
   // One sequence per slot of up to capacities[slot] positions (1 .. config.seq_len) each.
   KvDecoder(const ModelConfig& config, const ParamStore& params,
@@ -85,7 +86,7 @@ class KvDecoder : private AttentionContext {
   static uint64_t CacheBytes(const ModelConfig& config, std::span<const int64_t> capacities);
   static uint64_t AppendBytes(const ModelConfig& config, int64_t rows, int64_t logit_rows);
   // The most bytes of the copies of weights a decoder makes: the bf16 compute copy (with
-  // model.compute_weights = bf16) and, on the CPU (`on_cpu`), the packed head.
+  // model.compute_weights = bf16) and, on the CPU (`on_cpu`), the packed head and fp32 linears.
   static uint64_t CopyBytes(const ModelConfig& config, bool on_cpu);
 
   // New tokens of one sequence: they are its positions Length(slot) ..
@@ -118,6 +119,9 @@ class KvDecoder : private AttentionContext {
   void Norm(int64_t layer, std::span<const float> x, std::span<const float> gain,
             std::span<float> y, int64_t rows, int64_t cols);
   std::span<float> Cache(std::vector<float>& cache, int64_t slot, int64_t from, int64_t rows);
+  // Whether a call of `rows` rows runs the fp32 linears on their packings (packed_layers_, made
+  // here at the first such call): at most rk::kGemvMaxRows rows on the CPU.
+  bool PackedLinears(int64_t rows);
 
   ModelConfig config_;
   std::vector<int64_t> capacities_, first_;  // per slot: its positions, its first in the cache
@@ -127,7 +131,10 @@ class KvDecoder : private AttentionContext {
   // (docs/model.md, "bf16 storage"); the embedding table's rows are the rounded rows training looks
   // up.
   std::unique_ptr<ParamStore> compute_;
-  std::optional<rk::GemvPacking> head_;  // output_ packed (rk::PackForGemv), once asked for
+  // On the CPU, for calls of at most rk::kGemvMaxRows rows: output_ packed (rk::PackForGemv),
+  // and with model.linear = fp32 every layer's linears, each made at the first call that needs it.
+  std::optional<rk::GemvPacking> head_;
+  std::vector<LayerPackings> packed_layers_;
   // What an executor keeps: the weights and every layer's KV caches (fixed in size and place).
   std::vector<std::span<const float>> Resident() const;
   std::vector<LayerTensors> layers_;

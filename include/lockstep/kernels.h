@@ -65,19 +65,25 @@ inline constexpr int64_t kNormBlock = 65536;  // global norm: tensors summed in 
 void GemmXWt(std::span<const float> x, std::span<const float> w, std::span<float> y, int64_t m,
              int64_t n, int64_t k, bool accumulate = false);
 // Decode's GemmXWt of at most kGemvMaxRows rows against one weight many times (the KV-cache
-// decoder's head): w packed once in the layout the active SIMD variant's few-row product reads
-// as one stream (blocks of one vector of columns, each column's k values interleaved). The
-// layout is not part of the contract: GemmXWtPacked gives GemmXWt's bits, and under a variant
-// whose vectors differ from the packing's (or the reference) it runs GemmXWt on w itself.
+// decoder's linears): w packed once in the layout the active SIMD variant's few-row product reads
+// as one stream (blocks of one vector of columns, each column's k values interleaved), its values
+// as binary32 or, when each is a bfloat16 (a bf16 compute copy), as those bfloat16s: half the
+// bytes, widened exactly. The layout is not part of the contract: GemmXWtPacked gives GemmXWt's
+// bits, and under a variant whose vectors differ from the packing's (or the reference) it runs
+// GemmXWt on w itself.
 inline constexpr int64_t kGemvMaxRows = 8;
 struct GemvPacking {
   std::span<const float> w;         // the weight [n, k] (kept by the caller)
   int64_t n = 0, k = 0, lanes = 0;  // lanes: of the variant it was packed for (0: not packed)
-  std::vector<float> packed;
+  Dtype dtype = Dtype::kF32;        // of the packed values: kF32 or kBF16
+  std::vector<std::byte> packed;
 };
-GemvPacking PackForGemv(std::span<const float> w, int64_t n, int64_t k);
-// The floats PackForGemv holds for a weight [n, k] under the active variant (0: it packs none).
-int64_t PackedGemvFloats(int64_t n, int64_t k);
+// w packed with its values as `dtype` (kF32, or kBF16: every value of w must be a bfloat16; one
+// that is not is refused, naming its index).
+GemvPacking PackForGemv(std::span<const float> w, int64_t n, int64_t k, Dtype dtype = Dtype::kF32);
+// The bytes PackForGemv holds for a weight [n, k] as `dtype` under the active variant (0: it
+// packs none).
+uint64_t PackedGemvBytes(int64_t n, int64_t k, Dtype dtype = Dtype::kF32);
 // y[m, n] = x[m, k] · wᵀ, m <= kGemvMaxRows: GemmXWt(x, w, y, m, n, k).
 void GemmXWtPacked(std::span<const float> x, const GemvPacking& w, std::span<float> y, int64_t m);
 //   dx[m,k] = dy[m,n] · w[n,k]       (input gradient; reduction over n)

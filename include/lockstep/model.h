@@ -381,11 +381,17 @@ struct Int8Scratch {
 };
 // The buffers of one layer's forward over its rows. x_out may be x_in's memory (x_in is not read
 // once x_mid is made), and h2 h's; the rstd buffers are outputs only.
+// A layer's six fp32 linear weights packed for few rows (rk::PackForGemv), in kLayerLinears
+// order.
+using LayerPackings = std::array<rk::GemvPacking, kLayerLinears.size()>;
 struct LayerBuffers {
   std::span<const float> x_in;
   std::span<float> h, attn_rstd, q_raw, k_raw, q_rstd, k_rstd, q, k, v, attn, x_mid, h2, ffn_rstd,
       gu, act, x_out;
   Int8Scratch* int8 = nullptr;  // with model.linear = int8, sized for the rows (Resize)
+  // With model.linear = fp32 and at most rk::kGemvMaxRows rows, the linears' weights packed: the
+  // linears run rk::GemmXWtPacked on them (the same bits, read as one stream).
+  const LayerPackings* packed = nullptr;
 };
 // Layer `layer`'s forward over `rows` rows (docs/model.md) with its parameters w
 // (LayerTensors' slots): every activation its backward reads, and with

@@ -14,6 +14,24 @@ std::vector<int64_t> FullSlots(const ModelConfig& config, int64_t slots) {
   if (slots < 1) Fail("KvDecoder: {} slots (at least 1)", slots);
   return std::vector<int64_t>(static_cast<size_t>(slots), config.seq_len);
 }
+
+// The packed weights' values: bfloat16s where the decoder's weights are (its bf16 compute copy).
+Dtype PackedDtype(const ModelConfig& config) {
+  return config.compute_weights == Storage::kBf16 ? Dtype::kBF16 : Dtype::kF32;
+}
+
+// f(l, i, n, k) for linear i (kLayerLinears order) of every layer l, its weight [n, k].
+template <class F>
+void ForEachLinear(const ModelConfig& config, F&& f) {
+  const std::vector<ParamSpec> specs = ParameterSpecs(config);
+  const ParamIndex P(config);
+  for (int64_t l = 0; l < config.n_layers; ++l) {
+    for (size_t i = 0; i < kLayerLinears.size(); ++i) {
+      const std::vector<int64_t>& shape = specs[P.Layer(l, kLayerLinears[i])].shape;
+      f(l, i, shape[0], shape[1]);
+    }
+  }
+}
 }  // namespace
 
 KvDecoder::KvDecoder(const ModelConfig& config, const ParamStore& params, int64_t slots)
@@ -152,9 +170,19 @@ uint64_t KvDecoder::AppendBytes(const ModelConfig& c, int64_t rows, int64_t logi
 }
 
 uint64_t KvDecoder::CopyBytes(const ModelConfig& c, bool on_cpu) {
-  int64_t floats = on_cpu ? rk::PackedGemvFloats(c.vocab, c.d_model) : 0;
-  if (c.compute_weights == Storage::kBf16) floats += ParamStore::FlatFloats(ParameterSpecs(c));
-  return static_cast<uint64_t>(floats) * sizeof(float);
+  uint64_t bytes = 0;
+  if (on_cpu) {
+    bytes += rk::PackedGemvBytes(c.vocab, c.d_model, PackedDtype(c));
+    if (c.linear == Linear::kFp32) {
+      ForEachLinear(c, [&](int64_t, size_t, int64_t n, int64_t k) {
+        bytes += rk::PackedGemvBytes(n, k, PackedDtype(c));
+      });
+    }
+  }
+  if (c.compute_weights == Storage::kBf16) {
+    bytes += static_cast<uint64_t>(ParamStore::FlatFloats(ParameterSpecs(c))) * sizeof(float);
+  }
+  return bytes;
 }
 
 void KvDecoder::Norm(int64_t layer, std::span<const float> x, std::span<const float> gain,
@@ -246,8 +274,11 @@ std::vector<float> KvDecoder::Append(std::span<const Piece> pieces, bool every_p
                        .act = act_,
                        .x_out = x_,
                        .int8 = &int8_};
+  const bool packed = PackedLinears(n);
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    LayerForward(hooks_, c, l, n, layers_[static_cast<size_t>(l)], b, *this);
+    LayerBuffers layer = b;
+    if (packed) layer.packed = &packed_layers_[static_cast<size_t>(l)];
+    LayerForward(hooks_, c, l, n, layers_[static_cast<size_t>(l)], layer, *this);
   }
   pieces_ = {};
   for (size_t i = 0; i < pieces.size(); ++i) {
@@ -271,12 +302,27 @@ std::vector<float> KvDecoder::Append(std::span<const Piece> pieces, bool every_p
   StoreActivation(hooks_, c, -1, xf);
   std::vector<float> logits(static_cast<size_t>(rows * c.vocab));
   if (hooks_.executor == nullptr && rows <= rk::kGemvMaxRows) {
-    if (!head_) head_ = rk::PackForGemv(output_, c.vocab, d);
+    if (!head_) head_ = rk::PackForGemv(output_, c.vocab, d, PackedDtype(c));
     ops::GemmXWtPacked(hooks_, -1, xf, *head_, logits, rows);
   } else {
     ops::GemmXWt(hooks_, -1, xf, output_, logits, rows, c.vocab, d);
   }
   return logits;
+}
+
+bool KvDecoder::PackedLinears(int64_t rows) {
+  const ModelConfig& c = config_;
+  if (hooks_.executor != nullptr || rows > rk::kGemvMaxRows || c.linear != Linear::kFp32) {
+    return false;
+  }
+  if (packed_layers_.empty()) {
+    packed_layers_.resize(layers_.size());
+    ForEachLinear(c, [&](int64_t l, size_t i, int64_t n, int64_t k) {
+      packed_layers_[static_cast<size_t>(l)][i] =
+          rk::PackForGemv(layers_[static_cast<size_t>(l)][kLayerLinears[i]], n, k, PackedDtype(c));
+    });
+  }
+  return true;
 }
 
 void KvDecoder::Attend(const OpHooks& hooks, int64_t l, std::span<float> q_rows,

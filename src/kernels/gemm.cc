@@ -1,4 +1,6 @@
 // The three GEMM forms of a linear layer, mapped onto one strided C = A·B.
+#include <bit>
+
 #include "kernels/impl.h"
 #include "kernels/internal.h"
 
@@ -34,22 +36,37 @@ void Run(const GemmArgs& g) {
 }
 }  // namespace
 
-int64_t PackedGemvFloats(int64_t n, int64_t k) {
+uint64_t PackedGemvBytes(int64_t n, int64_t k, Dtype dtype) {
   if (detail::UsingReference() || n == 0 || k == 0) return 0;
   const int64_t lanes = simd::GemvLanes();
-  return (n + lanes - 1) / lanes * lanes * k;
+  return static_cast<uint64_t>((n + lanes - 1) / lanes * lanes * k) *
+         static_cast<uint64_t>(InfoOf(dtype).size);
 }
 
-GemvPacking PackForGemv(std::span<const float> w, int64_t n, int64_t k) {
+GemvPacking PackForGemv(std::span<const float> w, int64_t n, int64_t k, Dtype dtype) {
   detail::CheckNonNegative("PackForGemv", "n", n);
   detail::CheckNonNegative("PackForGemv", "k", k);
   detail::CheckSize("PackForGemv", "w", w, detail::Elements("PackForGemv", "n*k", {n, k}), "n*k");
-  GemvPacking p{w, n, k, 0, {}};
-  const int64_t floats = PackedGemvFloats(n, k);
-  if (floats == 0) return p;
+  if (dtype != Dtype::kF32 && dtype != Dtype::kBF16) {
+    Fail("PackForGemv: dtype {} (f32 or bf16)", DtypeName(dtype));
+  }
+  if (dtype == Dtype::kBF16) {
+    for (size_t i = 0; i < w.size(); ++i) {
+      if ((std::bit_cast<uint32_t>(w[i]) & 0xFFFFu) != 0) {
+        Fail("PackForGemv: w[{}] = {} is not a bfloat16 (its low 16 bits are not zero)", i, w[i]);
+      }
+    }
+  }
+  GemvPacking p{w, n, k, 0, dtype, {}};
+  const uint64_t bytes = PackedGemvBytes(n, k, dtype);
+  if (bytes == 0) return p;
   p.lanes = simd::GemvLanes();
-  p.packed.resize(static_cast<size_t>(floats));
-  simd::PackGemv(w.data(), n, k, p.packed.data());
+  p.packed.resize(bytes);
+  if (dtype == Dtype::kBF16) {
+    simd::PackGemvBf16(w.data(), n, k, reinterpret_cast<uint16_t*>(p.packed.data()));
+  } else {
+    simd::PackGemv(w.data(), n, k, reinterpret_cast<float*>(p.packed.data()));
+  }
   return p;
 }
 
@@ -63,7 +80,13 @@ void GemmXWtPacked(std::span<const float> x, const GemvPacking& w, std::span<flo
   }
   CheckGemm("GemmXWtPacked", "x", x, "m*k", "w", w.w, "n*k", "y", y, "m*n", m, w.n, w.k);
   if (m == 0 || w.n == 0) return;
-  simd::GemvPacked(x.data(), w.packed.data(), y.data(), m, w.n, w.k);
+  if (w.dtype == Dtype::kBF16) {
+    simd::GemvPackedBf16(x.data(), reinterpret_cast<const uint16_t*>(w.packed.data()), y.data(), m,
+                         w.n, w.k);
+  } else {
+    simd::GemvPacked(x.data(), reinterpret_cast<const float*>(w.packed.data()), y.data(), m, w.n,
+                     w.k);
+  }
 }
 
 void GemmXWt(std::span<const float> x, std::span<const float> w, std::span<float> y, int64_t m,

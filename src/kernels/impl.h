@@ -58,10 +58,13 @@ LOCKSTEP_RK_IMPLS
 namespace simd {
 LOCKSTEP_RK_IMPLS
 // Decode's packed weight (rk::PackForGemv), which only the SIMD variants have: the vectors of
-// the active one, W packed for them, and the product from it.
+// the active one, W packed for them (as binary32 or as bfloat16), and the product from it.
 int64_t GemvLanes();
 void PackGemv(const float* w, int64_t n, int64_t k, float* packed);
 void GemvPacked(const float* x, const float* packed, float* y, int64_t m, int64_t n, int64_t k);
+void PackGemvBf16(const float* w, int64_t n, int64_t k, uint16_t* packed);
+void GemvPackedBf16(const float* x, const uint16_t* packed, float* y, int64_t m, int64_t n,
+                    int64_t k);
 }
 #undef LOCKSTEP_RK_IMPLS
 

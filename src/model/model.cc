@@ -38,14 +38,16 @@ std::span<T> Take(std::vector<T>& v, int64_t n) {
 class LinearInput {
  public:
   LinearInput(const OpHooks& hooks, const ModelConfig& config, int64_t layer, int64_t rows,
-              std::span<const float> x, int64_t cols, Int8Scratch* int8)
+              std::span<const float> x, int64_t cols, Int8Scratch* int8,
+              const LayerPackings* packed)
       : hooks_(hooks),
         config_(config),
         layer_(layer),
         rows_(rows),
         cols_(cols),
         x_(x),
-        int8_(int8) {
+        int8_(int8),
+        packed_(rows <= rk::kGemvMaxRows ? packed : nullptr) {
     if (config.linear == Linear::kFp32) {
       int8_ = nullptr;
       return;
@@ -58,7 +60,12 @@ class LinearInput {
   // its scales w[ScaleSlot(which)] [out]), stored as the config stores activations.
   void Apply(std::span<const std::span<const float>> w, LayerTensor which, std::span<float> y,
              int64_t out) const {
-    if (int8_ == nullptr) {
+    if (int8_ == nullptr && packed_ != nullptr) {
+      const rk::GemvPacking& p = (*packed_)[LinearIndex(which)];
+      LOCKSTEP_CHECK(p.w.data() == w[which].data() && p.n == out && p.k == cols_,
+                     "a packed linear that is not the layer's weight");
+      ops::GemmXWtPacked(hooks_, layer_, x_, p, y, rows_);
+    } else if (int8_ == nullptr) {
       ops::GemmXWt(hooks_, layer_, x_, w[which], y, rows_, out, cols_);
     } else {
       const std::span<int8_t> qw = Take(int8_->qw, out * cols_);
@@ -76,6 +83,7 @@ class LinearInput {
   int64_t layer_, rows_, cols_;
   std::span<const float> x_;
   Int8Scratch* int8_;
+  const LayerPackings* packed_;
 };
 
 }  // namespace
@@ -499,7 +507,7 @@ void LayerForward(const OpHooks& obs, const ModelConfig& c, int64_t l, int64_t n
   const float eps = static_cast<float>(c.norm_eps);
   // Attention block: x_mid = x_in + attn(RMSNorm(x_in)) · Woᵀ.
   const auto input = [&](std::span<const float> x, int64_t cols) {
-    return LinearInput(obs, c, l, n, x, cols, b.int8);
+    return LinearInput(obs, c, l, n, x, cols, b.int8, b.packed);
   };
   // Every activation an op writes is stored as the config says (StoreActivation).
   const auto store = [&](std::span<float> x) { StoreActivation(obs, c, l, x); };

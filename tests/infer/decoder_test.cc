@@ -132,18 +132,24 @@ TEST(KvDecoder, ASlotHoldsItsCapacityAndABatchIsPlannedBeforeItIsAllocated) {
   params.max_tokens = 3;
   const uint64_t need = KvDecoder::CacheBytes(f.c, std::vector<int64_t>{6, 6}) +
                         KvDecoder::AppendBytes(f.c, 8, 2) + KvDecoder::CopyBytes(f.c, true);
-  // The packed head as PackForGemv holds it (none on a device), and with bf16 compute weights a
-  // ParamStore's copy of every weight.
-  const std::vector<float> head(static_cast<size_t>(f.c.vocab * f.c.d_model));
-  const uint64_t packed =
-      rk::PackForGemv(head, f.c.vocab, f.c.d_model).packed.size() * sizeof(float);
-  EXPECT_GE(packed, head.size() * sizeof(float));
+  // The head and every fp32 linear packed as PackForGemv holds them (none on a device): as
+  // binary32, or with bf16 compute weights as bfloat16 (half the bytes) beside a ParamStore's copy
+  // of every weight.
+  uint64_t packed = 0, matrices = 0;
+  for (size_t i = 0; i < f.params.Specs().size(); ++i) {
+    const ParamSpec& spec = f.params.Spec(i);
+    if (!spec.is_matrix || spec.name == "tok_embeddings.weight") continue;
+    packed += rk::PackForGemv(f.params.Tensor(i), spec.shape[0], spec.shape[1]).packed.size();
+    matrices += f.params.Tensor(i).size_bytes();
+  }
+  EXPECT_GE(packed, matrices);
   ModelConfig bf16 = f.c;
   bf16.compute_weights = Storage::kBf16;
+  const uint64_t compute_copy = ParamStore(ParameterSpecs(bf16)).Flat().size() * sizeof(float);
   EXPECT_EQ(KvDecoder::CopyBytes(f.c, true), packed);
   EXPECT_EQ(KvDecoder::CopyBytes(f.c, false), 0u);
-  EXPECT_EQ(KvDecoder::CopyBytes(bf16, false),
-            ParamStore(ParameterSpecs(bf16)).Flat().size() * sizeof(float));
+  EXPECT_EQ(KvDecoder::CopyBytes(bf16, false), compute_copy);
+  EXPECT_EQ(KvDecoder::CopyBytes(bf16, true), compute_copy + packed / 2);
   EXPECT_NO_THROW(infer::CheckGenerationFits(f.c, requests, params, need, true));
   EXPECT_NO_THROW(infer::CheckGenerationFits(f.c, requests, params, need - packed, false));
   test::ExpectError([&] { infer::CheckGenerationFits(f.c, requests, params, need - 1, true); },

@@ -126,32 +126,42 @@ TEST(Gemm, DecodeRowsBitwiseInvariantWithSpecialValues) {
   }
 }
 
-// The decoder's head: W packed (rk::PackForGemv) under each variant gives GemmXWt's bits there,
-// at every thread count, on the decode shapes above; and W packed under one variant gives them
-// under every other (a variant of other vectors, or the reference, runs GemmXWt on W itself).
+// The decoder's linears: W packed (rk::PackForGemv) under each variant gives GemmXWt's bits
+// there, at every thread count, on the decode shapes above; and W packed under one variant gives
+// them under every other (a variant of other vectors, or the reference, runs GemmXWt on W
+// itself). The same for W rounded to bfloat16 and packed as bf16, in half the bytes.
 TEST(Gemm, PackedDecodeIsGemmXWt) {
   for (int64_t m = 1; m <= rk::kGemvMaxRows; ++m) {
     for (int64_t n : {1, 3, 17, 40, 255}) {
       for (int64_t k : {1, 17, 256, 600}) {
         const uint64_t seed = static_cast<uint64_t>(m * 1000 + n * 10 + k);
-        const std::vector<float> x = WithSpecials(m * k, seed), w = WithSpecials(n * k, seed + 1);
-        std::vector<float> want(static_cast<size_t>(m * n));
-        rk::GemmXWt(x, w, want, m, n, k);
-        rk::CanonicalizeNaNs(want);
-        const rk::GemvPacking packed = rk::PackForGemv(w, n, k);
-        EXPECT_GT(packed.lanes, 0) << "the default variant packs";
-        ExpectBitwiseInvariant(fmt::format("GemmXWtPacked m={} n={} k={}", m, n, k), [&] {
-          std::vector<float> y(static_cast<size_t>(m * n), 5.0f);
-          rk::GemmXWtPacked(x, rk::PackForGemv(w, n, k), y, m);
-          rk::CanonicalizeNaNs(y);
-          EXPECT_EQ(std::memcmp(y.data(), want.data(), y.size() * sizeof(float)), 0)
-              << "packed here, m=" << m << " n=" << n << " k=" << k;
-          rk::GemmXWtPacked(x, packed, y, m);
-          rk::CanonicalizeNaNs(y);
-          EXPECT_EQ(std::memcmp(y.data(), want.data(), y.size() * sizeof(float)), 0)
-              << "m=" << m << " n=" << n << " k=" << k;
-          return y;
-        });
+        const std::vector<float> x = WithSpecials(m * k, seed);
+        std::vector<float> w = WithSpecials(n * k, seed + 1);
+        const uint64_t f32_bytes = rk::PackForGemv(w, n, k).packed.size();
+        for (const Dtype dtype : {Dtype::kF32, Dtype::kBF16}) {
+          if (dtype == Dtype::kBF16) {
+            for (float& v : w) v = WidenBf16(NarrowToBf16(v));
+          }
+          const std::string what =
+              fmt::format("GemmXWtPacked {} m={} n={} k={}", DtypeName(dtype), m, n, k);
+          std::vector<float> want(static_cast<size_t>(m * n));
+          rk::GemmXWt(x, w, want, m, n, k);
+          rk::CanonicalizeNaNs(want);
+          const rk::GemvPacking packed = rk::PackForGemv(w, n, k, dtype);
+          EXPECT_GT(packed.lanes, 0) << "the default variant packs";
+          EXPECT_EQ(packed.packed.size(), dtype == Dtype::kBF16 ? f32_bytes / 2 : f32_bytes);
+          ExpectBitwiseInvariant(what, [&] {
+            std::vector<float> y(static_cast<size_t>(m * n), 5.0f);
+            rk::GemmXWtPacked(x, rk::PackForGemv(w, n, k, dtype), y, m);
+            rk::CanonicalizeNaNs(y);
+            EXPECT_EQ(std::memcmp(y.data(), want.data(), y.size() * sizeof(float)), 0)
+                << "packed here, " << what;
+            rk::GemmXWtPacked(x, packed, y, m);
+            rk::CanonicalizeNaNs(y);
+            EXPECT_EQ(std::memcmp(y.data(), want.data(), y.size() * sizeof(float)), 0) << what;
+            return y;
+          });
+        }
       }
     }
   }
@@ -159,6 +169,11 @@ TEST(Gemm, PackedDecodeIsGemmXWt) {
   std::vector<float> y(9 * 4);
   const rk::GemvPacking packed = rk::PackForGemv(w, 4, 3);
   ExpectError([&] { rk::GemmXWtPacked(x, packed, y, 9); }, {"GemmXWtPacked", "m = 9"});
+  std::vector<float> not_bf16 = w;
+  not_bf16[7] = 1.0f + 0x1.0p-20f;
+  ExpectError([&] { rk::PackForGemv(not_bf16, 4, 3, Dtype::kBF16); },
+              {"PackForGemv", "w[7]", "not a bfloat16"});
+  ExpectError([&] { rk::PackForGemv(w, 4, 3, Dtype::kI8); }, {"PackForGemv", "dtype i8"});
 }
 
 TEST(Gemm, DecodeSignedZerosAndChunkOrder) {

@@ -1,3 +1,5 @@
+
+
 // SIMD GEMM: packed panels and a register-blocked microkernel (Goto/BLIS structure).
 //
 // The contract (docs/numerics.md, "GEMM") fixes, for every output element, the order of its
@@ -15,6 +17,7 @@
 #include <hwy/cache_control.h>
 
 #include <algorithm>
+#include <bit>
 #include <type_traits>
 
 #include "kernels/impl.h"
@@ -208,7 +211,7 @@ HWY_INLINE void Microkernel(D d, const float* HWY_RESTRICT ap, const float* HWY_
 // kKc from +0 in order, the chunk sums added in order (onto the old output when accumulating).
 // Threads split the columns. Up to 8 rows it beat the loop nest on every decode shape measured
 // (docs/performance.md, "Generation"): 2.3-3.2x at one row, 1.5-2.4x at eight (AVX-512).
-// A weight multiplied many times (the decoder's head) is packed once instead (PackGemv): the
+// A weight multiplied many times (the decoder's linears) is packed once instead (PackGemv): the
 // same lanes' steps read as one stream, without the transposes.
 
 // Transposes the L x L tile (L = lanes of d, a multiple of 4) whose row l is t[l]: on return
@@ -348,57 +351,102 @@ void Gemv(const GemmArgs& g) {
 int64_t GemvLanes() { return static_cast<int64_t>(hn::MaxLanes(hn::ScalableTag<float>())); }
 
 // Block b of L columns: packed[(b·k + r)·L + l] = W[j0 + l, r], j0 = b·L, past n a repeat of the
-// last row (as GemvColumns' lanes past n).
-void PackGemv(const float* w, int64_t n, int64_t k, float* packed) {
+// last row (as GemvColumns' lanes past n); as bf16 (T = uint16_t) each value's upper 16 bits,
+// which are the whole value when it is a bfloat16 (PackForGemv has checked that it is).
+template <typename T>
+void PackGemvAs(const float* w, int64_t n, int64_t k, T* packed) {
   const int64_t L = GemvLanes(), blocks = (n + L - 1) / L;
   ParallelFor(blocks, [&](int64_t b) {
-    float* out = packed + b * k * L;
+    T* out = packed + b * k * L;
     for (int64_t l = 0; l < L; ++l) {
       const float* row = w + std::min(b * L + l, n - 1) * k;
-      for (int64_t r = 0; r < k; ++r) out[r * L + l] = row[r];
+      for (int64_t r = 0; r < k; ++r) {
+        if constexpr (std::is_same_v<T, float>) {
+          out[r * L + l] = row[r];
+        } else {
+          out[r * L + l] = static_cast<uint16_t>(std::bit_cast<uint32_t>(row[r]) >> 16);
+        }
+      }
     }
   });
 }
+void PackGemv(const float* w, int64_t n, int64_t k, float* packed) { PackGemvAs(w, n, k, packed); }
+void PackGemvBf16(const float* w, int64_t n, int64_t k, uint16_t* packed) {
+  PackGemvAs(w, n, k, packed);
+}
 
-// GemvColumns on a packed block: vector r of the block is W[j0..j0+L, r], the same steps in the
-// same order.
-template <int M, class D>
-HWY_NOINLINE void GemvPackedColumns(D d, const float* x, const float* block, float* y, int64_t n,
+// Vector r of a packed block: L floats, or L bfloat16s widened exactly (their bits shifted into
+// the upper half of a binary32).
+template <class D>
+HWY_INLINE hn::Vec<D> LoadPacked(D d, const float* p) {
+  return hn::LoadU(d, p);
+}
+template <class D>
+HWY_INLINE hn::Vec<D> LoadPacked(D d, const uint16_t* p) {
+  const hn::RebindToUnsigned<D> du;
+  const hn::Rebind<uint16_t, D> d16;
+  return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, p))));
+}
+
+// GemvColumns on NB consecutive packed blocks: vector r of block b is W[j0 + b·L .. + L, r], the
+// same steps in the same order. With few rows each block's chain of fused multiply-adds waits on
+// the one before, so several blocks run side by side (their chains independent). Each stream is
+// prefetched 4 KiB ahead (into the next block near a block's end).
+inline constexpr int64_t kGemvPrefetchBytes = 4096;
+template <int M, int NB, class D, typename T>
+HWY_NOINLINE void GemvPackedColumns(D d, const float* x, const T* first, float* y, int64_t n,
                                     int64_t k, int64_t j0) {
   using V = hn::Vec<D>;
   constexpr int64_t L = hn::MaxLanes(D());
   HWY_ALIGN float buf[L];
-  V out[M];
+  V out[NB][M];
   for (int64_t pc = 0; pc < k; pc += kKc) {
     const int64_t pend = std::min(k, pc + kKc);
-    V s[M];
-    for (int i = 0; i < M; ++i) s[i] = hn::Zero(d);
-    for (int64_t r = pc; r < pend; ++r) {
-      const V t = hn::LoadU(d, block + r * L);
-      for (int i = 0; i < M; ++i) s[i] = hn::MulAdd(hn::Set(d, x[i * k + r]), t, s[i]);
+    V s[NB][M];
+    for (int b = 0; b < NB; ++b) {
+      for (int i = 0; i < M; ++i) s[b][i] = hn::Zero(d);
     }
-    for (int i = 0; i < M; ++i) out[i] = pc > 0 ? hn::Add(out[i], s[i]) : s[i];
+    for (int64_t r = pc; r < pend; ++r) {
+      for (int b = 0; b < NB; ++b) {
+        const T* at = first + (b * k + r) * L;
+        hwy::Prefetch(reinterpret_cast<const char*>(at) + kGemvPrefetchBytes);
+        const V t = LoadPacked(d, at);
+        for (int i = 0; i < M; ++i) s[b][i] = hn::MulAdd(hn::Set(d, x[i * k + r]), t, s[b][i]);
+      }
+    }
+    for (int b = 0; b < NB; ++b) {
+      for (int i = 0; i < M; ++i) out[b][i] = pc > 0 ? hn::Add(out[b][i], s[b][i]) : s[b][i];
+    }
   }
-  const int64_t cols = std::min(L, n - j0);
-  for (int i = 0; i < M; ++i) {
-    hn::Store(out[i], d, buf);
-    std::copy(buf, buf + cols, y + i * n + j0);
+  for (int b = 0; b < NB; ++b) {
+    const int64_t j = j0 + b * L, cols = std::min(L, n - j);
+    for (int i = 0; i < M; ++i) {
+      hn::Store(out[b][i], d, buf);
+      std::copy(buf, buf + cols, y + i * n + j);
+    }
   }
 }
 
-template <int M>
-void GemvPackedRows(const float* x, const float* packed, float* y, int64_t n, int64_t k) {
+template <int M, typename T>
+void GemvPackedRows(const float* x, const T* packed, float* y, int64_t n, int64_t k) {
   const hn::ScalableTag<float> d;
   constexpr int64_t L = hn::MaxLanes(hn::ScalableTag<float>());
+  constexpr int NB = M == 1 ? 4 : M == 2 ? 2 : 1;  // blocks side by side: M·NB chains
   const int64_t blocks = (n + L - 1) / L, threads = Threads();
   ParallelForEachThread([&](int64_t t) {
-    for (int64_t b = blocks * t / threads; b < blocks * (t + 1) / threads; ++b) {
-      GemvPackedColumns<M>(d, x, packed + b * k * L, y, n, k, b * L);
-    }
+    const int64_t end = blocks * (t + 1) / threads;
+    int64_t b = blocks * t / threads;
+    for (; b + NB <= end; b += NB)
+      GemvPackedColumns<M, NB>(d, x, packed + b * k * L, y, n, k, b * L);
+    for (; b < end; ++b) GemvPackedColumns<M, 1>(d, x, packed + b * k * L, y, n, k, b * L);
   });
 }
 
 void GemvPacked(const float* x, const float* packed, float* y, int64_t m, int64_t n, int64_t k) {
+  WithRows(m, [&](auto rows) { GemvPackedRows<decltype(rows)::value>(x, packed, y, n, k); });
+}
+void GemvPackedBf16(const float* x, const uint16_t* packed, float* y, int64_t m, int64_t n,
+                    int64_t k) {
   WithRows(m, [&](auto rows) { GemvPackedRows<decltype(rows)::value>(x, packed, y, n, k); });
 }
 
@@ -538,6 +586,8 @@ HWY_EXPORT(Gemm);
 HWY_EXPORT(GemvLanes);
 HWY_EXPORT(PackGemv);
 HWY_EXPORT(GemvPacked);
+HWY_EXPORT(PackGemvBf16);
+HWY_EXPORT(GemvPackedBf16);
 void Gemm(const GemmArgs& g) { HWY_DYNAMIC_DISPATCH(Gemm)(g); }
 int64_t GemvLanes() { return HWY_DYNAMIC_DISPATCH(GemvLanes)(); }
 void PackGemv(const float* w, int64_t n, int64_t k, float* packed) {
@@ -545,6 +595,13 @@ void PackGemv(const float* w, int64_t n, int64_t k, float* packed) {
 }
 void GemvPacked(const float* x, const float* packed, float* y, int64_t m, int64_t n, int64_t k) {
   HWY_DYNAMIC_DISPATCH(GemvPacked)(x, packed, y, m, n, k);
+}
+void PackGemvBf16(const float* w, int64_t n, int64_t k, uint16_t* packed) {
+  HWY_DYNAMIC_DISPATCH(PackGemvBf16)(w, n, k, packed);
+}
+void GemvPackedBf16(const float* x, const uint16_t* packed, float* y, int64_t m, int64_t n,
+                    int64_t k) {
+  HWY_DYNAMIC_DISPATCH(GemvPackedBf16)(x, packed, y, m, n, k);
 }
 }  // namespace lockstep::rk::simd
 #endif
