@@ -71,8 +71,8 @@ class KvDecoder : private AttentionContext {
   // `slots` sequences of up to config.seq_len positions each, cached in RAM. The decoder reads
   // the weights in `params` in place (the ParamStore must outlive it), or with
   // model.compute_weights = bf16 their compute copy, made once here; and on the CPU the head and
-  // the fp32 linears packed for decode's few rows, made at the first call that needs them
-  // (CopyBytes).
+  // the fp32 linears packed for decode's few rows, or the int8 linears' weights quantized, made
+  // at the first call that needs them (CopyBytes).
   KvDecoder(const ModelConfig& config, const ParamStore& params, int64_t slots);
   // One sequence per slot of up to capacities[slot] positions (1 .. config.seq_len) each.
   KvDecoder(const ModelConfig& config, const ParamStore& params,
@@ -86,7 +86,8 @@ class KvDecoder : private AttentionContext {
   static uint64_t CacheBytes(const ModelConfig& config, std::span<const int64_t> capacities);
   static uint64_t AppendBytes(const ModelConfig& config, int64_t rows, int64_t logit_rows);
   // The most bytes of the copies of weights a decoder makes: the bf16 compute copy (with
-  // model.compute_weights = bf16) and, on the CPU (`on_cpu`), the packed head and fp32 linears.
+  // model.compute_weights = bf16) and, on the CPU (`on_cpu`), the packed head and fp32 linears
+  // or the quantized int8 linears.
   static uint64_t CopyBytes(const ModelConfig& config, bool on_cpu);
 
   // New tokens of one sequence: they are its positions Length(slot) ..
@@ -122,6 +123,9 @@ class KvDecoder : private AttentionContext {
   // Whether a call of `rows` rows runs the fp32 linears on their packings (packed_layers_, made
   // here at the first such call): at most rk::kGemvMaxRows rows on the CPU.
   bool PackedLinears(int64_t rows);
+  // Whether the int8 linears run on their weights quantized once (quantized_layers_, made here at
+  // the first call, its ops reported to the hooks): on the CPU with model.linear = int8.
+  bool QuantizedLinears();
 
   ModelConfig config_;
   std::vector<int64_t> capacities_, first_;  // per slot: its positions, its first in the cache
@@ -135,6 +139,7 @@ class KvDecoder : private AttentionContext {
   // and with model.linear = fp32 every layer's linears, each made at the first call that needs it.
   std::optional<rk::GemvPacking> head_;
   std::vector<LayerPackings> packed_layers_;
+  std::vector<LayerInt8Weights> quantized_layers_;
   // What an executor keeps: the weights and every layer's KV caches (fixed in size and place).
   std::vector<std::span<const float>> Resident() const;
   std::vector<LayerTensors> layers_;

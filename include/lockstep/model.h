@@ -384,6 +384,9 @@ struct Int8Scratch {
 // A layer's six fp32 linear weights packed for few rows (rk::PackForGemv), in kLayerLinears
 // order.
 using LayerPackings = std::array<rk::GemvPacking, kLayerLinears.size()>;
+// A layer's six int8 linear weights quantized by their scales (ops::QuantizeRowsByScale), in
+// kLayerLinears order.
+using LayerInt8Weights = std::array<std::vector<int8_t>, kLayerLinears.size()>;
 struct LayerBuffers {
   std::span<const float> x_in;
   std::span<float> h, attn_rstd, q_raw, k_raw, q_rstd, k_rstd, q, k, v, attn, x_mid, h2, ffn_rstd,
@@ -392,6 +395,10 @@ struct LayerBuffers {
   // With model.linear = fp32 and at most rk::kGemvMaxRows rows, the linears' weights packed: the
   // linears run rk::GemmXWtPacked on them (the same bits, read as one stream).
   const LayerPackings* packed = nullptr;
+  // With model.linear = int8, the linears' weights quantized by their scales once, for every
+  // forward of the same parameters (a decoder's); without it each linear quantizes its weight
+  // into int8->qw.
+  const LayerInt8Weights* quantized = nullptr;
 };
 // Layer `layer`'s forward over `rows` rows (docs/model.md) with its parameters w
 // (LayerTensors' slots): every activation its backward reads, and with

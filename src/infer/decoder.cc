@@ -173,11 +173,10 @@ uint64_t KvDecoder::CopyBytes(const ModelConfig& c, bool on_cpu) {
   uint64_t bytes = 0;
   if (on_cpu) {
     bytes += rk::PackedGemvBytes(c.vocab, c.d_model, PackedDtype(c));
-    if (c.linear == Linear::kFp32) {
-      ForEachLinear(c, [&](int64_t, size_t, int64_t n, int64_t k) {
-        bytes += rk::PackedGemvBytes(n, k, PackedDtype(c));
-      });
-    }
+    ForEachLinear(c, [&](int64_t, size_t, int64_t n, int64_t k) {
+      bytes += c.linear == Linear::kFp32 ? rk::PackedGemvBytes(n, k, PackedDtype(c))
+                                         : static_cast<uint64_t>(n * k);  // quantized once
+    });
   }
   if (c.compute_weights == Storage::kBf16) {
     bytes += static_cast<uint64_t>(ParamStore::FlatFloats(ParameterSpecs(c))) * sizeof(float);
@@ -274,10 +273,11 @@ std::vector<float> KvDecoder::Append(std::span<const Piece> pieces, bool every_p
                        .act = act_,
                        .x_out = x_,
                        .int8 = &int8_};
-  const bool packed = PackedLinears(n);
+  const bool packed = PackedLinears(n), quantized = QuantizedLinears();
   for (int64_t l = 0; l < c.n_layers; ++l) {
     LayerBuffers layer = b;
     if (packed) layer.packed = &packed_layers_[static_cast<size_t>(l)];
+    if (quantized) layer.quantized = &quantized_layers_[static_cast<size_t>(l)];
     LayerForward(hooks_, c, l, n, layers_[static_cast<size_t>(l)], layer, *this);
   }
   pieces_ = {};
@@ -320,6 +320,22 @@ bool KvDecoder::PackedLinears(int64_t rows) {
     ForEachLinear(c, [&](int64_t l, size_t i, int64_t n, int64_t k) {
       packed_layers_[static_cast<size_t>(l)][i] =
           rk::PackForGemv(layers_[static_cast<size_t>(l)][kLayerLinears[i]], n, k, PackedDtype(c));
+    });
+  }
+  return true;
+}
+
+bool KvDecoder::QuantizedLinears() {
+  const ModelConfig& c = config_;
+  if (hooks_.executor != nullptr || c.linear != Linear::kInt8) return false;
+  if (quantized_layers_.empty()) {
+    quantized_layers_.resize(layers_.size());
+    ForEachLinear(c, [&](int64_t l, size_t i, int64_t n, int64_t k) {
+      const LayerTensors& w = layers_[static_cast<size_t>(l)];
+      std::vector<int8_t>& q = quantized_layers_[static_cast<size_t>(l)][i];
+      q.resize(static_cast<size_t>(n * k));
+      ops::QuantizeRowsByScale(hooks_, l, w[kLayerLinears[i]], w[ScaleSlot(kLayerLinears[i])], q, n,
+                               k);
     });
   }
   return true;

@@ -39,7 +39,7 @@ class LinearInput {
  public:
   LinearInput(const OpHooks& hooks, const ModelConfig& config, int64_t layer, int64_t rows,
               std::span<const float> x, int64_t cols, Int8Scratch* int8,
-              const LayerPackings* packed)
+              const LayerPackings* packed, const LayerInt8Weights* quantized)
       : hooks_(hooks),
         config_(config),
         layer_(layer),
@@ -47,7 +47,8 @@ class LinearInput {
         cols_(cols),
         x_(x),
         int8_(int8),
-        packed_(rows <= rk::kGemvMaxRows ? packed : nullptr) {
+        packed_(rows <= rk::kGemvMaxRows ? packed : nullptr),
+        quantized_(quantized) {
     if (config.linear == Linear::kFp32) {
       int8_ = nullptr;
       return;
@@ -68,9 +69,17 @@ class LinearInput {
     } else if (int8_ == nullptr) {
       ops::GemmXWt(hooks_, layer_, x_, w[which], y, rows_, out, cols_);
     } else {
-      const std::span<int8_t> qw = Take(int8_->qw, out * cols_);
       const std::span<const float> sw = w[ScaleSlot(which)];
-      ops::QuantizeRowsByScale(hooks_, layer_, w[which], sw, qw, out, cols_);
+      std::span<const int8_t> qw;
+      if (quantized_ != nullptr) {
+        qw = (*quantized_)[LinearIndex(which)];
+        LOCKSTEP_CHECK(static_cast<int64_t>(qw.size()) == out * cols_,
+                       "a quantized linear that is not the layer's weight");
+      } else {
+        const std::span<int8_t> q = Take(int8_->qw, out * cols_);
+        ops::QuantizeRowsByScale(hooks_, layer_, w[which], sw, q, out, cols_);
+        qw = q;
+      }
       ops::GemmI8XWt(hooks_, layer_, Take(int8_->qx, rows_ * cols_), Take(int8_->sx, rows_), qw, sw,
                      y, rows_, out, cols_);
     }
@@ -84,6 +93,7 @@ class LinearInput {
   std::span<const float> x_;
   Int8Scratch* int8_;
   const LayerPackings* packed_;
+  const LayerInt8Weights* quantized_;
 };
 
 }  // namespace
@@ -507,7 +517,7 @@ void LayerForward(const OpHooks& obs, const ModelConfig& c, int64_t l, int64_t n
   const float eps = static_cast<float>(c.norm_eps);
   // Attention block: x_mid = x_in + attn(RMSNorm(x_in)) · Woᵀ.
   const auto input = [&](std::span<const float> x, int64_t cols) {
-    return LinearInput(obs, c, l, n, x, cols, b.int8, b.packed);
+    return LinearInput(obs, c, l, n, x, cols, b.int8, b.packed, b.quantized);
   };
   // Every activation an op writes is stored as the config says (StoreActivation).
   const auto store = [&](std::span<float> x) { StoreActivation(obs, c, l, x); };
