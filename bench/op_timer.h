@@ -16,7 +16,7 @@ namespace lockstep::bench {
 class OpTimer : public OpObserver {
  public:
   // weight_element_bytes: what a GEMM reads per element of its weight (4; 2 for a decoder's
-  // weights packed as bf16).
+  // weights packed as bf16); an int8 GEMM's is 1.
   explicit OpTimer(double weight_element_bytes = 4) : weight_element_bytes_(weight_element_bytes) {}
   struct Total {
     int64_t calls = 0;
@@ -36,7 +36,7 @@ class OpTimer : public OpObserver {
       }
       key_ += fmt::format(" {}x{}x{}", m, n, k);
       flops_ = 2 * m * n * k;
-      weight_bytes_ = weight_element_bytes_ * n * k;
+      weight_bytes_ = (op.starts_with("gemm_i8") ? 1 : weight_element_bytes_) * n * k;
     }
     start_ = std::chrono::steady_clock::now();
   }

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <new>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -449,6 +450,22 @@ class StagedDirectory {
   std::string name_, temp_;
   std::filesystem::path staging_;
   bool committed_ = false;
+};
+
+// Allocates buffers whose start is 64-byte aligned.
+template <typename T>
+struct CacheLineAllocator {
+  using value_type = T;
+  static constexpr std::align_val_t kAlignment{64};
+  CacheLineAllocator() = default;
+  template <typename U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlignment)); }
+  void deallocate(T* p, size_t) { ::operator delete(p, kAlignment); }
+  template <typename U>
+  bool operator==(const CacheLineAllocator<U>&) const {
+    return true;
+  }
 };
 
 }  // namespace lockstep

@@ -122,6 +122,21 @@ void ScalesOfMaxima(std::span<const float> maxima, std::span<float> scale);
 // its conversion rounded to nearest even, the scale product rounded once, then one multiply.
 void GemmI8XWt(std::span<const int8_t> qx, std::span<const float> sx, std::span<const int8_t> qw,
                std::span<const float> sw, std::span<float> y, int64_t m, int64_t n, int64_t k);
+// GemmI8XWt against one weight many times (the KV-cache decoder's int8 linears): qw packed once in
+// the layout the active variant's product reads (x86: the panels it otherwise packs on every
+// call). Not part of the contract: GemmI8XWtPacked gives GemmI8XWt's bits, and under a variant
+// whose layout differs from the packing's (or one that packs none, or the reference) it runs
+// GemmI8XWt on qw itself.
+struct I8Packing {
+  std::span<const int8_t> w;       // the weight [n, k] (kept by the caller)
+  int64_t n = 0, k = 0, form = 0;  // form: of the variant it was packed for (0: not packed)
+  std::vector<std::byte, CacheLineAllocator<std::byte>> packed;  // read by aligned loads
+};
+I8Packing PackI8ForGemm(std::span<const int8_t> qw, int64_t n, int64_t k);
+// The bytes PackI8ForGemm holds for a weight [n, k] under the active variant (0: it packs none).
+uint64_t PackedI8Bytes(int64_t n, int64_t k);
+void GemmI8XWtPacked(std::span<const int8_t> qx, std::span<const float> sx, const I8Packing& w,
+                     std::span<const float> sw, std::span<float> y, int64_t m);
 // The values QuantizeRows' q and scale stand for: y[r, i] = float(q[r, i]) · scale[r] (float(q)
 // exact, then one multiply rounded to nearest even).
 void DequantizeRows(std::span<const int8_t> q, std::span<const float> scale, std::span<float> y,

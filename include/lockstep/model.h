@@ -10,7 +10,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
-#include <new>
 #include <span>
 #include <string>
 #include <string_view>
@@ -180,22 +179,6 @@ struct ParamIndex {
 // (query, key) pair per head (QKᵀ and PV forward, four products backward). `lockstep model
 // describe` prints it; throughput in TFLOP/s is this over the step's seconds.
 double ModelFlopsPerStep(const RunConfig& config);
-
-// Allocates buffers whose start is 64-byte aligned.
-template <typename T>
-struct CacheLineAllocator {
-  using value_type = T;
-  static constexpr std::align_val_t kAlignment{64};
-  CacheLineAllocator() = default;
-  template <typename U>
-  CacheLineAllocator(const CacheLineAllocator<U>&) {}
-  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlignment)); }
-  void deallocate(T* p, size_t) { ::operator delete(p, kAlignment); }
-  template <typename U>
-  bool operator==(const CacheLineAllocator<U>&) const {
-    return true;
-  }
-};
 
 // One contiguous fp32 buffer holding every tensor of `specs`, each starting at a 64-byte
 // aligned offset; the padding between tensors is zero. Used for the parameters, the gradients
@@ -384,9 +367,14 @@ struct Int8Scratch {
 // A layer's six fp32 linear weights packed for few rows (rk::PackForGemv), in kLayerLinears
 // order.
 using LayerPackings = std::array<rk::GemvPacking, kLayerLinears.size()>;
-// A layer's six int8 linear weights quantized by their scales (ops::QuantizeRowsByScale), in
-// kLayerLinears order.
-using LayerInt8Weights = std::array<std::vector<int8_t>, kLayerLinears.size()>;
+// An int8 linear's weight quantized by its scales (ops::QuantizeRowsByScale) and packed for the
+// int8 GEMM (rk::PackI8ForGemm, which reads q in place), and a layer's six, in kLayerLinears
+// order.
+struct QuantizedLinear {
+  std::vector<int8_t> q;
+  rk::I8Packing packed;
+};
+using LayerInt8Weights = std::array<QuantizedLinear, kLayerLinears.size()>;
 struct LayerBuffers {
   std::span<const float> x_in;
   std::span<float> h, attn_rstd, q_raw, k_raw, q_rstd, k_rstd, q, k, v, attn, x_mid, h2, ffn_rstd,

@@ -47,6 +47,10 @@ void QuantizeRowsByScale(const OpHooks& hooks, int64_t layer, std::span<const fl
 void GemmI8XWt(const OpHooks& hooks, int64_t layer, std::span<const int8_t> qx,
                std::span<const float> sx, std::span<const int8_t> qw, std::span<const float> sw,
                std::span<float> y, int64_t m, int64_t n, int64_t k);
+// The same op (recorded with w.w) on CPU from w's packing (rk::GemmI8XWtPacked: the same bits).
+void GemmI8XWtPacked(const OpHooks& hooks, int64_t layer, std::span<const int8_t> qx,
+                     std::span<const float> sx, const rk::I8Packing& w, std::span<const float> sw,
+                     std::span<float> y, int64_t m);
 void DequantizeRows(const OpHooks& hooks, int64_t layer, std::span<const int8_t> q,
                     std::span<const float> scale, std::span<float> y, int64_t rows, int64_t cols);
 void HadamardQuantizeRows(const OpHooks& hooks, int64_t layer, std::span<const float> x,

@@ -174,8 +174,9 @@ uint64_t KvDecoder::CopyBytes(const ModelConfig& c, bool on_cpu) {
   if (on_cpu) {
     bytes += rk::PackedGemvBytes(c.vocab, c.d_model, PackedDtype(c));
     ForEachLinear(c, [&](int64_t, size_t, int64_t n, int64_t k) {
-      bytes += c.linear == Linear::kFp32 ? rk::PackedGemvBytes(n, k, PackedDtype(c))
-                                         : static_cast<uint64_t>(n * k);  // quantized once
+      bytes += c.linear == Linear::kFp32
+                   ? rk::PackedGemvBytes(n, k, PackedDtype(c))
+                   : static_cast<uint64_t>(n * k) + rk::PackedI8Bytes(n, k);  // quantized, packed
     });
   }
   if (c.compute_weights == Storage::kBf16) {
@@ -332,10 +333,11 @@ bool KvDecoder::QuantizedLinears() {
     quantized_layers_.resize(layers_.size());
     ForEachLinear(c, [&](int64_t l, size_t i, int64_t n, int64_t k) {
       const LayerTensors& w = layers_[static_cast<size_t>(l)];
-      std::vector<int8_t>& q = quantized_layers_[static_cast<size_t>(l)][i];
-      q.resize(static_cast<size_t>(n * k));
-      ops::QuantizeRowsByScale(hooks_, l, w[kLayerLinears[i]], w[ScaleSlot(kLayerLinears[i])], q, n,
-                               k);
+      QuantizedLinear& q = quantized_layers_[static_cast<size_t>(l)][i];
+      q.q.resize(static_cast<size_t>(n * k));
+      ops::QuantizeRowsByScale(hooks_, l, w[kLayerLinears[i]], w[ScaleSlot(kLayerLinears[i])], q.q,
+                               n, k);
+      q.packed = rk::PackI8ForGemm(q.q, n, k);
     });
   }
   return true;

@@ -63,6 +63,13 @@ int64_t GemvLanes();
 void PackGemv(const float* w, int64_t n, int64_t k, float* packed);
 void GemvPacked(const float* x, const float* packed, float* y, int64_t m, int64_t n, int64_t k);
 void PackGemvBf16(const float* w, int64_t n, int64_t k, uint16_t* packed);
+// The int8 GEMM's weight packed once (rk::PackI8ForGemm): the active variant's form (0: none, the
+// product reads the weight itself), the bytes it packs W into, the packing and the product.
+int64_t I8PackingForm();
+int64_t PackedI8Bytes(int64_t n, int64_t k);
+void PackI8(const int8_t* qw, int64_t n, int64_t k, uint8_t* out);
+void GemmI8XWtPacked(const int8_t* qx, const float* sx, const uint8_t* packed, const float* sw,
+                     float* y, int64_t m, int64_t n, int64_t k);
 void GemvPackedBf16(const float* x, const uint16_t* packed, float* y, int64_t m, int64_t n,
                     int64_t k);
 }

@@ -84,9 +84,11 @@ void ScalesOfMaxima(std::span<const float> maxima, std::span<float> scale) {
   }
 }
 
-void GemmI8XWt(std::span<const int8_t> qx, std::span<const float> sx, std::span<const int8_t> qw,
-               std::span<const float> sw, std::span<float> y, int64_t m, int64_t n, int64_t k) {
-  const char* op = "GemmI8XWt";
+namespace {
+// GemmI8XWt's checks of its operands, under the name `op`.
+void CheckGemmI8(const char* op, std::span<const int8_t> qx, std::span<const float> sx,
+                 std::span<const int8_t> qw, std::span<const float> sw, std::span<float> y,
+                 int64_t m, int64_t n, int64_t k) {
   detail::CheckNonNegative(op, "m", m);
   detail::CheckNonNegative(op, "n", n);
   detail::CheckNonNegative(op, "k", k);
@@ -103,12 +105,51 @@ void GemmI8XWt(std::span<const int8_t> qx, std::span<const float> sx, std::span<
   detail::CheckDisjoint(op, "y", y, "sw", sw);
   detail::CheckDisjoint(op, "y", y, "qx", qx);
   detail::CheckDisjoint(op, "y", y, "qw", qw);
+}
+
+// The form a packing under the active variant has: 0 under the reference.
+int64_t ActiveI8Form() { return detail::UsingReference() ? 0 : simd::I8PackingForm(); }
+}  // namespace
+
+void GemmI8XWt(std::span<const int8_t> qx, std::span<const float> sx, std::span<const int8_t> qw,
+               std::span<const float> sw, std::span<float> y, int64_t m, int64_t n, int64_t k) {
+  CheckGemmI8("GemmI8XWt", qx, sx, qw, sw, y, m, n, k);
   if (m == 0 || n == 0) return;
   if (detail::UsingReference()) {
     ref::GemmI8XWt(qx.data(), sx.data(), qw.data(), sw.data(), y.data(), m, n, k);
   } else {
     simd::GemmI8XWt(qx.data(), sx.data(), qw.data(), sw.data(), y.data(), m, n, k);
   }
+}
+
+uint64_t PackedI8Bytes(int64_t n, int64_t k) {
+  if (ActiveI8Form() == 0 || n == 0 || k == 0) return 0;
+  return static_cast<uint64_t>(simd::PackedI8Bytes(n, k));
+}
+
+I8Packing PackI8ForGemm(std::span<const int8_t> qw, int64_t n, int64_t k) {
+  detail::CheckNonNegative("PackI8ForGemm", "n", n);
+  detail::CheckNonNegative("PackI8ForGemm", "k", k);
+  detail::CheckSize("PackI8ForGemm", "qw", qw, {n, k}, "n*k");
+  I8Packing p{qw, n, k, 0, {}};
+  const uint64_t bytes = PackedI8Bytes(n, k);
+  if (bytes == 0) return p;
+  p.form = simd::I8PackingForm();
+  p.packed.resize(bytes);
+  simd::PackI8(qw.data(), n, k, reinterpret_cast<uint8_t*>(p.packed.data()));
+  return p;
+}
+
+void GemmI8XWtPacked(std::span<const int8_t> qx, std::span<const float> sx, const I8Packing& w,
+                     std::span<const float> sw, std::span<float> y, int64_t m) {
+  if (w.form == 0 || ActiveI8Form() != w.form) {
+    GemmI8XWt(qx, sx, w.w, sw, y, m, w.n, w.k);
+    return;
+  }
+  CheckGemmI8("GemmI8XWtPacked", qx, sx, w.w, sw, y, m, w.n, w.k);
+  if (m == 0 || w.n == 0) return;
+  simd::GemmI8XWtPacked(qx.data(), sx.data(), reinterpret_cast<const uint8_t*>(w.packed.data()),
+                        sw.data(), y.data(), m, w.n, w.k);
 }
 
 void DequantizeRows(std::span<const int8_t> q, std::span<const float> scale, std::span<float> y,

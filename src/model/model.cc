@@ -70,18 +70,17 @@ class LinearInput {
       ops::GemmXWt(hooks_, layer_, x_, w[which], y, rows_, out, cols_);
     } else {
       const std::span<const float> sw = w[ScaleSlot(which)];
-      std::span<const int8_t> qw;
+      const std::span<int8_t> qx = Take(int8_->qx, rows_ * cols_);
+      const std::span<float> sx = Take(int8_->sx, rows_);
       if (quantized_ != nullptr) {
-        qw = (*quantized_)[LinearIndex(which)];
-        LOCKSTEP_CHECK(static_cast<int64_t>(qw.size()) == out * cols_,
-                       "a quantized linear that is not the layer's weight");
+        const rk::I8Packing& p = (*quantized_)[LinearIndex(which)].packed;
+        LOCKSTEP_CHECK(p.n == out && p.k == cols_, "a quantized linear that is not the layer's");
+        ops::GemmI8XWtPacked(hooks_, layer_, qx, sx, p, sw, y, rows_);
       } else {
-        const std::span<int8_t> q = Take(int8_->qw, out * cols_);
-        ops::QuantizeRowsByScale(hooks_, layer_, w[which], sw, q, out, cols_);
-        qw = q;
+        const std::span<int8_t> qw = Take(int8_->qw, out * cols_);
+        ops::QuantizeRowsByScale(hooks_, layer_, w[which], sw, qw, out, cols_);
+        ops::GemmI8XWt(hooks_, layer_, qx, sx, qw, sw, y, rows_, out, cols_);
       }
-      ops::GemmI8XWt(hooks_, layer_, Take(int8_->qx, rows_ * cols_), Take(int8_->sx, rows_), qw, sw,
-                     y, rows_, out, cols_);
     }
     StoreActivation(hooks_, config_, layer_, y);
   }

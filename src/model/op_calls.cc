@@ -152,6 +152,13 @@ void GemmI8XWt(const OpHooks& hooks, int64_t layer, std::span<const int8_t> qx,
        [&] { rk::GemmI8XWt(qx, sx, qw, sw, y, m, n, k); });
 }
 
+void GemmI8XWtPacked(const OpHooks& hooks, int64_t layer, std::span<const int8_t> qx,
+                     std::span<const float> sx, const rk::I8Packing& w, std::span<const float> sw,
+                     std::span<float> y, int64_t m) {
+  Call(hooks, rk::Op::kGemmI8XWt, layer, {D(m), D(w.n), D(w.k)}, {qx, sx, w.w, sw}, {y},
+       [&] { rk::GemmI8XWtPacked(qx, sx, w, sw, y, m); });
+}
+
 void DequantizeRows(const OpHooks& hooks, int64_t layer, std::span<const int8_t> q,
                     std::span<const float> scale, std::span<float> y, int64_t rows, int64_t cols) {
   Call(hooks, rk::Op::kDequantizeRows, layer, {D(rows), D(cols)}, {q, scale}, {y},

@@ -150,12 +150,15 @@ TEST(KvDecoder, ASlotHoldsItsCapacityAndABatchIsPlannedBeforeItIsAllocated) {
   EXPECT_EQ(KvDecoder::CopyBytes(f.c, false), 0u);
   EXPECT_EQ(KvDecoder::CopyBytes(bf16, false), compute_copy);
   EXPECT_EQ(KvDecoder::CopyBytes(bf16, true), compute_copy + packed / 2);
-  // With int8 linears: the head packed, and each linear's weight quantized once (a byte each).
+  // With int8 linears: the head packed, and each linear's weight quantized once (a byte each)
+  // and packed for the int8 GEMM.
   const ModelConfig int8 = LoadRunConfig("tiny-int8").model;
   const std::vector<float> head(static_cast<size_t>(int8.vocab * int8.d_model));
   uint64_t int8_bytes = rk::PackForGemv(head, int8.vocab, int8.d_model).packed.size();
   for (const ParamSpec& spec : ParameterSpecs(int8)) {
-    if (spec.is_matrix && spec.layer >= 0) int8_bytes += static_cast<uint64_t>(spec.numel());
+    if (!spec.is_matrix || spec.layer < 0) continue;
+    const std::vector<int8_t> q(static_cast<size_t>(spec.numel()));
+    int8_bytes += q.size() + rk::PackI8ForGemm(q, spec.shape[0], spec.shape[1]).packed.size();
   }
   EXPECT_EQ(KvDecoder::CopyBytes(int8, true), int8_bytes);
   EXPECT_NO_THROW(infer::CheckGenerationFits(f.c, requests, params, need, true));

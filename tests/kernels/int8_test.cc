@@ -420,6 +420,23 @@ TEST(Int8, BitwiseInvariant) {
       rk::GemmI8XWt(a.q, a.scale, b.q, b.scale, y, s.m, s.n, s.k);
       return y;
     });
+    // W packed once (rk::PackI8ForGemm): the product from a packing made under the running
+    // variant, and from one made under the default variant (which another variant does not read:
+    // it multiplies by qw itself), gives GemmI8XWt's bits.
+    const Quantized w = Quantize(RandomFloats(s.n * s.k, s.n + 3, -1, 1), s.n, s.k);
+    const rk::I8Packing packed = rk::PackI8ForGemm(w.q, s.n, s.k);
+    EXPECT_GT(packed.form, 0) << "the default variant packs";
+    EXPECT_EQ(packed.packed.size(), rk::PackedI8Bytes(s.n, s.k));
+    ExpectBitwiseInvariant(fmt::format("gemm_i8_xwt packed m={} n={} k={}", s.m, s.n, s.k), [&] {
+      const Quantized a = Quantize(RandomFloats(s.m * s.k, s.k + 2 * s.m, -2, 2), s.m, s.k);
+      std::vector<float> want(static_cast<size_t>(s.m * s.n)), y = want;
+      rk::GemmI8XWt(a.q, a.scale, w.q, w.scale, want, s.m, s.n, s.k);
+      rk::GemmI8XWtPacked(a.q, a.scale, rk::PackI8ForGemm(w.q, s.n, s.k), w.scale, y, s.m);
+      EXPECT_EQ(std::memcmp(y.data(), want.data(), y.size() * sizeof(float)), 0) << "packed here";
+      rk::GemmI8XWtPacked(a.q, a.scale, packed, w.scale, y, s.m);
+      EXPECT_EQ(std::memcmp(y.data(), want.data(), y.size() * sizeof(float)), 0);
+      return y;
+    });
   }
 }
 

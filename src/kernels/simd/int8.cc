@@ -111,6 +111,54 @@ void GemmI8XWt(const int8_t* qx, const float* sx, const int8_t* qw, const float*
   (rk::detail::Int8DotActive() ? dot::GemmTiled : widened::GemmTiled)(qx, sx, qw, sw, y, m, n, k);
 #endif
 }
+
+// A weight packed once (rk::PackI8ForGemm) in the layout of the active form: an id of the form
+// and its vectors (what a packing must match to be read), its bytes, the packing, the product.
+int64_t I8PackingForm() {
+#if HWY_TARGET == HWY_AVX3_DL
+  return 1;
+#elif HWY_TARGET == HWY_AVX3
+  return 2;
+#else
+  return rk::detail::Int8DotActive() ? 3 : 4;
+#endif
+}
+int64_t PackedI8Bytes(int64_t n, int64_t k) {
+#if HWY_TARGET == HWY_AVX3_DL
+  return dot::PackedWBytes(n, k);
+#elif HWY_TARGET == HWY_AVX3
+  return widened::PackedWBytes(n, k);
+#else
+  return rk::detail::Int8DotActive() ? dot::PackedWBytes(n, k) : widened::PackedWBytes(n, k);
+#endif
+}
+void PackI8(const int8_t* qw, int64_t n, int64_t k, uint8_t* out) {
+#if HWY_TARGET == HWY_AVX3_DL
+  dot::PackW(qw, n, k, reinterpret_cast<dot::PackedW*>(out));
+#elif HWY_TARGET == HWY_AVX3
+  widened::PackW(qw, n, k, reinterpret_cast<widened::PackedW*>(out));
+#else
+  if (rk::detail::Int8DotActive()) {
+    dot::PackW(qw, n, k, reinterpret_cast<dot::PackedW*>(out));
+  } else {
+    widened::PackW(qw, n, k, reinterpret_cast<widened::PackedW*>(out));
+  }
+#endif
+}
+void GemmI8XWtPacked(const int8_t* qx, const float* sx, const uint8_t* packed, const float* sw,
+                     float* y, int64_t m, int64_t n, int64_t k) {
+#if HWY_TARGET == HWY_AVX3_DL
+  dot::GemmPackedW(qx, sx, reinterpret_cast<const dot::PackedW*>(packed), sw, y, m, n, k);
+#elif HWY_TARGET == HWY_AVX3
+  widened::GemmPackedW(qx, sx, reinterpret_cast<const widened::PackedW*>(packed), sw, y, m, n, k);
+#else
+  if (rk::detail::Int8DotActive()) {
+    dot::GemmPackedW(qx, sx, reinterpret_cast<const dot::PackedW*>(packed), sw, y, m, n, k);
+  } else {
+    widened::GemmPackedW(qx, sx, reinterpret_cast<const widened::PackedW*>(packed), sw, y, m, n, k);
+  }
+#endif
+}
 #else
 // Σ_r a[r]·b[r] over k int8 pairs, exact.
 HWY_INLINE int32_t DotI8(const int8_t* a, const int8_t* b, int64_t k) {
@@ -181,6 +229,15 @@ void GemmI8XWt(const int8_t* qx, const float* sx, const int8_t* qw, const float*
     }
   });
 }
+#endif
+
+#if !(HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
+// Elsewhere the product reads qw itself: no packing (form 0), never asked to pack or read one.
+int64_t I8PackingForm() { return 0; }
+int64_t PackedI8Bytes(int64_t, int64_t) { return 0; }
+void PackI8(const int8_t*, int64_t, int64_t, uint8_t*) {}
+void GemmI8XWtPacked(const int8_t*, const float*, const uint8_t*, const float*, float*, int64_t,
+                     int64_t, int64_t) {}
 #endif
 
 void DequantizeRows(const int8_t* q, const float* scale, float* y, int64_t rows, int64_t cols) {
@@ -338,6 +395,10 @@ namespace lockstep::rk::simd {
 HWY_EXPORT(QuantizeRows);
 HWY_EXPORT(QuantizeRowsByScale);
 HWY_EXPORT(GemmI8XWt);
+HWY_EXPORT(I8PackingForm);
+HWY_EXPORT(PackedI8Bytes);
+HWY_EXPORT(PackI8);
+HWY_EXPORT(GemmI8XWtPacked);
 HWY_EXPORT(DequantizeRows);
 HWY_EXPORT(HadamardRows);
 HWY_EXPORT(HadamardQuantizeRows);
@@ -352,6 +413,15 @@ void QuantizeRowsByScale(const float* x, const float* scale, int8_t* q, int64_t 
 void GemmI8XWt(const int8_t* qx, const float* sx, const int8_t* qw, const float* sw, float* y,
                int64_t m, int64_t n, int64_t k) {
   HWY_DYNAMIC_DISPATCH(GemmI8XWt)(qx, sx, qw, sw, y, m, n, k);
+}
+int64_t I8PackingForm() { return HWY_DYNAMIC_DISPATCH(I8PackingForm)(); }
+int64_t PackedI8Bytes(int64_t n, int64_t k) { return HWY_DYNAMIC_DISPATCH(PackedI8Bytes)(n, k); }
+void PackI8(const int8_t* qw, int64_t n, int64_t k, uint8_t* out) {
+  HWY_DYNAMIC_DISPATCH(PackI8)(qw, n, k, out);
+}
+void GemmI8XWtPacked(const int8_t* qx, const float* sx, const uint8_t* packed, const float* sw,
+                     float* y, int64_t m, int64_t n, int64_t k) {
+  HWY_DYNAMIC_DISPATCH(GemmI8XWtPacked)(qx, sx, packed, sw, y, m, n, k);
 }
 void DequantizeRows(const int8_t* q, const float* scale, float* y, int64_t rows, int64_t cols) {
   HWY_DYNAMIC_DISPATCH(DequantizeRows)(q, scale, y, rows, cols);

@@ -12,7 +12,8 @@
 // Lane j of an int32 accumulator is output column j of its block; each step adds one group of G
 // consecutive products along k to it. The sums are exact, so neither the form, the blocking nor
 // the threads change a bit; the epilogue is the reference's float(acc) · (sx[i] · sw[j]).
-// Defines GemmTiled; undefines both macros.
+// Defines PackedWBytes, PackW, GemmPackedW and GemmTiled (the three in one call); undefines
+// both macros.
 #if LOCKSTEP_I8_DOT
 constexpr int64_t kGroup = 4;
 using PackedW = uint8_t;  // w + 128
@@ -146,23 +147,21 @@ LOCKSTEP_INT8_TILE void Task(const PackedX* xp, int64_t kp, const int32_t* row_f
   }
 }
 
-void GemmTiled(const int8_t* qx, const float* sx, const int8_t* qw, const float* sw, float* y,
-               int64_t m, int64_t n, int64_t k) {
-  const D32 d;
-  const auto lanes = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t kp = (k + kGroup - 1) / kGroup * kGroup, groups = kp / kGroup;
-  const int64_t panel_cols = kNr * lanes, panels = (n + panel_cols - 1) / panel_cols;
-  const int64_t panel_elems = groups * panel_cols * kGroup;
-  // Scratch on the calling thread: packed W, packed X and the rows' corrections.
-  auto* wp = reinterpret_cast<PackedW*>(ScratchFloats(
-      Scratch::kGemmB,
-      static_cast<size_t>((panels * panel_elems * int64_t{sizeof(PackedW)} + 3) / 4)));
-  const int64_t x_bytes = m * kp * int64_t{sizeof(PackedX)};
-  float* a = ScratchFloats(Scratch::kGemmA, static_cast<size_t>((x_bytes + 3) / 4 + m));
-  auto* xp = reinterpret_cast<PackedX*>(a);
-  auto* row_fix = reinterpret_cast<int32_t*>(a + (x_bytes + 3) / 4);
-  // W, column by column into its panel's [group][vector jj][lane][kGroup] layout; columns past n
-  // and k's padding are 0 (in the dot form stored as 0 + 128).
+// The bytes of W [n, k] packed (PackW): panels of kNr vectors of columns, k's groups each.
+int64_t PackedWBytes(int64_t n, int64_t k) {
+  const auto lanes = static_cast<int64_t>(hn::Lanes(D32()));
+  const int64_t groups = (k + kGroup - 1) / kGroup, panel_cols = kNr * lanes;
+  return (n + panel_cols - 1) / panel_cols * groups * panel_cols * kGroup *
+         int64_t{sizeof(PackedW)};
+}
+
+// W, column by column into its panel's [group][vector jj][lane][kGroup] layout; columns past n
+// and k's padding are 0 (in the dot form stored as 0 + 128).
+void PackW(const int8_t* qw, int64_t n, int64_t k, PackedW* wp) {
+  const auto lanes = static_cast<int64_t>(hn::Lanes(D32()));
+  const int64_t groups = (k + kGroup - 1) / kGroup, panel_cols = kNr * lanes;
+  const int64_t panels = (n + panel_cols - 1) / panel_cols,
+                panel_elems = groups * panel_cols * kGroup;
   ParallelFor(panels * panel_cols, [&](int64_t j) {
     PackedW* out = wp + j / panel_cols * panel_elems + j % panel_cols * kGroup;
     const int8_t* row = qw + std::min(j, n - 1) * k;  // (a column past n reads nothing)
@@ -187,6 +186,21 @@ void GemmTiled(const int8_t* qx, const float* sx, const int8_t* qw, const float*
       }
     }
   });
+}
+
+// y = x · Wᵀ from W packed by PackW.
+void GemmPackedW(const int8_t* qx, const float* sx, const PackedW* wp, const float* sw, float* y,
+                 int64_t m, int64_t n, int64_t k) {
+  const D32 d;
+  const auto lanes = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t kp = (k + kGroup - 1) / kGroup * kGroup, groups = kp / kGroup;
+  const int64_t panel_cols = kNr * lanes, panels = (n + panel_cols - 1) / panel_cols;
+  const int64_t panel_elems = groups * panel_cols * kGroup;
+  // Scratch on the calling thread: packed X and the rows' corrections.
+  const int64_t x_bytes = m * kp * int64_t{sizeof(PackedX)};
+  float* a = ScratchFloats(Scratch::kGemmA, static_cast<size_t>((x_bytes + 3) / 4 + m));
+  auto* xp = reinterpret_cast<PackedX*>(a);
+  auto* row_fix = reinterpret_cast<int32_t*>(a + (x_bytes + 3) / 4);
   // X, row by row, padded with zeros to kp (in the dot form with k a multiple of 4, qx as it is);
   // in the dot form, each row's 128·Σ x (wrapping like the sums).
   const PackedX* x_rows = xp;
@@ -210,6 +224,15 @@ void GemmTiled(const int8_t* qx, const float* sx, const int8_t* qw, const float*
     const int64_t i_end = std::min(m, i_begin + kRowsPerTask);
     Task(x_rows, kp, row_fix, sx, wp + p * panel_elems, sw, y, i_begin, i_end, p * panel_cols, n);
   });
+}
+
+void GemmTiled(const int8_t* qx, const float* sx, const int8_t* qw, const float* sw, float* y,
+               int64_t m, int64_t n, int64_t k) {
+  // W packed into scratch of the calling thread's, for this call.
+  auto* wp = reinterpret_cast<PackedW*>(
+      ScratchFloats(Scratch::kGemmB, static_cast<size_t>((PackedWBytes(n, k) + 3) / 4)));
+  PackW(qw, n, k, wp);
+  GemmPackedW(qx, sx, wp, sw, y, m, n, k);
 }
 #undef LOCKSTEP_I8_DOT
 #undef LOCKSTEP_INT8_TILE
