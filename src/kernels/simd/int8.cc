@@ -101,63 +101,37 @@ namespace widened {
 }  // namespace widened
 #endif
 
-void GemmI8XWt(const int8_t* qx, const float* sx, const int8_t* qw, const float* sw, float* y,
-               int64_t m, int64_t n, int64_t k) {
+// f(form) for the form of the active variant (int8_tile-inl.h's Form: dot or widened).
+template <class F>
+decltype(auto) WithForm(F&& f) {
 #if HWY_TARGET == HWY_AVX3_DL
-  dot::GemmTiled(qx, sx, qw, sw, y, m, n, k);
+  return f(dot::Form());
 #elif HWY_TARGET == HWY_AVX3
-  widened::GemmTiled(qx, sx, qw, sw, y, m, n, k);
+  return f(widened::Form());
 #else
-  (rk::detail::Int8DotActive() ? dot::GemmTiled : widened::GemmTiled)(qx, sx, qw, sw, y, m, n, k);
+  return rk::detail::Int8DotActive() ? f(dot::Form()) : f(widened::Form());
 #endif
 }
 
-// A weight packed once (rk::PackI8ForGemm) in the layout of the active form: an id of the form
-// and its vectors (what a packing must match to be read), its bytes, the packing, the product.
+void GemmI8XWt(const int8_t* qx, const float* sx, const int8_t* qw, const float* sw, float* y,
+               int64_t m, int64_t n, int64_t k) {
+  WithForm([&](auto form) { form.Gemm(qx, sx, qw, sw, y, m, n, k); });
+}
+
+// A weight packed once (rk::PackI8ForGemm) in the layout of the active form: the form's id
+// (what a packing must match to be read), its bytes, the packing, the product.
 int64_t I8PackingForm() {
-#if HWY_TARGET == HWY_AVX3_DL
-  return 1;
-#elif HWY_TARGET == HWY_AVX3
-  return 2;
-#else
-  return rk::detail::Int8DotActive() ? 3 : 4;
-#endif
+  return WithForm([](auto form) { return decltype(form)::kId; });
 }
 int64_t PackedI8Bytes(int64_t n, int64_t k) {
-#if HWY_TARGET == HWY_AVX3_DL
-  return dot::PackedWBytes(n, k);
-#elif HWY_TARGET == HWY_AVX3
-  return widened::PackedWBytes(n, k);
-#else
-  return rk::detail::Int8DotActive() ? dot::PackedWBytes(n, k) : widened::PackedWBytes(n, k);
-#endif
+  return WithForm([&](auto form) { return form.PackedBytes(n, k); });
 }
 void PackI8(const int8_t* qw, int64_t n, int64_t k, uint8_t* out) {
-#if HWY_TARGET == HWY_AVX3_DL
-  dot::PackW(qw, n, k, reinterpret_cast<dot::PackedW*>(out));
-#elif HWY_TARGET == HWY_AVX3
-  widened::PackW(qw, n, k, reinterpret_cast<widened::PackedW*>(out));
-#else
-  if (rk::detail::Int8DotActive()) {
-    dot::PackW(qw, n, k, reinterpret_cast<dot::PackedW*>(out));
-  } else {
-    widened::PackW(qw, n, k, reinterpret_cast<widened::PackedW*>(out));
-  }
-#endif
+  WithForm([&](auto form) { form.Pack(qw, n, k, out); });
 }
 void GemmI8XWtPacked(const int8_t* qx, const float* sx, const uint8_t* packed, const float* sw,
                      float* y, int64_t m, int64_t n, int64_t k) {
-#if HWY_TARGET == HWY_AVX3_DL
-  dot::GemmPackedW(qx, sx, reinterpret_cast<const dot::PackedW*>(packed), sw, y, m, n, k);
-#elif HWY_TARGET == HWY_AVX3
-  widened::GemmPackedW(qx, sx, reinterpret_cast<const widened::PackedW*>(packed), sw, y, m, n, k);
-#else
-  if (rk::detail::Int8DotActive()) {
-    dot::GemmPackedW(qx, sx, reinterpret_cast<const dot::PackedW*>(packed), sw, y, m, n, k);
-  } else {
-    widened::GemmPackedW(qx, sx, reinterpret_cast<const widened::PackedW*>(packed), sw, y, m, n, k);
-  }
-#endif
+  WithForm([&](auto form) { form.GemmPacked(qx, sx, packed, sw, y, m, n, k); });
 }
 #else
 // Σ_r a[r]·b[r] over k int8 pairs, exact.

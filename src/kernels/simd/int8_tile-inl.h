@@ -12,8 +12,8 @@
 // Lane j of an int32 accumulator is output column j of its block; each step adds one group of G
 // consecutive products along k to it. The sums are exact, so neither the form, the blocking nor
 // the threads change a bit; the epilogue is the reference's float(acc) · (sx[i] · sw[j]).
-// Defines PackedWBytes, PackW, GemmPackedW and GemmTiled (the three in one call); undefines
-// both macros.
+// Defines PackedWBytes, PackW, GemmPackedW, GemmTiled (the three in one call) and Form (the
+// entry points); undefines both macros.
 #if LOCKSTEP_I8_DOT
 constexpr int64_t kGroup = 4;
 using PackedW = uint8_t;  // w + 128
@@ -234,5 +234,24 @@ void GemmTiled(const int8_t* qx, const float* sx, const int8_t* qw, const float*
   PackW(qw, n, k, wp);
   GemmPackedW(qx, sx, wp, sw, y, m, n, k);
 }
+
+// This form's entry points, for the variant's dispatch (int8.cc, WithForm), W packed as bytes;
+// kId names the form and its vectors (1: dot on AVX-512, 2: widened on AVX-512, 3: dot on AVX2,
+// 4: widened on AVX2), which a packing must match to be read.
+struct Form {
+  static constexpr int64_t kId = (HWY_TARGET == HWY_AVX2 ? 2 : 0) + (LOCKSTEP_I8_DOT ? 1 : 2);
+  static void Gemm(const int8_t* qx, const float* sx, const int8_t* qw, const float* sw, float* y,
+                   int64_t m, int64_t n, int64_t k) {
+    GemmTiled(qx, sx, qw, sw, y, m, n, k);
+  }
+  static int64_t PackedBytes(int64_t n, int64_t k) { return PackedWBytes(n, k); }
+  static void Pack(const int8_t* qw, int64_t n, int64_t k, uint8_t* out) {
+    PackW(qw, n, k, reinterpret_cast<PackedW*>(out));
+  }
+  static void GemmPacked(const int8_t* qx, const float* sx, const uint8_t* packed, const float* sw,
+                         float* y, int64_t m, int64_t n, int64_t k) {
+    GemmPackedW(qx, sx, reinterpret_cast<const PackedW*>(packed), sw, y, m, n, k);
+  }
+};
 #undef LOCKSTEP_I8_DOT
 #undef LOCKSTEP_INT8_TILE
