@@ -86,9 +86,13 @@ class KvDecoder : private AttentionContext {
   static uint64_t CacheBytes(const ModelConfig& config, std::span<const int64_t> capacities);
   static uint64_t AppendBytes(const ModelConfig& config, int64_t rows, int64_t logit_rows);
   // The most bytes of the copies of weights a decoder makes: the bf16 compute copy (with
-  // model.compute_weights = bf16) and, on the CPU (`on_cpu`), the packed head and fp32 linears
-  // or the quantized int8 linears.
-  static uint64_t CopyBytes(const ModelConfig& config, bool on_cpu);
+  // model.compute_weights = bf16) and, on the CPU (`on_cpu`), the packed head and, with
+  // `linears` (set_linear_copies), the packed fp32 linears or the quantized int8 linears.
+  static uint64_t CopyBytes(const ModelConfig& config, bool on_cpu, bool linears = true);
+  // Whether the decoder makes its copies of the layers' linear weights (on by default): without
+  // them each call reads the weights in place (and an int8 linear quantizes its weight on each
+  // call, as training does); the same bits, slower, in less memory.
+  void set_linear_copies(bool on) { linear_copies_ = on; }
 
   // New tokens of one sequence: they are its positions Length(slot) ..
   struct Piece {
@@ -140,6 +144,7 @@ class KvDecoder : private AttentionContext {
   std::optional<rk::GemvPacking> head_;
   std::vector<LayerPackings> packed_layers_;
   std::vector<LayerInt8Weights> quantized_layers_;
+  bool linear_copies_ = true;
   // What an executor keeps: the weights and every layer's KV caches (fixed in size and place).
   std::vector<std::span<const float>> Resident() const;
   std::vector<LayerTensors> layers_;
@@ -205,9 +210,11 @@ struct Generation {
 Digest PromptDigest(std::span<const uint32_t> ids);
 // Fails, naming the sizes, unless the KV caches of `requests` (each request's prompt and
 // max_tokens positions, at most seq_len), the prefill's activations and the decoder's copies of
-// weights (KvDecoder::CopyBytes; `on_cpu`: no executor) fit in `available` bytes. Generate
-// checks it against MemAvailable before it allocates anything.
-void CheckGenerationFits(const ModelConfig& config, std::span<const Request> requests,
+// weights without those of the linears (KvDecoder::CopyBytes; `on_cpu`: no executor) fit in
+// `available` bytes; returns whether the copies of the linears fit too. Generate checks it
+// against MemAvailable before it allocates anything, and makes those copies only when they fit
+// (KvDecoder::set_linear_copies: the same bits either way).
+bool CheckGenerationFits(const ModelConfig& config, std::span<const Request> requests,
                          const SamplingParams& params, uint64_t available, bool on_cpu);
 // Every request decoded side by side with one KvDecoder (a slot each): the prompts prefilled in
 // one call, then one token per unfinished request per call, each chosen by SampleToken from its

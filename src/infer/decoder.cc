@@ -169,10 +169,10 @@ uint64_t KvDecoder::AppendBytes(const ModelConfig& c, int64_t rows, int64_t logi
          int8;
 }
 
-uint64_t KvDecoder::CopyBytes(const ModelConfig& c, bool on_cpu) {
+uint64_t KvDecoder::CopyBytes(const ModelConfig& c, bool on_cpu, bool linears) {
   uint64_t bytes = 0;
-  if (on_cpu) {
-    bytes += rk::PackedGemvBytes(c.vocab, c.d_model, PackedDtype(c));
+  if (on_cpu) bytes += rk::PackedGemvBytes(c.vocab, c.d_model, PackedDtype(c));
+  if (on_cpu && linears) {
     ForEachLinear(c, [&](int64_t, size_t, int64_t n, int64_t k) {
       bytes += c.linear == Linear::kFp32
                    ? rk::PackedGemvBytes(n, k, PackedDtype(c))
@@ -313,7 +313,8 @@ std::vector<float> KvDecoder::Append(std::span<const Piece> pieces, bool every_p
 
 bool KvDecoder::PackedLinears(int64_t rows) {
   const ModelConfig& c = config_;
-  if (hooks_.executor != nullptr || rows > rk::kGemvMaxRows || c.linear != Linear::kFp32) {
+  if (!linear_copies_ || hooks_.executor != nullptr || rows > rk::kGemvMaxRows ||
+      c.linear != Linear::kFp32) {
     return false;
   }
   if (packed_layers_.empty()) {
@@ -328,7 +329,7 @@ bool KvDecoder::PackedLinears(int64_t rows) {
 
 bool KvDecoder::QuantizedLinears() {
   const ModelConfig& c = config_;
-  if (hooks_.executor != nullptr || c.linear != Linear::kInt8) return false;
+  if (!linear_copies_ || hooks_.executor != nullptr || c.linear != Linear::kInt8) return false;
   if (quantized_layers_.empty()) {
     quantized_layers_.resize(layers_.size());
     ForEachLinear(c, [&](int64_t l, size_t i, int64_t n, int64_t k) {

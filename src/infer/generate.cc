@@ -73,7 +73,7 @@ std::vector<int64_t> Capacities(const ModelConfig& c, std::span<const Request> r
 }
 }  // namespace
 
-void CheckGenerationFits(const ModelConfig& c, std::span<const Request> requests,
+bool CheckGenerationFits(const ModelConfig& c, std::span<const Request> requests,
                          const SamplingParams& params, uint64_t available, bool on_cpu) {
   const std::vector<int64_t> capacities = Capacities(c, requests, params);
   int64_t prompts = 0;
@@ -81,7 +81,7 @@ void CheckGenerationFits(const ModelConfig& c, std::span<const Request> requests
   const uint64_t cache = KvDecoder::CacheBytes(c, capacities);
   const uint64_t prefill =
       KvDecoder::AppendBytes(c, prompts, static_cast<int64_t>(requests.size()));
-  const uint64_t copy = KvDecoder::CopyBytes(c, on_cpu);
+  const uint64_t copy = KvDecoder::CopyBytes(c, on_cpu, /*linears=*/false);
   if (cache + prefill + copy > available) {
     Fail(
         "{} requests need {} for their KV caches ({} layers, {} positions in all: each prompt "
@@ -93,6 +93,7 @@ void CheckGenerationFits(const ModelConfig& c, std::span<const Request> requests
         std::accumulate(capacities.begin(), capacities.end(), int64_t{0}), MiB(prefill), prompts,
         MiB(copy), MiB(available));
   }
+  return cache + prefill + KvDecoder::CopyBytes(c, on_cpu) <= available;
 }
 
 void CheckSampling(const SamplingParams& params, std::string_view what) {
@@ -125,9 +126,11 @@ std::vector<Generation> Generate(const VerifiedModel& model, std::span<const Req
            requests[r].id, n, c.seq_len);
     }
   }
-  CheckGenerationFits(c, requests, params, MemAvailableBytes(), hooks.executor == nullptr);
+  const bool linear_copies =
+      CheckGenerationFits(c, requests, params, MemAvailableBytes(), hooks.executor == nullptr);
   const std::vector<int64_t> capacities = Capacities(c, requests, params);
   KvDecoder decoder(c, model.params, capacities);
+  decoder.set_linear_copies(linear_copies);
   decoder.set_hooks(hooks);
   std::vector<Generation> out(requests.size());
   std::vector<Digest> chain(requests.size());

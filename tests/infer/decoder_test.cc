@@ -135,14 +135,19 @@ TEST(KvDecoder, ASlotHoldsItsCapacityAndABatchIsPlannedBeforeItIsAllocated) {
   // The head and every fp32 linear packed as PackForGemv holds them (none on a device): as
   // binary32, or with bf16 compute weights as bfloat16 (half the bytes) beside a ParamStore's copy
   // of every weight.
-  uint64_t packed = 0, matrices = 0;
+  uint64_t packed = 0, head_packed = 0, matrices = 0;
   for (size_t i = 0; i < f.params.Specs().size(); ++i) {
     const ParamSpec& spec = f.params.Spec(i);
     if (!spec.is_matrix || spec.name == "tok_embeddings.weight") continue;
-    packed += rk::PackForGemv(f.params.Tensor(i), spec.shape[0], spec.shape[1]).packed.size();
+    const uint64_t bytes =
+        rk::PackForGemv(f.params.Tensor(i), spec.shape[0], spec.shape[1]).packed.size();
+    packed += bytes;
+    if (spec.name == "output.weight") head_packed = bytes;
     matrices += f.params.Tensor(i).size_bytes();
   }
   EXPECT_GE(packed, matrices);
+  EXPECT_GT(head_packed, 0u);
+  EXPECT_EQ(KvDecoder::CopyBytes(f.c, true, /*linears=*/false), head_packed);
   ModelConfig bf16 = f.c;
   bf16.compute_weights = Storage::kBf16;
   const uint64_t compute_copy = ParamStore(ParameterSpecs(bf16)).Flat().size() * sizeof(float);
@@ -161,11 +166,40 @@ TEST(KvDecoder, ASlotHoldsItsCapacityAndABatchIsPlannedBeforeItIsAllocated) {
     int8_bytes += q.size() + rk::PackI8ForGemm(q, spec.shape[0], spec.shape[1]).packed.size();
   }
   EXPECT_EQ(KvDecoder::CopyBytes(int8, true), int8_bytes);
-  EXPECT_NO_THROW(infer::CheckGenerationFits(f.c, requests, params, need, true));
-  EXPECT_NO_THROW(infer::CheckGenerationFits(f.c, requests, params, need - packed, false));
-  test::ExpectError([&] { infer::CheckGenerationFits(f.c, requests, params, need - 1, true); },
+  // Everything fits; or all but the linears' copies, which the decoder then does without; or
+  // not even that, which is refused.
+  EXPECT_TRUE(infer::CheckGenerationFits(f.c, requests, params, need, true));
+  EXPECT_TRUE(infer::CheckGenerationFits(f.c, requests, params, need - packed, false));
+  const uint64_t least = need - (packed - head_packed);
+  EXPECT_FALSE(infer::CheckGenerationFits(f.c, requests, params, need - 1, true));
+  EXPECT_FALSE(infer::CheckGenerationFits(f.c, requests, params, least, true));
+  test::ExpectError([&] { infer::CheckGenerationFits(f.c, requests, params, least - 1, true); },
                     {"2 requests need", "12 positions in all", "MemAvailable",
                      "fewer requests or a smaller --max-tokens"});
+}
+
+// A decoder without its copies of the linears (the packed fp32 weights, the quantized int8 ones)
+// gives the same bits as one with them, prefilling and decoding.
+TEST(KvDecoder, TheLinearsCopiesChangeNoBit) {
+  for (const ModelConfig& c : Configs()) {
+    const Fixture f(c);
+    const std::vector<uint32_t> tokens = Tokens(20, 512, 9);
+    std::vector<float> with, without;
+    for (const bool copies : {true, false}) {
+      KvDecoder d(f.c, f.params, 1);
+      d.set_linear_copies(copies);
+      std::vector<float>& out = copies ? with : without;
+      const Piece prompt[] = {{0, std::span(tokens).first(12)}};
+      out = d.Append(prompt, true);
+      for (size_t t = 12; t < tokens.size(); ++t) {
+        const Piece p[] = {{0, std::span(tokens).subspan(t, 1)}};
+        const std::vector<float> got = d.Append(p, false);
+        out.insert(out.end(), got.begin(), got.end());
+      }
+    }
+    EXPECT_TRUE(with == without) << LinearName(c.linear) << ", compute weights "
+                                 << StorageName(c.compute_weights);
+  }
 }
 
 void ARequestsLogitsDoNotDependOnTheOthers(const ModelConfig& c) {
