@@ -17,8 +17,9 @@
 # with QK-norm) is measured on lockstep alone, the refusal recorded, and the nearest config
 # that exports (the same with model.qk_norm: false, `smoke-noqknorm`) is measured on both.
 # open-100m is also measured with model.compute_weights: bf16 (`open-100m-bf16`), whose decoder
-# reads its weights as bfloat16s, half the bytes; llama.cpp runs its export, which is F32
-# (docs/export.md: llama.cpp's BF16 product would compute another model).
+# reads its weights as bfloat16s, half the bytes; llama.cpp runs its `--format gguf-bf16`
+# export, its matrices BF16, half the bytes too (docs/export.md: llama.cpp then rounds its
+# activations to bf16 as well, a nearby model; the speed is what is compared).
 # Needs about 6 GB free under the work directory (open-100m's checkpoint and GGUF) and, on 2
 # cores, about 4 minutes.
 set -euo pipefail
@@ -89,9 +90,12 @@ for m in "${models[@]}"; do
   "$lockstep" train --config "$src" --data "$work/data" --out "$work/run-$m" --steps 0 \
     --threads 2 --no-progress > "$work/$m.train.log" 2>&1
   ckpt="$work/run-$m/checkpoints/step_000000000"
-  log "$m: export to GGUF"
+  format=gguf
+  [ "$m" = open-100m-bf16 ] && format=gguf-bf16
+  echo "$format" > "$work/$m.format"
+  log "$m: export to GGUF ($format)"
   set +e
-  "$lockstep" export --checkpoint "$ckpt" --format gguf --out "$work/$m.gguf" \
+  "$lockstep" export --checkpoint "$ckpt" --format "$format" --out "$work/$m.gguf" \
     --data "$work/data" > "$work/$m.export.log" 2>&1
   echo $? > "$work/$m.export.rc"
   set -e
@@ -132,7 +136,8 @@ for m in models:
     ours = json.loads((work / f"{m}.lockstep.json").read_text())
     rc = int((work / f"{m}.export.rc").read_text())
     export_log = (work / f"{m}.export.log").read_text().strip()
-    entry = {"config": m, "gguf_export": "ok" if rc == 0 else f"refused (exit {rc})",
+    entry = {"config": m, "gguf_format": (work / f"{m}.format").read_text().strip(),
+             "gguf_export": "ok" if rc == 0 else f"refused (exit {rc})",
              "gguf_export_message": export_log.splitlines()[-1] if export_log else ""}
     theirs = None
     if rc != 0:

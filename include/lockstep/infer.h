@@ -259,12 +259,14 @@ ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path,
 // ---- export ---------------------------------------------------------------------------------
 // A verified checkpoint written for another runtime, exactly or not at all (docs/export.md):
 // kHf a Hugging Face transformers directory (config.json, model.safetensors, ...), kGguf one
-// GGUF v3 file for llama.cpp, F32 tensors. A model the target cannot express exactly is refused
+// GGUF v3 file for llama.cpp, F32 tensors, kGgufBf16 the same with the matrices of a
+// bf16-compute-weight model as BF16 (llama.cpp then rounds its activations to bf16 as well: a
+// nearby model, docs/export.md). A model the target cannot express exactly is refused
 // naming the feature and the config key. `data` (optional): the dataset the run trained on,
 // whose manifest digest must equal the descriptor's; its tokenizer is written when the target
 // can express it. The output appears whole or not at all (written beside it, then renamed); it
 // must not exist (an empty directory for kHf is fine) nor lie inside an input.
-enum class ExportFormat { kHf, kGguf };
+enum class ExportFormat { kHf, kGguf, kGgufBf16 };
 struct ExportResult {
   std::string architecture;        // e.g. "LlamaForCausalLM", "llama", "mimo2"
   std::vector<std::string> notes;  // one line each, for the user (the tokenizer, folds made)

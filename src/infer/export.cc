@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <ranges>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -191,16 +192,16 @@ class GgufWriter {
     ArrayHead(key, GgufType::kBool, v.size());
     for (bool x : v) Pod(static_cast<uint8_t>(x));
   }
-  // A tensor of lockstep shape [rows, cols] (or [n]); GGUF lists dimensions innermost first, so
-  // it is [cols, rows] there, the same bytes. `owned` keeps transformed data alive.
+  // A tensor of lockstep shape [rows, cols] (or [n]), F32; `owned` keeps transformed data alive.
   void Tensor(std::string name, std::vector<int64_t> shape, std::span<const float> data) {
-    std::ranges::reverse(shape);
     tensors_.push_back({std::move(name), std::move(shape), data});
   }
   void Tensor(std::string name, std::vector<int64_t> shape, std::vector<float> owned) {
     owned_.push_back(std::make_unique<std::vector<float>>(std::move(owned)));
     Tensor(std::move(name), std::move(shape), std::span<const float>(*owned_.back()));
   }
+  // The tensors so far, in lockstep's shapes, to narrow before Write.
+  std::vector<NamedTensor>& tensors() { return tensors_; }
 
   void Write(File& file) {
     std::vector<uint8_t> head;
@@ -214,30 +215,27 @@ class GgufWriter {
     put(kv_count_);
     head.insert(head.end(), kv_.begin(), kv_.end());
     uint64_t offset = 0;
-    for (const TensorEntry& t : tensors_) {
+    for (const NamedTensor& t : tensors_) {
       put(static_cast<uint64_t>(t.name.size()));
       head.insert(head.end(), t.name.begin(), t.name.end());
-      put(static_cast<uint32_t>(t.dims.size()));
-      for (int64_t d : t.dims) put(static_cast<uint64_t>(d));
-      put(uint32_t{0});  // GGML_TYPE_F32
+      // GGUF lists dimensions innermost first: [rows, cols] is [cols, rows] there, the same bytes.
+      put(static_cast<uint32_t>(t.shape.size()));
+      for (int64_t d : t.shape | std::views::reverse) put(static_cast<uint64_t>(d));
+      put(static_cast<uint32_t>(InfoOf(t.data.dtype()).gguf_type));  // F32 0, BF16 30
       put(offset);
-      offset += Padded(t.data.size_bytes());
+      offset += Padded(t.data.bytes().size());
     }
     head.resize(Padded(head.size()), 0);
     file.Write(head);
     static const uint8_t zeros[kGgufAlignment] = {};
-    for (const TensorEntry& t : tensors_) {
-      file.Write(std::span(reinterpret_cast<const uint8_t*>(t.data.data()), t.data.size_bytes()));
-      file.Write(std::span(zeros, Padded(t.data.size_bytes()) - t.data.size_bytes()));
+    for (const NamedTensor& t : tensors_) {
+      const std::span<const std::byte> bytes = t.data.bytes();
+      file.Write(std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+      file.Write(std::span(zeros, Padded(bytes.size()) - bytes.size()));
     }
   }
 
  private:
-  struct TensorEntry {
-    std::string name;
-    std::vector<int64_t> dims;
-    std::span<const float> data;
-  };
   static uint64_t Padded(uint64_t n) {
     return (n + kGgufAlignment - 1) / kGgufAlignment * kGgufAlignment;
   }
@@ -263,7 +261,7 @@ class GgufWriter {
 
   std::vector<uint8_t> kv_;
   uint64_t kv_count_ = 0;
-  std::vector<TensorEntry> tensors_;
+  std::vector<NamedTensor> tensors_;
   std::vector<std::unique_ptr<std::vector<float>>> owned_;
 };
 
@@ -543,14 +541,35 @@ std::string GgufTokenizer(GgufWriter& g, const std::string& arch, const ModelCon
   return "tokenizer: " + what;
 }
 
-void WriteGguf(const VerifiedModel& m, const std::string& arch, const Tokenizer& tok, File& file,
-               std::vector<std::string>& notes) {
+// A bf16-compute-weight model's weights are bfloat16s (Export rounded them): each tensor (each
+// matrix: `matrices_only`) whose every value is one (all but an embedding table with the norm
+// folded in) made BF16, exactly, its values held in `narrowed`. Returns the note.
+std::string NarrowToBf16Tensors(std::vector<NamedTensor>& tensors,
+                                std::vector<std::vector<BFloat16>>& narrowed, bool matrices_only) {
+  const auto is_bf16 = [](float x) { return (std::bit_cast<uint32_t>(x) & 0xffffu) == 0; };
+  for (NamedTensor& named : tensors) {
+    if (matrices_only && named.shape.size() != 2) continue;
+    const std::span<const float> v = named.data.As<float>();
+    if (!std::ranges::all_of(v, is_bf16)) continue;
+    std::vector<BFloat16>& b = narrowed.emplace_back(v.size());
+    std::ranges::transform(v, b.begin(), [](float x) { return NarrowToBf16(x); });
+    named.data = TensorView(b);
+  }
+  return fmt::format(
+      "{} of {} tensors written as BF16 (their values are bfloat16s, model.compute_weights = "
+      "bf16), the rest as F32",
+      narrowed.size(), tensors.size());
+}
+
+// `bf16` (--format gguf-bf16): the matrices of a bf16-compute-weight model as BF16 tensors.
+void WriteGguf(const VerifiedModel& m, const std::string& arch, const Tokenizer& tok, bool bf16,
+               File& file, std::vector<std::string>& notes) {
   const ModelConfig& c = m.config.model;
   const Params p(m.params);
   GgufWriter g;
   g.String("general.architecture", arch);
   g.String("general.name", m.config.name);
-  g.U32("general.file_type", 0);  // all F32
+  g.U32("general.file_type", bf16 ? 32 : 0);  // llama.cpp's MOSTLY_BF16, ALL_F32
   g.U32("general.alignment", kGgufAlignment);
   g.U32(arch + ".context_length", c.seq_len);
   g.U32(arch + ".embedding_length", c.d_model);
@@ -604,6 +623,8 @@ void WriteGguf(const VerifiedModel& m, const std::string& arch, const Tokenizer&
   }
   g.Tensor("output_norm.weight", {c.d_model}, p.Get("final_norm.weight"));
   g.Tensor("output.weight", {c.vocab, c.d_model}, p.Get("output.weight"));
+  std::vector<std::vector<BFloat16>> narrowed;
+  if (bf16) notes.push_back(NarrowToBf16Tensors(g.tensors(), narrowed, /*matrices_only=*/true));
   g.Write(file);
 }
 
@@ -762,26 +783,6 @@ std::string HfTokenizer(const fs::path& dir, const ModelConfig& c, const Tokeniz
   return t.note;
 }
 
-// A bf16-compute-weight model's weights are bfloat16s (Export rounded them): each tensor whose
-// every value is one (all but an embedding table with the norm folded in) made BF16, exactly,
-// its values held in `narrowed`. config.json's dtype stays float32, so transformers widens them
-// on loading. Returns the note.
-std::string NarrowToBf16Tensors(std::vector<NamedTensor>& tensors,
-                                std::vector<std::vector<BFloat16>>& narrowed) {
-  const auto is_bf16 = [](float x) { return (std::bit_cast<uint32_t>(x) & 0xffffu) == 0; };
-  for (NamedTensor& named : tensors) {
-    const std::span<const float> v = named.data.As<float>();
-    if (!std::ranges::all_of(v, is_bf16)) continue;
-    std::vector<BFloat16>& b = narrowed.emplace_back(v.size());
-    std::ranges::transform(v, b.begin(), [](float x) { return NarrowToBf16(x); });
-    named.data = TensorView(b);
-  }
-  return fmt::format(
-      "{} of {} tensors written as BF16 (their values are bfloat16s, model.compute_weights = "
-      "bf16), the rest as F32",
-      narrowed.size(), tensors.size());
-}
-
 void WriteHf(const VerifiedModel& m, const std::string& arch, const Tokenizer& tok,
              const fs::path& dir, std::vector<std::string>& notes) {
   const ModelConfig& c = m.config.model;
@@ -872,7 +873,10 @@ void WriteHf(const VerifiedModel& m, const std::string& arch, const Tokenizer& t
   t.push_back({"model.norm.weight", {c.d_model}, p.Get("final_norm.weight")});
   t.push_back({"lm_head.weight", {c.vocab, c.d_model}, p.Get("output.weight")});
   std::vector<std::vector<BFloat16>> narrowed;
-  if (c.compute_weights == Storage::kBf16) notes.push_back(NarrowToBf16Tensors(t, narrowed));
+  // config.json's dtype stays float32, so transformers widens the BF16 tensors on loading.
+  if (c.compute_weights == Storage::kBf16) {
+    notes.push_back(NarrowToBf16Tensors(t, narrowed, /*matrices_only=*/false));
+  }
   WriteSafetensors(dir / "model.safetensors", t,
                    {{"format", "pt"},
                     {"lockstep_checkpoint_state_hash", ToHex(m.state_hash)},
@@ -896,6 +900,14 @@ std::string ExportArchitecture(const ModelConfig& c, ExportFormat format) {
         "ops as lockstep does (docs/model.md, \"bf16 storage\"); an export would compute another "
         "model",
         StorageName(c.activations));
+  }
+  if (format == ExportFormat::kGgufBf16 && c.compute_weights != Storage::kBf16) {
+    Fail(
+        "model.compute_weights = {}: --format gguf-bf16 writes the matrices of a model that "
+        "computes with bfloat16 weights (model.compute_weights = bf16) as BF16, exactly; this "
+        "model's weights are not bfloat16s, and rounding them would make another model; "
+        "--format gguf writes them as F32",
+        StorageName(c.compute_weights));
   }
   const bool sliding = AnySlidingLayer(c);
   if (format == ExportFormat::kHf) {
@@ -939,8 +951,8 @@ ExportResult Export(const VerifiedModel& checkpoint, ExportFormat format, const 
   ExportResult result;
   result.architecture = ExportArchitecture(checkpoint.config.model, format);
   // With bf16 compute weights the model computes with its weights rounded to bfloat16 (the
-  // embedding's looked-up rows likewise): those values are the ones written, exactly (hf: as
-  // BF16; gguf: in F32).
+  // embedding's looked-up rows likewise): those values are the ones written, exactly (hf and
+  // gguf-bf16: as BF16; gguf: in F32).
   std::optional<VerifiedModel> rounded;
   if (checkpoint.config.model.compute_weights == Storage::kBf16) {
     rounded = checkpoint;
@@ -949,7 +961,11 @@ ExportResult Export(const VerifiedModel& checkpoint, ExportFormat format, const 
         "the weights are written as the model computes with them: rounded to bf16 "
         "(model.compute_weights = bf16){}",
         format == ExportFormat::kGguf
-            ? ", each held exactly in F32 (llama.cpp's BF16 product rounds its activations too)"
+            ? ", each held exactly in F32 (llama.cpp's BF16 product rounds its activations too: "
+              "--format gguf-bf16 writes BF16 matrices, half the bytes, for a nearby model)"
+        : format == ExportFormat::kGgufBf16
+            ? "; llama.cpp's product with a BF16 matrix rounds its activations to bfloat16 too, "
+              "so it computes a nearby model, not this one (docs/export.md, \"gguf-bf16\")"
             : ""));
   }
   const VerifiedModel& m = rounded ? *rounded : checkpoint;
@@ -965,7 +981,8 @@ ExportResult Export(const VerifiedModel& checkpoint, ExportFormat format, const 
     staged.Commit();
   } else {
     StagedFile staged(out, OutputKind::kNewFile);
-    WriteGguf(m, result.architecture, tok, staged.file(), result.notes);
+    WriteGguf(m, result.architecture, tok, format == ExportFormat::kGgufBf16, staged.file(),
+              result.notes);
     staged.Commit();
   }
   return result;

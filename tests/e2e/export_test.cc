@@ -43,8 +43,19 @@ TEST(Export, ArchitecturePerBuiltInConfig) {
       EXPECT_EQ(ExportArchitecture(c, ExportFormat::kGguf), gguf) << name;
     }
   }
-  // Neither format has lockstep's int8 linears: an fp32 export would be another model.
-  for (const ExportFormat format : {ExportFormat::kHf, ExportFormat::kGguf}) {
+  // gguf-bf16 holds a model's matrices as BF16 only where its weights are bfloat16s: for a
+  // bf16-compute-weight model, with gguf's architecture.
+  for (const auto& [name, hf, gguf] : expected) {
+    ModelConfig c = LoadRunConfig(name).model;
+    const std::string why = Refusal(name, ExportFormat::kGgufBf16);
+    EXPECT_NE(why.find("model.compute_weights = fp32"), std::string::npos) << name << ": " << why;
+    if (gguf.empty()) continue;
+    c.compute_weights = Storage::kBf16;
+    EXPECT_EQ(ExportArchitecture(c, ExportFormat::kGgufBf16), gguf) << name;
+  }
+  // No format has lockstep's int8 linears: an fp32 export would be another model.
+  for (const ExportFormat format :
+       {ExportFormat::kHf, ExportFormat::kGguf, ExportFormat::kGgufBf16}) {
     const std::string why = Refusal("tiny-int8", format);
     EXPECT_NE(why.find("model.linear = int8"), std::string::npos) << why;
     // Nor activations rounded to bf16 between ops.

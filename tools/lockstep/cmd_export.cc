@@ -17,8 +17,9 @@ struct ExportOptions {
 };
 
 int RunExport(const ExportOptions& o) {
-  const infer::ExportFormat format =
-      o.format == "hf" ? infer::ExportFormat::kHf : infer::ExportFormat::kGguf;
+  const infer::ExportFormat format = o.format == "hf"     ? infer::ExportFormat::kHf
+                                     : o.format == "gguf" ? infer::ExportFormat::kGguf
+                                                          : infer::ExportFormat::kGgufBf16;
   CheckOutput({"--out", o.out}, format == infer::ExportFormat::kHf ? OutputKind::kNewDirectory
                                                                    : OutputKind::kNewFile);
   RefuseOutputsOntoInputs({{"--out", o.out}}, {{"--checkpoint", o.checkpoint}, {"--data", o.data}});
@@ -41,7 +42,10 @@ void AddExportCommand(CLI::App& app, int* exit_code) {
       "write a checkpoint's model for another runtime, exactly or not at all: --format hf, a "
       "Hugging Face transformers directory (config.json, model.safetensors, "
       "generation_config.json, tokenizer files); --format gguf, one GGUF v3 file for llama.cpp "
-      "(F32). The architecture is chosen per config (hf: LlamaForCausalLM, Qwen2ForCausalLM for "
+      "(F32); --format gguf-bf16, the same with the matrices of a model with "
+      "model.compute_weights = bf16 as BF16 (half the bytes; llama.cpp then rounds its "
+      "activations to bf16 too, a nearby model, not lockstep's). The architecture is chosen per "
+      "config (hf: LlamaForCausalLM, Qwen2ForCausalLM for "
       "sliding windows, Qwen3ForCausalLM for QK-norm; gguf: llama, qwen3 for QK-norm, mimo2 for "
       "sliding windows); a model the format cannot express exactly is refused (exit 2) naming the "
       "feature and the config key. The embedding norm is folded into the table with lockstep's "
@@ -51,10 +55,12 @@ void AddExportCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--checkpoint", o->checkpoint,
                   "checkpoint directory (checkpoints/step_*), verified before use")
       ->required();
-  cmd->add_option("--format", o->format, "hf (a directory) or gguf (a file)")
+  cmd->add_option("--format", o->format, "hf (a directory), gguf or gguf-bf16 (a file)")
       ->required()
-      ->check(CLI::IsMember({"hf", "gguf"}));
-  cmd->add_option("--out", o->out, "output: a directory for hf, a .gguf file for gguf")->required();
+      ->check(CLI::IsMember({"hf", "gguf", "gguf-bf16"}));
+  cmd->add_option("--out", o->out,
+                  "output: a directory for hf, a .gguf file for gguf and gguf-bf16")
+      ->required();
   cmd->add_option("--data", o->data,
                   "the dataset directory the run trained on (its manifest digest must be the "
                   "checkpoint descriptor's data_manifest_blake2b): its tokenizer is written where "

@@ -1,7 +1,7 @@
 // Runs a GGUF file in llama.cpp (node-llama-cpp 3.21.1, CPU, fp32 KV cache, no flash attention)
 // on fixed token ids and prints JSON: the next-token probability distribution at every prompt
-// position (softmax of llama.cpp's logits, as node-llama-cpp computes it) and a greedy
-// continuation. Token ids go in directly, so the tokenizer plays no part in the numbers.
+// position (softmax of llama.cpp's logits, as node-llama-cpp computes it), a greedy
+// continuation and each tensor's type. Token ids go in directly, so the tokenizer plays no part in the numbers.
 //
 //   node next_token.mjs CLIENT_DIR MODEL.gguf '[ids...]' N_GREEDY
 //
@@ -53,6 +53,8 @@ while (greedy.length < nGreedy) {
 process.stdout.write(JSON.stringify({
   architecture: model.fileInfo.metadata.general.architecture,
   vocab: model.fileInfo.metadata.tokenizer?.ggml?.tokens?.length ?? null,
+  // Each tensor's ggml type as the GGUF reader read it (F32 0, BF16 30).
+  tensor_types: Object.fromEntries((model.fileInfo.tensorInfo ?? []).map((t) => [t.name, t.ggmlType])),
   probs,
   greedy,
 }) + "\n");
