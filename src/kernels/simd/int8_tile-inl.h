@@ -24,11 +24,23 @@ using PackedW = int16_t;
 using PackedX = int16_t;
 #endif
 static_assert(kGroup * sizeof(PackedW) == 4 && kGroup * sizeof(PackedX) == 4);
-// Six rows by two vectors of sums: 12 registers, which AVX2 has beside the operands (more sums,
-// on AVX-512, made GCC 12 keep them in memory).
+// The tile of sums kept in registers, kMr rows by kNr vectors of columns. vpdpbusd on AVX-512
+// (two per cycle where the core has two 512-bit integer ports, five cycles each) needs at least
+// ten sums in flight and, to stay ahead of its loads, many sums per load: 8 × 3 = 24 registers,
+// with the 3 of the panel and the row's broadcast 28 of the 32. Elsewhere 6 × 2 = 12, which AVX2
+// has beside its operands (16 registers). LOCKSTEP_I8_FOR_ROWS/COLS spell the tile's indices
+// for the code that names each register.
+#if LOCKSTEP_I8_DOT && HWY_TARGET == HWY_AVX3_DL
+constexpr int64_t kMr = 8, kNr = 3;
+#define LOCKSTEP_I8_FOR_ROWS(F) F(0) F(1) F(2) F(3) F(4) F(5) F(6) F(7)
+#define LOCKSTEP_I8_FOR_COLS(F, i) F(i, 0) F(i, 1) F(i, 2)
+#else
 constexpr int64_t kMr = 6, kNr = 2;
+#define LOCKSTEP_I8_FOR_ROWS(F) F(0) F(1) F(2) F(3) F(4) F(5)
+#define LOCKSTEP_I8_FOR_COLS(F, i) F(i, 0) F(i, 1)
+#endif
 constexpr int64_t kRowsPerTask = 8 * kMr;
-constexpr int64_t kKcGroups = 64;  // k in blocks of 64 groups: 8 KiB of an AVX-512 panel
+constexpr int64_t kKcGroups = 128;  // k in blocks of 128 groups: 24 KiB of an AVX-512 panel
 
 using D32 = hn::ScalableTag<int32_t>;
 using V32 = hn::Vec<D32>;
@@ -53,77 +65,64 @@ HWY_INLINE int32_t GroupOf(const PackedX* x) {
   return v;
 }
 
-// sums[kMr rows][kNr vectors] (row stride kNr vectors) += rows x[0..kMr) against `groups`
-// groups of a packed panel. The accumulators are named variables: an array of vectors would be
-// kept in memory through the loop.
-LOCKSTEP_INT8_TILE HWY_INLINE void Accumulate(const PackedX* const* x, const PackedW* w,
-                                              int64_t groups, int32_t* sums) {
-  static_assert(kMr == 6 && kNr == 2, "Accumulate is written for six rows of two vectors");
+// sums[kMr rows][kNr vectors] (row stride kNr vectors) += a block of kMr rows of packed X
+// (PackX: group g of row i at x + (g·kMr + i)·kGroup) against `groups` groups of a packed
+// panel, which is prefetched 8 groups ahead. The sums are named variables (a##i##c: row i,
+// vector c), spelled by the tile's macros: an array of vectors would be kept in memory through
+// the loop. Not inlined: inlined into Task, GCC 12 moved and spilled sums in the unrolled loop
+// (measured 15 % slower).
+LOCKSTEP_INT8_TILE HWY_NOINLINE void Accumulate(const PackedX* x, const PackedW* w, int64_t groups,
+                                                int32_t* sums) {
   const D32 d;
   const auto lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t stride = kNr * lanes;
-#define LOCKSTEP_ACC_ROW(i)                     \
-  V32 a##i##0 = hn::Load(d, sums + i * stride); \
-  V32 a##i##1 = hn::Load(d, sums + i * stride + lanes);
-  LOCKSTEP_ACC_ROW(0)
-  LOCKSTEP_ACC_ROW(1)
-  LOCKSTEP_ACC_ROW(2)
-  LOCKSTEP_ACC_ROW(3)
-  LOCKSTEP_ACC_ROW(4)
-  LOCKSTEP_ACC_ROW(5)
-#undef LOCKSTEP_ACC_ROW
-  const PackedX *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3], *x4 = x[4], *x5 = x[5];
   const hn::ScalableTag<PackedW> dw;
+#define LOCKSTEP_I8_LOAD(i, c) V32 a##i##c = hn::Load(d, sums + i * stride + c * lanes);
+#define LOCKSTEP_I8_LOAD_ROW(i) LOCKSTEP_I8_FOR_COLS(LOCKSTEP_I8_LOAD, i)
+  LOCKSTEP_I8_FOR_ROWS(LOCKSTEP_I8_LOAD_ROW)
 #pragma GCC unroll 4
-  for (int64_t g = 0; g < groups; ++g, w += stride * kGroup) {
-    const V32 w0 = hn::BitCast(d, hn::Load(dw, w));
-    const V32 w1 = hn::BitCast(d, hn::Load(dw, w + lanes * kGroup));
-#define LOCKSTEP_ACC_STEP(i)                               \
-  {                                                        \
-    const V32 xv = hn::Set(d, GroupOf(x##i + g * kGroup)); \
-    a##i##0 = GroupStep(a##i##0, w0, xv);                  \
-    a##i##1 = GroupStep(a##i##1, w1, xv);                  \
+  for (int64_t g = 0; g < groups; ++g, w += stride * kGroup, x += kMr * kGroup) {
+#define LOCKSTEP_I8_PANEL(i, c)                           \
+  __builtin_prefetch(w + (8 * kNr + c) * lanes * kGroup); \
+  const V32 w##c = hn::BitCast(d, hn::Load(dw, w + c * lanes * kGroup));
+    LOCKSTEP_I8_FOR_COLS(LOCKSTEP_I8_PANEL, 0)
+#define LOCKSTEP_I8_STEP(i, c) a##i##c = GroupStep(a##i##c, w##c, xv);
+#define LOCKSTEP_I8_STEP_ROW(i)                         \
+  {                                                     \
+    const V32 xv = hn::Set(d, GroupOf(x + i * kGroup)); \
+    LOCKSTEP_I8_FOR_COLS(LOCKSTEP_I8_STEP, i)           \
   }
-    LOCKSTEP_ACC_STEP(0)
-    LOCKSTEP_ACC_STEP(1)
-    LOCKSTEP_ACC_STEP(2)
-    LOCKSTEP_ACC_STEP(3)
-    LOCKSTEP_ACC_STEP(4)
-    LOCKSTEP_ACC_STEP(5)
-#undef LOCKSTEP_ACC_STEP
+    LOCKSTEP_I8_FOR_ROWS(LOCKSTEP_I8_STEP_ROW)
   }
-#define LOCKSTEP_ACC_STORE(i)               \
-  hn::Store(a##i##0, d, sums + i * stride); \
-  hn::Store(a##i##1, d, sums + i * stride + lanes);
-  LOCKSTEP_ACC_STORE(0)
-  LOCKSTEP_ACC_STORE(1)
-  LOCKSTEP_ACC_STORE(2)
-  LOCKSTEP_ACC_STORE(3)
-  LOCKSTEP_ACC_STORE(4)
-  LOCKSTEP_ACC_STORE(5)
-#undef LOCKSTEP_ACC_STORE
+#define LOCKSTEP_I8_STORE(i, c) hn::Store(a##i##c, d, sums + i * stride + c * lanes);
+#define LOCKSTEP_I8_STORE_ROW(i) LOCKSTEP_I8_FOR_COLS(LOCKSTEP_I8_STORE, i)
+  LOCKSTEP_I8_FOR_ROWS(LOCKSTEP_I8_STORE_ROW)
+#undef LOCKSTEP_I8_LOAD
+#undef LOCKSTEP_I8_LOAD_ROW
+#undef LOCKSTEP_I8_PANEL
+#undef LOCKSTEP_I8_STEP
+#undef LOCKSTEP_I8_STEP_ROW
+#undef LOCKSTEP_I8_STORE
+#undef LOCKSTEP_I8_STORE_ROW
 }
 
-// Rows [i_begin, i_end) (at most kRowsPerTask) against panel p of packed W, into y. k runs in
-// blocks of kKcGroups groups so that the panel's block and the rows' stay in L1 while every
-// row block uses them.
-LOCKSTEP_INT8_TILE void Task(const PackedX* xp, int64_t kp, const int32_t* row_fix, const float* sx,
-                             const PackedW* panel, const float* sw, float* y, int64_t i_begin,
-                             int64_t i_end, int64_t j0, int64_t n) {
+// Rows [i_begin, i_end) (at most kRowsPerTask, i_begin a multiple of kMr) against panel p of
+// packed W, into y. k runs in blocks of kKcGroups groups so that the panel's block and the
+// rows' stay in L1 while every row block uses them.
+LOCKSTEP_INT8_TILE void Task(const PackedX* xp, int64_t groups, const int32_t* row_fix,
+                             const float* sx, const PackedW* panel, const float* sw, float* y,
+                             int64_t i_begin, int64_t i_end, int64_t j0, int64_t n) {
   const D32 d;
   const hn::RebindToFloat<D32> df;
   const auto lanes = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t stride = kNr * lanes, groups = kp / kGroup;
-  HWY_ALIGN int32_t sums[(kRowsPerTask + kMr) * kNr * hn::MaxLanes(d)];
+  const int64_t stride = kNr * lanes, block = groups * kMr * kGroup;
+  HWY_ALIGN int32_t sums[kRowsPerTask * kNr * hn::MaxLanes(d)];
   std::fill(std::begin(sums), std::end(sums), 0);
   for (int64_t g0 = 0; g0 < groups; g0 += kKcGroups) {
     const int64_t count = std::min(kKcGroups, groups - g0);
     for (int64_t i0 = i_begin; i0 < i_end; i0 += kMr) {
-      const PackedX* x[kMr];
-      for (int64_t ii = 0; ii < kMr; ++ii) {
-        x[ii] = xp + std::min(i0 + ii, i_end - 1) * kp + g0 * kGroup;  // past the end: repeated
-      }
-      Accumulate(x, panel + g0 * stride * kGroup, count, sums + (i0 - i_begin) * stride);
+      Accumulate(xp + i0 / kMr * block + g0 * kMr * kGroup, panel + g0 * stride * kGroup, count,
+                 sums + (i0 - i_begin) * stride);
     }
   }
   // y = float(acc - fix) · (sx[i] · sw[j]): the scale product rounded once, then one multiply.
@@ -188,6 +187,58 @@ void PackW(const int8_t* qw, int64_t n, int64_t k, PackedW* wp) {
   });
 }
 
+#if LOCKSTEP_I8_DOT
+// Σ_r x[r] modulo 2^32: the bytes as x + 128 (x with its top bit flipped) summed eight at a
+// time in uint64 lanes, less 128 for each.
+HWY_INLINE uint32_t RowSum(const int8_t* x, int64_t k) {
+  const hn::ScalableTag<uint8_t> d8;
+  const hn::Repartition<uint64_t, decltype(d8)> d64;
+  const auto n = static_cast<int64_t>(hn::Lanes(d8));
+  const auto* u = reinterpret_cast<const uint8_t*>(x);
+  auto acc = hn::Zero(d64);
+  int64_t r = 0;
+  for (; r + n <= k; r += n)
+    acc = hn::Add(acc, hn::SumsOf8(hn::Xor(hn::LoadU(d8, u + r), hn::Set(d8, 0x80))));
+  uint64_t sum = hn::GetLane(hn::SumOfLanes(d64, acc)) - 128u * static_cast<uint64_t>(r);
+  for (; r < k; ++r) sum += static_cast<uint64_t>(int64_t{x[r]});
+  return static_cast<uint32_t>(sum);
+}
+#endif
+
+// Rows [b·kMr, b·kMr + kMr) of X [m, k] into `out` as Accumulate reads them: group g of row i
+// at (g·kMr + i)·kGroup, `groups` groups, k's padding and rows past m zeros; and each row's
+// correction (the dot form's 128·Σ x, wrapping like the sums; 0 in the widened form).
+void PackX(const int8_t* qx, int64_t m, int64_t k, int64_t groups, int64_t b, PackedX* out,
+           int32_t* row_fix) {
+  const int64_t step = kMr * kGroup;
+  for (int64_t ii = 0; ii < kMr; ++ii) {
+    const int64_t i = b * kMr + ii;
+    PackedX* col = out + ii * kGroup;
+    if (i >= m) {
+      for (int64_t g = 0; g < groups; ++g) std::fill_n(col + g * step, kGroup, PackedX{0});
+      continue;
+    }
+    const int8_t* row = qx + i * k;
+    int64_t g = 0;
+#if LOCKSTEP_I8_DOT
+    row_fix[i] = static_cast<int32_t>(RowSum(row, k) * 128u);
+    for (; (g + 1) * kGroup <= k; ++g) std::memcpy(col + g * step, row + g * kGroup, kGroup);
+#else
+    row_fix[i] = 0;
+    for (; (g + 1) * kGroup <= k; ++g) {
+      col[g * step] = row[g * kGroup];
+      col[g * step + 1] = row[g * kGroup + 1];
+    }
+#endif
+    for (; g < groups; ++g) {  // k's last group, zero-padded
+      for (int64_t t = 0; t < kGroup; ++t) {
+        const int64_t r = g * kGroup + t;
+        col[g * step + t] = r < k ? PackedX{row[r]} : PackedX{0};
+      }
+    }
+  }
+}
+
 // y = x · Wᵀ from W packed by PackW.
 void GemmPackedW(const int8_t* qx, const float* sx, const PackedW* wp, const float* sw, float* y,
                  int64_t m, int64_t n, int64_t k) {
@@ -197,32 +248,17 @@ void GemmPackedW(const int8_t* qx, const float* sx, const PackedW* wp, const flo
   const int64_t panel_cols = kNr * lanes, panels = (n + panel_cols - 1) / panel_cols;
   const int64_t panel_elems = groups * panel_cols * kGroup;
   // Scratch on the calling thread: packed X and the rows' corrections.
-  const int64_t x_bytes = m * kp * int64_t{sizeof(PackedX)};
+  const int64_t blocks = (m + kMr - 1) / kMr, block = groups * kMr * kGroup;
+  const int64_t x_bytes = blocks * block * int64_t{sizeof(PackedX)};
   float* a = ScratchFloats(Scratch::kGemmA, static_cast<size_t>((x_bytes + 3) / 4 + m));
   auto* xp = reinterpret_cast<PackedX*>(a);
   auto* row_fix = reinterpret_cast<int32_t*>(a + (x_bytes + 3) / 4);
-  // X, row by row, padded with zeros to kp (in the dot form with k a multiple of 4, qx as it is);
-  // in the dot form, each row's 128·Σ x (wrapping like the sums).
-  const PackedX* x_rows = xp;
-#if LOCKSTEP_I8_DOT
-  if (kp == k) x_rows = qx;
-#endif
-  ParallelFor(m, [&](int64_t i) {
-    const int8_t* row = qx + i * k;
-    uint32_t sum = 0;
-    for (int64_t r = 0; r < k; ++r) sum += static_cast<uint32_t>(int32_t{row[r]});
-    row_fix[i] = LOCKSTEP_I8_DOT ? static_cast<int32_t>(sum * 128u) : 0;
-    if (x_rows == xp) {
-      PackedX* out = xp + i * kp;
-      for (int64_t r = 0; r < k; ++r) out[r] = static_cast<PackedX>(row[r]);
-      std::fill(out + k, out + kp, PackedX{0});
-    }
-  });
+  ParallelFor(blocks, [&](int64_t b) { PackX(qx, m, k, groups, b, xp + b * block, row_fix); });
   const int64_t row_tasks = (m + kRowsPerTask - 1) / kRowsPerTask;
   ParallelFor(row_tasks * panels, [&](int64_t task) {
     const int64_t p = task % panels, i_begin = task / panels * kRowsPerTask;
     const int64_t i_end = std::min(m, i_begin + kRowsPerTask);
-    Task(x_rows, kp, row_fix, sx, wp + p * panel_elems, sw, y, i_begin, i_end, p * panel_cols, n);
+    Task(xp, groups, row_fix, sx, wp + p * panel_elems, sw, y, i_begin, i_end, p * panel_cols, n);
   });
 }
 
@@ -255,3 +291,5 @@ struct Form {
 };
 #undef LOCKSTEP_I8_DOT
 #undef LOCKSTEP_INT8_TILE
+#undef LOCKSTEP_I8_FOR_ROWS
+#undef LOCKSTEP_I8_FOR_COLS
