@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
-#include <ranges>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -220,7 +219,7 @@ class GgufWriter {
       head.insert(head.end(), t.name.begin(), t.name.end());
       // GGUF lists dimensions innermost first: [rows, cols] is [cols, rows] there, the same bytes.
       put(static_cast<uint32_t>(t.shape.size()));
-      for (int64_t d : t.shape | std::views::reverse) put(static_cast<uint64_t>(d));
+      for (auto d = t.shape.rbegin(); d != t.shape.rend(); ++d) put(static_cast<uint64_t>(*d));
       put(static_cast<uint32_t>(InfoOf(t.data.dtype()).gguf_type));  // F32 0, BF16 30
       put(offset);
       offset += Padded(t.data.bytes().size());
