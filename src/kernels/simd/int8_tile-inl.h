@@ -156,8 +156,9 @@ int64_t PackedWBytes(int64_t n, int64_t k) {
 
 // W, column by column into its panel's [group][vector jj][lane][kGroup] layout; columns past n
 // and k's padding are 0 (in the dot form stored as 0 + 128). A task packs every column of a
-// panel over a block of kKcGroups groups: a range of the packing of its own (columns as tasks
-// made two threads write the same cache lines, 15-20 % of a product at two threads).
+// panel over a block of kKcGroups groups, a range of the packing of its own: tasks of single
+// columns would have two threads writing the same cache lines (at two threads that cost 10-25 %
+// of a product at bench-8x512's shapes).
 void PackW(const int8_t* qw, int64_t n, int64_t k, PackedW* wp) {
   const auto lanes = static_cast<int64_t>(hn::Lanes(D32()));
   const int64_t groups = (k + kGroup - 1) / kGroup, panel_cols = kNr * lanes;
@@ -252,7 +253,7 @@ void GemmPackedW(const int8_t* qx, const float* sx, const PackedW* wp, const flo
                  int64_t m, int64_t n, int64_t k) {
   const D32 d;
   const auto lanes = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t kp = (k + kGroup - 1) / kGroup * kGroup, groups = kp / kGroup;
+  const int64_t groups = (k + kGroup - 1) / kGroup;
   const int64_t panel_cols = kNr * lanes, panels = (n + panel_cols - 1) / panel_cols;
   const int64_t panel_elems = groups * panel_cols * kGroup;
   // Scratch on the calling thread: packed X and the rows' corrections.
