@@ -319,8 +319,26 @@ void PhiloxWords(PhiloxKey key, uint64_t first, std::span<uint32_t> out);
 // the calling thread: the truncated-normal init calls it per block from its own tasks.
 void ErfinvInPlace(std::span<float> x);
 // x[i] = dmath::ErfinvFirstApproximation(x[i]) (vector forms where the SIMD target has them: the
-// same bits). On the calling thread: the init corrects it by a table (src/model/params.cc).
+// same bits). On the calling thread.
 void ErfinvFirstApproximationInPlace(std::span<float> x);
+
+// The truncated-normal init's erfinv (docs/model.md, "Initialisation"). A draw word w gives
+// k = w >> 8 and the argument (float)(2k + 1 - 2^24) * 2^-24 * dmath::Erf((float)sqrt 2) (exact
+// but for the last multiply's one rounding): InitErfinvArgument(w), never 0, below 1 in magnitude.
+float InitErfinvArgument(uint32_t word);
+// The init's table: for each k >= 2^23, bits(dmath::Erfinv(x_k)) - bits(ErfinvFirstApproximation(
+// x_k)) for x_k = InitErfinvArgument(k << 8), in -4 .. 3 for every k, stored as four bits d + 8
+// (entry k - 2^23 in bits 4 (a mod 8) .. of word a / 8 for a = k - 2^23). Made from the kernels
+// themselves at the first call, on every thread (so never called first from inside a parallel
+// task), and kept for the process: kInitErfinvTableBytes.
+inline constexpr uint64_t kInitErfinvTableBytes = uint64_t{1} << 22;
+std::span<const uint32_t> InitErfinvTable();
+// Whether InitErfinvTable() has been made in this process.
+bool InitErfinvTableMade();
+// out[i] = scale * dmath::Erfinv(InitErfinvArgument(words[i])) (the product rounded once), from
+// the first approximation and InitErfinvTable(), which must have been made: x_{2^24-1-k} = -x_k
+// and both functions are odd bit for bit, so entry k serves both signs. On the calling thread.
+void InitErfinvByTable(std::span<const uint32_t> words, float scale, std::span<float> out);
 // Replaces every NaN in x by the canonical quiet NaN (dmath::kCanonicalNaNBits); returns how
 // many it replaced. Elementwise, so every ISA and thread count gives the same bits.
 int64_t CanonicalizeNaNs(std::span<float> x);

@@ -218,20 +218,20 @@ int64_t InitParameters(const ModelConfig& config, uint64_t seed, ParamStore& par
 // of tensor `spec`, whose first draw is first_draw (FirstDraws(specs)[i]).
 void InitTensorRange(const ModelConfig& config, uint64_t seed, const ParamSpec& spec,
                      int64_t first_draw, int64_t begin, std::span<float> out);
+// The init unit (`lockstep replay --from-init`) makes and hashes each tensor in pieces of this
+// many floats (16 MiB: 16 hash chunks, enough for every core's hashing lanes).
+inline constexpr int64_t kInitPieceFloats = int64_t{1} << 22;
 // The first draw of each tensor in `specs`, plus the total number of draws as the last entry.
 std::vector<int64_t> FirstDraws(const std::vector<ParamSpec>& specs);
-// A matrix of at least this many elements is initialised through the erfinv table below, made
-// once per process at its first use and then kept (kInitTableBytes); smaller ones run
-// dmath::Erfinv per draw. The bits are the same either way.
+// A matrix of at least this many elements makes the init's erfinv table (rk::InitErfinvTable,
+// once per process, kInitTableBytes) and is initialised through it, as is every matrix after it
+// in the process; before the table is made, smaller ones run dmath::Erfinv per draw. The bits are
+// the same either way.
 inline constexpr int64_t kInitTableDraws = int64_t{1} << 22;
-inline constexpr uint64_t kInitTableBytes = uint64_t{1} << 22;
+inline constexpr uint64_t kInitTableBytes = rk::kInitErfinvTableBytes;
 inline bool InitByTable(const ParamSpec& spec) {
   return spec.is_matrix && spec.numel() >= kInitTableDraws;
 }
-// out[i] = dmath::Erfinv(t · Erf(sqrt 2)) for the draw words[i], t = (2k + 1 - 2^24) · 2^-24 and
-// k = words[i] >> 8 (docs/model.md, "Initialisation"), from the table of corrections to Giles'
-// first approximation (dmath::ErfinvFirstApproximation). On the calling thread.
-void InitErfinvByTable(std::span<const uint32_t> words, std::span<float> out);
 
 // ---- forward / backward -----------------------------------------------------------------------
 // How Forward and Backward reach the parameters and the gradients: a tensor at a time (by its

@@ -27,10 +27,6 @@ std::vector<std::string> BackwardHex(std::span<const Digest> digests) {
   return hex;
 }
 
-// The init unit generates and hashes each tensor in pieces of this many floats (16 MiB: 16
-// hash chunks, enough for every core's hashing lanes).
-constexpr int64_t kInitPieceFloats = int64_t{1} << 22;
-
 void Note(const std::string& line) { std::fprintf(stderr, "replay: %s\n", line.c_str()); }
 
 uint64_t TensorBytes(const ParamSpec& spec) {

@@ -22,9 +22,11 @@
 //     number there is in the thousands).
 #include <sleef.h>
 
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kernels/erfinv_impl.h"
 #include "kernels/philox_impl.h"
@@ -110,6 +112,68 @@ void ErfinvFirstApproximationInPlace(std::span<float> x) {
   const auto kernel = detail::UsingReference() ? &ref::ErfinvFirstApproximationInPlace
                                                : &simd::ErfinvFirstApproximationInPlace;
   kernel(x.data(), static_cast<int64_t>(x.size()));
+}
+
+namespace {
+
+// Erf((float)sqrt(2)): sqrt(2) * erfinv(t * bound) stays inside (-2, 2).
+float Bound() {
+  static const float bound = dmath::Erf(0x1.6a09e6p+0f);
+  return bound;
+}
+
+std::atomic<bool> table_made{false};
+
+}  // namespace
+
+float InitErfinvArgument(uint32_t word) { return InitUniform(word) * Bound(); }
+
+// Made from the kernels themselves (8.4M erfinvs), so it holds their bits. Four bits per entry
+// and one half for both signs: 4 MiB (a byte per entry, 8 MiB, ran 1.3 s slower in the open-1b
+// init: the lookups are random, and a smaller table stays in the caches better).
+std::span<const uint32_t> InitErfinvTable() {
+  static const std::vector<uint32_t> table = [] {
+    constexpr int64_t kBlock = 16384;  // entries per task: whole words of the table
+    std::vector<uint32_t> entries(kInitErfinvTableBytes / sizeof(uint32_t));
+    static_assert(kInitErfinvTableBytes * 2 == kInitTableHalf);
+    std::atomic<int64_t> outside{-1};  // a k whose distance does not fit in four bits
+    ParallelFor(kInitTableHalf / kBlock, [&](int64_t block) {
+      std::vector<float> y0(static_cast<size_t>(kBlock)), y(y0.size());
+      for (int64_t j = 0; j < kBlock; ++j) {
+        const auto k = static_cast<uint32_t>(kInitTableHalf + block * kBlock + j);
+        y0[static_cast<size_t>(j)] = y[static_cast<size_t>(j)] = InitErfinvArgument(k << 8);
+      }
+      ErfinvFirstApproximationInPlace(y0);
+      ErfinvInPlace(y);
+      for (size_t j = 0; j < y.size(); ++j) {
+        const int64_t d = int64_t{std::bit_cast<uint32_t>(y[j])} - std::bit_cast<uint32_t>(y0[j]);
+        const size_t a = static_cast<size_t>(block * kBlock) + j;
+        if (d < -8 || d > 7) outside = kInitTableHalf + static_cast<int64_t>(a);
+        entries[a / 8] |= static_cast<uint32_t>((d + 8) & 15) << (4 * (a % 8));
+      }
+    });
+    if (outside >= 0) {
+      Fail(
+          "the init's erfinv table: Erfinv of draw k = {} is not within -8 to 7 ulp of its "
+          "first approximation (a broken erfinv kernel)",
+          outside.load());
+    }
+    table_made = true;
+    return entries;
+  }();
+  return table;
+}
+
+bool InitErfinvTableMade() { return table_made; }
+
+void InitErfinvByTable(std::span<const uint32_t> words, float scale, std::span<float> out) {
+  if (words.size() != out.size()) {
+    Fail("InitErfinvByTable: {} words for {} outputs", words.size(), out.size());
+  }
+  LOCKSTEP_CHECK(table_made, "InitErfinvByTable before the table is made");
+  const auto kernel = detail::UsingReference() ? &ref::InitErfinvByTable : &simd::InitErfinvByTable;
+  kernel(words.data(), InitErfinvTable().data(), Bound(), scale, out.data(),
+         static_cast<int64_t>(out.size()));
 }
 
 }  // namespace lockstep::rk

@@ -1,7 +1,6 @@
 // Parameters: the canonical list, the contiguous store, and the seeded initialisation.
 #include <algorithm>
-#include <atomic>
-#include <bit>
+#include <array>
 #include <cstring>
 #include <string>
 
@@ -146,96 +145,6 @@ constexpr int64_t kInitBlock = 16384;
 
 constexpr float kSqrt2 = 0x1.6a09e6p+0f;  // sqrt(2) rounded to binary32
 
-// Erf((float)sqrt(2)): erfinv(t * bound) * sqrt(2) stays inside (-2, 2).
-float Bound() {
-  static const float bound = dmath::Erf(kSqrt2);
-  return bound;
-}
-
-// The erfinv argument of a draw, given Bound(); the parameter is
-// scale * Erfinv(ErfinvArgument(word, bound)).
-float ErfinvArgument(uint32_t word, float bound) {
-  const int32_t k = static_cast<int32_t>(word >> 8);  // 24 uniform bits
-  // 2k + 1 - 2^24 is an odd integer of magnitude < 2^24: exact in binary32, as is the scaling.
-  const float t = static_cast<float>(2 * k + 1 - (1 << 24)) * 0x1.0p-24f;  // in (-1, 1)
-  return t * bound;
-}
-
-// Every draw's erfinv argument is one of 2^24 values x_k (k = word >> 8), so the init need not
-// run Erfinv's fp64 Newton step per draw (SLEEF's fp64 erf and exp: two thirds of the open-1b
-// init unit's time). For each k with x_k > 0 the table holds dmath::Erfinv(x_k) as its distance
-// d, in units in the last place, from Giles' first approximation (-4 <= d <= 3 for every k), as
-// four bits d + 8: 4 MiB for the 2^23 positive arguments (one byte each, 8 MiB, ran 1.3 s slower
-// in the open-1b init: the lookups are random, and half the table stays in cache better).
-// x_{2^24-1-k} = -x_k, and both functions are odd bit for bit (docs/numerics.md), so one half
-// serves both signs: for either sign the result's bits are the first approximation's plus d (the
-// magnitude's bits lie below the sign bit). Made from the kernels themselves, once per process
-// (8.4M erfinvs), so it holds their bits.
-constexpr int64_t kHalf = int64_t{1} << 23;
-static_assert(kInitTableBytes == kHalf / 2);
-
-size_t TableIndex(uint32_t word) {
-  const uint32_t k = word >> 8;
-  return (k >= kHalf ? k : ~k) & (kHalf - 1);  // k - 2^23, or that of 2^24 - 1 - k
-}
-
-const std::vector<uint8_t>& ErfinvCorrections() {
-  static const std::vector<uint8_t> table = [] {
-    std::vector<uint8_t> corrections(static_cast<size_t>(kHalf / 2));
-    std::atomic<int64_t> outside{-1};  // a k whose distance does not fit in four bits
-    const float bound = Bound();
-    // A task's codes fill whole bytes (kInitBlock is even): no byte is shared between tasks.
-    ParallelFor(kHalf / kInitBlock, [&](int64_t block) {
-      std::vector<float> y0(static_cast<size_t>(kInitBlock)), y(y0.size());
-      for (int64_t j = 0; j < kInitBlock; ++j) {
-        const auto k = static_cast<uint32_t>(kHalf + block * kInitBlock + j);
-        y0[static_cast<size_t>(j)] = y[static_cast<size_t>(j)] = ErfinvArgument(k << 8, bound);
-      }
-      rk::ErfinvFirstApproximationInPlace(y0);
-      rk::ErfinvInPlace(y);
-      for (size_t j = 0; j < y.size(); ++j) {
-        const int64_t c =
-            int64_t{std::bit_cast<uint32_t>(y[j])} - std::bit_cast<uint32_t>(y0[j]);
-        if (c < -8 || c > 7) outside = kHalf + block * kInitBlock + int64_t(j);
-        const size_t at = static_cast<size_t>(block * kInitBlock) + j;
-        corrections[at / 2] |= static_cast<uint8_t>(((c + 8) & 15) << (4 * (at & 1)));
-      }
-    });
-    if (outside >= 0) {
-      Fail("the init's erfinv table: Erfinv of draw k = {} is not within -8 to 7 ulp of its "
-           "first approximation (a broken erfinv kernel)",
-           outside.load());
-    }
-    return corrections;
-  }();
-  return table;
-}
-
-}  // namespace
-
-void InitErfinvByTable(std::span<const uint32_t> words, std::span<float> out) {
-  if (words.size() != out.size()) {
-    Fail("InitErfinvByTable: {} words for {} outputs", words.size(), out.size());
-  }
-  const std::vector<uint8_t>& corrections = ErfinvCorrections();
-  const float bound = Bound();
-  for (size_t e = 0; e < words.size(); ++e) out[e] = ErfinvArgument(words[e], bound);
-  rk::ErfinvFirstApproximationInPlace(out);
-  // The lookups are random, each a miss in the caches: asking for the entry kAhead draws ahead
-  // lets more of them overlap (the open-1b init unit at one thread: 14.5 -> 13.4 s on a Xeon).
-  constexpr size_t kAhead = 64;
-  for (size_t e = 0; e < words.size(); ++e) {
-    if (e + kAhead < words.size()) {
-      __builtin_prefetch(corrections.data() + TableIndex(words[e + kAhead]) / 2, 0, 3);
-    }
-    const size_t at = TableIndex(words[e]);
-    const auto c = static_cast<uint32_t>(((corrections[at / 2] >> (4 * (at & 1))) & 15) - 8);
-    out[e] = std::bit_cast<float>(std::bit_cast<uint32_t>(out[e]) + c);
-  }
-}
-
-namespace {
-
 // Scales [begin, begin + out.size()) of the scale tensor `spec`: those its weight's initial rows
 // give (docs/model.md, "Initialisation"), the rows drawn again here.
 void InitScaleRange(const ModelConfig& config, uint64_t seed, const ParamSpec& spec, int64_t begin,
@@ -279,23 +188,27 @@ void InitTensorRange(const ModelConfig& config, uint64_t seed, const ParamSpec& 
   }
   const float scale = static_cast<float>(config.init_std) * kSqrt2;  // one rounding
   const PhiloxKey key = PhiloxKeyFromSeed(seed);
-  const bool by_table = InitByTable(spec);
-  if (by_table) ErfinvCorrections();  // made here, not inside a task
+  const bool by_table = InitByTable(spec) || rk::InitErfinvTableMade();
+  if (by_table) rk::InitErfinvTable();  // made here, not inside a task
   const int64_t count = static_cast<int64_t>(out.size());
   ParallelFor((count + kInitBlock - 1) / kInitBlock, [&](int64_t block) {
-    const int64_t b0 = block * kInitBlock, b1 = std::min(count, b0 + kInitBlock);
-    std::vector<uint32_t> words(static_cast<size_t>(b1 - b0));
-    rk::PhiloxWords(key, static_cast<uint64_t>(first_draw + begin + b0), words);
-    const std::span<float> drawn =
-        out.subspan(static_cast<size_t>(b0), static_cast<size_t>(b1 - b0));
-    if (by_table) {
-      InitErfinvByTable(words, drawn);
-    } else {
-      const float bound = Bound();
-      for (size_t e = 0; e < words.size(); ++e) drawn[e] = ErfinvArgument(words[e], bound);
-      rk::ErfinvInPlace(drawn);
+    // The words of a block in pieces that stay in the first-level cache.
+    constexpr int64_t kPiece = 2048;
+    std::array<uint32_t, kPiece> words;
+    for (int64_t p0 = block * kInitBlock, end = std::min(count, p0 + kInitBlock); p0 < end;
+         p0 += kPiece) {
+      const auto n = static_cast<size_t>(std::min(kPiece, end - p0));
+      const std::span<uint32_t> drawn_words(words.data(), n);
+      const std::span<float> drawn = out.subspan(static_cast<size_t>(p0), n);
+      rk::PhiloxWords(key, static_cast<uint64_t>(first_draw + begin + p0), drawn_words);
+      if (by_table) {
+        rk::InitErfinvByTable(drawn_words, scale, drawn);
+      } else {
+        for (size_t e = 0; e < n; ++e) drawn[e] = rk::InitErfinvArgument(drawn_words[e]);
+        rk::ErfinvInPlace(drawn);
+        for (float& x : drawn) x = scale * x;
+      }
     }
-    for (float& x : drawn) x = scale * x;
   });
 }
 

@@ -54,8 +54,8 @@ static HWY_INLINE V ExpD(V v) {
 #endif
 }
 
-// Giles' approximation times x (GilesErfinv in src/kernels/erfinv.cc), both branches computed
-// and the one the lane's w selects kept.
+// Giles' approximation times x (GilesErfinv in src/kernels/erfinv.cc): the branch each lane's w
+// selects; the second (w >= 5, |x| > 0.9966) only when a lane needs it.
 template <class D, class V = hn::Vec<D>>
 static HWY_INLINE V Giles(D d, V x) {
   const V one = hn::Set(d, 1.0f);
@@ -70,6 +70,8 @@ static HWY_INLINE V Giles(D d, V x) {
   p1 = hn::MulAdd(p1, t1, hn::Set(d, -0.00417768164f));
   p1 = hn::MulAdd(p1, t1, hn::Set(d, 0.246640727f));
   p1 = hn::MulAdd(p1, t1, hn::Set(d, 1.50140941f));
+  const auto first = hn::Lt(w, hn::Set(d, 5.0f));
+  if (hn::AllTrue(d, first)) return hn::Mul(p1, x);
   const V t2 = hn::Sub(hn::Sqrt(w), hn::Set(d, 3.0f));
   V p2 = hn::Set(d, -0.000200214257f);
   p2 = hn::MulAdd(p2, t2, hn::Set(d, 0.000100950558f));
@@ -80,7 +82,7 @@ static HWY_INLINE V Giles(D d, V x) {
   p2 = hn::MulAdd(p2, t2, hn::Set(d, 0.00943887047f));
   p2 = hn::MulAdd(p2, t2, hn::Set(d, 1.00167406f));
   p2 = hn::MulAdd(p2, t2, hn::Set(d, 2.83297682f));
-  return hn::Mul(hn::IfThenElse(hn::Lt(w, hn::Set(d, 5.0f)), p1, p2), x);
+  return hn::Mul(hn::IfThenElse(first, p1, p2), x);
 }
 #endif
 
@@ -135,6 +137,35 @@ void ErfinvFirstApproximationInPlace(float* x, int64_t n) {
 #endif
   ref::ErfinvFirstApproximationInPlace(x + i, n - i);
 }
+void InitErfinvByTable(const uint32_t* words, const uint32_t* table, float bound, float scale,
+                       float* out, int64_t n) {
+  int64_t i = 0;
+#ifdef LOCKSTEP_ERFINV_VECTOR
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::RebindToSigned<decltype(df)> di;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  for (; i + lanes <= n; i += lanes) {
+    const auto k = hn::ShiftRight<8>(hn::LoadU(du, words + i));
+    // InitUniform: 2k + 1 - 2^24 is exact in int32 and in binary32, as is the scaling.
+    const auto odd =
+        hn::Sub(hn::BitCast(di, hn::Add(hn::Add(k, k), hn::Set(du, 1))), hn::Set(di, 1 << 24));
+    const auto x =
+        hn::Mul(hn::Mul(hn::ConvertTo(df, odd), hn::Set(df, 0x1.0p-24f)), hn::Set(df, bound));
+    // InitTableIndex and InitTableCorrection, gathered.
+    const auto half = hn::Set(du, kInitTableHalf);
+    // k < 2^24, so k >= 2^23 is bit 23.
+    const auto a =
+        hn::And(hn::IfThenElse(hn::TestBit(k, half), k, hn::Not(k)), hn::Sub(half, hn::Set(du, 1)));
+    const auto entry = hn::GatherIndex(du, table, hn::BitCast(di, hn::ShiftRight<3>(a)));
+    const auto shift = hn::ShiftLeft<2>(hn::And(a, hn::Set(du, 7)));
+    const auto d = hn::Sub(hn::And(hn::Shr(entry, shift), hn::Set(du, 15)), hn::Set(du, 8));
+    const auto y = hn::BitCast(df, hn::Add(hn::BitCast(du, Giles(df, x)), d));
+    hn::StoreU(hn::Mul(hn::Set(df, scale), y), df, out + i);
+  }
+#endif
+  ref::InitErfinvByTable(words + i, table, bound, scale, out + i, n - i);
+}
 #undef LOCKSTEP_ERFINV_VECTOR
 
 }  // namespace lockstep::rk::HWY_NAMESPACE
@@ -144,10 +175,15 @@ HWY_AFTER_NAMESPACE();
 namespace lockstep::rk::simd {
 HWY_EXPORT(ErfinvInPlace);
 HWY_EXPORT(ErfinvFirstApproximationInPlace);
+HWY_EXPORT(InitErfinvByTable);
 
 void ErfinvInPlace(float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(ErfinvInPlace)(x, n); }
 void ErfinvFirstApproximationInPlace(float* x, int64_t n) {
   HWY_DYNAMIC_DISPATCH(ErfinvFirstApproximationInPlace)(x, n);
+}
+void InitErfinvByTable(const uint32_t* words, const uint32_t* table, float bound, float scale,
+                       float* out, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(InitErfinvByTable)(words, table, bound, scale, out, n);
 }
 }  // namespace lockstep::rk::simd
 #endif

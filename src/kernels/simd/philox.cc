@@ -25,9 +25,14 @@ void PhiloxWords(uint32_t k0, uint32_t k1, uint64_t first, uint32_t* out, int64_
   const auto low = hn::Set(d, uint64_t{0xFFFFFFFF});
   const auto mul0 = hn::BitCast(d32, hn::Set(d, uint64_t{0xD2511F53}));
   const auto mul1 = hn::BitCast(d32, hn::Set(d, uint64_t{0xCD9E8D57}));
-  HWY_ALIGN uint64_t words[4][hn::MaxLanes(d)];
+  // Lane j holds counter j / 2 of the vector's (j even) or lanes / 2 + j / 2 (j odd), so that
+  // interleaving the 128-bit blocks' lower and upper lanes below puts the words in stream order.
+  const auto iota = hn::Iota(d, 0);
+  const auto odd = hn::Eq(hn::And(iota, hn::Set(d, 1)), hn::Set(d, 1));
+  const auto order =
+      hn::Add(hn::ShiftRight<1>(iota), hn::IfThenElseZero(odd, hn::Set(d, uint64_t(lanes) / 2)));
   for (; i + 4 * lanes <= n; i += 4 * lanes) {
-    const auto counter = hn::Add(hn::Iota(d, 0), hn::Set(d, (first + static_cast<uint64_t>(i)) / 4));
+    const auto counter = hn::Add(order, hn::Set(d, (first + static_cast<uint64_t>(i)) / 4));
     auto x0 = hn::And(counter, low), x1 = hn::ShiftRight<32>(counter);
     auto x2 = hn::Zero(d), x3 = hn::Zero(d);
     uint32_t key0 = k0, key1 = k1;
@@ -43,13 +48,10 @@ void PhiloxWords(uint32_t k0, uint32_t k1, uint64_t first, uint32_t* out, int64_
       x2 = hn::Xor(hn::Xor(hn::ShiftRight<32>(p0), x3), hn::Set(d, uint64_t{key1}));
       x3 = hn::And(p0, low);
     }
-    hn::Store(x0, d, words[0]);
-    hn::Store(x1, d, words[1]);
-    hn::Store(x2, d, words[2]);
-    hn::Store(x3, d, words[3]);
-    for (int64_t l = 0; l < lanes; ++l) {
-      for (int w = 0; w < 4; ++w) out[i + 4 * l + w] = static_cast<uint32_t>(words[w][l]);
-    }
+    // Words 0 and 1, and 2 and 3, of each counter as one 64-bit lane (little-endian order).
+    const auto w01 = hn::Or(x0, hn::ShiftLeft<32>(x1)), w23 = hn::Or(x2, hn::ShiftLeft<32>(x3));
+    hn::StoreU(hn::BitCast(d32, hn::InterleaveLower(d, w01, w23)), d32, out + i);
+    hn::StoreU(hn::BitCast(d32, hn::InterleaveUpper(d, w01, w23)), d32, out + i + 2 * lanes);
   }
   ref::PhiloxWords(k0, k1, first + static_cast<uint64_t>(i), out + i, n - i);
 }

@@ -1,0 +1,131 @@
+// The init unit against its hashing limit (docs/performance.md, "The init unit"). For a config it
+// makes every parameter as `lockstep replay --from-init` does (InitTensorRange, piece by piece
+// into one buffer of kInitPieceFloats, the pieces hashed by ArrayHasher) and times, best of
+// ROUNDS at THREADS:
+//   draws_seconds  the parameters made, not hashed;
+//   unit_seconds   made and hashed, the replay's work (without its start and its memory plan);
+//   hash_limit_seconds  the parameters' bytes (the only bytes the unit hashes: the moments and
+//                  gradients are zeros, whose digests need no hashing) hashed at THREADS, the
+//                  same ArrayHasher over a piece of the same size;
+// and unit_over_hash_limit. The erfinv table is made before the first round (once per process,
+// as in the replay; its time is printed as table_seconds).
+//
+// usage: bench_init [--config NAME_OR_PATH] [--threads N] [--rounds R]
+//        (default: bench/configs/open-1b-step.yaml, every core, 3 rounds)
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lockstep/core.h"
+#include "lockstep/model.h"
+#include "lockstep/state.h"
+
+namespace {
+
+using namespace lockstep;
+
+template <typename F>
+double BestSeconds(int rounds, F&& f) {
+  double best = 1e30;
+  for (int round = 0; round < rounds; ++round) {
+    const auto start = std::chrono::steady_clock::now();
+    f();
+    best = std::min(
+        best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return best;
+}
+
+double Seconds(auto&& f) { return BestSeconds(1, f); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string config_name = "bench/configs/open-1b-step.yaml";
+  int threads = static_cast<int>(std::thread::hardware_concurrency());
+  int rounds = 3;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (i + 1 < argc && arg == "--config") {
+      config_name = argv[++i];
+    } else if (i + 1 < argc && arg == "--threads") {
+      threads = std::atoi(argv[++i]);
+    } else if (i + 1 < argc && arg == "--rounds") {
+      rounds = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr,
+                   "usage: bench_init [--config NAME_OR_PATH] [--threads N] [--rounds R]\n");
+      return 2;
+    }
+  }
+  if (threads < 1 || rounds < 1) {
+    std::fprintf(stderr, "bench_init: --threads and --rounds must be at least 1\n");
+    return 2;
+  }
+  try {
+    const RunConfig config = LoadRunConfig(config_name);
+    SetThreads(threads);
+    const std::vector<ParamSpec> specs = ParameterSpecs(config.model);
+    const std::vector<int64_t> first_draws = FirstDraws(specs);
+    int64_t largest = 0, parameters = 0;
+    for (const ParamSpec& spec : specs) {
+      largest = std::max(largest, spec.numel());
+      parameters += spec.numel();
+    }
+    std::vector<float> piece(static_cast<size_t>(std::min(kInitPieceFloats, largest)));
+    const int64_t piece_floats = static_cast<int64_t>(piece.size());
+    // Every tensor piece by piece; `hash` says whether the pieces are hashed too.
+    Digest sink{};
+    auto make = [&](bool hash) {
+      for (size_t i = 0; i < specs.size(); ++i) {
+        ArrayHasher hasher;
+        for (int64_t begin = 0; begin < specs[i].numel(); begin += piece_floats) {
+          const std::span<float> out(
+              piece.data(), static_cast<size_t>(std::min(piece_floats, specs[i].numel() - begin)));
+          InitTensorRange(config.model, config.train.seed, specs[i], first_draws[i], begin, out);
+          if (hash) hasher.Update(std::span<const float>(out));
+        }
+        if (hash) sink = hasher.Final();
+      }
+    };
+    const double table = Seconds([&] {
+      for (const ParamSpec& spec : specs) {
+        if (InitByTable(spec)) {
+          std::vector<float> one(1);
+          InitTensorRange(config.model, config.train.seed, spec, 0, 0, one);
+          break;
+        }
+      }
+    });
+    const double draws = BestSeconds(rounds, [&] { make(false); });
+    const double unit = BestSeconds(rounds, [&] { make(true); });
+    // The same bytes hashed: each tensor's element count over the (last made) piece.
+    const double hash = BestSeconds(rounds, [&] {
+      for (const ParamSpec& spec : specs) {
+        ArrayHasher hasher;
+        for (int64_t begin = 0; begin < spec.numel(); begin += piece_floats) {
+          hasher.Update(std::span<const float>(
+              piece.data(), static_cast<size_t>(std::min(piece_floats, spec.numel() - begin))));
+        }
+        sink = hasher.Final();
+      }
+    });
+    fmt::print(
+        "{{\"config\": \"{}\", \"parameters\": {}, \"threads\": {}, \"rounds\": {},\n"
+        " \"table_seconds\": {:.3f}, \"draws_seconds\": {:.3f}, \"unit_seconds\": {:.3f},\n"
+        " \"hash_limit_seconds\": {:.3f}, \"unit_over_hash_limit\": {:.3f}, \"target\": 1.5,\n"
+        " \"draws_ns_per_parameter_per_thread\": {:.3f}, \"digest_byte0\": {}}}\n",
+        config.name, parameters, threads, rounds, table, draws, unit, hash, unit / hash,
+        draws * 1e9 * threads / static_cast<double>(parameters), sink[0]);
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_init: {}\n", e.what());
+    return 2;
+  }
+}
