@@ -318,16 +318,18 @@ void PhiloxWords(PhiloxKey key, uint64_t first, std::span<uint32_t> out);
 // x[i] = dmath::Erfinv(x[i]) (vector forms where the SIMD target has them: the same bits). On
 // the calling thread: the truncated-normal init calls it per block from its own tasks.
 void ErfinvInPlace(std::span<float> x);
-// x[i] = dmath::ErfinvFirstApproximation(x[i]) (vector forms where the SIMD target has them: the
-// same bits). On the calling thread.
-void ErfinvFirstApproximationInPlace(std::span<float> x);
+// The init's first approximation of erfinv (docs/model.md, "Initialisation"), for
+// 0 < |x[i]| <= 0.9545: within 2 ulp of erfinv, odd bit for bit, the same bits on every ISA; not
+// part of the contract (the init corrects it exactly by its table). On the calling thread.
+void InitErfinvFirstApproximationInPlace(std::span<float> x);
 
 // The truncated-normal init's erfinv (docs/model.md, "Initialisation"). A draw word w gives
 // k = w >> 8 and the argument (float)(2k + 1 - 2^24) * 2^-24 * dmath::Erf((float)sqrt 2) (exact
 // but for the last multiply's one rounding): InitErfinvArgument(w), never 0, below 1 in magnitude.
 float InitErfinvArgument(uint32_t word);
-// The init's table: for each k >= 2^23, bits(dmath::Erfinv(x_k)) - bits(ErfinvFirstApproximation(
-// x_k)) for x_k = InitErfinvArgument(k << 8), in -4 .. 3 for every k, stored as four bits d + 8
+// The init's table: for each k >= 2^23, bits(dmath::Erfinv(x_k)) minus the bits of the init's
+// first approximation of x_k = InitErfinvArgument(k << 8), in -2 .. 2 for every k, stored as four
+// bits d + 8
 // (entry k - 2^23 in bits 4 (a mod 8) .. of word a / 8 for a = k - 2^23). Made from the kernels
 // themselves at the first call, on every thread (so never called first from inside a parallel
 // task), and kept for the process: kInitErfinvTableBytes.
@@ -366,9 +368,6 @@ float Cos(float x);
 float Pow(float x, float y);
 float Erf(float x);
 float Erfinv(float x);  // lockstep's (SLEEF has none): Giles polynomial + one fp64 Newton step
-// Erfinv's first step alone, Giles' fp32 polynomial (docs/numerics.md, "Erfinv", step 1), for
-// 0 < |x| < 1; the canonical NaN for any other x.
-float ErfinvFirstApproximation(float x);
 }  // namespace lockstep::dmath
 
 // ---- variant sweep (used by `lockstep selftest` and the tests) ------------------------------

@@ -72,11 +72,6 @@ float GilesErfinv(float x) {
 
 }  // namespace
 
-float ErfinvFirstApproximation(float x) {
-  if (!(std::fabs(x) < 1.0f) || x == 0.0f) return std::bit_cast<float>(kCanonicalNaNBits);
-  return GilesErfinv(x);
-}
-
 float Erfinv(float x) {
   if (!(std::fabs(x) < 1.0f)) {  // |x| >= 1 or NaN
     if (std::fabs(x) == 1.0f) return std::copysign(std::numeric_limits<float>::infinity(), x);
@@ -108,9 +103,9 @@ void ErfinvInPlace(std::span<float> x) {
   kernel(x.data(), static_cast<int64_t>(x.size()));
 }
 
-void ErfinvFirstApproximationInPlace(std::span<float> x) {
-  const auto kernel = detail::UsingReference() ? &ref::ErfinvFirstApproximationInPlace
-                                               : &simd::ErfinvFirstApproximationInPlace;
+void InitErfinvFirstApproximationInPlace(std::span<float> x) {
+  const auto kernel = detail::UsingReference() ? &ref::InitErfinvFirstApproximationInPlace
+                                               : &simd::InitErfinvFirstApproximationInPlace;
   kernel(x.data(), static_cast<int64_t>(x.size()));
 }
 
@@ -143,7 +138,7 @@ std::span<const uint32_t> InitErfinvTable() {
         const auto k = static_cast<uint32_t>(kInitTableHalf + block * kBlock + j);
         y0[static_cast<size_t>(j)] = y[static_cast<size_t>(j)] = InitErfinvArgument(k << 8);
       }
-      ErfinvFirstApproximationInPlace(y0);
+      InitErfinvFirstApproximationInPlace(y0);
       ErfinvInPlace(y);
       for (size_t j = 0; j < y.size(); ++j) {
         const int64_t d = int64_t{std::bit_cast<uint32_t>(y[j])} - std::bit_cast<uint32_t>(y0[j]);

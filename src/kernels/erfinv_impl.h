@@ -3,7 +3,11 @@
 // and must match it bit for bit.
 #pragma once
 
+#include <bit>
+#include <cmath>
 #include <cstdint>
+
+#include "kernels/init_erfinv_coefficients.h"
 
 namespace lockstep::rk {
 
@@ -17,6 +21,24 @@ inline uint32_t InitTableIndex(uint32_t k) {
 inline int32_t InitTableCorrection(const uint32_t* table, uint32_t a) {
   return static_cast<int32_t>((table[a / 8] >> (4 * (a % 8))) & 15) - 8;
 }
+// The init's first approximation of erfinv, for 0 < |x| <= 0.9545 (the init's arguments): on the
+// segment j of |x| that u = 1 - |x| gives (its exponent and first mantissa bit), |x| * q_j(|x| -
+// c_j) with q_j a polynomial (scripts/gen-init-erfinv.py), by Horner's rule with fused
+// multiply-adds, and x's sign: within 2 ulp of erfinv, odd bit for bit. It needs no log (Giles'
+// does) and is not part of the contract: the init corrects it exactly by its table. Outside the
+// domain the segment is clamped to the zero padding (a defined result, no read out of bounds).
+inline uint32_t InitErfinvSegment(float magnitude) {
+  const uint32_t j = (std::bit_cast<uint32_t>(1.0f - magnitude) >> 22) - 244;
+  return j < 15 ? j : 15;
+}
+inline float InitErfinvFirstApproximation(float x) {
+  const float magnitude = std::fabs(x);
+  const uint32_t j = InitErfinvSegment(magnitude);
+  const float s = magnitude - kInitErfinvCenter[j];
+  float p = kInitErfinvCoefficient[kInitErfinvDegree][j];
+  for (int k = kInitErfinvDegree - 1; k >= 0; --k) p = std::fma(p, s, kInitErfinvCoefficient[k][j]);
+  return std::copysign(magnitude * p, x);
+}
 // (float)(2k + 1 - 2^24) * 2^-24: an odd multiple of 2^-24 in (-1, 1), exact.
 inline float InitUniform(uint32_t word) {
   const auto k = static_cast<int32_t>(word >> 8);
@@ -26,8 +48,8 @@ inline float InitUniform(uint32_t word) {
 #define LOCKSTEP_RK_ERFINV_KERNELS                                                                 \
   /* x[i] = dmath::Erfinv(x[i]) */                                                                 \
   void ErfinvInPlace(float* x, int64_t n);                                                         \
-  /* x[i] = dmath::ErfinvFirstApproximation(x[i]) */                                               \
-  void ErfinvFirstApproximationInPlace(float* x, int64_t n);                                       \
+  /* x[i] = InitErfinvFirstApproximation(x[i]), for 0 < |x[i]| <= 0.9545 */                        \
+  void InitErfinvFirstApproximationInPlace(float* x, int64_t n);                                   \
   /* out[i] = scale * Erfinv(x) for x = (float)(2k + 1 - 2^24) * 2^-24 * bound, k = words[i] >> 8, \
    */                                                                                              \
   /* from the first approximation and the table (rk::InitErfinvTable) */                           \

@@ -13,10 +13,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "kernels/erfinv_impl.h"
 #include "lockstep/kernels.h"
 
 namespace lockstep::dmath {
@@ -472,7 +474,6 @@ namespace lockstep {
 namespace {
 
 // rk::ErfinvInPlace (the init's vector erfinv) gives dmath::Erfinv's bits on every usable ISA,
-// and rk::ErfinvFirstApproximationInPlace dmath::ErfinvFirstApproximation's,
 // for the init's arguments (t * erf(sqrt 2), t uniform in (-1, 1)), arguments near +-1 and 0,
 // random bit patterns (every binade, subnormals, infinities, NaNs) and the special values, at
 // every offset of a vector (lengths that are not multiples of the width take the tail path).
@@ -497,14 +498,11 @@ TEST(DmathVectorErfinv, BitIdenticalToScalarOnEveryIsa) {
                   -std::numeric_limits<float>::quiet_NaN(), std::nextafter(1.0f, 2.0f)}) {
     x.push_back(v);
   }
-  // Erfinv, and its first step alone (the init's table corrects that one).
   const struct {
     const char* name;
     float (*scalar)(float);
     void (*vector)(std::span<float>);
-  } functions[] = {{"Erfinv", dmath::Erfinv, rk::ErfinvInPlace},
-                   {"ErfinvFirstApproximation", dmath::ErfinvFirstApproximation,
-                    rk::ErfinvFirstApproximationInPlace}};
+  } functions[] = {{"Erfinv", dmath::Erfinv, rk::ErfinvInPlace}};
   const rk::Isa saved = rk::ActiveIsa();
   for (const auto& f : functions) {
     std::vector<uint32_t> want;
@@ -528,22 +526,42 @@ TEST(DmathVectorErfinv, BitIdenticalToScalarOnEveryIsa) {
   rk::SetIsa(saved);
 }
 
-// The first approximation: Giles' polynomial inside 0 < |x| < 1 (within 3.1 ulp of erfinv,
-// docs/numerics.md, so within 4 ulp of Erfinv's correctly rounded result there), the canonical
-// NaN outside; odd bit for bit, as the init's table needs.
-TEST(DmathVectorErfinv, FirstApproximationDomainAndSymmetry) {
-  for (float v : {0.0f, -0.0f, 1.0f, -1.0f, 1.5f, std::numeric_limits<float>::infinity(),
-                  -std::numeric_limits<float>::quiet_NaN()}) {
-    EXPECT_EQ(std::bit_cast<uint32_t>(dmath::ErfinvFirstApproximation(v)),
-              dmath::kCanonicalNaNBits)
-        << v;
+// The init's first approximation (the init's table corrects it): on every one of the init's
+// 2^24 arguments within 2 ulp of Erfinv's correctly rounded result (so its corrections lie in
+// -2 .. 2, well inside the table's four bits), odd bit for bit, and on every usable ISA the bits
+// of the scalar function, at every offset of a vector.
+TEST(InitErfinvFirstApproximation, WithinTwoUlpOddAndTheSameOnEveryIsa) {
+  std::vector<float> x(1 << 24);
+  for (uint32_t k = 0; k < (1u << 24); ++k) x[k] = rk::InitErfinvArgument(k << 8);
+  std::vector<float> y0 = x, y = x;
+  rk::InitErfinvFirstApproximationInPlace(y0);
+  rk::ErfinvInPlace(y);
+  int64_t low = 0, high = 0;
+  for (uint32_t k = 0; k < (1u << 24); ++k) {
+    ASSERT_EQ(rk::InitErfinvFirstApproximation(x[k]), y0[k]) << std::hexfloat << x[k];
+    ASSERT_EQ(y0[k], -y0[(1u << 24) - 1 - k]) << k;
+    const int64_t d = int64_t{std::bit_cast<uint32_t>(y[k])} - std::bit_cast<uint32_t>(y0[k]);
+    low = std::min(low, d);
+    high = std::max(high, d);
   }
-  for (float v = 0x1.0p-140f; v < 1.0f; v = v * 1.01f + 0x1.0p-30f) {
-    const float y0 = dmath::ErfinvFirstApproximation(v), y = dmath::Erfinv(v);
-    ASSERT_EQ(dmath::ErfinvFirstApproximation(-v), -y0) << v;
-    const int64_t ulps = int64_t{std::bit_cast<uint32_t>(y)} - std::bit_cast<uint32_t>(y0);
-    ASSERT_LE(std::abs(ulps), 4) << std::hexfloat << v << ": " << y0 << " against " << y;
+  EXPECT_GE(low, -2);
+  EXPECT_LE(high, 2);
+  std::vector<float> sample, want;  // every 97th argument, both signs and every segment
+  for (uint32_t k = 0; k < (1u << 24); k += 97) {
+    sample.push_back(x[k]);
+    want.push_back(rk::InitErfinvFirstApproximation(x[k]));
   }
+  const rk::Isa saved = rk::ActiveIsa();
+  for (const rk::Isa& isa : rk::UsableIsas()) {
+    rk::SetIsa(isa);
+    for (size_t offset : {size_t{0}, size_t{3}}) {
+      std::vector<float> got(sample.begin() + offset, sample.end());
+      rk::InitErfinvFirstApproximationInPlace(got);
+      EXPECT_EQ(std::memcmp(got.data(), want.data() + offset, got.size() * sizeof(float)), 0)
+          << isa.name << ", offset " << offset;
+    }
+  }
+  rk::SetIsa(saved);
 }
 
 }  // namespace

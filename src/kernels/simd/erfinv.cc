@@ -121,22 +121,47 @@ void ErfinvInPlace(float* x, int64_t n) {
   ref::ErfinvInPlace(x + i, n - i);
 }
 
-void ErfinvFirstApproximationInPlace(float* x, int64_t n) {
+// Entry j of a table of 16 floats in every lane (j < 16).
+template <class D, class V = hn::Vec<D>, class VU = hn::Vec<hn::RebindToUnsigned<D>>>
+static HWY_INLINE V Lookup16(D d, const float* table, VU j) {
+  const hn::RebindToSigned<D> di;
+  if constexpr (hn::MaxLanes(D()) >= 16) {
+    return hn::TableLookupLanes(hn::Load(d, table), hn::IndicesFromVec(d, hn::BitCast(di, j)));
+  } else {
+    static_assert(hn::MaxLanes(D()) == 8);
+    const auto low = hn::BitCast(di, hn::And(j, hn::Set(hn::RebindToUnsigned<D>(), 7)));
+    const auto indices = hn::IndicesFromVec(d, low);
+    return hn::IfThenElse(hn::RebindMask(d, hn::Lt(hn::BitCast(di, j), hn::Set(di, 8))),
+                          hn::TableLookupLanes(hn::Load(d, table), indices),
+                          hn::TableLookupLanes(hn::Load(d, table + 8), indices));
+  }
+}
+
+// InitErfinvFirstApproximation (src/kernels/erfinv_impl.h) on a vector.
+template <class D, class V = hn::Vec<D>>
+static HWY_INLINE V InitFirst(D d, V x) {
+  const hn::RebindToUnsigned<D> du;
+  const V magnitude = hn::Abs(x);
+  const auto bits = hn::ShiftRight<22>(hn::BitCast(du, hn::Sub(hn::Set(d, 1.0f), magnitude)));
+  const auto j = hn::Min(hn::Sub(bits, hn::Set(du, 244)), hn::Set(du, 15));
+  const V s = hn::Sub(magnitude, Lookup16(d, kInitErfinvCenter, j));
+  V p = Lookup16(d, kInitErfinvCoefficient[kInitErfinvDegree], j);
+  for (int k = kInitErfinvDegree - 1; k >= 0; --k) {
+    p = hn::MulAdd(p, s, Lookup16(d, kInitErfinvCoefficient[k], j));
+  }
+  return hn::CopySign(hn::Mul(magnitude, p), x);
+}
+
+void InitErfinvFirstApproximationInPlace(float* x, int64_t n) {
   int64_t i = 0;
 #ifdef LOCKSTEP_ERFINV_VECTOR
   const hn::ScalableTag<float> df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  const auto nan = hn::BitCast(df, hn::Set(hn::RebindToUnsigned<decltype(df)>(),
-                                           dmath::kCanonicalNaNBits));
-  for (; i + lanes <= n; i += lanes) {
-    const auto v = hn::LoadU(df, x + i);
-    // 0 < |x| < 1 (false for NaN); the canonical NaN elsewhere.
-    const auto inside = hn::And(hn::Lt(hn::Abs(v), hn::Set(df, 1.0f)), hn::Ne(v, hn::Zero(df)));
-    hn::StoreU(hn::IfThenElse(inside, Giles(df, v), nan), df, x + i);
-  }
+  for (; i + lanes <= n; i += lanes) hn::StoreU(InitFirst(df, hn::LoadU(df, x + i)), df, x + i);
 #endif
-  ref::ErfinvFirstApproximationInPlace(x + i, n - i);
+  ref::InitErfinvFirstApproximationInPlace(x + i, n - i);
 }
+
 void InitErfinvByTable(const uint32_t* words, const uint32_t* table, float bound, float scale,
                        float* out, int64_t n) {
   int64_t i = 0;
@@ -160,7 +185,7 @@ void InitErfinvByTable(const uint32_t* words, const uint32_t* table, float bound
     const auto entry = hn::GatherIndex(du, table, hn::BitCast(di, hn::ShiftRight<3>(a)));
     const auto shift = hn::ShiftLeft<2>(hn::And(a, hn::Set(du, 7)));
     const auto d = hn::Sub(hn::And(hn::Shr(entry, shift), hn::Set(du, 15)), hn::Set(du, 8));
-    const auto y = hn::BitCast(df, hn::Add(hn::BitCast(du, Giles(df, x)), d));
+    const auto y = hn::BitCast(df, hn::Add(hn::BitCast(du, InitFirst(df, x)), d));
     hn::StoreU(hn::Mul(hn::Set(df, scale), y), df, out + i);
   }
 #endif
@@ -174,12 +199,12 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace lockstep::rk::simd {
 HWY_EXPORT(ErfinvInPlace);
-HWY_EXPORT(ErfinvFirstApproximationInPlace);
+HWY_EXPORT(InitErfinvFirstApproximationInPlace);
 HWY_EXPORT(InitErfinvByTable);
 
 void ErfinvInPlace(float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(ErfinvInPlace)(x, n); }
-void ErfinvFirstApproximationInPlace(float* x, int64_t n) {
-  HWY_DYNAMIC_DISPATCH(ErfinvFirstApproximationInPlace)(x, n);
+void InitErfinvFirstApproximationInPlace(float* x, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(InitErfinvFirstApproximationInPlace)(x, n);
 }
 void InitErfinvByTable(const uint32_t* words, const uint32_t* table, float bound, float scale,
                        float* out, int64_t n) {
