@@ -22,7 +22,6 @@ void PhiloxWords(uint32_t k0, uint32_t k1, uint64_t first, uint32_t* out, int64_
   const hn::ScalableTag<uint64_t> d;
   const hn::Repartition<uint32_t, decltype(d)> d32;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const auto low = hn::Set(d, uint64_t{0xFFFFFFFF});
   const auto mul0 = hn::BitCast(d32, hn::Set(d, uint64_t{0xD2511F53}));
   const auto mul1 = hn::BitCast(d32, hn::Set(d, uint64_t{0xCD9E8D57}));
   // Lane j holds counter j / 2 of the vector's (j even) or lanes / 2 + j / 2 (j odd), so that
@@ -31,27 +30,34 @@ void PhiloxWords(uint32_t k0, uint32_t k1, uint64_t first, uint32_t* out, int64_
   const auto odd = hn::Eq(hn::And(iota, hn::Set(d, 1)), hn::Set(d, 1));
   const auto order =
       hn::Add(hn::ShiftRight<1>(iota), hn::IfThenElseZero(odd, hn::Set(d, uint64_t(lanes) / 2)));
+  // The round keys, broadcast once.
+  hn::Vec<decltype(d)> key0[10], key1[10];
+  for (uint32_t round = 0, r0 = k0, r1 = k1; round < 10;
+       ++round, r0 += 0x9E3779B9u, r1 += 0xBB67AE85u) {
+    key0[round] = hn::Set(d, uint64_t{r0});
+    key1[round] = hn::Set(d, uint64_t{r1});
+  }
   for (; i + 4 * lanes <= n; i += 4 * lanes) {
     const auto counter = hn::Add(order, hn::Set(d, (first + static_cast<uint64_t>(i)) / 4));
-    auto x0 = hn::And(counter, low), x1 = hn::ShiftRight<32>(counter);
+    // Only the low 32 bits of each lane are a word: MulEven reads those alone, and the high bits
+    // an XOR leaves there are dropped when the words are stored.
+    auto x0 = counter, x1 = hn::ShiftRight<32>(counter);
     auto x2 = hn::Zero(d), x3 = hn::Zero(d);
-    uint32_t key0 = k0, key1 = k1;
     for (int round = 0; round < 10; ++round) {
-      if (round > 0) {
-        key0 += 0x9E3779B9u;
-        key1 += 0xBB67AE85u;
-      }
       const auto p0 = hn::MulEven(hn::BitCast(d32, x0), mul0);
       const auto p1 = hn::MulEven(hn::BitCast(d32, x2), mul1);
-      x0 = hn::Xor(hn::Xor(hn::ShiftRight<32>(p1), x1), hn::Set(d, uint64_t{key0}));
-      x1 = hn::And(p1, low);
-      x2 = hn::Xor(hn::Xor(hn::ShiftRight<32>(p0), x3), hn::Set(d, uint64_t{key1}));
-      x3 = hn::And(p0, low);
+      x0 = hn::Xor3(hn::ShiftRight<32>(p1), x1, key0[round]);
+      x1 = p1;
+      x2 = hn::Xor3(hn::ShiftRight<32>(p0), x3, key1[round]);
+      x3 = p0;
     }
-    // Words 0 and 1, and 2 and 3, of each counter as one 64-bit lane (little-endian order).
-    const auto w01 = hn::Or(x0, hn::ShiftLeft<32>(x1)), w23 = hn::Or(x2, hn::ShiftLeft<32>(x3));
-    hn::StoreU(hn::BitCast(d32, hn::InterleaveLower(d, w01, w23)), d32, out + i);
-    hn::StoreU(hn::BitCast(d32, hn::InterleaveUpper(d, w01, w23)), d32, out + i + 2 * lanes);
+    // Words 0 and 1, and 2 and 3, of each counter as the two halves of one 64-bit lane.
+    const auto w01 = hn::OddEven(hn::BitCast(d32, hn::ShiftLeft<32>(x1)), hn::BitCast(d32, x0));
+    const auto w23 = hn::OddEven(hn::BitCast(d32, hn::ShiftLeft<32>(x3)), hn::BitCast(d32, x2));
+    hn::StoreU(hn::BitCast(d32, hn::InterleaveLower(d, hn::BitCast(d, w01), hn::BitCast(d, w23))),
+               d32, out + i);
+    hn::StoreU(hn::BitCast(d32, hn::InterleaveUpper(d, hn::BitCast(d, w01), hn::BitCast(d, w23))),
+               d32, out + i + 2 * lanes);
   }
   ref::PhiloxWords(k0, k1, first + static_cast<uint64_t>(i), out + i, n - i);
 }
