@@ -329,8 +329,7 @@ void InitErfinvFirstApproximationInPlace(std::span<float> x);
 float InitErfinvArgument(uint32_t word);
 // The init's table: for each k >= 2^23, bits(dmath::Erfinv(x_k)) minus the bits of the init's
 // first approximation of x_k = InitErfinvArgument(k << 8), in -2 .. 2 for every k, stored as four
-// bits d + 8
-// (entry k - 2^23 in bits 4 (a mod 8) .. of word a / 8 for a = k - 2^23). Made from the kernels
+// bits d + 8 (entry a = k - 2^23 in bits 4 (a mod 8) .. of word a / 8). Made from the kernels
 // themselves at the first call, on every thread (so never called first from inside a parallel
 // task), and kept for the process: kInitErfinvTableBytes.
 inline constexpr uint64_t kInitErfinvTableBytes = uint64_t{1} << 22;
