@@ -10,19 +10,21 @@
 // and unit_over_hash_limit. The erfinv table is made before the first round (once per process,
 // as in the replay; its time is printed as table_seconds).
 //
-// usage: bench_init [--config NAME_OR_PATH] [--threads N] [--rounds R]
-//        (default: bench/configs/open-1b-step.yaml, every core, 3 rounds)
+// usage: bench_init [--config NAME_OR_PATH] [--threads N] [--rounds R] [--variant V]
+//        (default: bench/configs/open-1b-step.yaml, every core, 3 rounds, the best variant)
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
+#include <ranges>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "lockstep/core.h"
+#include "lockstep/kernels.h"
 #include "lockstep/model.h"
 #include "lockstep/state.h"
 
@@ -50,6 +52,7 @@ int main(int argc, char** argv) {
   std::string config_name = "bench/configs/open-1b-step.yaml";
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   int rounds = 3;
+  std::string variant;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (i + 1 < argc && arg == "--config") {
@@ -58,9 +61,12 @@ int main(int argc, char** argv) {
       threads = std::atoi(argv[++i]);
     } else if (i + 1 < argc && arg == "--rounds") {
       rounds = std::atoi(argv[++i]);
+    } else if (i + 1 < argc && arg == "--variant") {
+      variant = argv[++i];
     } else {
-      std::fprintf(stderr,
-                   "usage: bench_init [--config NAME_OR_PATH] [--threads N] [--rounds R]\n");
+      std::fprintf(
+          stderr,
+          "usage: bench_init [--config NAME_OR_PATH] [--threads N] [--rounds R] [--variant V]\n");
       return 2;
     }
   }
@@ -71,6 +77,12 @@ int main(int argc, char** argv) {
   try {
     const RunConfig config = LoadRunConfig(config_name);
     SetThreads(threads);
+    if (!variant.empty()) {
+      const std::vector<rk::Isa> usable = rk::UsableIsas();
+      const auto isa = std::ranges::find(usable, variant, &rk::Isa::name);
+      if (isa == usable.end()) Fail("--variant {}: not a variant this CPU runs", variant);
+      rk::SetIsa(*isa);
+    }
     const std::vector<ParamSpec> specs = ParameterSpecs(config.model);
     const std::vector<int64_t> first_draws = FirstDraws(specs);
     int64_t largest = 0, parameters = 0;
@@ -117,12 +129,13 @@ int main(int argc, char** argv) {
       }
     });
     fmt::print(
-        "{{\"config\": \"{}\", \"parameters\": {}, \"threads\": {}, \"rounds\": {},\n"
+        "{{\"config\": \"{}\", \"parameters\": {}, \"variant\": \"{}\", \"threads\": {}, "
+        "\"rounds\": {},\n"
         " \"table_seconds\": {:.3f}, \"draws_seconds\": {:.3f}, \"unit_seconds\": {:.3f},\n"
         " \"hash_limit_seconds\": {:.3f}, \"unit_over_hash_limit\": {:.3f}, \"target\": 1.5,\n"
         " \"draws_ns_per_parameter_per_thread\": {:.3f}, \"digest_byte0\": {}}}\n",
-        config.name, parameters, threads, rounds, table, draws, unit, hash, unit / hash,
-        draws * 1e9 * threads / static_cast<double>(parameters), sink[0]);
+        config.name, parameters, rk::ActiveIsa().name, threads, rounds, table, draws, unit, hash,
+        unit / hash, draws * 1e9 * threads / static_cast<double>(parameters), sink[0]);
     return 0;
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_init: {}\n", e.what());
