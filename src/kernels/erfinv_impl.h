@@ -11,9 +11,9 @@
 
 namespace lockstep::rk {
 
-// The init's erfinv table (rk::InitErfinvTable): the entry of draw k (one of 2^24) is entry
-// k - 2^23 for k >= 2^23 and that of 2^24 - 1 - k below, four bits at bit 4 (a mod 8) of word a
-// / 8.
+// The init's erfinv table (rk::InitErfinvTable): draw k (one of 2^24) takes entry a = k - 2^23
+// for k >= 2^23 and that of 2^24 - 1 - k below; entry a is four bits at bit 4 (a mod 8) of word
+// a / 8.
 inline constexpr uint32_t kInitTableHalf = uint32_t{1} << 23;
 inline uint32_t InitTableIndex(uint32_t k) {
   return (k >= kInitTableHalf ? k : ~k) & (kInitTableHalf - 1);
