@@ -97,6 +97,7 @@ def main():
             y = erfinv(x)
             ulp = 2.0 ** (math.frexp(y)[1] - 24)
             worst = max(worst, abs(y0 - y) / ulp)
+
     def hexf(v):
         mantissa, exponent = float.hex(v).split("p")
         return (mantissa.rstrip("0").rstrip(".") if "." in mantissa else mantissa) + "p" + exponent + "f"
@@ -118,6 +119,7 @@ alignas(64) inline constexpr float kInitErfinvCenter[16] = {{""")
     for k in range(DEGREE + 1):
         print("    {" + ", ".join([hexf(coefs[j][k]) for j in range(SEGMENTS)] + pad) + "},")
     print("};\n\n}  // namespace lockstep::rk\n// clang-format on")
+
 
 if __name__ == "__main__":
     main()

@@ -27,9 +27,13 @@ inline int32_t InitTableCorrection(const uint32_t* table, uint32_t a) {
 // multiply-adds, and x's sign: within 2 ulp of erfinv, odd bit for bit. It needs no log (Giles'
 // does) and is not part of the contract: the init corrects it exactly by its table. Outside the
 // domain the segment is clamped to the zero padding (a defined result, no read out of bounds).
+// The segment is bits(u) >> 22 (exponent and first mantissa bit) less kInitErfinvSegmentBias,
+// u = 1 - |x| in [2^-5, 1); the last of the 16 table entries is zero padding.
+inline constexpr uint32_t kInitErfinvSegmentBias = 244, kInitErfinvOutside = 15;
+static_assert(kInitErfinvSegments <= static_cast<int>(kInitErfinvOutside));
 inline uint32_t InitErfinvSegment(float magnitude) {
-  const uint32_t j = (std::bit_cast<uint32_t>(1.0f - magnitude) >> 22) - 244;
-  return j < 15 ? j : 15;
+  const uint32_t j = (std::bit_cast<uint32_t>(1.0f - magnitude) >> 22) - kInitErfinvSegmentBias;
+  return j < kInitErfinvOutside ? j : kInitErfinvOutside;
 }
 inline float InitErfinvFirstApproximation(float x) {
   const float magnitude = std::fabs(x);
@@ -45,15 +49,14 @@ inline float InitUniform(uint32_t word) {
   return static_cast<float>(2 * k + 1 - (1 << 24)) * 0x1.0p-24f;
 }
 
-#define LOCKSTEP_RK_ERFINV_KERNELS                                                                 \
-  /* x[i] = dmath::Erfinv(x[i]) */                                                                 \
-  void ErfinvInPlace(float* x, int64_t n);                                                         \
-  /* x[i] = InitErfinvFirstApproximation(x[i]), for 0 < |x[i]| <= 0.9545 */                        \
-  void InitErfinvFirstApproximationInPlace(float* x, int64_t n);                                   \
-  /* out[i] = scale * Erfinv(x) for x = (float)(2k + 1 - 2^24) * 2^-24 * bound, k = words[i] >> 8, \
-   */                                                                                              \
-  /* from the first approximation and the table (rk::InitErfinvTable) */                           \
-  void InitErfinvByTable(const uint32_t* words, const uint32_t* table, float bound, float scale,   \
+#define LOCKSTEP_RK_ERFINV_KERNELS                                                               \
+  /* x[i] = dmath::Erfinv(x[i]) */                                                               \
+  void ErfinvInPlace(float* x, int64_t n);                                                       \
+  /* x[i] = InitErfinvFirstApproximation(x[i]), for 0 < |x[i]| <= 0.9545 */                      \
+  void InitErfinvFirstApproximationInPlace(float* x, int64_t n);                                 \
+  /* out[i] = scale * Erfinv(InitUniform(words[i]) * bound), from the first */                   \
+  /* approximation and the table (rk::InitErfinvTable) */                                        \
+  void InitErfinvByTable(const uint32_t* words, const uint32_t* table, float bound, float scale, \
                          float* out, int64_t n);
 
 namespace ref {

@@ -143,7 +143,8 @@ static HWY_INLINE V InitFirst(D d, V x) {
   const hn::RebindToUnsigned<D> du;
   const V magnitude = hn::Abs(x);
   const auto bits = hn::ShiftRight<22>(hn::BitCast(du, hn::Sub(hn::Set(d, 1.0f), magnitude)));
-  const auto j = hn::Min(hn::Sub(bits, hn::Set(du, 244)), hn::Set(du, 15));
+  const auto j =
+      hn::Min(hn::Sub(bits, hn::Set(du, kInitErfinvSegmentBias)), hn::Set(du, kInitErfinvOutside));
   const V s = hn::Sub(magnitude, Lookup16(d, kInitErfinvCenter, j));
   V p = Lookup16(d, kInitErfinvCoefficient[kInitErfinvDegree], j);
   for (int k = kInitErfinvDegree - 1; k >= 0; --k) {
