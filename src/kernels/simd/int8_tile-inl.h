@@ -65,19 +65,32 @@ HWY_INLINE int32_t GroupOf(const PackedX* x) {
   return v;
 }
 
-// sums[kMr rows][kNr vectors] (row stride kNr vectors) += a block of kMr rows of packed X
-// (PackX: group g of row i at x + (g·kMr + i)·kGroup) against `groups` groups of a packed
-// panel, which is prefetched 8 groups ahead. The sums are named variables (a##i##c: row i,
-// vector c), spelled by the tile's macros: an array of vectors would be kept in memory through
-// the loop. Not inlined: inlined into Task, GCC 12 moved and spilled sums in the unrolled loop
-// (measured 15 % slower).
+// Where a tile's sums go once its last block of k is added: y[i0 + i, j0 + j] for the tile's
+// rows i < rows and columns j < cols, y's rows n apart, as float(acc - row_fix[i0 + i]) ·
+// (sx[i0 + i] · sw[j0 + j]): the scale product rounded once, then one multiply.
+struct TileOut {
+  const int32_t* row_fix;
+  const float* sx;
+  const float* sw;
+  float* y;
+  int64_t i0, rows, j0, cols, n;
+};
+
+// The tile's kMr rows by kNr vectors of columns of sums (named variables a##i##c: row i, vector
+// c, spelled by the tile's macros: an array of vectors would be kept in memory through the loop)
+// plus a block of kMr rows of packed X (PackX: group g of row i at x + (g·kMr + i)·kGroup)
+// against `groups` groups of a packed panel, which is prefetched 8 groups ahead. The sums start
+// at 0 where `first`, else at sums[kMr][kNr vectors]; they go to `out`'s rows of y where it is
+// given (the last block of k), else back to `sums`. Not inlined: inlined into Task, GCC 12 moved
+// and spilled sums in the unrolled loop (measured 15 % slower).
 LOCKSTEP_INT8_TILE HWY_NOINLINE void Accumulate(const PackedX* x, const PackedW* w, int64_t groups,
-                                                int32_t* sums) {
+                                                int32_t* sums, bool first, const TileOut* out) {
   const D32 d;
   const auto lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t stride = kNr * lanes;
   const hn::ScalableTag<PackedW> dw;
-#define LOCKSTEP_I8_LOAD(i, c) V32 a##i##c = hn::Load(d, sums + i * stride + c * lanes);
+#define LOCKSTEP_I8_LOAD(i, c) \
+  V32 a##i##c = first ? hn::Zero(d) : hn::Load(d, sums + i * stride + c * lanes);
 #define LOCKSTEP_I8_LOAD_ROW(i) LOCKSTEP_I8_FOR_COLS(LOCKSTEP_I8_LOAD, i)
   LOCKSTEP_I8_FOR_ROWS(LOCKSTEP_I8_LOAD_ROW)
 #pragma GCC unroll 4
@@ -94,9 +107,41 @@ LOCKSTEP_INT8_TILE HWY_NOINLINE void Accumulate(const PackedX* x, const PackedW*
   }
     LOCKSTEP_I8_FOR_ROWS(LOCKSTEP_I8_STEP_ROW)
   }
+  if (out == nullptr) {
 #define LOCKSTEP_I8_STORE(i, c) hn::Store(a##i##c, d, sums + i * stride + c * lanes);
 #define LOCKSTEP_I8_STORE_ROW(i) LOCKSTEP_I8_FOR_COLS(LOCKSTEP_I8_STORE, i)
-  LOCKSTEP_I8_FOR_ROWS(LOCKSTEP_I8_STORE_ROW)
+    LOCKSTEP_I8_FOR_ROWS(LOCKSTEP_I8_STORE_ROW)
+    return;
+  }
+  // The epilogue: vector c of the columns holds `out->cols - c·lanes` of them (none past n;
+  // neither their scales nor y are touched there), rows past out->rows are not stored.
+  const hn::RebindToFloat<D32> df;
+  const bool whole = out->cols >= stride;
+  const float* sw = out->sw + out->j0;
+#define LOCKSTEP_I8_SCALE(i, c)                                                                  \
+  const auto m##c =                                                                              \
+      hn::FirstN(df, static_cast<size_t>(std::clamp(out->cols - c * lanes, int64_t{0}, lanes))); \
+  const auto sw##c =                                                                             \
+      whole ? hn::LoadU(df, sw + c * lanes)                                                      \
+            : (c * lanes < out->cols ? hn::MaskedLoad(m##c, df, sw + c * lanes) : hn::Zero(df));
+  LOCKSTEP_I8_FOR_COLS(LOCKSTEP_I8_SCALE, 0)
+#define LOCKSTEP_I8_Y(i, c)                                                                \
+  {                                                                                        \
+    const auto v = hn::Mul(hn::ConvertTo(df, hn::Sub(a##i##c, fix)), hn::Mul(sxv, sw##c)); \
+    if (whole) {                                                                           \
+      hn::StoreU(v, df, yr + c * lanes);                                                   \
+    } else if (c * lanes < out->cols) {                                                    \
+      hn::BlendedStore(v, m##c, df, yr + c * lanes);                                       \
+    }                                                                                      \
+  }
+#define LOCKSTEP_I8_Y_ROW(i)                               \
+  if (i < out->rows) {                                     \
+    const V32 fix = hn::Set(d, out->row_fix[out->i0 + i]); \
+    const auto sxv = hn::Set(df, out->sx[out->i0 + i]);    \
+    float* yr = out->y + (out->i0 + i) * out->n + out->j0; \
+    LOCKSTEP_I8_FOR_COLS(LOCKSTEP_I8_Y, i)                 \
+  }
+  LOCKSTEP_I8_FOR_ROWS(LOCKSTEP_I8_Y_ROW)
 #undef LOCKSTEP_I8_LOAD
 #undef LOCKSTEP_I8_LOAD_ROW
 #undef LOCKSTEP_I8_PANEL
@@ -104,45 +149,31 @@ LOCKSTEP_INT8_TILE HWY_NOINLINE void Accumulate(const PackedX* x, const PackedW*
 #undef LOCKSTEP_I8_STEP_ROW
 #undef LOCKSTEP_I8_STORE
 #undef LOCKSTEP_I8_STORE_ROW
+#undef LOCKSTEP_I8_SCALE
+#undef LOCKSTEP_I8_Y
+#undef LOCKSTEP_I8_Y_ROW
 }
 
 // Rows [i_begin, i_end) (at most kRowsPerTask, i_begin a multiple of kMr) against panel p of
 // packed W, into y. k runs in blocks of kKcGroups groups so that the panel's block and the
-// rows' stay in L1 while every row block uses them.
+// rows' stay in L1 while every row block uses them; the sums of the blocks before the last wait
+// in `sums`.
 LOCKSTEP_INT8_TILE void Task(const PackedX* xp, int64_t groups, const int32_t* row_fix,
                              const float* sx, const PackedW* panel, const float* sw, float* y,
                              int64_t i_begin, int64_t i_end, int64_t j0, int64_t n) {
-  const D32 d;
-  const hn::RebindToFloat<D32> df;
-  const auto lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto lanes = static_cast<int64_t>(hn::Lanes(D32()));
   const int64_t stride = kNr * lanes, block = groups * kMr * kGroup;
-  HWY_ALIGN int32_t sums[kRowsPerTask * kNr * hn::MaxLanes(d)];
-  std::fill(std::begin(sums), std::end(sums), 0);
-  for (int64_t g0 = 0; g0 < groups; g0 += kKcGroups) {
+  HWY_ALIGN int32_t sums[kRowsPerTask * kNr * hn::MaxLanes(D32())];
+  for (int64_t g0 = 0;; g0 += kKcGroups) {  // (k = 0: one block of no groups, y = 0 · scale)
     const int64_t count = std::min(kKcGroups, groups - g0);
+    const bool last = g0 + count >= groups;
     for (int64_t i0 = i_begin; i0 < i_end; i0 += kMr) {
+      const TileOut out{
+          row_fix, sx, sw, y, i0, std::min(kMr, i_end - i0), j0, std::min(stride, n - j0), n};
       Accumulate(xp + i0 / kMr * block + g0 * kMr * kGroup, panel + g0 * stride * kGroup, count,
-                 sums + (i0 - i_begin) * stride);
+                 sums + (i0 - i_begin) * stride, g0 == 0, last ? &out : nullptr);
     }
-  }
-  // y = float(acc - fix) · (sx[i] · sw[j]): the scale product rounded once, then one multiply.
-  HWY_ALIGN float part[hn::MaxLanes(df)];
-  for (int64_t jj = 0; jj < kNr && j0 + jj * lanes < n; ++jj) {
-    const int64_t j = j0 + jj * lanes, count = std::min(lanes, n - j);
-    std::fill(part, part + lanes, 0.0f);
-    std::copy(sw + j, sw + j + count, part);
-    const auto swv = hn::Load(df, part);
-    for (int64_t i = i_begin; i < i_end; ++i) {
-      const V32 acc = hn::Load(d, sums + (i - i_begin) * stride + jj * lanes);
-      const auto v = hn::Mul(hn::ConvertTo(df, hn::Sub(acc, hn::Set(d, row_fix[i]))),
-                             hn::Mul(hn::Set(df, sx[i]), swv));
-      if (count == lanes) {
-        hn::StoreU(v, df, y + i * n + j);
-      } else {
-        hn::Store(v, df, part);
-        std::copy(part, part + count, y + i * n + j);
-      }
-    }
+    if (last) return;
   }
 }
 
@@ -154,11 +185,32 @@ int64_t PackedWBytes(int64_t n, int64_t k) {
          int64_t{sizeof(PackedW)};
 }
 
+#if LOCKSTEP_I8_DOT
+// Groups [g_begin, g_end) of a panel whose columns all exist and whose groups are all whole, by
+// gathers: vector c of group g holds bytes [4g, 4g + 4) of the rows of W at `rows` + (c·lanes +
+// l)·k, each w + 128 (w with its top bit flipped). The scalar loop of PackW took 11 % of a
+// 1024³ product.
+void PackWholePanel(const int8_t* rows, int64_t k, int64_t g_begin, int64_t g_end, PackedW* out) {
+  const D32 d;
+  const auto lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto offsets = hn::Mul(hn::Iota(d, 0), hn::Set(d, static_cast<int32_t>(k)));
+  const auto flip = hn::Set(d, static_cast<int32_t>(0x80808080u));
+  for (int64_t g = g_begin; g < g_end; ++g, out += kNr * lanes * kGroup) {
+    for (int64_t c = 0; c < kNr; ++c) {
+      const auto* first = reinterpret_cast<const int32_t*>(rows + c * lanes * k + g * kGroup);
+      hn::StoreU(hn::Xor(hn::GatherOffset(d, first, offsets), flip), d,
+                 reinterpret_cast<int32_t*>(out + c * lanes * kGroup));
+    }
+  }
+}
+#endif
+
 // W, column by column into its panel's [group][vector jj][lane][kGroup] layout; columns past n
 // and k's padding are 0 (in the dot form stored as 0 + 128). A task packs every column of a
 // panel over a block of kKcGroups groups, a range of the packing of its own: tasks of single
 // columns would have two threads writing the same cache lines (at two threads that cost 10-25 %
-// of a product at bench-8x512's shapes).
+// of a product at bench-8x512's shapes). In the dot form a panel of whole columns is gathered
+// (PackWholePanel) up to k's last whole group.
 void PackW(const int8_t* qw, int64_t n, int64_t k, PackedW* wp) {
   const auto lanes = static_cast<int64_t>(hn::Lanes(D32()));
   const int64_t groups = (k + kGroup - 1) / kGroup, panel_cols = kNr * lanes;
@@ -166,13 +218,21 @@ void PackW(const int8_t* qw, int64_t n, int64_t k, PackedW* wp) {
                 panel_elems = groups * panel_cols * kGroup;
   const int64_t blocks = (groups + kKcGroups - 1) / kKcGroups;
   ParallelFor(panels * blocks, [&](int64_t task) {
-    const int64_t g_begin = task % blocks * kKcGroups,
+    const int64_t j0 = task / blocks * panel_cols, g_begin = task % blocks * kKcGroups,
                   g_end = std::min(groups, g_begin + kKcGroups);
+    PackedW* panel = wp + task / blocks * panel_elems;
+    int64_t g_first = g_begin;  // the first group the loop below packs
+#if LOCKSTEP_I8_DOT
+    if (j0 + panel_cols <= n) {
+      g_first = std::max(g_begin, std::min(g_end, k / kGroup));
+      PackWholePanel(qw + j0 * k, k, g_begin, g_first, panel + g_begin * panel_cols * kGroup);
+    }
+#endif
     for (int64_t jj = 0; jj < panel_cols; ++jj) {
-      const int64_t j = task / blocks * panel_cols + jj;
-      PackedW* out = wp + task / blocks * panel_elems + (g_begin * panel_cols + jj) * kGroup;
+      const int64_t j = j0 + jj;
+      PackedW* out = panel + (g_first * panel_cols + jj) * kGroup;
       const int8_t* row = qw + std::min(j, n - 1) * k;  // (a column past n reads nothing)
-      int64_t g = g_begin;
+      int64_t g = g_first;
       for (; j < n && g < g_end && (g + 1) * kGroup <= k; ++g, out += panel_cols * kGroup) {
 #if LOCKSTEP_I8_DOT
         uint32_t v;  // four int8 values; w + 128 as u8 is w with its top bit flipped
