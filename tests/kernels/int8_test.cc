@@ -405,12 +405,14 @@ TEST(Int8, BitwiseInvariant) {
     }
   }
   // Shapes across the variants' register blocks, thread tasks and packed panels: rows past a
-  // multiple of 6 and of a task's 48, columns past a 64-column panel, k past a group of 2 or 4.
+  // multiple of 6 and of a task's 48, columns past a 64-column panel, k past a group of 2 or 4;
+  // and k a multiple of 4 over three blocks of k with rows past a multiple of 8 (the dot form
+  // reads X in place there, row m - 1 for the rows past m).
   struct Shape {
     int64_t m, n, k;
   };
   for (const Shape s : {Shape{50, 70, 129}, Shape{97, 130, 66}, Shape{7, 257, 1023},
-                        Shape{1, 1000, 3}, Shape{200, 5, 8}}) {
+                        Shape{1, 1000, 3}, Shape{200, 5, 8}, Shape{13, 100, 1028}}) {
     ExpectBitwiseInvariant(fmt::format("gemm_i8_xwt m={} n={} k={}", s.m, s.n, s.k), [&] {
       std::vector<float> x = RandomFloats(s.m * s.k, s.k + s.m, -2, 2);
       x[0] = kInf;  // row 0's scale is NaN

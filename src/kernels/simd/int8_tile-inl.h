@@ -58,12 +58,28 @@ LOCKSTEP_INT8_TILE HWY_INLINE V32 GroupStep(V32 acc, V32 w, V32 x) {
 #endif
 }
 
-// One group of row x starting at element r: its 4 bytes as one int32.
+// One group of a row of X: its 4 bytes as one int32.
 HWY_INLINE int32_t GroupOf(const PackedX* x) {
   int32_t v;
   std::memcpy(&v, x, sizeof(v));
   return v;
 }
+
+// Where the tiles read X [m, k]: packed by PackX (group g of row i of block b at
+// data + b·block + (g·kMr + i)·kGroup), or, in the dot form where k is a multiple of kGroup, X
+// itself (rows past m read row m - 1, whose sums are never stored).
+struct XOperand {
+  const PackedX* data;
+  bool packed;
+  int64_t m, k, block;
+  // The tile of rows from i0 (a multiple of kMr): where its row i's group g0 starts, and the
+  // step from one group to the next.
+  const PackedX* Row(int64_t i0, int64_t i, int64_t g0) const {
+    return packed ? data + i0 / kMr * block + (g0 * kMr + i) * kGroup
+                  : data + std::min(i0 + i, m - 1) * k + g0 * kGroup;
+  }
+  int64_t Step() const { return packed ? kMr * kGroup : kGroup; }
+};
 
 // Where a tile's sums go once its last block of k is added: y[i0 + i, j0 + j] for the tile's
 // rows i < rows and columns j < cols, y's rows n apart, as float(acc - row_fix[i0 + i]) ·
@@ -78,15 +94,15 @@ struct TileOut {
 
 // The tile's kMr rows by kNr vectors of columns of sums (named variables a##i##c: row i, vector
 // c, spelled by the tile's macros: an array of vectors would be kept in memory through the loop)
-// plus a block of kMr rows of packed X (PackX: group g of row i at x + (g·kMr + i)·kGroup)
-// against `groups` groups of a packed panel, which is prefetched 64 groups ahead (the first row
-// block of a task reads the panel from L3, whose latency 8 groups ahead left exposed: 64 measured
-// 4-6 % faster at one thread on Zen 5, the same at two). The sums start
-// at 0 where `first`, else at sums[kMr][kNr vectors]; they go to `out`'s rows of y where it is
-// given (the last block of k), else back to `sums`. Not inlined: inlined into Task, GCC 12 moved
-// and spilled sums in the unrolled loop (measured 15 % slower).
-LOCKSTEP_INT8_TILE HWY_NOINLINE void Accumulate(const PackedX* x, const PackedW* w, int64_t groups,
-                                                int32_t* sums, bool first, const TileOut* out) {
+// plus kMr rows of X (group g of row i at rows[i] + g·step: XOperand) against `groups` groups of a
+// packed panel, which is prefetched 64 groups ahead (the first row block of a task reads the panel
+// from L3, whose latency 8 groups ahead left exposed: 64 measured 4-6 % faster at one thread on Zen
+// 5, the same at two). The sums start at 0 where `first`, else at sums[kMr][kNr vectors]; they go
+// to `out`'s rows of y where it is given (the last block of k), else back to `sums`. Not inlined:
+// inlined into Task, GCC 12 moved and spilled sums in the unrolled loop (measured 15 % slower).
+LOCKSTEP_INT8_TILE HWY_NOINLINE void Accumulate(const PackedX* const* rows, int64_t step,
+                                                const PackedW* w, int64_t groups, int32_t* sums,
+                                                bool first, const TileOut* out) {
   const D32 d;
   const auto lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t stride = kNr * lanes;
@@ -95,17 +111,20 @@ LOCKSTEP_INT8_TILE HWY_NOINLINE void Accumulate(const PackedX* x, const PackedW*
   V32 a##i##c = first ? hn::Zero(d) : hn::Load(d, sums + i * stride + c * lanes);
 #define LOCKSTEP_I8_LOAD_ROW(i) LOCKSTEP_I8_FOR_COLS(LOCKSTEP_I8_LOAD, i)
   LOCKSTEP_I8_FOR_ROWS(LOCKSTEP_I8_LOAD_ROW)
+#define LOCKSTEP_I8_ROW(i) const PackedX* const x##i = rows[i];
+  LOCKSTEP_I8_FOR_ROWS(LOCKSTEP_I8_ROW)
+  int64_t at = 0;
 #pragma GCC unroll 4
-  for (int64_t g = 0; g < groups; ++g, w += stride * kGroup, x += kMr * kGroup) {
+  for (int64_t g = 0; g < groups; ++g, w += stride * kGroup, at += step) {
 #define LOCKSTEP_I8_PANEL(i, c)                           \
   __builtin_prefetch(w + (64 * kNr + c) * lanes * kGroup); \
   const V32 w##c = hn::BitCast(d, hn::Load(dw, w + c * lanes * kGroup));
     LOCKSTEP_I8_FOR_COLS(LOCKSTEP_I8_PANEL, 0)
 #define LOCKSTEP_I8_STEP(i, c) a##i##c = GroupStep(a##i##c, w##c, xv);
-#define LOCKSTEP_I8_STEP_ROW(i)                         \
-  {                                                     \
-    const V32 xv = hn::Set(d, GroupOf(x + i * kGroup)); \
-    LOCKSTEP_I8_FOR_COLS(LOCKSTEP_I8_STEP, i)           \
+#define LOCKSTEP_I8_STEP_ROW(i)                    \
+  {                                                \
+    const V32 xv = hn::Set(d, GroupOf(x##i + at)); \
+    LOCKSTEP_I8_FOR_COLS(LOCKSTEP_I8_STEP, i)      \
   }
     LOCKSTEP_I8_FOR_ROWS(LOCKSTEP_I8_STEP_ROW)
   }
@@ -146,6 +165,7 @@ LOCKSTEP_INT8_TILE HWY_NOINLINE void Accumulate(const PackedX* x, const PackedW*
   LOCKSTEP_I8_FOR_ROWS(LOCKSTEP_I8_Y_ROW)
 #undef LOCKSTEP_I8_LOAD
 #undef LOCKSTEP_I8_LOAD_ROW
+#undef LOCKSTEP_I8_ROW
 #undef LOCKSTEP_I8_PANEL
 #undef LOCKSTEP_I8_STEP
 #undef LOCKSTEP_I8_STEP_ROW
@@ -160,11 +180,11 @@ LOCKSTEP_INT8_TILE HWY_NOINLINE void Accumulate(const PackedX* x, const PackedW*
 // packed W, into y. k runs in blocks of kKcGroups groups so that the panel's block and the
 // rows' stay in L1 while every row block uses them; the sums of the blocks before the last wait
 // in `sums`.
-LOCKSTEP_INT8_TILE void Task(const PackedX* xp, int64_t groups, const int32_t* row_fix,
+LOCKSTEP_INT8_TILE void Task(const XOperand& x, int64_t groups, const int32_t* row_fix,
                              const float* sx, const PackedW* panel, const float* sw, float* y,
                              int64_t i_begin, int64_t i_end, int64_t j0, int64_t n) {
   const auto lanes = static_cast<int64_t>(hn::Lanes(D32()));
-  const int64_t stride = kNr * lanes, block = groups * kMr * kGroup;
+  const int64_t stride = kNr * lanes;
   HWY_ALIGN int32_t sums[kRowsPerTask * kNr * hn::MaxLanes(D32())];
   for (int64_t g0 = 0;; g0 += kKcGroups) {  // (k = 0: one block of no groups, y = 0 · scale)
     const int64_t count = std::min(kKcGroups, groups - g0);
@@ -172,7 +192,9 @@ LOCKSTEP_INT8_TILE void Task(const PackedX* xp, int64_t groups, const int32_t* r
     for (int64_t i0 = i_begin; i0 < i_end; i0 += kMr) {
       const TileOut out{
           row_fix, sx, sw, y, i0, std::min(kMr, i_end - i0), j0, std::min(stride, n - j0), n};
-      Accumulate(xp + i0 / kMr * block + g0 * kMr * kGroup, panel + g0 * stride * kGroup, count,
+      const PackedX* rows[kMr];
+      for (int64_t i = 0; i < kMr; ++i) rows[i] = x.Row(i0, i, g0);
+      Accumulate(rows, x.Step(), panel + g0 * stride * kGroup, count,
                  sums + (i0 - i_begin) * stride, g0 == 0, last ? &out : nullptr);
     }
     if (last) return;
@@ -318,18 +340,35 @@ void GemmPackedW(const int8_t* qx, const float* sx, const PackedW* wp, const flo
   const int64_t groups = (k + kGroup - 1) / kGroup;
   const int64_t panel_cols = kNr * lanes, panels = (n + panel_cols - 1) / panel_cols;
   const int64_t panel_elems = groups * panel_cols * kGroup;
-  // Scratch on the calling thread: packed X and the rows' corrections.
+  // Scratch on the calling thread: packed X, unless the tiles read X itself, and the rows'
+  // corrections. The dot form reads X in place where it can: its packing was a copy, which at a
+  // small n (2048×128×512, two threads) took more time than the product's loads it saved.
   const int64_t blocks = (m + kMr - 1) / kMr, block = groups * kMr * kGroup;
-  const int64_t x_bytes = blocks * block * int64_t{sizeof(PackedX)};
+  const bool packed = !LOCKSTEP_I8_DOT || k % kGroup != 0;
+  const int64_t x_bytes = packed ? blocks * block * int64_t{sizeof(PackedX)} : 0;
   float* a = ScratchFloats(Scratch::kGemmA, static_cast<size_t>((x_bytes + 3) / 4 + m));
-  auto* xp = reinterpret_cast<PackedX*>(a);
   auto* row_fix = reinterpret_cast<int32_t*>(a + (x_bytes + 3) / 4);
-  ParallelFor(blocks, [&](int64_t b) { PackX(qx, m, k, groups, b, xp + b * block, row_fix); });
+  XOperand x{nullptr, packed, m, k, block};
+  if (packed) {
+    auto* xp = reinterpret_cast<PackedX*>(a);
+    ParallelFor(blocks, [&](int64_t b) { PackX(qx, m, k, groups, b, xp + b * block, row_fix); });
+    x.data = xp;
+  }
+#if LOCKSTEP_I8_DOT
+  else {
+    x.data = qx;
+    ParallelFor(blocks, [&](int64_t b) {
+      for (int64_t i = b * kMr; i < std::min(m, b * kMr + kMr); ++i) {
+        row_fix[i] = static_cast<int32_t>(RowSum(qx + i * k, k) * 128u);
+      }
+    });
+  }
+#endif
   const int64_t row_tasks = (m + kRowsPerTask - 1) / kRowsPerTask;
   ParallelFor(row_tasks * panels, [&](int64_t task) {
     const int64_t p = task % panels, i_begin = task / panels * kRowsPerTask;
     const int64_t i_end = std::min(m, i_begin + kRowsPerTask);
-    Task(xp, groups, row_fix, sx, wp + p * panel_elems, sw, y, i_begin, i_end, p * panel_cols, n);
+    Task(x, groups, row_fix, sx, wp + p * panel_elems, sw, y, i_begin, i_end, p * panel_cols, n);
   });
 }
 
