@@ -252,50 +252,57 @@ int64_t PackWholePanel(const int8_t* rows, int64_t k, int64_t g_begin, int64_t g
 // columns would have two threads writing the same cache lines (at two threads that cost 10-25 %
 // of a product at bench-8x512's shapes). In the dot form a panel of whole columns is transposed
 // four by four (PackWholePanel) up to k's last whole group.
-void PackW(const int8_t* qw, int64_t n, int64_t k, PackedW* wp) {
+// PackW in tasks: the count, and task t (a panel's block of kKcGroups groups).
+int64_t PackWTasks(int64_t n, int64_t k) {
+  const int64_t groups = (k + kGroup - 1) / kGroup, panel_cols = kNr * hn::Lanes(D32());
+  return (n + panel_cols - 1) / panel_cols * ((groups + kKcGroups - 1) / kKcGroups);
+}
+
+void PackWTask(const int8_t* qw, int64_t n, int64_t k, PackedW* wp, int64_t task) {
   const auto lanes = static_cast<int64_t>(hn::Lanes(D32()));
   const int64_t groups = (k + kGroup - 1) / kGroup, panel_cols = kNr * lanes;
-  const int64_t panels = (n + panel_cols - 1) / panel_cols,
-                panel_elems = groups * panel_cols * kGroup;
+  const int64_t panel_elems = groups * panel_cols * kGroup;
   const int64_t blocks = (groups + kKcGroups - 1) / kKcGroups;
-  ParallelFor(panels * blocks, [&](int64_t task) {
-    const int64_t j0 = task / blocks * panel_cols, g_begin = task % blocks * kKcGroups,
-                  g_end = std::min(groups, g_begin + kKcGroups);
-    PackedW* panel = wp + task / blocks * panel_elems;
-    int64_t g_first = g_begin;  // the first group the loop below packs
+  const int64_t j0 = task / blocks * panel_cols, g_begin = task % blocks * kKcGroups,
+                g_end = std::min(groups, g_begin + kKcGroups);
+  PackedW* panel = wp + task / blocks * panel_elems;
+  int64_t g_first = g_begin;  // the first group the loop below packs
 #if LOCKSTEP_I8_DOT
-    if (j0 + panel_cols <= n) {
-      g_first =
-          PackWholePanel(qw + j0 * k, k, g_begin, std::max(g_begin, std::min(g_end, k / kGroup)),
-                         panel + g_begin * panel_cols * kGroup);
-    }
+  if (j0 + panel_cols <= n) {
+    g_first =
+        PackWholePanel(qw + j0 * k, k, g_begin, std::max(g_begin, std::min(g_end, k / kGroup)),
+                       panel + g_begin * panel_cols * kGroup);
+  }
 #endif
-    for (int64_t jj = 0; jj < panel_cols; ++jj) {
-      const int64_t j = j0 + jj;
-      PackedW* out = panel + (g_first * panel_cols + jj) * kGroup;
-      const int8_t* row = qw + std::min(j, n - 1) * k;  // (a column past n reads nothing)
-      int64_t g = g_first;
-      for (; j < n && g < g_end && (g + 1) * kGroup <= k; ++g, out += panel_cols * kGroup) {
+  for (int64_t jj = 0; jj < panel_cols; ++jj) {
+    const int64_t j = j0 + jj;
+    PackedW* out = panel + (g_first * panel_cols + jj) * kGroup;
+    const int8_t* row = qw + std::min(j, n - 1) * k;  // (a column past n reads nothing)
+    int64_t g = g_first;
+    for (; j < n && g < g_end && (g + 1) * kGroup <= k; ++g, out += panel_cols * kGroup) {
 #if LOCKSTEP_I8_DOT
-        uint32_t v;  // four int8 values; w + 128 as u8 is w with its top bit flipped
-        std::memcpy(&v, row + g * kGroup, sizeof(v));
-        v ^= 0x80808080u;
+      uint32_t v;  // four int8 values; w + 128 as u8 is w with its top bit flipped
+      std::memcpy(&v, row + g * kGroup, sizeof(v));
+      v ^= 0x80808080u;
 #else
-        const uint32_t v =
-            static_cast<uint16_t>(int16_t{row[g * kGroup]}) |
-            static_cast<uint32_t>(static_cast<uint16_t>(int16_t{row[g * kGroup + 1]})) << 16;
+      const uint32_t v = static_cast<uint16_t>(int16_t{row[g * kGroup]}) |
+                         static_cast<uint32_t>(static_cast<uint16_t>(int16_t{row[g * kGroup + 1]}))
+                             << 16;
 #endif
-        std::memcpy(out, &v, sizeof(v));
-      }
-      for (; g < g_end; ++g, out += panel_cols * kGroup) {  // k's last group, columns past n
-        for (int64_t t = 0; t < kGroup; ++t) {
-          const int64_t r = g * kGroup + t;
-          const int32_t v = j < n && r < k ? int32_t{row[r]} : 0;
-          out[t] = static_cast<PackedW>(LOCKSTEP_I8_DOT ? v + 128 : v);
-        }
+      std::memcpy(out, &v, sizeof(v));
+    }
+    for (; g < g_end; ++g, out += panel_cols * kGroup) {  // k's last group, columns past n
+      for (int64_t t = 0; t < kGroup; ++t) {
+        const int64_t r = g * kGroup + t;
+        const int32_t v = j < n && r < k ? int32_t{row[r]} : 0;
+        out[t] = static_cast<PackedW>(LOCKSTEP_I8_DOT ? v + 128 : v);
       }
     }
-  });
+  }
+}
+
+void PackW(const int8_t* qw, int64_t n, int64_t k, PackedW* wp) {
+  ParallelFor(PackWTasks(n, k), [&](int64_t task) { PackWTask(qw, n, k, wp, task); });
 }
 
 #if LOCKSTEP_I8_DOT
@@ -350,53 +357,81 @@ void PackX(const int8_t* qx, int64_t m, int64_t k, int64_t groups, int64_t b, Pa
   }
 }
 
-// y = x · Wᵀ from W packed by PackW.
-void GemmPackedW(const int8_t* qx, const float* sx, const PackedW* wp, const float* sw, float* y,
-                 int64_t m, int64_t n, int64_t k) {
-  const D32 d;
-  const auto lanes = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t groups = (k + kGroup - 1) / kGroup;
-  const int64_t panel_cols = kNr * lanes, panels = (n + panel_cols - 1) / panel_cols;
-  const int64_t panel_elems = groups * panel_cols * kGroup;
-  // Scratch on the calling thread: packed X, unless the tiles read X itself, and the rows'
-  // corrections. The dot form reads X in place where it can: its packing was a copy, which at a
-  // small n (2048×128×512, two threads) took more time than the product's loads it saved.
-  const int64_t blocks = (m + kMr - 1) / kMr, block = groups * kMr * kGroup;
-  const bool packed = !LOCKSTEP_I8_DOT || k % kGroup != 0;
-  const int64_t x_bytes = packed ? blocks * block * int64_t{sizeof(PackedX)} : 0;
-  float* a = ScratchFloats(Scratch::kGemmA, static_cast<size_t>((x_bytes + 3) / 4 + m));
-  auto* row_fix = reinterpret_cast<int32_t*>(a + (x_bytes + 3) / 4);
-  XOperand x{nullptr, packed, m, k, block};
-  if (packed) {
-    auto* xp = reinterpret_cast<PackedX*>(a);
-    ParallelFor(blocks, [&](int64_t b) { PackX(qx, m, k, groups, b, xp + b * block, row_fix); });
-    x.data = xp;
+// X as the tiles read it, and the rows' corrections, made in `tasks` tasks of kMr rows each
+// (Run): packed (PackX), or, where the tiles read X itself, its rows' sums alone. In scratch of
+// the calling thread's. The dot form reads X in place where it can: its packing was a copy,
+// which at a small n (2048×128×512, two threads) took more time than the product's loads it saved.
+struct XPrep {
+  XOperand x;
+  const int8_t* qx;
+  PackedX* xp;
+  int32_t* row_fix;
+  int64_t groups, tasks;
+
+  XPrep(const int8_t* qx_in, int64_t m, int64_t k) : qx(qx_in) {
+    groups = (k + kGroup - 1) / kGroup;
+    tasks = (m + kMr - 1) / kMr;
+    const int64_t block = groups * kMr * kGroup;
+    const bool packed = !LOCKSTEP_I8_DOT || k % kGroup != 0;
+    const int64_t x_bytes = packed ? tasks * block * int64_t{sizeof(PackedX)} : 0;
+    float* a = ScratchFloats(Scratch::kGemmA, static_cast<size_t>((x_bytes + 3) / 4 + m));
+    xp = reinterpret_cast<PackedX*>(a);
+    row_fix = reinterpret_cast<int32_t*>(a + (x_bytes + 3) / 4);
+    x = XOperand{packed ? xp : reinterpret_cast<const PackedX*>(qx), packed, m, k, block};
   }
+
+  void Run(int64_t b) const {
+    if (x.packed) {
+      PackX(qx, x.m, x.k, groups, b, xp + b * x.block, row_fix);
+      return;
+    }
 #if LOCKSTEP_I8_DOT
-  else {
-    x.data = qx;
-    ParallelFor(blocks, [&](int64_t b) {
-      for (int64_t i = b * kMr; i < std::min(m, b * kMr + kMr); ++i) {
-        row_fix[i] = static_cast<int32_t>(RowSum(qx + i * k, k) * 128u);
-      }
-    });
-  }
+    for (int64_t i = b * kMr; i < std::min(x.m, b * kMr + kMr); ++i) {
+      row_fix[i] = static_cast<int32_t>(RowSum(qx + i * x.k, x.k) * 128u);
+    }
 #endif
+  }
+};
+
+// y = x · Wᵀ from X prepared (XPrep, every task run) and W packed by PackW.
+void Product(const XPrep& prep, const float* sx, const PackedW* wp, const float* sw, float* y,
+             int64_t m, int64_t n) {
+  const auto lanes = static_cast<int64_t>(hn::Lanes(D32()));
+  const int64_t panel_cols = kNr * lanes, panels = (n + panel_cols - 1) / panel_cols;
+  const int64_t panel_elems = prep.groups * panel_cols * kGroup;
   const int64_t row_tasks = (m + kRowsPerTask - 1) / kRowsPerTask;
   ParallelFor(row_tasks * panels, [&](int64_t task) {
     const int64_t p = task % panels, i_begin = task / panels * kRowsPerTask;
     const int64_t i_end = std::min(m, i_begin + kRowsPerTask);
-    Task(x, groups, row_fix, sx, wp + p * panel_elems, sw, y, i_begin, i_end, p * panel_cols, n);
+    Task(prep.x, prep.groups, prep.row_fix, sx, wp + p * panel_elems, sw, y, i_begin, i_end,
+         p * panel_cols, n);
   });
 }
 
+// y = x · Wᵀ from W packed by PackW.
+void GemmPackedW(const int8_t* qx, const float* sx, const PackedW* wp, const float* sw, float* y,
+                 int64_t m, int64_t n, int64_t k) {
+  const XPrep prep(qx, m, k);
+  ParallelFor(prep.tasks, [&](int64_t b) { prep.Run(b); });
+  Product(prep, sx, wp, sw, y, m, n);
+}
+
+// y = x · Wᵀ, W packed into scratch of the calling thread's for this call, in the same parallel
+// loop as X's preparation (one wait for the threads fewer).
 void GemmTiled(const int8_t* qx, const float* sx, const int8_t* qw, const float* sw, float* y,
                int64_t m, int64_t n, int64_t k) {
-  // W packed into scratch of the calling thread's, for this call.
   auto* wp = reinterpret_cast<PackedW*>(
       ScratchFloats(Scratch::kGemmB, static_cast<size_t>((PackedWBytes(n, k) + 3) / 4)));
-  PackW(qw, n, k, wp);
-  GemmPackedW(qx, sx, wp, sw, y, m, n, k);
+  const XPrep prep(qx, m, k);
+  const int64_t w_tasks = PackWTasks(n, k);
+  ParallelFor(w_tasks + prep.tasks, [&](int64_t t) {
+    if (t < w_tasks) {
+      PackWTask(qw, n, k, wp, t);
+    } else {
+      prep.Run(t - w_tasks);
+    }
+  });
+  Product(prep, sx, wp, sw, y, m, n);
 }
 
 // This form's entry points, for the variant's dispatch (int8.cc, WithForm), W packed as bytes;
