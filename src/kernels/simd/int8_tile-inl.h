@@ -116,7 +116,7 @@ LOCKSTEP_INT8_TILE HWY_NOINLINE void Accumulate(const PackedX* const* rows, int6
   int64_t at = 0;
 #pragma GCC unroll 4
   for (int64_t g = 0; g < groups; ++g, w += stride * kGroup, at += step) {
-#define LOCKSTEP_I8_PANEL(i, c)                           \
+#define LOCKSTEP_I8_PANEL(i, c)                            \
   __builtin_prefetch(w + (64 * kNr + c) * lanes * kGroup); \
   const V32 w##c = hn::BitCast(d, hn::Load(dw, w + c * lanes * kGroup));
     LOCKSTEP_I8_FOR_COLS(LOCKSTEP_I8_PANEL, 0)
