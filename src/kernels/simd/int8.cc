@@ -279,6 +279,34 @@ void RotateRow(float* v, int64_t cols) {
 // Rows of xᵀ are kColumnTile columns of x at a time.
 constexpr int64_t kColumnTile = 64;
 
+// out[l · stride + j] = tile[j · kColumnTile + l] for l < count, j < block: 4 × 4 blocks by
+// interleaving where both are whole (the element-by-element copy took two thirds of
+// RotateColumnTile's time), the rest one by one.
+void TransposeTile(const float* tile, int64_t count, int64_t block, float* out, int64_t stride) {
+  const hn::Full128<float> d;
+  const hn::Repartition<double, decltype(d)> d64;
+  const int64_t count4 = block % 4 == 0 ? count / 4 * 4 : 0;
+  for (int64_t l = 0; l < count4; l += 4) {
+    for (int64_t j = 0; j < block; j += 4) {
+      const float* t = tile + j * kColumnTile + l;
+      const auto r0 = hn::LoadU(d, t), r1 = hn::LoadU(d, t + kColumnTile),
+                 r2 = hn::LoadU(d, t + 2 * kColumnTile), r3 = hn::LoadU(d, t + 3 * kColumnTile);
+      const auto lo01 = hn::BitCast(d64, hn::InterleaveLower(d, r0, r1));  // r0l0 r1l0 r0l1 r1l1
+      const auto lo23 = hn::BitCast(d64, hn::InterleaveLower(d, r2, r3));
+      const auto hi01 = hn::BitCast(d64, hn::InterleaveUpper(d, r0, r1));  // r0l2 r1l2 r0l3 r1l3
+      const auto hi23 = hn::BitCast(d64, hn::InterleaveUpper(d, r2, r3));
+      float* o = out + l * stride + j;
+      hn::StoreU(hn::BitCast(d, hn::InterleaveLower(d64, lo01, lo23)), d, o);
+      hn::StoreU(hn::BitCast(d, hn::InterleaveUpper(d64, lo01, lo23)), d, o + stride);
+      hn::StoreU(hn::BitCast(d, hn::InterleaveLower(d64, hi01, hi23)), d, o + 2 * stride);
+      hn::StoreU(hn::BitCast(d, hn::InterleaveUpper(d64, hi01, hi23)), d, o + 3 * stride);
+    }
+  }
+  for (int64_t l = count4; l < count; ++l) {
+    for (int64_t j = 0; j < block; ++j) out[l * stride + j] = tile[j * kColumnTile + l];
+  }
+}
+
 // The rows first .. first + kColumnTile - 1 of xᵀ (fewer at the end), rotated into out[l * rows +
 // j] (row first + l, element j): the columns of a tile whose row j holds element j of each (x's
 // rows read four cache lines at a time: one line at a time ran at a third of the speed on the
@@ -314,10 +342,7 @@ void RotateColumnTile(const float* x, float* out, int64_t rows, int64_t cols, in
         hn::Store(hn::Mul(hn::Load(d, p), factor), d, p);
       }
     }
-    for (int64_t l = 0; l < count; ++l) {
-      float* o = out + l * rows + s;
-      for (int64_t j = 0; j < block; ++j) o[j] = tile[j * kColumnTile + l];
-    }
+    TransposeTile(tile, count, block, out + s, rows);
   }
 }
 
