@@ -98,8 +98,11 @@ struct TileOut {
 // packed panel, which is prefetched 64 groups ahead (the first row block of a task reads the panel
 // from L3, whose latency 8 groups ahead left exposed: 64 measured 4-6 % faster at one thread on Zen
 // 5, the same at two). The sums start at 0 where `first`, else at sums[kMr][kNr vectors]; they go
-// to `out`'s rows of y where it is given (the last block of k), else back to `sums`. Not inlined:
-// inlined into Task, GCC 12 moved and spilled sums in the unrolled loop (measured 15 % slower).
+// to `out`'s rows of y where it is given (the last block of k), else back to `sums`. Only the
+// first kVecs vectors of columns are computed, so that a panel's vectors past n cost nothing
+// (n = 128 in 48-column panels would compute 144 columns). Not inlined: inlined into Task, GCC 12
+// moved and spilled sums in the unrolled loop (measured 15 % slower).
+template <int64_t kVecs>
 LOCKSTEP_INT8_TILE HWY_NOINLINE void Accumulate(const PackedX* const* rows, int64_t step,
                                                 const PackedW* w, int64_t groups, int32_t* sums,
                                                 bool first, const TileOut* out) {
@@ -108,7 +111,7 @@ LOCKSTEP_INT8_TILE HWY_NOINLINE void Accumulate(const PackedX* const* rows, int6
   const int64_t stride = kNr * lanes;
   const hn::ScalableTag<PackedW> dw;
 #define LOCKSTEP_I8_LOAD(i, c) \
-  V32 a##i##c = first ? hn::Zero(d) : hn::Load(d, sums + i * stride + c * lanes);
+  V32 a##i##c = first || c >= kVecs ? hn::Zero(d) : hn::Load(d, sums + i * stride + c * lanes);
 #define LOCKSTEP_I8_LOAD_ROW(i) LOCKSTEP_I8_FOR_COLS(LOCKSTEP_I8_LOAD, i)
   LOCKSTEP_I8_FOR_ROWS(LOCKSTEP_I8_LOAD_ROW)
 #define LOCKSTEP_I8_ROW(i) const PackedX* const x##i = rows[i];
@@ -116,11 +119,12 @@ LOCKSTEP_INT8_TILE HWY_NOINLINE void Accumulate(const PackedX* const* rows, int6
   int64_t at = 0;
 #pragma GCC unroll 4
   for (int64_t g = 0; g < groups; ++g, w += stride * kGroup, at += step) {
-#define LOCKSTEP_I8_PANEL(i, c)                            \
-  __builtin_prefetch(w + (64 * kNr + c) * lanes * kGroup); \
-  const V32 w##c = hn::BitCast(d, hn::Load(dw, w + c * lanes * kGroup));
+#define LOCKSTEP_I8_PANEL(i, c)                                           \
+  if (c < kVecs) __builtin_prefetch(w + (64 * kNr + c) * lanes * kGroup); \
+  const V32 w##c = c < kVecs ? hn::BitCast(d, hn::Load(dw, w + c * lanes * kGroup)) : hn::Zero(d);
     LOCKSTEP_I8_FOR_COLS(LOCKSTEP_I8_PANEL, 0)
-#define LOCKSTEP_I8_STEP(i, c) a##i##c = GroupStep(a##i##c, w##c, xv);
+#define LOCKSTEP_I8_STEP(i, c) \
+  if (c < kVecs) a##i##c = GroupStep(a##i##c, w##c, xv);
 #define LOCKSTEP_I8_STEP_ROW(i)                    \
   {                                                \
     const V32 xv = hn::Set(d, GroupOf(x##i + at)); \
@@ -129,7 +133,8 @@ LOCKSTEP_INT8_TILE HWY_NOINLINE void Accumulate(const PackedX* const* rows, int6
     LOCKSTEP_I8_FOR_ROWS(LOCKSTEP_I8_STEP_ROW)
   }
   if (out == nullptr) {
-#define LOCKSTEP_I8_STORE(i, c) hn::Store(a##i##c, d, sums + i * stride + c * lanes);
+#define LOCKSTEP_I8_STORE(i, c) \
+  if (c < kVecs) hn::Store(a##i##c, d, sums + i * stride + c * lanes);
 #define LOCKSTEP_I8_STORE_ROW(i) LOCKSTEP_I8_FOR_COLS(LOCKSTEP_I8_STORE, i)
     LOCKSTEP_I8_FOR_ROWS(LOCKSTEP_I8_STORE_ROW)
     return;
@@ -185,6 +190,7 @@ LOCKSTEP_INT8_TILE void Task(const XOperand& x, int64_t groups, const int32_t* r
                              int64_t i_begin, int64_t i_end, int64_t j0, int64_t n) {
   const auto lanes = static_cast<int64_t>(hn::Lanes(D32()));
   const int64_t stride = kNr * lanes;
+  const int64_t vecs = (std::min(stride, n - j0) + lanes - 1) / lanes;  // columns' vectors
   HWY_ALIGN int32_t sums[kRowsPerTask * kNr * hn::MaxLanes(D32())];
   for (int64_t g0 = 0;; g0 += kKcGroups) {  // (k = 0: one block of no groups, y = 0 · scale)
     const int64_t count = std::min(kKcGroups, groups - g0);
@@ -194,8 +200,16 @@ LOCKSTEP_INT8_TILE void Task(const XOperand& x, int64_t groups, const int32_t* r
           row_fix, sx, sw, y, i0, std::min(kMr, i_end - i0), j0, std::min(stride, n - j0), n};
       const PackedX* rows[kMr];
       for (int64_t i = 0; i < kMr; ++i) rows[i] = x.Row(i0, i, g0);
-      Accumulate(rows, x.Step(), panel + g0 * stride * kGroup, count,
-                 sums + (i0 - i_begin) * stride, g0 == 0, last ? &out : nullptr);
+      const PackedW* w = panel + g0 * stride * kGroup;
+      int32_t* tile_sums = sums + (i0 - i_begin) * stride;
+      const TileOut* to = last ? &out : nullptr;
+      if (vecs == kNr) {
+        Accumulate<kNr>(rows, x.Step(), w, count, tile_sums, g0 == 0, to);
+      } else if (vecs == 2) {
+        Accumulate<2>(rows, x.Step(), w, count, tile_sums, g0 == 0, to);
+      } else {
+        Accumulate<1>(rows, x.Step(), w, count, tile_sums, g0 == 0, to);
+      }
     }
     if (last) return;
   }
