@@ -76,6 +76,23 @@ void QuantizeRowsByScale(const float* x, const float* scale, int8_t* q, int64_t 
   ParallelFor(rows, [&](int64_t r) { QuantizeRow(x + r * cols, scale[r], q + r * cols, cols); });
 }
 
+// Four vectors of four 32-bit values r0..r3 (rows) transposed: put(c, v) receives column c
+// (r0[c], r1[c], r2[c], r3[c]). Moves only, by two rounds of interleaving.
+template <class D, class Put>
+HWY_INLINE void Transpose4x4(D d, hn::Vec<D> r0, hn::Vec<D> r1, hn::Vec<D> r2, hn::Vec<D> r3,
+                             const Put& put) {
+  static_assert(sizeof(hn::TFromD<D>) == 4 && hn::MaxLanes(D()) == 4);
+  const hn::Repartition<uint64_t, D> d64;
+  const auto lo01 = hn::BitCast(d64, hn::InterleaveLower(d, r0, r1));  // r0[0] r1[0] r0[1] r1[1]
+  const auto lo23 = hn::BitCast(d64, hn::InterleaveLower(d, r2, r3));
+  const auto hi01 = hn::BitCast(d64, hn::InterleaveUpper(d, r0, r1));  // r0[2] r1[2] r0[3] r1[3]
+  const auto hi23 = hn::BitCast(d64, hn::InterleaveUpper(d, r2, r3));
+  put(0, hn::BitCast(d, hn::InterleaveLower(d64, lo01, lo23)));
+  put(1, hn::BitCast(d, hn::InterleaveUpper(d64, lo01, lo23)));
+  put(2, hn::BitCast(d, hn::InterleaveLower(d64, hi01, hi23)));
+  put(3, hn::BitCast(d, hn::InterleaveUpper(d64, hi01, hi23)));
+}
+
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 // x86: the register-blocked kernel of int8_tile-inl.h, in the dot form where the target has an
 // int8 dot product (AVX3_DL; AVX2 with AVX-VNNI, the variant AVX2_VNNI), else the widened form.
@@ -284,22 +301,14 @@ constexpr int64_t kColumnTile = 64;
 // RotateColumnTile's time), the rest one by one.
 void TransposeTile(const float* tile, int64_t count, int64_t block, float* out, int64_t stride) {
   const hn::Full128<float> d;
-  const hn::Repartition<double, decltype(d)> d64;
   const int64_t count4 = block % 4 == 0 ? count / 4 * 4 : 0;
   for (int64_t l = 0; l < count4; l += 4) {
     for (int64_t j = 0; j < block; j += 4) {
       const float* t = tile + j * kColumnTile + l;
-      const auto r0 = hn::LoadU(d, t), r1 = hn::LoadU(d, t + kColumnTile),
-                 r2 = hn::LoadU(d, t + 2 * kColumnTile), r3 = hn::LoadU(d, t + 3 * kColumnTile);
-      const auto lo01 = hn::BitCast(d64, hn::InterleaveLower(d, r0, r1));  // r0l0 r1l0 r0l1 r1l1
-      const auto lo23 = hn::BitCast(d64, hn::InterleaveLower(d, r2, r3));
-      const auto hi01 = hn::BitCast(d64, hn::InterleaveUpper(d, r0, r1));  // r0l2 r1l2 r0l3 r1l3
-      const auto hi23 = hn::BitCast(d64, hn::InterleaveUpper(d, r2, r3));
       float* o = out + l * stride + j;
-      hn::StoreU(hn::BitCast(d, hn::InterleaveLower(d64, lo01, lo23)), d, o);
-      hn::StoreU(hn::BitCast(d, hn::InterleaveUpper(d64, lo01, lo23)), d, o + stride);
-      hn::StoreU(hn::BitCast(d, hn::InterleaveLower(d64, hi01, hi23)), d, o + 2 * stride);
-      hn::StoreU(hn::BitCast(d, hn::InterleaveUpper(d64, hi01, hi23)), d, o + 3 * stride);
+      Transpose4x4(d, hn::LoadU(d, t), hn::LoadU(d, t + kColumnTile),
+                   hn::LoadU(d, t + 2 * kColumnTile), hn::LoadU(d, t + 3 * kColumnTile),
+                   [&](int64_t c, hn::Vec<decltype(d)> v) { hn::StoreU(v, d, o + c * stride); });
     }
   }
   for (int64_t l = count4; l < count; ++l) {

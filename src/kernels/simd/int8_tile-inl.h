@@ -225,35 +225,26 @@ int64_t PackedWBytes(int64_t n, int64_t k) {
 
 #if LOCKSTEP_I8_DOT
 // Groups [g_begin, g_end) of a panel whose columns all exist and whose groups are all whole, four
-// groups of four columns at a time: a 4×4 transpose of 32-bit groups (each w + 128: w with its
-// top bit flipped) from the rows of W at `rows` + j·k. Returns the first group it did not pack
-// (g_end less the groups past a multiple of four). The scalar loop of PackW took 11 % of a 1024³
-// product, one gather per 16 groups 15 % of a 512×512×2048 one.
+// groups of four columns at a time: a 4×4 transpose (int8.cc's Transpose4x4) of 32-bit groups
+// (each w + 128: w with its top bit flipped) from the rows of W at `rows` + j·k. Returns the first
+// group it did not pack (g_end less the groups past a multiple of four). The scalar loop of PackW
+// took 11 % of a 1024³ product, one gather per 16 groups 15 % of a 512×512×2048 one.
 int64_t PackWholePanel(const int8_t* rows, int64_t k, int64_t g_begin, int64_t g_end,
                        PackedW* out) {
   const hn::Full128<int32_t> d;
-  const hn::Repartition<int64_t, decltype(d)> d64;
   const auto flip = hn::Set(d, static_cast<int32_t>(0x80808080u));
   const int64_t panel_cols = kNr * static_cast<int64_t>(hn::Lanes(D32()));
   const auto load = [&](int64_t j, int64_t g) {
     return hn::Xor(hn::LoadU(d, reinterpret_cast<const int32_t*>(rows + j * k + g * kGroup)), flip);
   };
-  const auto store = [&](decltype(hn::Zero(d64)) v, int64_t g, int64_t j) {
-    hn::StoreU(hn::BitCast(d, v), d,
-               reinterpret_cast<int32_t*>(out + ((g - g_begin) * panel_cols + j) * kGroup));
-  };
   int64_t g = g_begin;
   for (; g + 4 <= g_end; g += 4) {
     for (int64_t j = 0; j < panel_cols; j += 4) {
-      const auto r0 = load(j, g), r1 = load(j + 1, g), r2 = load(j + 2, g), r3 = load(j + 3, g);
-      const auto lo01 = hn::BitCast(d64, hn::InterleaveLower(d, r0, r1));  // r0g0 r1g0 r0g1 r1g1
-      const auto lo23 = hn::BitCast(d64, hn::InterleaveLower(d, r2, r3));
-      const auto hi01 = hn::BitCast(d64, hn::InterleaveUpper(d, r0, r1));  // r0g2 r1g2 r0g3 r1g3
-      const auto hi23 = hn::BitCast(d64, hn::InterleaveUpper(d, r2, r3));
-      store(hn::InterleaveLower(d64, lo01, lo23), g, j);
-      store(hn::InterleaveUpper(d64, lo01, lo23), g + 1, j);
-      store(hn::InterleaveLower(d64, hi01, hi23), g + 2, j);
-      store(hn::InterleaveUpper(d64, hi01, hi23), g + 3, j);
+      PackedW* o = out + ((g - g_begin) * panel_cols + j) * kGroup;
+      Transpose4x4(d, load(j, g), load(j + 1, g), load(j + 2, g), load(j + 3, g),
+                   [&](int64_t c, hn::Vec<decltype(d)> v) {
+                     hn::StoreU(v, d, reinterpret_cast<int32_t*>(o + c * panel_cols * kGroup));
+                   });
     }
   }
   return g;
