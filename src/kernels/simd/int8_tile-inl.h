@@ -1,4 +1,5 @@
-// The x86 int8 GEMM: a register-blocked kernel over packed operands, in one of two forms. Included
+// The x86 int8 GEMM: a register-blocked kernel over packed w and x (packed, or read in place), in
+// one of two forms. Included
 // by int8.cc, inside a namespace of its own per form, once or twice per x86 target, with
 //   LOCKSTEP_I8_DOT  1: the dot form, groups of G = 4 products per lane: vpdpbusd (AVX-512 VNNI
 //                       on AVX3_DL, the VEX AVX-VNNI on AVX2) on u8 = w + 128 and s8 = x, which
@@ -12,8 +13,8 @@
 // Lane j of an int32 accumulator is output column j of its block; each step adds one group of G
 // consecutive products along k to it. The sums are exact, so neither the form, the blocking nor
 // the threads change a bit; the epilogue is the reference's float(acc) · (sx[i] · sw[j]).
-// Defines PackedWBytes, PackW, GemmPackedW, GemmTiled (the three in one call) and Form (the
-// entry points); undefines both macros.
+// Its entry points are Form's (PackedWBytes, PackW, GemmPackedW, and GemmTiled: the packing and
+// the product in one call); it undefines both macros.
 #if LOCKSTEP_I8_DOT
 constexpr int64_t kGroup = 4;
 using PackedW = uint8_t;  // w + 128
@@ -189,15 +190,14 @@ LOCKSTEP_INT8_TILE void Task(const XOperand& x, int64_t groups, const int32_t* r
                              const float* sx, const PackedW* panel, const float* sw, float* y,
                              int64_t i_begin, int64_t i_end, int64_t j0, int64_t n) {
   const auto lanes = static_cast<int64_t>(hn::Lanes(D32()));
-  const int64_t stride = kNr * lanes;
-  const int64_t vecs = (std::min(stride, n - j0) + lanes - 1) / lanes;  // columns' vectors
+  const int64_t stride = kNr * lanes, cols = std::min(stride, n - j0);
+  const int64_t vecs = (cols + lanes - 1) / lanes;  // the panel's vectors of columns
   HWY_ALIGN int32_t sums[kRowsPerTask * kNr * hn::MaxLanes(D32())];
   for (int64_t g0 = 0;; g0 += kKcGroups) {  // (k = 0: one block of no groups, y = 0 · scale)
     const int64_t count = std::min(kKcGroups, groups - g0);
     const bool last = g0 + count >= groups;
     for (int64_t i0 = i_begin; i0 < i_end; i0 += kMr) {
-      const TileOut out{
-          row_fix, sx, sw, y, i0, std::min(kMr, i_end - i0), j0, std::min(stride, n - j0), n};
+      const TileOut out{row_fix, sx, sw, y, i0, std::min(kMr, i_end - i0), j0, cols, n};
       const PackedX* rows[kMr];
       for (int64_t i = 0; i < kMr; ++i) rows[i] = x.Row(i0, i, g0);
       const PackedW* w = panel + g0 * stride * kGroup;
@@ -256,8 +256,8 @@ int64_t PackWholePanel(const int8_t* rows, int64_t k, int64_t g_begin, int64_t g
 // panel over a block of kKcGroups groups, a range of the packing of its own: tasks of single
 // columns would have two threads writing the same cache lines (at two threads that cost 10-25 %
 // of a product at bench-8x512's shapes). In the dot form a panel of whole columns is transposed
-// four by four (PackWholePanel) up to k's last whole group.
-// PackW in tasks: the count, and task t (a panel's block of kKcGroups groups).
+// four by four (PackWholePanel) up to k's last whole group. PackWTasks counts the tasks,
+// PackWTask packs one.
 int64_t PackWTasks(int64_t n, int64_t k) {
   const int64_t groups = (k + kGroup - 1) / kGroup, panel_cols = kNr * hn::Lanes(D32());
   return (n + panel_cols - 1) / panel_cols * ((groups + kKcGroups - 1) / kKcGroups);
@@ -311,9 +311,9 @@ void PackW(const int8_t* qw, int64_t n, int64_t k, PackedW* wp) {
 }
 
 #if LOCKSTEP_I8_DOT
-// Σ_r x[r] modulo 2^32: the bytes as x + 128 (x with its top bit flipped) summed eight at a
-// time in uint64 lanes, less 128 for each.
-HWY_INLINE uint32_t RowSum(const int8_t* x, int64_t k) {
+// A row's correction, 128·Σ_r x[r] modulo 2^32 (wrapping like the sums): the bytes as x + 128 (x
+// with its top bit flipped) summed eight at a time in uint64 lanes, less 128 for each.
+HWY_INLINE int32_t RowFix(const int8_t* x, int64_t k) {
   const hn::ScalableTag<uint8_t> d8;
   const hn::Repartition<uint64_t, decltype(d8)> d64;
   const auto n = static_cast<int64_t>(hn::Lanes(d8));
@@ -324,7 +324,7 @@ HWY_INLINE uint32_t RowSum(const int8_t* x, int64_t k) {
     acc = hn::Add(acc, hn::SumsOf8(hn::Xor(hn::LoadU(d8, u + r), hn::Set(d8, 0x80))));
   uint64_t sum = hn::GetLane(hn::SumOfLanes(d64, acc)) - 128u * static_cast<uint64_t>(r);
   for (; r < k; ++r) sum += static_cast<uint64_t>(int64_t{x[r]});
-  return static_cast<uint32_t>(sum);
+  return static_cast<int32_t>(static_cast<uint32_t>(sum) * 128u);
 }
 #endif
 
@@ -344,7 +344,7 @@ void PackX(const int8_t* qx, int64_t m, int64_t k, int64_t groups, int64_t b, Pa
     const int8_t* row = qx + i * k;
     int64_t g = 0;
 #if LOCKSTEP_I8_DOT
-    row_fix[i] = static_cast<int32_t>(RowSum(row, k) * 128u);
+    row_fix[i] = RowFix(row, k);
     for (; (g + 1) * kGroup <= k; ++g) std::memcpy(col + g * step, row + g * kGroup, kGroup);
 #else
     row_fix[i] = 0;
@@ -392,7 +392,7 @@ struct XPrep {
     }
 #if LOCKSTEP_I8_DOT
     for (int64_t i = b * kMr; i < std::min(x.m, b * kMr + kMr); ++i) {
-      row_fix[i] = static_cast<int32_t>(RowSum(qx + i * x.k, x.k) * 128u);
+      row_fix[i] = RowFix(qx + i * x.k, x.k);
     }
 #endif
   }
