@@ -11,9 +11,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,73 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// The register ceiling of one core: the int8 form's multiply-add step (GroupStep in
+// src/kernels/simd/int8_tile-inl.h) and fp32's FMA, each on 12 independent accumulators held in
+// registers with no load, in GOP/s = GFLOP/s (2 per product). It bounds what any GEMM built on
+// the instruction can reach, so int8_over_f32 of the GEMMs reads against int8_over_f32 here.
+// x86 only; the operands (registers 12 and 14) are zeros: no denormal in the FMAs.
+struct Ceiling {
+  double int8_gops = 0, f32_gflops = 0;
+};
+
+#if defined(__x86_64__)
+// Best of 5 runs of `iterations` × 12 steps, each step `products` multiply-adds, in G/s × 2.
+template <class F>
+double RegisterRate(F loop, double products) {
+  constexpr long kIterations = 20'000'000;
+  double best = 1e30;
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    loop(kIterations);
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return 2.0 * products * 12.0 * static_cast<double>(kIterations) / best * 1e-9;
+}
+
+#define LOCKSTEP_TWELVE(S) S(0) S(1) S(2) S(3) S(4) S(5) S(6) S(7) S(8) S(9) S(10) S(11)
+#define LOCKSTEP_CEILING_LOOP(R, STEP)                                                            \
+  [](long iterations) {                                                                           \
+    asm volatile(                                                                                 \
+        "vpxor %%xmm12, %%xmm12, %%xmm12\n vpxor %%xmm14, %%xmm14, %%xmm14\n"                     \
+        "1:\n" LOCKSTEP_TWELVE(STEP) "dec %0\n jnz 1b\n"                                          \
+        : "+r"(iterations)::R "0", R "1", R "2", R "3", R "4", R "5", R "6", R "7", R "8", R "9", \
+          R "10", R "11", R "12", R "14", R "15", "cc");                                          \
+  }
+#define LOCKSTEP_MADD_Y(i) \
+  "vpmaddwd %%ymm12, %%ymm14, %%ymm15\n vpaddd %%ymm15, %%ymm" #i ", %%ymm" #i "\n"
+#define LOCKSTEP_MADD_Z(i) \
+  "vpmaddwd %%zmm12, %%zmm14, %%zmm15\n vpaddd %%zmm15, %%zmm" #i ", %%zmm" #i "\n"
+#define LOCKSTEP_DOT_Y(i) "%{vex%} vpdpbusd %%ymm12, %%ymm14, %%ymm" #i "\n"
+#define LOCKSTEP_DOT_Z(i) "vpdpbusd %%zmm12, %%zmm14, %%zmm" #i "\n"
+#define LOCKSTEP_FMA_Y(i) "vfmadd231ps %%ymm12, %%ymm14, %%ymm" #i "\n"
+#define LOCKSTEP_FMA_Z(i) "vfmadd231ps %%zmm12, %%zmm14, %%zmm" #i "\n"
+
+// The ceiling of lockstep's variant `isa` (its int8 form, its vector width); nullopt for a
+// variant without an x86 int8 form.
+std::optional<Ceiling> RegisterCeiling(const std::string& isa) {
+  if (isa == "AVX3_DL") {
+    return Ceiling{RegisterRate(LOCKSTEP_CEILING_LOOP("xmm", LOCKSTEP_DOT_Z), 16 * 4),
+                   RegisterRate(LOCKSTEP_CEILING_LOOP("xmm", LOCKSTEP_FMA_Z), 16)};
+  }
+  if (isa == "AVX3") {
+    return Ceiling{RegisterRate(LOCKSTEP_CEILING_LOOP("xmm", LOCKSTEP_MADD_Z), 16 * 2),
+                   RegisterRate(LOCKSTEP_CEILING_LOOP("xmm", LOCKSTEP_FMA_Z), 16)};
+  }
+  if (isa == "AVX2_VNNI") {
+    return Ceiling{RegisterRate(LOCKSTEP_CEILING_LOOP("xmm", LOCKSTEP_DOT_Y), 8 * 4),
+                   RegisterRate(LOCKSTEP_CEILING_LOOP("xmm", LOCKSTEP_FMA_Y), 8)};
+  }
+  if (isa == "AVX2") {
+    return Ceiling{RegisterRate(LOCKSTEP_CEILING_LOOP("xmm", LOCKSTEP_MADD_Y), 8 * 2),
+                   RegisterRate(LOCKSTEP_CEILING_LOOP("xmm", LOCKSTEP_FMA_Y), 8)};
+  }
+  return std::nullopt;
+}
+#else
+std::optional<Ceiling> RegisterCeiling(const std::string&) { return std::nullopt; }
+#endif
+
 // --int8: y[m, n] = x[m, k]·w[n, k]ᵀ three ways, timed side by side at 1 and 2 threads: lockstep's
 // fp32 GemmXWt, lockstep's GemmI8XWt on the rows QuantizeRows makes of the same x and w (int8 in,
 // fp32 out, the dequantization included), and oneDNN's dnnl_gemm_u8s8s32 on the same int8 values
@@ -113,6 +181,20 @@ std::vector<std::string> Int8Rows(const std::vector<Shape>& shapes, int reps, bo
   if (!json) {
     fmt::print("lockstep variant {}; oneDNN {}.{}; best of {} runs\n", isa, dnnl_version()->major,
                dnnl_version()->minor, reps);
+  }
+  if (const std::optional<Ceiling> c = RegisterCeiling(isa)) {
+    if (json) {
+      rows.push_back(fmt::format(
+          "{{\"form\": \"register_ceiling\", \"threads\": 1, \"int8_gops\": {:.2f}, "
+          "\"f32_gflops\": {:.2f}, \"int8_over_f32\": {:.3f}, \"lockstep_variant\": \"{}\"}}",
+          c->int8_gops, c->f32_gflops, c->int8_gops / c->f32_gflops, isa));
+    } else {
+      fmt::print(
+          "register ceiling, one core: int8 {:.1f} GOP/s, f32 {:.1f} GFLOP/s, i8/f32 {:.2f}\n",
+          c->int8_gops, c->f32_gflops, c->int8_gops / c->f32_gflops);
+    }
+  }
+  if (!json) {
     fmt::print("{:>5} {:>5} {:>5} {:>3} {:>9} {:>9} {:>9} {:>8} {:>8} {:>6}\n", "m", "n", "k",
                "thr", "f32", "int8", "onednn", "i8/f32", "i8/dnnl", "same");
   }
@@ -201,16 +283,19 @@ int main(int argc, char** argv) {
       }
       chosen.push_back(s);
     } else {
-      fmt::print(stderr,
-                 "usage: bench_gemm [--json] [--int8] [--variant NAME] [--reps N] [--quick]\n"
-                 "                  [--shape MxNxK]...\n"
-                 "  Times lockstep GEMM and OpenBLAS sgemm (best of N runs, default 3) for the\n"
-                 "  forms xwt (Y=X·Wᵀ), dyw (dX=dY·W), dytx (dW=dYᵀ·X) at 1 and 2 threads, for\n"
-                 "  a linear layer of M rows, N outputs and K inputs (--shape, repeatable;\n"
-                 "  default: four large shapes). --int8: instead, lockstep's exact int8 GEMM\n"
-                 "  (GemmI8XWt) against its fp32 GemmXWt and oneDNN's u8s8s32 GEMM, y = x·wᵀ.\n"
-                 "  --variant: lockstep's SIMD variant (as lockstep --version lists them; default\n"
-                 "  the best this CPU runs).\n");
+      fmt::print(
+          stderr,
+          "usage: bench_gemm [--json] [--int8] [--variant NAME] [--reps N] [--quick]\n"
+          "                  [--shape MxNxK]...\n"
+          "  Times lockstep GEMM and OpenBLAS sgemm (best of N runs, default 3) for the\n"
+          "  forms xwt (Y=X·Wᵀ), dyw (dX=dY·W), dytx (dW=dYᵀ·X) at 1 and 2 threads, for\n"
+          "  a linear layer of M rows, N outputs and K inputs (--shape, repeatable;\n"
+          "  default: four large shapes). --int8: instead, lockstep's exact int8 GEMM\n"
+          "  (GemmI8XWt) against its fp32 GemmXWt and oneDNN's u8s8s32 GEMM, y = x·wᵀ.\n"
+          "  It first prints the register ceiling of one core: the int8 form's multiply-add\n"
+          "  step and fp32's FMA on registers alone (x86 variants).\n"
+          "  --variant: lockstep's SIMD variant (as lockstep --version lists them; default\n"
+          "  the best this CPU runs).\n");
       return 2;
     }
   }
