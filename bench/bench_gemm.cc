@@ -242,6 +242,21 @@ std::vector<std::string> Int8Rows(const std::vector<Shape>& shapes, int reps, bo
   return rows;
 }
 
+void PrintUsage() {
+  fmt::print(stderr,
+             "usage: bench_gemm [--json] [--int8] [--variant NAME] [--reps N] [--quick]\n"
+             "                  [--shape MxNxK]...\n"
+             "  Times lockstep GEMM and OpenBLAS sgemm (best of N runs, default 3) for the\n"
+             "  forms xwt (Y=X·Wᵀ), dyw (dX=dY·W), dytx (dW=dYᵀ·X) at 1 and 2 threads, for\n"
+             "  a linear layer of M rows, N outputs and K inputs (--shape, repeatable;\n"
+             "  default: four large shapes). --int8: instead, lockstep's exact int8 GEMM\n"
+             "  (GemmI8XWt) against its fp32 GemmXWt and oneDNN's u8s8s32 GEMM, y = x·wᵀ.\n"
+             "  It first prints the register ceiling of one core: the int8 form's multiply-add\n"
+             "  step and fp32's FMA on registers alone (x86 variants).\n"
+             "  --variant: lockstep's SIMD variant (as lockstep --version lists them; default\n"
+             "  the best this CPU runs).\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -283,19 +298,7 @@ int main(int argc, char** argv) {
       }
       chosen.push_back(s);
     } else {
-      fmt::print(
-          stderr,
-          "usage: bench_gemm [--json] [--int8] [--variant NAME] [--reps N] [--quick]\n"
-          "                  [--shape MxNxK]...\n"
-          "  Times lockstep GEMM and OpenBLAS sgemm (best of N runs, default 3) for the\n"
-          "  forms xwt (Y=X·Wᵀ), dyw (dX=dY·W), dytx (dW=dYᵀ·X) at 1 and 2 threads, for\n"
-          "  a linear layer of M rows, N outputs and K inputs (--shape, repeatable;\n"
-          "  default: four large shapes). --int8: instead, lockstep's exact int8 GEMM\n"
-          "  (GemmI8XWt) against its fp32 GemmXWt and oneDNN's u8s8s32 GEMM, y = x·wᵀ.\n"
-          "  It first prints the register ceiling of one core: the int8 form's multiply-add\n"
-          "  step and fp32's FMA on registers alone (x86 variants).\n"
-          "  --variant: lockstep's SIMD variant (as lockstep --version lists them; default\n"
-          "  the best this CPU runs).\n");
+      PrintUsage();
       return 2;
     }
   }
