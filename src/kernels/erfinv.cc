@@ -141,7 +141,7 @@ std::span<const uint32_t> InitErfinvTable() {
     auto* memory = static_cast<uint32_t*>(std::aligned_alloc(kHugePage, kInitErfinvTableBytes));
     if (memory == nullptr)
       Fail("the init's erfinv table: cannot allocate {} bytes", kInitErfinvTableBytes);
-    ::madvise(memory, kInitErfinvTableBytes, MADV_HUGEPAGE);  // advice: refused, 4 KiB pages
+    ::madvise(memory, kInitErfinvTableBytes, MADV_HUGEPAGE);  // advice only: else 4 KiB pages
     std::memset(memory, 0, kInitErfinvTableBytes);
     const std::span<uint32_t> entries(memory, kInitErfinvTableBytes / sizeof(uint32_t));
     static_assert(kInitErfinvTableBytes * 2 == kInitTableHalf);
