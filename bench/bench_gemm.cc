@@ -147,20 +147,16 @@ double RegisterRate(F loop, double products) {
 // The ceiling of lockstep's variant `isa` (its int8 form, its vector width); nullopt for a
 // variant without an x86 int8 form.
 std::optional<Ceiling> RegisterCeiling(const std::string& isa) {
-  if (isa == "AVX3_DL") {
-    return Ceiling{RegisterRate(LOCKSTEP_CEILING_LOOP("xmm", LOCKSTEP_DOT_Z), 16 * 4),
+  if (isa == "AVX3_DL" || isa == "AVX3") {  // 16 lanes
+    return Ceiling{isa == "AVX3_DL"
+                       ? RegisterRate(LOCKSTEP_CEILING_LOOP("xmm", LOCKSTEP_DOT_Z), 16 * 4)
+                       : RegisterRate(LOCKSTEP_CEILING_LOOP("xmm", LOCKSTEP_MADD_Z), 16 * 2),
                    RegisterRate(LOCKSTEP_CEILING_LOOP("xmm", LOCKSTEP_FMA_Z), 16)};
   }
-  if (isa == "AVX3") {
-    return Ceiling{RegisterRate(LOCKSTEP_CEILING_LOOP("xmm", LOCKSTEP_MADD_Z), 16 * 2),
-                   RegisterRate(LOCKSTEP_CEILING_LOOP("xmm", LOCKSTEP_FMA_Z), 16)};
-  }
-  if (isa == "AVX2_VNNI") {
-    return Ceiling{RegisterRate(LOCKSTEP_CEILING_LOOP("xmm", LOCKSTEP_DOT_Y), 8 * 4),
-                   RegisterRate(LOCKSTEP_CEILING_LOOP("xmm", LOCKSTEP_FMA_Y), 8)};
-  }
-  if (isa == "AVX2") {
-    return Ceiling{RegisterRate(LOCKSTEP_CEILING_LOOP("xmm", LOCKSTEP_MADD_Y), 8 * 2),
+  if (isa == "AVX2_VNNI" || isa == "AVX2") {  // 8 lanes
+    return Ceiling{isa == "AVX2_VNNI"
+                       ? RegisterRate(LOCKSTEP_CEILING_LOOP("xmm", LOCKSTEP_DOT_Y), 8 * 4)
+                       : RegisterRate(LOCKSTEP_CEILING_LOOP("xmm", LOCKSTEP_MADD_Y), 8 * 2),
                    RegisterRate(LOCKSTEP_CEILING_LOOP("xmm", LOCKSTEP_FMA_Y), 8)};
   }
   return std::nullopt;

@@ -252,6 +252,14 @@ void DequantizeRows(const int8_t* q, const float* scale, float* y, int64_t rows,
 // HadamardRows in the reference's stage order (strides 1, 2, ..., block / 2), each stage's
 // butterflies the reference's additions on the same values, so the same bits.
 
+// The lanes l of a vector with l & h set (the upper lanes of the butterflies of stride h).
+template <class D>
+HWY_INLINE hn::Mask<D> UpperLanes(D d, int64_t h) {
+  const hn::RebindToSigned<D> di;
+  return hn::RebindMask(
+      d, hn::Ne(hn::And(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(h))), hn::Zero(di)));
+}
+
 // Lane l ^ h of v in lane l, for a stride h below v's 4, 8 or 16 lanes: moves only (within
 // 128-bit blocks for h = 1, 2; the blocks swapped pairwise for h = 4, the halves for h = 8).
 template <class D>
@@ -311,17 +319,14 @@ void RotateRow(const float* in, float* v, int64_t cols) {
   const auto n = static_cast<int64_t>(hn::Lanes(d));
   const int64_t block = HadamardBlock(cols);
   const auto factor = hn::Set(d, int8::HadamardFactor(block));
-  const auto lane = hn::Iota(di, 0);
   if (block == 64 && n == static_cast<int64_t>(hn::MaxLanes(d)) && n >= 4) {
-    hn::Mask<decltype(d)> upper[4];  // the lanes l with l & h, h = 1, 2, 4, 8
-    for (int64_t h = 1, stage = 0; h < n; h *= 2, ++stage) {
-      upper[stage] = hn::RebindMask(
-          d, hn::Ne(hn::And(lane, hn::Set(di, static_cast<int32_t>(h))), hn::Zero(di)));
-    }
+    hn::Mask<decltype(d)> upper[4];  // h = 1, 2, 4, 8
+    for (int64_t h = 1, stage = 0; h < n; h *= 2, ++stage) upper[stage] = UpperLanes(d, h);
     for (int64_t s = 0; s < cols; s += 64) RotateBlock64(d, in + s, v + s, upper, factor);
     return;
   }
   if (v != in) std::copy_n(in, cols, v);
+  const auto lane = hn::Iota(di, 0);
   const int64_t chunk = std::max(block, n), whole = cols / chunk * chunk;
   const int64_t inner = std::min(block, n);  // the strides within a vector: 1 .. inner / 2
   for (int64_t s = 0; s < whole; s += chunk) {
@@ -331,9 +336,7 @@ void RotateRow(const float* in, float* v, int64_t cols) {
       for (int64_t h = 1; h < inner; h *= 2) {
         const auto other = hn::TableLookupLanes(
             a, hn::IndicesFromVec(d, hn::Xor(lane, hn::Set(di, static_cast<int32_t>(h)))));
-        const auto upper = hn::RebindMask(
-            d, hn::Ne(hn::And(lane, hn::Set(di, static_cast<int32_t>(h))), hn::Zero(di)));
-        a = hn::IfThenElse(upper, hn::Sub(other, a), hn::Add(a, other));
+        a = hn::IfThenElse(UpperLanes(d, h), hn::Sub(other, a), hn::Add(a, other));
       }
       hn::StoreU(a, d, c + j);
     }

@@ -1,6 +1,6 @@
 // The x86 int8 GEMM: a register-blocked kernel over packed w and x (packed, or read in place), in
-// one of two forms. Included
-// by int8.cc, inside a namespace of its own per form, once or twice per x86 target, with
+// one of two forms. Included by int8.cc, inside a namespace of its own per form, once or twice
+// per x86 target, with
 //   LOCKSTEP_I8_DOT  1: the dot form, groups of G = 4 products per lane: vpdpbusd (AVX-512 VNNI
 //                       on AVX3_DL, the VEX AVX-VNNI on AVX2) on u8 = w + 128 and s8 = x, which
 //                       adds Σ (w + 128)·x = Σ w·x + 128·Σ x; the row's 128·Σ_r x[i, r] is
