@@ -5,14 +5,18 @@
 # bench/configs/open-1b-step.yaml at seq_len 4096. Prints one JSON object.
 # Needs ~50 GB free under WORK and, on 2 cores, about half an hour.
 #
+# WORK_DIR must be new, empty, or one this script made (scripts/lib/work-dir.sh): its contents
+# are replaced.
+#
 # usage: bench/recompute_open1b.sh [WORK_DIR] [THREADS]   (default /tmp/lockstep-recompute, nproc)
 set -euo pipefail
-cd "$(dirname "$0")/.."
-work=${1:-/tmp/lockstep-recompute}
+work=$(realpath -m -- "${1:-/tmp/lockstep-recompute}")
 threads=${2:-$(nproc)}
+cd "$(dirname "$0")/.."
 bin=build/lockstep
 [[ -x $bin ]] || { echo "build first: scripts/build.sh" >&2; exit 2; }
-rm -rf "$work" && mkdir -p "$work"
+source scripts/lib/work-dir.sh
+claim_work_dir "$work" bench/recompute_open1b.sh
 sed 's/^  seq_len: .*/  seq_len: 4096/; s/^name: .*/name: open-1b-step-4096/' \
   bench/configs/open-1b-step.yaml > "$work/config.yaml"
 

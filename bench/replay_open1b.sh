@@ -17,15 +17,25 @@
 # cache instead of the disk: there the read limit is an upper bound.)
 # Needs ~55 GB free under WORK and ~6 minutes on 2 cores.
 #
-# usage: bench/replay_open1b.sh [WORK_DIR] [THREADS]     (default /tmp/lockstep-open1b, nproc)
+# WORK_DIR must be new, empty, or one this script made (scripts/lib/work-dir.sh): its contents
+# are replaced.
+#
+# usage: bench/replay_open1b.sh [--config FILE] [WORK_DIR] [THREADS]
+#        (default bench/configs/open-1b-step.yaml, /tmp/lockstep-open1b, nproc;
+#        bench/configs/open-1b-int8-step.yaml is the same step with OPEN's whole recipe)
 set -euo pipefail
-cd "$(dirname "$0")/.."
-work=${1:-/tmp/lockstep-open1b}
-threads=${2:-$(nproc)}
-bin=build/lockstep
 config=bench/configs/open-1b-step.yaml
+if [[ ${1:-} == --config ]]; then
+  config=$(realpath -e -- "${2:?--config needs a file}")
+  shift 2
+fi
+work=$(realpath -m -- "${1:-/tmp/lockstep-open1b}")
+threads=${2:-$(nproc)}
+cd "$(dirname "$0")/.."
+bin=build/lockstep
 [[ -x $bin ]] || { echo "build first: scripts/build.sh" >&2; exit 2; }
-rm -rf "$work" && mkdir -p "$work"
+source scripts/lib/work-dir.sh
+claim_work_dir "$work" bench/replay_open1b.sh
 du_bytes() { du -sb "$1" | cut -f1; }
 
 echo "== data" >&2
@@ -70,7 +80,7 @@ $bin replay --checkpoint "$work/run/checkpoints/step_000000000" --until-step 1 \
   --data "$work/data" --threads "$threads" --spill-dir "$work/replay-spill" >"$work/interval.json"
 
 python3 - "$work" "$train_seconds" "$step0_bytes" "$threads" "$cold_cache" "$read_bps" \
-  "$write_bps" <<'EOF'
+  "$write_bps" "$config" <<'EOF'
 import json, re, sys
 work, train_seconds, step0_bytes = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 read_bps, write_bps = float(sys.argv[6]), float(sys.argv[7])
@@ -102,7 +112,7 @@ def unit(name):
             "plan_error": round((planned - peak) / peak, 4),
             "spill_disk_bytes": r.get("spill_disk_bytes", 0)}
 print(json.dumps({
-    "config": "bench/configs/open-1b-step.yaml", "threads": int(sys.argv[4]),
+    "config": sys.argv[8], "threads": int(sys.argv[4]),
     "page_cache_dropped_before_each_replay": sys.argv[5] == "true",
     "train_steps_0_1": {"wall_seconds": round(train_seconds, 1),
                         "peak_rss_bytes": int(open(f"{work}/train.maxrss_kib").read()) * 1024},

@@ -20,6 +20,8 @@
 # reads its weights as bfloat16s, half the bytes; llama.cpp runs its `--format gguf-bf16`
 # export, its matrices BF16, half the bytes too (docs/export.md: llama.cpp then rounds its
 # activations to bf16 as well, a nearby model; the speed is what is compared).
+# A --work DIR must be new, empty, or one this script made (scripts/lib/work-dir.sh): its
+# contents are replaced; it is kept. Without one a temporary directory is made and removed.
 # Needs about 6 GB free under the work directory (open-100m's checkpoint and GGUF) and, on 2
 # cores, about 4 minutes.
 set -euo pipefail
@@ -53,8 +55,10 @@ done
 if [ -z "$work" ]; then
   work=$(mktemp -d "${TMPDIR:-/tmp}/lockstep-bench-generate.XXXXXX")
   trap 'rm -rf "$work"' EXIT
+else
+  source "$here/scripts/lib/work-dir.sh"
+  claim_work_dir "$work" scripts/bench-generate.sh
 fi
-mkdir -p "$work"
 client="${LOCKSTEP_LLAMA_CLIENT:-${LOCKSTEP_CACHE:-$HOME/.cache/lockstep}/node-llama-cpp-3.21.1}"
 llama_missing=""
 if ! command -v node > /dev/null; then

@@ -3,7 +3,8 @@
 # kernels' determinism on this machine, synthesize the demo corpus, train `smoke` with
 # checkpoints and the chained state hash, build the audit kit, verify it, and audit (replay)
 # every unit of it, printing the MATCH table, with a signed audit receipt, its report and the
-# coverage page, and write the report page of it all. Rerunnable: it starts over in out/demo/.
+# coverage page, and write the report page of it all. Rerunnable: it starts over in out/demo/
+# (a directory it made; one it did not make is refused, untouched: scripts/lib/work-dir.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -14,7 +15,8 @@ $ls --version
 echo
 $ls selftest
 echo
-rm -rf out/demo
+source scripts/lib/work-dir.sh
+claim_work_dir out/demo scripts/demo.sh  # this script's own from an earlier run, or new
 $ls data synth --out out/demo/data --seed 1
 echo
 $ls train --config smoke --data out/demo/data --out out/demo/run --threads "$threads"

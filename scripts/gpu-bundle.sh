@@ -14,7 +14,8 @@ binary=${LOCKSTEP_BINARY:-build/lockstep}
 vendor=libnvidia-opencl.so.1
 if [[ ${1:-} == --vendor ]]; then vendor=${2:?--vendor needs a library name}; fi
 [[ -x $binary ]] || scripts/build.sh
-rm -rf "$bundle"
+source scripts/lib/work-dir.sh
+claim_work_dir "$bundle" scripts/gpu-bundle.sh  # new, empty, or this script's own
 mkdir -p "$bundle/lib" "$bundle/vendors"
 cp "$binary" "$bundle/lockstep"
 # ldd lists "name => /path (addr)" for each library and "/path/ld-linux... (addr)" for the loader.

@@ -23,8 +23,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$(mktemp -d)}
-mkdir -p "$out"
-rm -rf "$out"/data "$out"/runtime-*  # this script's own, from an earlier run
+source scripts/lib/work-dir.sh
+claim_work_dir "$out" scripts/gpu-check.sh  # new, empty, or this script's own from an earlier run
 bundle=$(realpath -m "${LOCKSTEP_BUNDLE:-gpu-bundle}")
 [[ -x $bundle/lockstep ]] || { echo "no $bundle: run scripts/gpu-bundle.sh first" >&2; exit 2; }
 export OCL_ICD_VENDORS=$bundle/vendors CUDA_CACHE_DISABLE=1
