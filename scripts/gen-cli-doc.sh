@@ -106,7 +106,8 @@ Every output of every command is one of four kinds, checked when the command lin
   others fill it in place.
 - **a directory the command adds to** (`train --out`, `train` and `replay --spill-dir`,
   `replay --save-checkpoint-dir`, `kit fetch DEST`, `selftest --dump-programs`): absent (made
-  with its parents) or a directory.
+  with its parents) or a directory (for `kit fetch DEST`, an empty one or an earlier fetch of the
+  same kit, docs/kits.md).
 
 For every kind, a symbolic link, a character or block device, a FIFO or a socket at the output
 path is refused with exit status 2 naming the option and the path, and left as it was: an output

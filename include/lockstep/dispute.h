@@ -102,7 +102,13 @@ StepsVerdict DisputeSteps(const std::map<uint64_t, Digest>& a, const std::map<ui
                           const AskHash& ask = {});
 
 struct OpsVerdict {
-  enum class Kind { kIdentical, kOutputs, kInputs, kDifferentComputations } kind = Kind::kIdentical;
+  enum class Kind {
+    kIdentical,
+    kOutputs,
+    kInputs,
+    kDifferentComputations,
+    kHeaders
+  } kind = Kind::kIdentical;
   int64_t index = -1;
   std::string what;  // the record: op, layer, microbatch, step
   // The differing digests: (role, a, b).

@@ -221,6 +221,11 @@ void InitTensorRange(const ModelConfig& config, uint64_t seed, const ParamSpec& 
 // The init unit (`lockstep replay --from-init`) makes and hashes each tensor in pieces of this
 // many floats (16 MiB: 16 hash chunks, enough for every core's hashing lanes).
 inline constexpr int64_t kInitPieceFloats = int64_t{1} << 22;
+// Fails, naming `what` (the checkpoint), the tensor, the row and both values, unless every scale
+// tensor of `params` (int8 linears) holds its weight's scales (rk::ScalesOfMaxima of its rows'
+// maxima) bit for bit, as the initialisation and every update leave them (docs/model.md,
+// "Linears"). Nothing to check without int8 linears.
+void CheckWeightScales(const ModelConfig& config, const ParamStore& params, std::string_view what);
 // The first draw of each tensor in `specs`, plus the total number of draws as the last entry.
 std::vector<int64_t> FirstDraws(const std::vector<ParamSpec>& specs);
 // A matrix of at least this many elements makes the init's erfinv table (rk::InitErfinvTable,
@@ -232,6 +237,9 @@ inline constexpr uint64_t kInitTableBytes = rk::kInitErfinvTableBytes;
 inline bool InitByTable(const ParamSpec& spec) {
   return spec.is_matrix && spec.numel() >= kInitTableDraws;
 }
+// The floats InitTensorRange holds beside `out` for `size` elements of tensor `spec`: for a scale
+// tensor, its weight's rows drawn a chunk at a time and their maxima; none for any other.
+int64_t InitScratchFloats(const ModelConfig& config, const ParamSpec& spec, int64_t size);
 
 // ---- forward / backward -----------------------------------------------------------------------
 // How Forward and Backward reach the parameters and the gradients: a tensor at a time (by its
@@ -360,6 +368,8 @@ struct Int8Scratch {
   // Sized for `rows` rows of every linear of `config`; the backward's buffers only with
   // `backward`.
   void Resize(const ModelConfig& config, int64_t rows, bool backward);
+  // Their bytes, and those of the int8 GEMMs' packed operands (the kernels' own scratch, kept by
+  // the thread at its largest, under the active variant): what a memory plan counts.
   static int64_t Bytes(const ModelConfig& config, int64_t rows, bool backward);
 };
 // The buffers of one layer's forward over its rows. x_out may be x_in's memory (x_in is not read

@@ -230,8 +230,39 @@ bool IsUtcTime(std::string_view text) {
     if (kForm[i] == 'd' ? !(text[i] >= '0' && text[i] <= '9') : text[i] != kForm[i]) return false;
   }
   const auto field = [&](size_t at) { return (text[at] - '0') * 10 + (text[at + 1] - '0'); };
-  return field(5) >= 1 && field(5) <= 12 && field(8) >= 1 && field(8) <= 31 && field(11) <= 23 &&
-         field(14) <= 59 && field(17) <= 60;  // 60: a leap second
+  const int year = field(0) * 100 + field(2), month = field(5), day = field(8);
+  if (month < 1 || month > 12 || day < 1) return false;
+  const bool leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+  constexpr int kDays[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  const int days = kDays[month - 1] + (month == 2 && leap ? 1 : 0);
+  // 60: a leap second, which UTC inserts only as the last second of a month, at 23:59.
+  const bool leap_second = field(17) == 60 && field(11) == 23 && field(14) == 59 && day == days;
+  return day <= days && field(11) <= 23 && field(14) <= 59 && (field(17) <= 59 || leap_second);
+}
+
+// A fact a page shows (a version, a command, the machine): at most 4096 bytes (a page repeats
+// it per unit), with no control character and no Unicode direction override or isolate
+// (U+202A..U+202E, U+2066..U+2069), which would make a page show other text than it holds.
+void CheckFact(const std::string& value, const char* key, const std::string& where) {
+  constexpr size_t kMaxFact = 4096;
+  if (value.size() > kMaxFact) {
+    Fail("{}: {} is {} bytes long, more than the {} a receipt's facts may hold", where, key,
+         value.size(), kMaxFact);
+  }
+  for (size_t i = 0; i < value.size(); ++i) {
+    const auto c = static_cast<unsigned char>(value[i]);
+    const bool control = c < 0x20 || c == 0x7F;
+    const bool direction =
+        c == 0xE2 && i + 2 < value.size() &&
+        ((value[i + 1] == '\x80' && value[i + 2] >= '\xAA' && value[i + 2] <= '\xAE') ||
+         (value[i + 1] == '\x81' && value[i + 2] >= '\xA6' && value[i + 2] <= '\xA9'));
+    if (control || direction) {
+      // Shown as ASCII: the refusal itself is shown on the page.
+      Fail("{}: {} = {}: a {} at byte {} (a receipt's facts are shown as text)", where, key,
+           json(value).dump(-1, ' ', /*ensure_ascii=*/true).substr(0, 80),
+           control ? "control character" : "text direction control", i);
+    }
+  }
 }
 
 // Checks one receipt against the kit; Error on anything that makes it not count.
@@ -255,14 +286,8 @@ void CheckReceipt(ReadReceipt& rr, const CoverageOptions& o, const kit::KitManif
   if (StringField(r, "kind", what) != "audit") {
     Fail("{}: kind = {}, not \"audit\"", what, ShownJson(r.at("kind")));
   }
-  // The facts a page shows, each at most kMaxFact bytes (a page repeats them per unit).
-  constexpr size_t kMaxFact = 4096;
-  const auto fact = [&](const json& object, const char* key, const std::string& where) {
-    const std::string value = StringField(object, key, where);
-    if (value.size() > kMaxFact) {
-      Fail("{}: {} is {} bytes long, more than the {} a receipt's facts may hold", where, key,
-           value.size(), kMaxFact);
-    }
+  const auto fact = [](const json& object, const char* key, const std::string& where) {
+    CheckFact(StringField(object, key, where), key, where);
   };
   for (const char* key : {"lockstep_version", "command", "started"}) fact(r, key, what);
   if (!IsUtcTime(r.at("started").get<std::string>())) {

@@ -107,7 +107,7 @@ StepsVerdict DisputeSteps(const std::map<uint64_t, Digest>& a, const std::map<ui
 
 std::string OpsVerdict::Json() const {
   static constexpr const char* kKinds[] = {"identical", "outputs", "inputs",
-                                           "different_computations"};
+                                           "different_computations", "headers"};
   nlohmann::json j = {{"verdict", kKinds[static_cast<int>(kind)]}};
   if (kind != Kind::kIdentical) {
     j["index"] = index;
@@ -186,7 +186,24 @@ OpsVerdict DisputeOps(const Trace& a, const Trace& b) {
     v.differing = {{"records", std::to_string(a.records.size()), std::to_string(b.records.size())}};
     return v;
   }
+  // Every record agrees: so must what the traces commit to around them, the state each started
+  // from and the state each says the step left.
   v = OpsVerdict{};
+  const TraceHeader &ha = a.header, &hb = b.header;
+  if (ha.checkpoint_step != hb.checkpoint_step) {
+    v.differing.emplace_back("checkpoint_step", std::to_string(ha.checkpoint_step),
+                             std::to_string(hb.checkpoint_step));
+  }
+  for (const auto& [name, da, db] :
+       {std::tuple{"checkpoint_hash", ha.checkpoint_hash, hb.checkpoint_hash},
+        std::tuple{"state_hash", ha.state_hash, hb.state_hash}}) {
+    if (da != db) v.differing.emplace_back(name, ToHex(da), ToHex(db));
+  }
+  if (!v.differing.empty()) {
+    v.kind = OpsVerdict::Kind::kHeaders;
+    v.index = static_cast<int64_t>(n);
+    v.what = "trace.json: every record agrees, the traces' headers do not";
+  }
   return v;
 }
 

@@ -1,6 +1,7 @@
 // `lockstep kit build`: a run directory and its dataset -> a self-contained, verifiable kit.
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <map>
 
 #include "lockstep/build_info.h"
@@ -225,6 +226,10 @@ Trajectory BuildKit(const KitBuildOptions& options) {
         Fail("{}: no line for step {}", RunLayout{options.run_dir}.metrics().string(), s);
       }
       total += it->second;
+    }
+    if (!std::isfinite(total)) {
+      Fail("{}: steps {} to {} take {} seconds in all, not a finite number",
+           RunLayout{options.run_dir}.metrics().string(), start + 1, until, total);
     }
     return total;
   };

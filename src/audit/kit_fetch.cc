@@ -368,6 +368,14 @@ KitFetchReport FetchKit(const KitFetchOptions& options) {
            (options.dest / kManifestName).string(), manifest_url);
     }
   } else {
+    // A first fetch: DEST holds nothing, so that every file the fetch later checks, resumes or
+    // deletes is one a fetch of this kit made.
+    if (fs::directory_iterator(options.dest) != fs::directory_iterator()) {
+      Fail(
+          "{}: not empty, and holds no kit.json of an earlier fetch of this kit: fetch into an "
+          "empty or new directory (nothing in it was changed)",
+          options.dest.string());
+    }
     dest.WriteFileSynced(kManifestName, manifest_text);
   }
 

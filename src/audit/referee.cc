@@ -89,7 +89,12 @@ OpData Recompute(const TraceRecord& r, const TraceRecord& other, OpData in) {
     }
   }
   OpData out;
-  spec->run(in, out);
+  try {
+    spec->run(in, out);
+  } catch (const Error& e) {
+    Fail("record {} ({}): its arguments and revealed inputs cannot be recomputed: {}", r.index,
+         r.op, e.what());
+  }
   return out;
 }
 

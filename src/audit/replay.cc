@@ -82,10 +82,17 @@ ReplayResult ReplayInit(const ReplayOptions& o) {
     by_table |= InitByTable(spec);
   }
   const int64_t piece_floats = std::min(kInitPieceFloats, largest);
-  const uint64_t piece_bytes = static_cast<uint64_t>(piece_floats) * sizeof(float);
-  const MemoryPlan plan{.parts = {{"init piece", piece_bytes},
+  int64_t scratch_floats = 0;  // a scale tensor's weight rows, drawn again
+  for (const ParamSpec& spec : specs) {
+    scratch_floats =
+        std::max(scratch_floats,
+                 InitScratchFloats(config.model, spec, std::min(piece_floats, spec.numel())));
+  }
+  const auto bytes = [](int64_t floats) { return static_cast<uint64_t>(floats) * sizeof(float); };
+  const MemoryPlan plan{.parts = {{"init piece", bytes(piece_floats)},
                                   {"chunk of zeros", 4 << 18},
-                                  {"erfinv table", by_table ? kInitTableBytes : 0}},
+                                  {"erfinv table", by_table ? kInitTableBytes : 0},
+                                  {"scale tensors' weight rows", bytes(scratch_floats)}},
                         .resident_at_planning = CurrentRssBytes()};
   CheckMemoryPlan(plan, o.force);
 

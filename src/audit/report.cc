@@ -10,8 +10,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <nlohmann/json.hpp>
+#include <limits>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
@@ -95,15 +96,22 @@ std::string Plot(const PlotSpec& p) {
   }
   if (x1 == x0) x1 = x0 + 1;
   if (y1 == y0) y1 = y0 + (y0 == 0 ? 1 : std::fabs(y0) * 0.1);
-  const double pad = (y1 - y0) * 0.05;
-  y0 -= pad, y1 += pad;
-  const auto sx = [&](double x) { return kLeft + (x - x0) / (x1 - x0) * (kW - kLeft - kRight); };
-  const auto sy = [&](double y) { return kTop + (y1 - y) / (y1 - y0) * (kH - kTop - kBottom); };
+  // Differences taken in halves, so that values near ±DBL_MAX (finite, however absurd) give a
+  // finite range: every coordinate and tick stays a number.
+  const auto half_span = [](double lo, double hi) { return hi / 2 - lo / 2; };
+  const double pad = half_span(y0, y1) * 0.1, most = std::numeric_limits<double>::max();
+  y0 = std::max(y0 - pad, -most), y1 = std::min(y1 + pad, most);
+  const auto sx = [&](double x) {
+    return kLeft + half_span(x0, x) / half_span(x0, x1) * (kW - kLeft - kRight);
+  };
+  const auto sy = [&](double y) {
+    return kTop + half_span(y, y1) / half_span(y0, y1) * (kH - kTop - kBottom);
+  };
   // Axes, with five ticks each.
   svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" class=\"frame\"/>", kLeft,
                      kTop, kW - kLeft - kRight, kH - kTop - kBottom);
   for (int t = 0; t <= 4; ++t) {
-    const double xv = x0 + (x1 - x0) * t / 4, yv = y0 + (y1 - y0) * t / 4;
+    const double xv = x0 + half_span(x0, x1) * t / 2, yv = y0 + half_span(y0, y1) * t / 2;
     svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" class=\"tick\" text-anchor=\"middle\">{}</text>",
                        sx(xv), kH - kBottom + 14, Number(std::round(xv)));
     svg += fmt::format(
@@ -255,20 +263,37 @@ std::vector<AuditRow> ReadAudit(const fs::path& path) {
                  .until_step = unsigned_field("until_step"), .expected = string(u, "expected"),
                  .replayed = {}, .wall = {}, .publisher_wall = {}, .peak_rss = {},
                  .planned_rss = {}};
-    if (u.contains("error") && u["error"].is_string()) row.error = u["error"].get<std::string>();
-    if (u.contains("publisher_wall_seconds") && u["publisher_wall_seconds"].is_number()) {
-      row.publisher_wall = u["publisher_wall_seconds"].get<double>();
-    }
-    if (u.contains("replay") && u["replay"].is_object()) {
+    // The optional fields: absent (or null), or of their type and range; anything else is
+    // refused, naming it, never shown as an empty cell or an impossible time.
+    const auto present = [](const json& object, const char* key) {
+      return object.contains(key) && !object[key].is_null();
+    };
+    const auto seconds = [&](const json& object, const char* key) -> std::optional<double> {
+      if (!present(object, key)) return std::nullopt;
+      const json& v = object[key];
+      if (!v.is_number() || !(v.get<double>() >= 0) || !std::isfinite(v.get<double>())) {
+        Fail("{}: field \"{}\" is {}, expected a finite number of seconds >= 0", at, key,
+             ShownJson(v));
+      }
+      return v.get<double>();
+    };
+    const auto bytes = [&](const json& object, const char* key) -> std::optional<uint64_t> {
+      if (!present(object, key)) return std::nullopt;
+      if (!object[key].is_number_unsigned()) {
+        Fail("{}: field \"{}\" is {}, expected an unsigned integer", at, key,
+             ShownJson(object[key]));
+      }
+      return object[key].get<uint64_t>();
+    };
+    if (present(u, "error")) row.error = string(u, "error");
+    row.publisher_wall = seconds(u, "publisher_wall_seconds");
+    if (present(u, "replay")) {
       const json& r = u["replay"];
-      if (r.contains("state_hash") && r["state_hash"].is_string()) row.replayed = string(r, "state_hash");
-      if (r.contains("wall_seconds") && r["wall_seconds"].is_number()) row.wall = r["wall_seconds"].get<double>();
-      if (r.contains("peak_rss_bytes") && r["peak_rss_bytes"].is_number_unsigned()) {
-        row.peak_rss = r["peak_rss_bytes"].get<uint64_t>();
-      }
-      if (r.contains("planned_peak_rss_bytes") && r["planned_peak_rss_bytes"].is_number_unsigned()) {
-        row.planned_rss = r["planned_peak_rss_bytes"].get<uint64_t>();
-      }
+      if (!r.is_object()) Fail("{}: field \"replay\" is {}, expected an object", at, ShownJson(r));
+      if (present(r, "state_hash")) row.replayed = string(r, "state_hash");
+      row.wall = seconds(r, "wall_seconds");
+      row.peak_rss = bytes(r, "peak_rss_bytes");
+      row.planned_rss = bytes(r, "planned_peak_rss_bytes");
     }
     rows.push_back(std::move(row));
   }

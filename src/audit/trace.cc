@@ -158,6 +158,12 @@ std::vector<OpTensorDigest> TensorsOf(const Json& list, const std::string& what)
 
 TraceRecord ParseRecord(const std::string& line, const std::string& what) {
   const Json j = ParseJsonStrict(line, what);
+  // One text per record: the Merkle leaf is the line's bytes, so a record written otherwise (
+  // spaces, another key order) would be another commitment to the same content.
+  if (j.dump() != line) {
+    Fail("{}: not in the canonical form lockstep writes (compact JSON, keys sorted: {})", what,
+         ShownJson(j));
+  }
   RequireKeys(j, {"index", "step", "microbatch", "op", "layer", "args", "inputs", "outputs"}, what);
   TraceRecord r;
   r.index = static_cast<int64_t>(U64Field(j, "index", what));
@@ -293,6 +299,8 @@ Trace ReadTrace(const fs::path& dir) {
     trace.records.push_back(std::move(r));
     at = end + 1;
   }
+  if (leaves.empty())
+    Fail("{}: no records (a traced step records every op it runs)", records.string());
   if (static_cast<int64_t>(leaves.size()) != trace.header.records) {
     Fail("{}: {} records, trace.json says {}", records.string(), leaves.size(),
          trace.header.records);

@@ -60,7 +60,20 @@ File File::CreateExclusive(const std::filesystem::path& path, unsigned permissio
 }
 
 File File::OpenForAppend(const std::filesystem::path& path) {
-  return Open(path, O_WRONLY | O_APPEND | O_CREAT, 0644, "for appending");
+  // As Create: O_NOFOLLOW and O_NONBLOCK keep a link from being written through and a FIFO from
+  // being waited on, and only a regular file is appended to.
+  struct stat link {};
+  if (::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+    Fail("{}: a symbolic link: an output is never written through a link", path.string());
+  }
+  File file =
+      Open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK, 0644, "for appending");
+  struct stat st {};
+  if (::fstat(file.fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    Fail("{}: not a regular file: refusing to append to it", path.string());
+  }
+  ::fcntl(file.fd_, F_SETFL, ::fcntl(file.fd_, F_GETFL) & ~O_NONBLOCK);
+  return file;
 }
 
 File File::OpenDirectory(const std::filesystem::path& dir) {

@@ -64,17 +64,38 @@ struct Index {
 };
 
 Index ReadIndex(const fs::path& idx_path, const fs::path& bin_path) {
-  const std::vector<uint8_t> bytes = ReadFileBytes(idx_path);
   const std::string what = idx_path.string();
-  if (bytes.size() < kHeaderBytes) {
-    Fail("{}: {} bytes, shorter than the {}-byte header of an MMIDIDX index", what, bytes.size(),
-         kHeaderBytes);
+  // The header first: the file is read whole only once it is known to be as long as the header
+  // says (a forged count is refused, not read into memory).
+  std::vector<uint8_t> bytes;
+  {
+    const File idx = File::OpenForReading(idx_path);
+    bytes.resize(std::min<uint64_t>(kHeaderBytes, idx.Size()));
+    idx.ReadAt(0, bytes);
+    if (bytes.size() < kHeaderBytes) {
+      Fail("{}: {} bytes, shorter than the {}-byte header of an MMIDIDX index", what, idx.Size(),
+           kHeaderBytes);
+    }
+    if (!std::equal(kMagic.begin(), kMagic.end(), bytes.begin())) {
+      Fail("{}: field magic: not \"MMIDIDX\\x00\\x00\" (not a Megatron indexed dataset index)",
+           what);
+    }
+    const uint64_t version = U64At(bytes, 9);
+    if (version != 1) Fail("{}: field version: {}, only version 1 is known", what, version);
+    const uint64_t sequences = U64At(bytes, 18), document_entries = U64At(bytes, 26);
+    // sequence_lengths (int32), sequence_pointers (int64), document_indices (int64): exactly.
+    const std::optional<uint64_t> with_sequences = MulAdd(sequences, 12, kHeaderBytes);
+    const std::optional<uint64_t> expected =
+        with_sequences ? MulAdd(document_entries, 8, *with_sequences) : std::nullopt;
+    if (!expected || *expected != idx.Size()) {
+      Fail("{}: fields sequence_count {} and document_count {} need {} bytes, the file has {}{}",
+           what, sequences, document_entries,
+           expected ? std::to_string(*expected) : std::string("more than 2^64"), idx.Size(),
+           expected && *expected < idx.Size() ? " (trailing bytes: a multimodal index?)" : "");
+    }
   }
-  if (!std::equal(kMagic.begin(), kMagic.end(), bytes.begin())) {
-    Fail("{}: field magic: not \"MMIDIDX\\x00\\x00\" (not a Megatron indexed dataset index)", what);
-  }
-  const uint64_t version = U64At(bytes, 9);
-  if (version != 1) Fail("{}: field version: {}, only version 1 is known", what, version);
+  bytes = ReadFileBytes(idx_path);
+  if (bytes.size() < kHeaderBytes) Fail("{}: changed while it was read", what);
   const uint8_t code = bytes[17];
   const std::optional<TokenType> type = TokenTypeOf(code);
   if (!type) {
@@ -83,15 +104,8 @@ Index ReadIndex(const fs::path& idx_path, const fs::path& bin_path) {
          what, code);
   }
   const uint64_t sequences = U64At(bytes, 18), document_entries = U64At(bytes, 26);
-  // sequence_lengths (int32), sequence_pointers (int64), document_indices (int64): exactly.
-  const std::optional<uint64_t> with_sequences = MulAdd(sequences, 12, kHeaderBytes);
-  const std::optional<uint64_t> expected =
-      with_sequences ? MulAdd(document_entries, 8, *with_sequences) : std::nullopt;
-  if (!expected || *expected != bytes.size()) {
-    Fail("{}: fields sequence_count {} and document_count {} need {} bytes, the file has {}{}",
-         what, sequences, document_entries,
-         expected ? std::to_string(*expected) : std::string("more than 2^64"), bytes.size(),
-         expected && *expected < bytes.size() ? " (trailing bytes: a multimodal index?)" : "");
+  if (bytes.size() != kHeaderBytes + 12 * sequences + 8 * document_entries) {
+    Fail("{}: changed while it was read", what);
   }
   Index index;
   index.type = *type;
@@ -147,12 +161,18 @@ Index ReadIndex(const fs::path& idx_path, const fs::path& bin_path) {
 // end-of-document id is dropped (the stream puts it back). Fails naming the .bin, the document,
 // the position and the value. The document's bytes are added to `bin_hash` when given, and
 // their count to `bytes_read`.
-std::vector<uint32_t> DocumentTokens(const Index& index, const File& bin, uint64_t d,
-                                     const Vocabulary& vocabulary, Blake2b* bin_hash,
-                                     uint64_t& bytes_read) {
+// Document d's tokens [begin, end) of the .bin, from the index alone.
+std::pair<uint64_t, uint64_t> DocumentRange(const Index& index, uint64_t d) {
   const uint64_t first = index.documents[d], last = index.documents[d + 1];
   const uint64_t begin = first < last ? index.first_token[first] : 0;
   const uint64_t end = first < last ? index.first_token[last - 1] + index.lengths[last - 1] : 0;
+  return {begin, end};
+}
+
+std::vector<uint32_t> DocumentTokens(const Index& index, const File& bin, uint64_t d,
+                                     const Vocabulary& vocabulary, Blake2b* bin_hash,
+                                     uint64_t& bytes_read) {
+  const auto [begin, end] = DocumentRange(index, d);
   std::vector<uint8_t> raw((end - begin) * index.type.bytes);
   bin.ReadAt(begin * index.type.bytes, raw);
   if (bin_hash != nullptr) bin_hash->Update(raw);
@@ -184,7 +204,6 @@ std::vector<uint32_t> DocumentTokens(const Index& index, const File& bin, uint64
   return tokens;
 }
 
-
 }  // namespace
 
 void ImportMegatron(const fs::path& prefix, const fs::path& out, const Vocabulary& vocabulary,
@@ -200,11 +219,13 @@ void ImportMegatron(const fs::path& prefix, const fs::path& out, const Vocabular
   // documents cover the .bin in order, so this pass also gives its digest for the manifest.
   Blake2b bin_hash;
   for (uint64_t d = 0; d < documents; ++d) {
-    const uint64_t tokens = DocumentTokens(index, bin, d, vocabulary, &bin_hash, read).size();
-    if (tokens > max_shard_tokens) {
+    // Sized from the index before a token of it is read or allocated.
+    const auto [begin, end] = DocumentRange(index, d);
+    if (end - begin > max_shard_tokens) {
       Fail("{}: document {} has {} tokens, more than the {} a shard may hold (--shard-tokens)",
-           bin_path.string(), d, tokens, max_shard_tokens);
+           bin_path.string(), d, end - begin, max_shard_tokens);
     }
+    DocumentTokens(index, bin, d, vocabulary, &bin_hash, read);
     if (progress) progress(read, total);
   }
   const Digest bin_digest = bin_hash.Final();

@@ -278,7 +278,11 @@ fs::path TrainTokenizer(std::span<const fs::path> inputs, uint64_t vocab, std::s
   }
   std::vector<std::string> lines;
   for (const fs::path& input : inputs) {
-    const std::vector<uint8_t> bytes = ReadFileBytes(input);
+    // Sized before it is read: its bytes, its lines and the trainer's copy must fit.
+    const std::vector<uint8_t> bytes = ReadFileBytes(
+        input, MemAvailableBytes() / 3,
+        "a third of the memory available now (an input is read whole, split into lines and "
+        "handed to the trainer)");
     ValidateUtf8(bytes, input.string());
     std::vector<std::string> file_lines =
         Lines(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));

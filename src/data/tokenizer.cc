@@ -130,7 +130,10 @@ void TokenizeFiles(std::span<const std::filesystem::path> inputs, const std::fil
   std::vector<std::vector<uint32_t>> documents;
   nlohmann::ordered_json files = nlohmann::ordered_json::array();
   for (const std::filesystem::path& input : inputs) {
-    const std::vector<uint8_t> bytes = ReadFileBytes(input);
+    // Sized before it is read: its bytes and as many token ids (4 bytes each) must fit.
+    const std::vector<uint8_t> bytes =
+        ReadFileBytes(input, MemAvailableBytes() / 5,
+                      "a fifth of the memory available now (an input is read whole, then encoded)");
     documents.push_back(encode(bytes, input));
     files.push_back({{"file", input.filename().string()}, {"bytes", bytes.size()}});
   }

@@ -47,6 +47,7 @@ VerifiedModel LoadVerified(const std::filesystem::path& dir) {
                                         if (a != StateArray::kParam) return;
                                         std::ranges::copy(piece, params.Tensor(i).begin() + begin);
                                       }));
+  CheckWeightScales(config.model, params, dir.string());
   return {dir,
           std::move(config),
           ckpt.state.descriptor,

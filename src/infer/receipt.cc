@@ -261,7 +261,14 @@ ReceiptVerdict VerifyGenerationReceipt(const std::filesystem::path& path,
     }
   }
 
-  const std::vector<Generation> again = Generate(model, requests, params, eod, hooks);
+  // A request the model cannot run (a prompt empty, too long or outside the vocabulary) is the
+  // receipt's fault: refused naming it.
+  std::vector<Generation> again;
+  try {
+    again = Generate(model, requests, params, eod, hooks);
+  } catch (const Error& e) {
+    Fail("{}: requests: {}", path.string(), e.what());
+  }
   for (size_t i = 0; i < requests.size(); ++i) {
     const Generation& g = again[i];
     const Claimed& c = claimed[i];

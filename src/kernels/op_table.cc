@@ -31,6 +31,21 @@ Floats Zeros(const OpValues& in, std::initializer_list<int64_t> factors) {
   return Floats(static_cast<size_t>(Allocation(in, factors)), 0.0f);
 }
 
+// Input `role`, which must hold the product of `factors` elements (`shape` names them): checked
+// before an output sized by the same arguments is allocated, so that arguments contradicting the
+// inputs are refused as such, never allocated for (both may come from a file).
+template <Element T = float>
+std::span<const T> Input(const OpValues& in, std::string_view role,
+                         std::initializer_list<int64_t> factors, const char* shape) {
+  const std::span<const T> t = in.Get<T>(role);
+  const int64_t n = detail::Elements("op table", shape, factors);
+  if (static_cast<int64_t>(t.size()) != n) {
+    Fail("op table: input '{}' has {} elements, the arguments give {} = {}", role, t.size(), shape,
+         n);
+  }
+  return t;
+}
+
 AttentionShape AttentionOf(const OpValues& v) {
   return {v.Int("batch"),    v.Int("seq"),    v.Int("q_heads"), v.Int("kv_heads"),
           v.Int("head_dim"), v.Int("window"), v.Float("scale"), v.IntOr("past", 0)};
@@ -49,6 +64,7 @@ RopeTable RopeOf(const OpValues& v) {
 // ---- run: each op from its recorded args and inputs --------------------------------------------
 
 void RunEmbeddingFwd(const OpValues& in, OpValues& out) {
+  Input(in, "table", {in.Int("vocab"), in.Int("d")}, "vocab * d");
   const std::span<float> o =
       out.Put("out", Zeros(in, {static_cast<int64_t>(in.U("ids").size()), in.Int("d")}));
   EmbeddingForward(in.F("table"), in.U("ids"), o, in.Int("vocab"), in.Int("d"));
@@ -59,12 +75,14 @@ void RunEmbeddingBwd(const OpValues& in, OpValues& out) {
 }
 void RunRmsNormFwd(const OpValues& in, OpValues& out) {
   const int64_t rows = in.Int("rows"), cols = in.Int("cols");
+  Input(in, "x", {rows, cols}, "rows * cols");
   const std::span<float> y = out.Put("y", Zeros(in, {rows, cols}));
   const std::span<float> rstd = out.Put("rstd", Zeros(in, {rows}));
   RmsNormForward(in.F("x"), Optional(in, "gain"), in.Float("eps"), y, rstd, rows, cols);
 }
 void RunRmsNormBwd(const OpValues& in, OpValues& out) {
   const int64_t rows = in.Int("rows"), cols = in.Int("cols");
+  Input(in, "dy", {rows, cols}, "rows * cols");
   const std::span<float> dx = out.Put("dx", Zeros(in, {rows, cols}));
   std::span<float> dgain;
   if (in.Has("gain")) dgain = out.Put("dgain", Zeros(in, {cols}));
@@ -78,15 +96,21 @@ std::span<float> GemmOutput(const OpValues& in, OpValues& out, std::string_view 
 }
 void RunGemmXWt(const OpValues& in, OpValues& out) {
   const int64_t m = in.Int("m"), n = in.Int("n"), k = in.Int("k");
+  Input(in, "x", {m, k}, "m * k");
+  Input(in, "w", {n, k}, "n * k");
   GemmXWt(in.F("x"), in.F("w"), GemmOutput(in, out, "y", m, n), m, n, k, in.Int("accumulate") != 0);
 }
 void RunGemmDyW(const OpValues& in, OpValues& out) {
   const int64_t m = in.Int("m"), n = in.Int("n"), k = in.Int("k");
+  Input(in, "dy", {m, n}, "m * n");
+  Input(in, "w", {n, k}, "n * k");
   GemmDyW(in.F("dy"), in.F("w"), GemmOutput(in, out, "dx", m, k), m, n, k,
           in.Int("accumulate") != 0);
 }
 void RunGemmDytX(const OpValues& in, OpValues& out) {
   const int64_t m = in.Int("m"), n = in.Int("n"), k = in.Int("k");
+  Input(in, "dy", {m, n}, "m * n");
+  Input(in, "x", {m, k}, "m * k");
   GemmDytX(in.F("dy"), in.F("x"), GemmOutput(in, out, "dw", n, k), m, n, k,
            in.Int("accumulate") != 0);
 }
@@ -102,6 +126,7 @@ void RunRopeBwd(const OpValues& in, OpValues& out) {
 }
 void RunAttentionFwd(const OpValues& in, OpValues& out) {
   const AttentionShape s = AttentionOf(in);
+  Input(in, "q", {s.batch, s.seq, s.q_heads, s.head_dim}, "batch * seq * q_heads * head_dim");
   const std::span<float> o = out.Put("out", Zeros(in, {static_cast<int64_t>(in.F("q").size())}));
   const std::span<float> lse = out.Put("lse", Zeros(in, {s.batch, s.q_heads, s.seq}));
   AttentionForward(s, in.F("q"), in.F("k"), in.F("v"), o, lse);
@@ -114,31 +139,41 @@ void RunAttentionBwd(const OpValues& in, OpValues& out) {
                     in.F("dout"), dq, dk, dv);
 }
 void RunAddInto(const OpValues& in, OpValues& out) {
+  Input(in, "x", {in.Int("n")}, "n");
   const std::span<float> y = out.Put("y", in.F("y"));
   AddInto(in.F("x"), y);
 }
-void RunCopy(const OpValues& in, OpValues& out) { out.Put("y", in.F("x")); }
+void RunCopy(const OpValues& in, OpValues& out) {
+  out.Put("y", Input(in, "x", {in.Int("n")}, "n"));
+}
 void RunRoundToBf16(const OpValues& in, OpValues& out) {
-  RoundToBf16(in.F("x"), out.Put("y", Zeros(in, {static_cast<int64_t>(in.F("x").size())})));
+  const int64_t n = in.Int("n");
+  const std::span<const float> x = Input(in, "x", {n}, "n");
+  RoundToBf16(x, out.Put("y", Zeros(in, {n})));
 }
 void RunToBf16(const OpValues& in, OpValues& out) {
-  const int64_t n = Allocation(in, {static_cast<int64_t>(in.F("x").size())});
-  ToBf16(in.F("x"), out.Put("y", std::vector<BFloat16>(static_cast<size_t>(n))));
+  const int64_t n = in.Int("n");
+  const std::span<const float> x = Input(in, "x", {n}, "n");
+  ToBf16(x, out.Put("y", std::vector<BFloat16>(static_cast<size_t>(Allocation(in, {n})))));
 }
 void RunFromBf16(const OpValues& in, OpValues& out) {
-  const std::span<const BFloat16> x = in.Get<BFloat16>("x");
-  FromBf16(x, out.Put("y", Zeros(in, {static_cast<int64_t>(x.size())})));
+  const int64_t n = in.Int("n");
+  const std::span<const BFloat16> x = Input<BFloat16>(in, "x", {n}, "n");
+  FromBf16(x, out.Put("y", Zeros(in, {n})));
 }
 void RunSwigluFwd(const OpValues& in, OpValues& out) {
+  Input(in, "gu", {in.Int("rows"), 2, in.Int("f")}, "rows * 2 * f");
   const std::span<float> act = out.Put("act", Zeros(in, {in.Int("rows"), in.Int("f")}));
   SwigluForward(in.F("gu"), act, in.Int("rows"), in.Int("f"));
 }
 void RunSwigluBwd(const OpValues& in, OpValues& out) {
+  Input(in, "gu", {in.Int("rows"), 2, in.Int("f")}, "rows * 2 * f");
   const std::span<float> dgu = out.Put("dgu", Zeros(in, {in.Int("rows"), 2, in.Int("f")}));
   SwigluBackward(in.F("gu"), in.F("dact"), dgu, in.Int("rows"), in.Int("f"));
 }
 void RunCrossEntropyFwd(const OpValues& in, OpValues& out) {
   const CrossEntropyShape s = CrossEntropyOf(in);
+  Input(in, "h", {s.rows, s.d}, "rows * d");
   const std::span<float> loss = out.Put("loss", Zeros(in, {s.rows}));
   const std::span<float> zloss = out.Put("zloss", Zeros(in, {s.rows}));
   const std::span<float> lse = out.Put("lse", Zeros(in, {s.rows}));
@@ -146,12 +181,14 @@ void RunCrossEntropyFwd(const OpValues& in, OpValues& out) {
 }
 void RunCrossEntropyBwd(const OpValues& in, OpValues& out) {
   const CrossEntropyShape s = CrossEntropyOf(in);
+  Input(in, "h", {s.rows, s.d}, "rows * d");
   const std::span<float> dh = out.Put("dh", Zeros(in, {s.rows, s.d}));
   const std::span<float> dw = out.Put("dw", in.F("dw"));
   CrossEntropyBackward(s, in.F("h"), in.F("w"), in.U("targets"), in.F("lse"),
                        in.Float("grad_scale"), dh, dw);
 }
 void RunRowSum(const OpValues& in, OpValues& out) {
+  Input(in, "x", {in.Int("rows"), in.Int("cols")}, "rows * cols");
   const std::span<float> sum = out.Put("sum", Zeros(in, {in.Int("rows")}));
   RowSum(in.F("x"), sum, in.Int("rows"), in.Int("cols"));
 }
@@ -185,23 +222,43 @@ void RunAdamW(const OpValues& in, OpValues& out) {
 
 void RunQuantizeRows(const OpValues& in, OpValues& out) {
   const int64_t rows = in.Int("rows"), cols = in.Int("cols");
+  Input(in, "x", {rows, cols}, "rows * cols");
   const std::span<int8_t> q =
       out.Put("q", std::vector<int8_t>(static_cast<size_t>(Allocation(in, {rows, cols}))));
   QuantizeRows(in.F("x"), q, out.Put("scale", Zeros(in, {rows})), rows, cols);
 }
 void RunQuantizeRowsByScale(const OpValues& in, OpValues& out) {
   const int64_t rows = in.Int("rows"), cols = in.Int("cols");
+  Input(in, "x", {rows, cols}, "rows * cols");
   const std::span<int8_t> q =
       out.Put("q", std::vector<int8_t>(static_cast<size_t>(Allocation(in, {rows, cols}))));
   QuantizeRowsByScale(in.F("x"), in.F("scale"), q, rows, cols);
 }
+// The int8 operands of a recorded call: the quantizers' range, [-127, 127] (-128, which no
+// quantizer makes, could carry a sum of kInt8MaxK products past int32), and k at most kInt8MaxK.
+std::span<const int8_t> Int8Operand(const OpValues& in, std::string_view role, int64_t rows,
+                                    int64_t k, const char* shape) {
+  if (k > kInt8MaxK) {
+    Fail("op table: k = {}: an int8 GEMM sums at most kInt8MaxK = {} products (exact in int32)", k,
+         kInt8MaxK);
+  }
+  const std::span<const int8_t> q = Input<int8_t>(in, role, {rows, k}, shape);
+  if (const auto it = std::ranges::find(q, int8_t{-128}); it != q.end()) {
+    Fail("op table: input '{}' element {} is -128, outside the quantizers' range [-127, 127]", role,
+         it - q.begin());
+  }
+  return q;
+}
 void RunGemmI8XWt(const OpValues& in, OpValues& out) {
   const int64_t m = in.Int("m"), n = in.Int("n"), k = in.Int("k");
-  GemmI8XWt(in.Get<int8_t>("x"), in.F("sx"), in.Get<int8_t>("w"), in.F("sw"),
+  const std::span<const int8_t> x = Int8Operand(in, "x", m, k, "m * k");
+  const std::span<const int8_t> w = Int8Operand(in, "w", n, k, "n * k");
+  GemmI8XWt(x, Input(in, "sx", {m}, "m"), w, Input(in, "sw", {n}, "n"),
             out.Put("y", Zeros(in, {m, n})), m, n, k);
 }
 void RunDequantizeRows(const OpValues& in, OpValues& out) {
   const int64_t rows = in.Int("rows"), cols = in.Int("cols");
+  Input<int8_t>(in, "q", {rows, cols}, "rows * cols");
   DequantizeRows(in.Get<int8_t>("q"), in.F("scale"), out.Put("y", Zeros(in, {rows, cols})), rows,
                  cols);
 }
@@ -209,6 +266,7 @@ void RunDequantizeRows(const OpValues& in, OpValues& out) {
 void RunHadamardQuantizeRows(const OpValues& in, OpValues& out) {
   const int64_t rows = in.Int("rows"), cols = in.Int("cols");
   const bool transpose = in.Int("transpose") != 0;
+  Input(in, "x", {rows, cols}, "rows * cols");
   const std::span<int8_t> q =
       out.Put("q", std::vector<int8_t>(static_cast<size_t>(Allocation(in, {rows, cols}))));
   HadamardQuantizeRows(in.F("x"), q, out.Put("scale", Zeros(in, {transpose ? cols : rows})), rows,

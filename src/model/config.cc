@@ -21,6 +21,12 @@
 namespace lockstep {
 namespace {
 
+// Whether `text` is printable ASCII, shown in a message as it is.
+bool Printable(const std::string& text) {
+  return std::ranges::all_of(text,
+                             [](char c) { return std::isprint(static_cast<unsigned char>(c)); });
+}
+
 // Reads the keys of one YAML map, each exactly once; Finish() rejects any key not read.
 class MapReader {
  public:
@@ -80,18 +86,31 @@ class MapReader {
     if (!std::isfinite(v)) Fail("{}: {} = {} is not finite", source_, FieldPath(key), v);
     return v;
   }
-  bool Bool(const std::string& key) { return Scalar<bool>(key, "a boolean (true or false)"); }
+  // Exactly `true` or `false`, unquoted (not YAML 1.1's yes, on, True, nor the string "true").
+  bool Bool(const std::string& key) {
+    const YAML::Node value = Get(key);
+    if (value.IsScalar() && value.Tag() != "!") {
+      if (value.Scalar() == "true") return true;
+      if (value.Scalar() == "false") return false;
+    }
+    Fail("{}: {} = {} is not a boolean (true or false)", source_, FieldPath(key), Describe(value));
+  }
   std::string String(const std::string& key) { return Scalar<std::string>(key, "a string"); }
 
   void Finish() const {
     for (const auto& entry : node_) {
       const std::string key = entry.first.as<std::string>();
-      if (!read_.count(key)) Fail("{}: unknown key {}", source_, FieldPath(key));
+      if (read_.count(key)) continue;
+      std::string shown = key.substr(0, 64);  // printable ASCII only, as the name is shown
+      for (char& c : shown) c = std::isprint(static_cast<unsigned char>(c)) ? c : '?';
+      Fail("{}: unknown key {}", source_, FieldPath(shown));
     }
   }
 
   static std::string Describe(const YAML::Node& node) {
-    if (node.IsScalar()) return "'" + node.Scalar() + "'";
+    if (node.IsScalar()) {
+      return Printable(node.Scalar()) ? "'" + node.Scalar() + "'" : ShownJson(node.Scalar());
+    }
     if (node.IsMap()) return "a map";
     if (node.IsSequence()) return "a list";
     return "null";
@@ -107,6 +126,13 @@ class MapReader {
 template <typename T>
 void Require(bool ok, const MapReader& r, const char* key, const T& value, const char* rule) {
   if (!ok) Fail("{}: {} = {} is invalid: {}", r.source(), r.FieldPath(key), value, rule);
+}
+// A string value is shown as it is when printable, else as a JSON string, its control
+// characters escaped (a NUL or an escape sequence from a file must neither cut the message
+// short nor reach the terminal).
+void Require(bool ok, const MapReader& r, const char* key, const std::string& value,
+             const char* rule) {
+  Require<std::string>(ok, r, key, Printable(value) ? value : ShownJson(value), rule);
 }
 
 ModelConfig ReadModel(MapReader r) {

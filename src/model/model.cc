@@ -4,6 +4,7 @@
 // F = ffn_hidden, V = vocab.
 #include <algorithm>
 #include <array>
+#include <utility>
 
 #include "lockstep/core.h"
 #include "lockstep/kernels.h"
@@ -147,7 +148,25 @@ int64_t Int8Scratch::Bytes(const ModelConfig& config, int64_t rows, bool backwar
   const Int8Sizes z = SizesOf(config, rows, backward);
   const int64_t int8s = z.qx + z.qw + z.qa + z.qb;
   const int64_t floats = z.sx + z.x_hat + z.w_hat + z.sa + z.sb + z.sum;
-  return int8s + floats * int64_t{sizeof(float)};
+  // The GEMMs' operands as the kernel packs them, x[m, k] at most m·k bytes and m sums, w[n, k]
+  // rk::PackedI8Bytes(n, k): the forward's (x, W), and the int8 backward's (dy, Wᵀ) for dx and
+  // (dyᵀ, xᵀ) for dW, for each linear's weight [out, in].
+  const int64_t d = config.d_model, q = config.n_heads * config.head_dim;
+  const int64_t kv = config.n_kv_heads * config.head_dim, f = config.ffn_hidden;
+  int64_t packed_x = 0, packed_w = 0;
+  const auto call = [&](int64_t m, int64_t n, int64_t k) {
+    packed_x = std::max(packed_x, m * k + m * int64_t{sizeof(float)});
+    packed_w = std::max(packed_w, static_cast<int64_t>(rk::PackedI8Bytes(n, k)));
+  };
+  for (const auto& [out, in] :
+       {std::pair{q, d}, std::pair{kv, d}, std::pair{d, q}, std::pair{2 * f, d}, std::pair{d, f}}) {
+    call(rows, out, in);
+    if (backward && config.int8_backward) {
+      call(rows, in, out);
+      call(out, in, rows);
+    }
+  }
+  return int8s + floats * int64_t{sizeof(float)} + packed_x + packed_w;
 }
 
 Model::Model(const ModelConfig& config, int64_t vocab_chunk, int64_t batch, int64_t seq,

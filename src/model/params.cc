@@ -1,6 +1,7 @@
 // Parameters: the canonical list, the contiguous store, and the seeded initialisation.
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstring>
 #include <string>
 
@@ -145,6 +146,10 @@ constexpr int64_t kInitBlock = 16384;
 
 constexpr float kSqrt2 = 0x1.6a09e6p+0f;  // sqrt(2) rounded to binary32
 
+// A scale tensor's weight rows are drawn again in chunks of about this many floats.
+constexpr int64_t kScaleDrawFloats = int64_t{1} << 20;
+int64_t ScaleRowsPerChunk(int64_t cols) { return std::max<int64_t>(1, kScaleDrawFloats / cols); }
+
 // Scales [begin, begin + out.size()) of the scale tensor `spec`: those its weight's initial rows
 // give (docs/model.md, "Initialisation"), the rows drawn again here.
 void InitScaleRange(const ModelConfig& config, uint64_t seed, const ParamSpec& spec, int64_t begin,
@@ -157,7 +162,7 @@ void InitScaleRange(const ModelConfig& config, uint64_t seed, const ParamSpec& s
   const int64_t cols = specs[w].shape[1], first_draw = FirstDraws(specs)[w];
   std::vector<float> maxima(out.size(), 0.0f);
   const int64_t rows = static_cast<int64_t>(out.size());
-  const int64_t per_chunk = std::max<int64_t>(1, (int64_t{1} << 20) / cols);
+  const int64_t per_chunk = ScaleRowsPerChunk(cols);
   std::vector<float> drawn;
   for (int64_t r = 0; r < rows; r += per_chunk) {
     const int64_t n = std::min(per_chunk, rows - r);
@@ -170,6 +175,40 @@ void InitScaleRange(const ModelConfig& config, uint64_t seed, const ParamSpec& s
 }
 
 }  // namespace
+
+int64_t InitScratchFloats(const ModelConfig& config, const ParamSpec& spec, int64_t size) {
+  if (!spec.is_scale) return 0;
+  const std::vector<ParamSpec> specs = ParameterSpecs(config);
+  const auto at =
+      static_cast<size_t>(std::ranges::find(specs, spec.name, &ParamSpec::name) - specs.begin());
+  LOCKSTEP_CHECK(at < specs.size(), "'{}' is no tensor of the model", spec.name);
+  const int64_t cols = specs[ParamIndex(config).WeightOfScale(at)].shape[1];
+  return std::min(ScaleRowsPerChunk(cols), size) * cols + size;
+}
+
+void CheckWeightScales(const ModelConfig& config, const ParamStore& params, std::string_view what) {
+  if (config.linear != Linear::kInt8) return;
+  const ParamIndex P(config);
+  std::vector<float> maxima, scales;
+  for (size_t s = P.scales; s < params.size(); ++s) {
+    const size_t w = P.WeightOfScale(s);
+    const std::span<const float> have = params.Tensor(s);
+    maxima.assign(have.size(), 0.0f);
+    scales.resize(have.size());
+    rk::FoldRowMaxima(params.Tensor(w), 0, params.Spec(w).shape[1], maxima);
+    rk::ScalesOfMaxima(maxima, scales);
+    for (size_t r = 0; r < have.size(); ++r) {
+      if (std::bit_cast<uint32_t>(have[r]) != std::bit_cast<uint32_t>(scales[r])) {
+        Fail(
+            "{}: '{}' row {} is {} (0x{:08x}), but the scales of '{}' are their rows' largest "
+            "magnitude / 127, {} (0x{:08x}) for this row: the scales do not belong to the "
+            "weights",
+            what, params.Spec(s).name, r, have[r], std::bit_cast<uint32_t>(have[r]),
+            params.Spec(w).name, scales[r], std::bit_cast<uint32_t>(scales[r]));
+      }
+    }
+  }
+}
 
 void InitTensorRange(const ModelConfig& config, uint64_t seed, const ParamSpec& spec,
                      int64_t first_draw, int64_t begin, std::span<float> out) {

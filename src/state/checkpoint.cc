@@ -3,8 +3,13 @@
 // been checked against COMPLETE. There is one writer (WriteCheckpointStreamed, one piece of an
 // array in memory at a time) and one set of checks for readers, used both by ReadCheckpoint
 // (whole files in memory) and by OpenCheckpoint + StreamCheckpoint (one piece in memory).
-#include <cstdio>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <fmt/ranges.h>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 
 #include <algorithm>
 #include <bit>
@@ -30,7 +35,6 @@ constexpr const char* kMetaFile = RunLayout::kMeta;
 constexpr const char* kCompleteFile = RunLayout::kComplete;
 constexpr char kMetaFormat[] = "lockstep-checkpoint";
 constexpr char kCompleteFormat[] = "lockstep-checkpoint-complete";
-constexpr char kTempPrefix[] = ".tmp-";
 // Version tag of TensorFileDigest's layout (docs/formats/checkpoint.md, "COMPLETE").
 constexpr std::string_view kTensorFileTag{"lockstep/tensor-file/v1\0", 24};
 constexpr char kExpAvg[] = ".exp_avg";
@@ -389,19 +393,50 @@ void RemoveAll(const fs::path& path) {
   if (ec) Fail("{}: cannot remove: {}", path.string(), ec.message());
 }
 
-// A fresh checkpoints/.tmp-step_N next to final_dir, replacing what a writer that crashed at
-// this step left behind.
-fs::path MakeTempDir(const fs::path& run_dir, const fs::path& final_dir, uint64_t step) {
-  const fs::path parent = final_dir.parent_path();
-  const fs::path temp_dir = parent / (kTempPrefix + StepDirName(step));
-  if (!fs::exists(parent)) {
-    CreateDirectories(parent);
-    SyncDirectory(run_dir.empty() ? fs::path(".") : run_dir);  // make checkpoints/ durable
+// The staging directory of step N's checkpoint: checkpoints/.step_N.PID-A.tmp beside final_dir,
+// made with mkdir, which never takes an existing name (one taken, by a writer that crashed or by
+// anyone, is passed over and never removed); removed with what the writer put in it unless the
+// write commits (Commit renames or removes it). checkpoints/ itself is made if absent, and a
+// link there is refused: a checkpoint is never written through one.
+class StagingDir {
+ public:
+  StagingDir(const fs::path& run_dir, const fs::path& final_dir, uint64_t step) {
+    const fs::path parent = final_dir.parent_path();
+    const fs::file_status status = fs::symlink_status(parent);
+    if (fs::is_symlink(status)) {
+      Fail("{}: a symbolic link: a checkpoint is never written through a link", parent.string());
+    }
+    if (!fs::exists(status)) {
+      CreateDirectories(parent);
+      SyncDirectory(run_dir.empty() ? fs::path(".") : run_dir);  // make checkpoints/ durable
+    } else if (!fs::is_directory(status)) {
+      Fail("{}: exists and is not a directory", parent.string());
+    }
+    for (int attempt = 0; path_.empty(); ++attempt) {
+      const fs::path candidate =
+          parent / fmt::format(".{}.{}-{}.tmp", StepDirName(step), ::getpid(), attempt);
+      if (::mkdir(candidate.c_str(), 0755) == 0) {
+        path_ = candidate;
+      } else if (errno != EEXIST || attempt + 1 == 1000) {
+        Fail("{}: cannot make a staging directory: {}", candidate.string(),
+             errno == EEXIST ? "1000 names taken" : std::strerror(errno));
+      }
+    }
   }
-  RemoveAll(temp_dir);
-  CreateDirectories(temp_dir);
-  return temp_dir;
-}
+  StagingDir(const StagingDir&) = delete;
+  StagingDir& operator=(const StagingDir&) = delete;
+  ~StagingDir() {
+    if (committed_) return;
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  const fs::path& path() const { return path_; }
+  void Committed() { committed_ = true; }
+
+ private:
+  fs::path path_;
+  bool committed_ = false;
+};
 
 // Renames the finished temporary directory into place, or, when final_dir exists already,
 // removes it and succeeds only if final_dir is this very checkpoint.
@@ -486,7 +521,8 @@ WrittenCheckpoint WriteCheckpointStreamed(const fs::path& run_dir, const StepSta
   }
   MetaJson(state, grad_digests, Digest{});
 
-  const fs::path temp_dir = MakeTempDir(run_dir, final_dir, state.step);
+  StagingDir staging(run_dir, final_dir, state.step);
+  const fs::path& temp_dir = staging.path();
   // One piece in memory; COMPLETE lists each file's size and digest, and each piece also feeds
   // its array's digest, from which the state hash in meta.json is made.
   Json listing = Json::object();
@@ -546,6 +582,7 @@ WrittenCheckpoint WriteCheckpointStreamed(const fs::path& run_dir, const StepSta
   WriteFileSynced(temp_dir / kCompleteFile, complete);
   SyncDirectory(temp_dir);
   Commit(temp_dir, final_dir, complete, state.step);
+  staging.Committed();
   return {.dir = final_dir, .hash = std::move(hash)};
 }
 

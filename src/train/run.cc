@@ -128,6 +128,11 @@ std::vector<MetricsLine> ReadMetrics(const fs::path& path, TornLine torn) {
     m.tokens_blake2b = DigestFromHex(j["tokens_blake2b"].get<std::string>(),
                                      what + ": field \"tokens_blake2b\"");
     m.step_seconds = NumberOrNull(j, "step_seconds", what);
+    // A measured duration: what a kit sums into a unit's publisher_wall_seconds.
+    if (!(m.step_seconds >= 0 && std::isfinite(m.step_seconds))) {
+      Fail("{}: field \"step_seconds\" is {}, expected a finite number >= 0 (a step's duration)",
+           what, j.at("step_seconds").dump());
+    }
     m.tokens_per_second = NumberOrNull(j, "tokens_per_second", what);
     m.comm_seconds = NumberOrNull(j, "comm_seconds", what);
     if (j.contains("comm_hidden_seconds")) {
@@ -365,6 +370,17 @@ void StartRun(const TrainOptions& options, Comm& comm, Trainer& trainer, RunLogs
                ? "use --resume to continue it, or choose another --out"
                : "it has no complete checkpoint (it was stopped before step 0 was saved), so "
                  "it cannot be resumed: delete it, or choose another --out");
+    }
+    // Nor anything, of anyone's, where the run's logs go (a link not followed): a new run's
+    // logs are its own from their first line.
+    for (const fs::path& log :
+         {logs.layout.hashes(), logs.layout.metrics(), logs.layout.signatures()}) {
+      if (fs::symlink_status(log).type() != fs::file_type::not_found) {
+        Fail(
+            "{}: exists, and a new run's logs start empty (it is never appended to, written "
+            "through nor replaced): remove it, or choose another --out",
+            log.string());
+      }
     }
     fs::create_directories(options.run_dir);
   });

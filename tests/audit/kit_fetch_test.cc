@@ -107,12 +107,30 @@ class LocalServer {
 
 constexpr std::string_view kModel = "checkpoints/step_000000010/model.safetensors";
 
-// Leaves the first half of the published file as DEST/<path>.part.
+// What an interrupted fetch of the published kit leaves: its kit.json, and the first half of
+// the published file as DEST/<path>.part.
 void LeaveTruncatedPart(const fs::path& dest, std::string_view path) {
   const std::vector<uint8_t> bytes = ReadFileBytes(PublishedKit::Get().kit / path);
   const fs::path part = dest / (std::string(path) + ".part");
   fs::create_directories(part.parent_path());
+  fs::copy_file(PublishedKit::Get().kit / "kit.json", dest / "kit.json");
   WriteFileSynced(part, std::span(bytes).first(bytes.size() / 2));
+}
+
+// A first fetch into a directory that holds someone's files (no kit.json of this kit) is
+// refused, and nothing in it touched: not the file at a kit path, nor a .part there.
+TEST_F(KitTest, AFirstFetchIntoSomeonesDirectoryIsRefused) {
+  const fs::path dest = dir_ / "dest";
+  fs::create_directories(dest / "checkpoints/step_000000010");
+  WriteFileSynced(dest / "config.yaml", std::string_view("my notes\n"));
+  WriteFileSynced(dest / (std::string(kModel) + ".part"), std::string_view("precious"));
+  const Result r =
+      Lockstep("kit fetch file://" + fs::absolute(published().kit).string() + " " + dest.string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("not empty, and holds no kit.json"), std::string::npos) << r.output;
+  EXPECT_EQ(ReadFileText(dest / "config.yaml"), "my notes\n");
+  EXPECT_EQ(ReadFileText(dest / (std::string(kModel) + ".part")), "precious");
+  EXPECT_FALSE(fs::exists(dest / "kit.json"));
 }
 
 TEST_F(KitTest, HttpFetchVerifiesEveryFile) {

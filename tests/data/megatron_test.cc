@@ -147,6 +147,25 @@ TEST(Megatron, MalformedIndexesAndTokensAreRefusedNamingTheField) {
                       {"document 1 has 3 tokens", "more than the 2"});
     EXPECT_FALSE(fs::exists(tmp / "long_out"));
   }
+  // Sizes are taken from the index before anything of that size is read or allocated: a
+  // document of 2^31 - 1 tokens (its .bin sparse) is refused by its length, and an index of 1 TiB
+  // (sparse) whose header says 82 bytes by its size.
+  {
+    const fs::path prefix = tmp / "huge_document";
+    WriteMegatron(prefix, "uint16", two);
+    std::vector<uint8_t> idx = ReadFileBytes(prefix.string() + ".idx");
+    idx[38] = 0xFF, idx[39] = 0xFF, idx[40] = 0xFF, idx[41] = 0x7F;  // sequence_lengths[1]
+    WriteFileSynced(prefix.string() + ".idx", idx);
+    fs::resize_file(prefix.string() + ".bin", (uint64_t{2} + 0x7FFFFFFF) * 2);
+    test::ExpectError([&] { ImportMegatron(prefix, tmp / "huge_out", TestVocabulary(tmp), 100); },
+                      {"document 1 has 2147483647 tokens", "more than the 100"});
+    EXPECT_FALSE(fs::exists(tmp / "huge_out"));
+    const fs::path big = tmp / "big_index";
+    WriteMegatron(big, "uint16", two);
+    fs::resize_file(big.string() + ".idx", uint64_t{1} << 40);
+    test::ExpectError([&] { ImportMegatron(big, tmp / "big_out", TestVocabulary(tmp), 100); },
+                      {"need 82 bytes, the file has 1099511627776", "trailing bytes"});
+  }
   // An index shorter than its header.
   ExpectRefused(tmp, "stub", two, [](Bytes& idx, Bytes&) { idx.resize(20); },
                 {"shorter than the 34-byte header"});

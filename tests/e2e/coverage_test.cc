@@ -173,6 +173,18 @@ TEST_F(Coverage, DistinctKeysCountOnceConflictsShowAndReceiptsWithoutAReplayAreR
   const std::string late = Forged("rA.json", "C", "late.json", [](Json& r) {
     r["started"] = "2026-12-03 07:46:36";  // not the documented YYYY-MM-DDTHH:MM:SSZ
   });
+  const std::string feb31 = Forged("rA.json", "C", "feb31.json", [](Json& r) {
+    r["started"] = "2026-02-31T12:00:00Z";  // the form, but no such day
+  });
+  const std::string leap = Forged("rA.json", "C", "leap.json", [](Json& r) {
+    r["started"] = "2026-02-28T12:00:60Z";  // a leap second, but not at the end of a month
+  });
+  const std::string control = Forged("rA.json", "C", "control.json", [](Json& r) {
+    r["machine"]["cpu"] = std::string(
+                              "\xE2\x80\xAE"
+                              "evil") +
+                          '\0' + "x";  // U+202E, NUL
+  });
   const std::string mismatch = Forged("rB.json", "C", "mismatch.json", [](Json& r) {
     r["units"] = Json::array({r["units"][1]});
     r["units"][0]["verdict"] = "MISMATCH";
@@ -204,7 +216,8 @@ TEST_F(Coverage, DistinctKeysCountOnceConflictsShowAndReceiptsWithoutAReplayAreR
   // another key is refused, as are a forged signature and a receipt of another kit; a MISMATCH
   // is shown as a conflict beside the MATCHes.
   const std::string all = Path("rA.json") + " " + Path("rB.json") + " " + echoed + " " + copied +
-                          " " + other_kit + " " + mismatch + " " + Path("forged.json") + " " + late;
+                          " " + other_kit + " " + mismatch + " " + Path("forged.json") + " " +
+                          late + " " + feb31 + " " + leap + " " + control;
   c = CoverageJson(all, " --metrics " + Path("run/metrics.jsonl"), &exit_code);
   EXPECT_EQ(exit_code, 1);
   EXPECT_EQ(c["proofs_checked"], true);
@@ -215,6 +228,9 @@ TEST_F(Coverage, DistinctKeysCountOnceConflictsShowAndReceiptsWithoutAReplayAreR
            {copied, "the proof of replay does not check"},
            {other_kit, "a receipt of another kit"},
            {late, "started = \"2026-12-03 07:46:36\": not a UTC time"},
+           {feb31, "started = \"2026-02-31T12:00:00Z\": not a UTC time"},
+           {leap, "started = \"2026-02-28T12:00:60Z\": not a UTC time"},
+           {control, "cpu = \"\\u202eevil\\u0000x\": a text direction control at byte 0"},
            {Path("forged.json"), "the signature does not verify"}}) {
     const Json& rr = ReceiptOf(c, file);
     EXPECT_EQ(rr["status"], "refused") << file;
@@ -315,7 +331,7 @@ TEST_F(Coverage, DistinctKeysCountOnceConflictsShowAndReceiptsWithoutAReplayAreR
   EXPECT_NE(dom.find("data-unit=\"interval_10_20\" data-status=\"confirmed\" data-keys=\"2\""),
             std::string::npos);
   EXPECT_EQ(test::Count(dom, "class=\"dispute\" data-unit=\"interval_0_10\""), 3u);
-  EXPECT_EQ(test::Count(dom, "class=\"receipt\" data-status=\"refused\""), 5u);
+  EXPECT_EQ(test::Count(dom, "class=\"receipt\" data-status=\"refused\""), 8u);
 }
 
 // A unit of one step: its loss is a forward of the public start checkpoint, so a proof that

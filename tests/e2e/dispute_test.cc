@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -326,6 +327,58 @@ TEST_F(Dispute, ARecordOutsideTheOpCatalogueIsRefused) {
                 r.output.find("dtype 'f16' is not a dtype lockstep knows") != std::string::npos)
         << r.output;
   }
+}
+
+// Two traces are identical only when all they commit to agrees: records that agree under headers
+// that do not (another state claimed after the step, or another start) are a difference; a trace
+// with no records, or a record not in the canonical form its leaf commits to, is refused.
+TEST_F(Dispute, TracesAgreeOnlyWhenTheirHeadersAgreeAndTheirRecordsAreCanonical) {
+  const auto copy = [&](const std::string& name) {
+    fs::remove_all(dir_ / name);
+    fs::copy(dir_ / "TA", dir_ / name);
+    return dir_ / name;
+  };
+  const auto edit_header = [&](const fs::path& trace, const std::function<void(Json&)>& edit) {
+    Json h = Json::parse(ReadFileText(trace / "trace.json"));
+    edit(h);
+    WriteFileSynced(trace / "trace.json", h.dump(2) + "\n");
+  };
+  for (const char* field : {"state_hash", "checkpoint_hash"}) {
+    const fs::path other = copy(std::string("TA_") + field);
+    edit_header(other, [&](Json& h) { h[field] = std::string(64, 'a'); });
+    const Result r = Lockstep("dispute ops " + Path("TA") + " " + other.string());
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    const Json v = Json::parse(r.output);
+    EXPECT_EQ(v["verdict"], "headers") << r.output;
+    ASSERT_EQ(v["differing"].size(), 1u) << r.output;
+    EXPECT_EQ(v["differing"][0]["role"], field) << r.output;
+    EXPECT_EQ(v["differing"][0]["b"], std::string(64, 'a')) << r.output;
+  }
+  EXPECT_EQ(Lockstep("dispute ops " + Path("TA") + " " + Path("TA")).exit_code, 0);
+
+  const fs::path empty = copy("TA_empty");
+  WriteFileSynced(empty / "records.jsonl", std::string_view());
+  edit_header(empty, [](Json& h) { h["records"] = 0; });
+  Result r = Lockstep("dispute ops " + empty.string() + " " + empty.string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("records.jsonl: no records"), std::string::npos) << r.output;
+
+  // The first record with a space after its first colon, the root recomputed over it.
+  const fs::path spaced = copy("TA_spaced");
+  std::vector<std::string> lines = Lines(ReadFileText(spaced / "records.jsonl"));
+  lines[0].insert(lines[0].find(':') + 1, " ");
+  std::string text;
+  std::vector<Digest> leaves;
+  for (const std::string& line : lines) {
+    text += line + "\n";
+    leaves.push_back(LeafHash(line));
+  }
+  WriteFileSynced(spaced / "records.jsonl", text);
+  edit_header(spaced, [&](Json& h) { h["merkle_root"] = ToHex(MerkleRoot(leaves)); });
+  r = Lockstep("dispute ops " + Path("TA") + " " + spaced.string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("records.jsonl: line 1: not in the canonical form"), std::string::npos)
+      << r.output;
 }
 
 }  // namespace

@@ -58,6 +58,81 @@ TEST_F(Hostile, PathsOfTheWrongKind) {
                 "not a regular file");
 }
 
+// Inside a directory a command adds to, the files it writes are its own: a link, a FIFO or
+// someone's file at a log's name or at checkpoints/ is refused before any work (never written
+// through, waited on or appended to), and a directory at a staging-like name is left alone.
+TEST_F(Hostile, WhatLiesInsideARunDirectoryIsNeverWrittenThrough) {
+  WriteFileSynced(dir_ / "victim.txt", "theirs\n");
+  for (const std::string log : {"metrics.jsonl", "state_hashes.jsonl", "signatures.jsonl"}) {
+    const fs::path run = dir_ / ("linked-" + log);
+    fs::create_directories(run);
+    fs::create_symlink(dir_ / "victim.txt", run / log);
+    ExpectRefused(Lockstep(Train(run.filename().string(), "--steps 1")), log);
+    EXPECT_FALSE(fs::exists(run / "checkpoints")) << log;
+  }
+  fs::create_directories(dir_ / "fifo-run");
+  ASSERT_EQ(::mkfifo((dir_ / "fifo-run/metrics.jsonl").c_str(), 0600), 0);
+  ExpectRefused(
+      Shell("timeout 60 " + std::string(LOCKSTEP_BINARY) + " " + Train("fifo-run", "--steps 1")),
+      "metrics.jsonl: exists");
+  EXPECT_EQ(ReadFileText(dir_ / "victim.txt"), "theirs\n");
+
+  // checkpoints/ a link: refused, nothing written where it points.
+  fs::create_directories(dir_ / "elsewhere");
+  fs::create_directories(dir_ / "save");
+  fs::create_directory_symlink(dir_ / "elsewhere", dir_ / "save/checkpoints");
+  ExpectRefused(
+      Lockstep("replay --checkpoint " + Path("run/checkpoints/step_000000000") +
+               " --until-step 2 --data " + Path("data") + " --save-checkpoint-dir " + Path("save")),
+      "checkpoints: a symbolic link");
+  EXPECT_TRUE(fs::is_empty(dir_ / "elsewhere"));
+
+  // A directory at a staging-like name in a run being resumed is passed over, kept whole.
+  fs::copy(dir_ / "run", dir_ / "resumed", fs::copy_options::recursive);
+  fs::remove_all(dir_ / "resumed/checkpoints/step_000000004");
+  const fs::path theirs = dir_ / "resumed/checkpoints/.step_000000004.1-0.tmp";
+  fs::create_directories(theirs);
+  WriteFileSynced(theirs / "keep.txt", "theirs");
+  const Result r = Lockstep(Train("resumed", "--steps 4 --resume"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(ReadFileText(theirs / "keep.txt"), "theirs");
+  EXPECT_TRUE(fs::exists(dir_ / "resumed/checkpoints/step_000000004/COMPLETE"));
+}
+
+// Inputs larger than the memory they would need are refused by their size, before a byte is
+// read or allocated (a 1 TiB sparse file), naming the file and the bound.
+TEST_F(Hostile, InputsTooLargeToReadWholeAreRefusedBySize) {
+  const fs::path big = dir_ / "big.txt";
+  { std::ofstream touch(big); }
+  fs::resize_file(big, uint64_t{1} << 40);
+  ExpectRefused(Shell("timeout 60 " + std::string(LOCKSTEP_BINARY) + " data tokenize --input " +
+                      big.string() + " --out " + Path("big-shards")),
+                "big.txt: 1099511627776 bytes, more than a fifth of the memory available now");
+  EXPECT_FALSE(fs::exists(dir_ / "big-shards"));
+  ExpectRefused(
+      Shell("timeout 60 " + std::string(LOCKSTEP_BINARY) + " tokenizer train --vocab 300 --input " +
+            big.string() + " --out " + Path("big-tokenizer")),
+      "big.txt: 1099511627776 bytes, more than a third of the memory available now");
+  EXPECT_FALSE(fs::exists(dir_ / "big-tokenizer"));
+}
+
+// A kit holds what its own verify accepts: a run whose metrics say a step took a negative or
+// an infinite time is refused when the kit is built, naming the file, the line and the field.
+TEST_F(Hostile, AKitIsNotBuiltFromImpossibleStepTimes) {
+  fs::copy(dir_ / "run", dir_ / "timed", fs::copy_options::recursive);
+  const fs::path metrics = dir_ / "timed/metrics.jsonl";
+  std::string text = ReadFileText(metrics);
+  const size_t at = text.find("\"step_seconds\":");
+  ASSERT_NE(at, std::string::npos);
+  const size_t end = text.find(',', at);
+  text.replace(at, end - at, "\"step_seconds\":-1.0");
+  WriteFileSynced(metrics, text);
+  ExpectRefused(Lockstep("kit build --run " + Path("timed") + " --data " + Path("data") +
+                         " --out " + Path("timed-kit")),
+                "metrics.jsonl: line 1: field \"step_seconds\" is -1.0, expected a finite number");
+  EXPECT_FALSE(fs::exists(dir_ / "timed-kit"));
+}
+
 TEST_F(Hostile, CommandLineValuesOutOfRange) {
   ExpectRefused(Lockstep("replay --checkpoint " + Path("run/checkpoints/step_000000000") +
                          " --until-step 1 --data " + Path("data") + " --expect-hash ''"),
@@ -168,7 +243,7 @@ TEST_F(Hostile, AnEditedOrDeletedChainLineIsNeitherResumedNorPublished) {
 }
 
 TEST_F(Hostile, ARunStoppedBeforeItsFirstCheckpointSaysWhatToDo) {
-  fs::create_directories(dir_ / "early/checkpoints/.tmp-step_000000000");
+  fs::create_directories(dir_ / "early/checkpoints/.step_000000000.99999-0.tmp");
   WriteFileSynced(dir_ / "early/state_hashes.jsonl",
                   ReadFileText(dir_ / "run/state_hashes.jsonl").substr(0, 87));
   ExpectRefused(Lockstep(Train("early", "--steps 2")), "delete it");
@@ -189,8 +264,10 @@ TEST_F(Hostile, KitsWithoutUnitsOrWithLinksAndStalledServers) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("trajectory.json: 0 init units"), std::string::npos) << r.output;
 
-  // A symbolic link already inside the destination is never written through.
+  // A symbolic link already inside the destination (of an earlier fetch of this kit: its
+  // kit.json there) is never written through.
   fs::create_directories(dir_ / "dest");
+  fs::copy_file(dir_ / "kit/kit.json", dir_ / "dest/kit.json");
   fs::create_directory_symlink(dir_ / "elsewhere", dir_ / "dest/data");
   ExpectRefused(Lockstep("kit fetch file://" + Path("kit") + " " + Path("dest") + " --no-progress"),
                 "a symbolic link inside the destination");
@@ -254,6 +331,7 @@ TEST_F(Hostile, AFetchNeverWritesOutsideItsDestination) {
   const std::string precious = "someone else's file\n";
   WriteFileSynced(dir_ / "outside.txt", precious);
   fs::create_directories(dir_ / "hard");
+  fs::copy_file(dir_ / "kit2/kit.json", dir_ / "hard/kit.json");  // as an earlier fetch left it
   fs::create_hard_link(dir_ / "outside.txt", dir_ / "hard/trajectory.json.part");
   ExpectRefused(Lockstep("kit fetch file://" + Path("kit2") + " " + Path("hard") +
                          " --no-progress"),

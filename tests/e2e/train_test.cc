@@ -374,8 +374,8 @@ TEST_F(E2e, ResumeAfterSigkillRecoversTheSameChain) {
   // And the state a kill during a checkpoint write leaves: a half-written temporary directory,
   // plus (as if the kill came while step 20 was being written) hash lines past the checkpoint.
   fs::remove_all(run / "checkpoints/step_000000020");
-  fs::create_directories(run / "checkpoints/.tmp-step_000000020");
-  WriteFileSynced(run / "checkpoints/.tmp-step_000000020/model.safetensors",
+  fs::create_directories(run / "checkpoints/.step_000000020.99999-0.tmp");
+  WriteFileSynced(run / "checkpoints/.step_000000020.99999-0.tmp/model.safetensors",
                   std::string_view("partial"));
 
   const Result r = Lockstep("train --config tiny --data " + Data().string() + " --out " +

@@ -219,6 +219,22 @@ TEST(Config, BadConfigsNameTheFieldAndTheValue) {
       {"  n_layers: 2", "  n_layers: two", {"bad.yaml", "model.n_layers", "'two'", "integer"}},
       {"  n_layers: 2", "  n_layers: 2.5", {"model.n_layers", "'2.5'"}},
       {"  qk_norm: true", "  qk_norm: 3", {"model.qk_norm", "'3'", "boolean"}},
+      // A boolean is exactly true or false, unquoted.
+      {"  qk_norm: true", "  qk_norm: yes", {"model.qk_norm = 'yes' is not a boolean"}},
+      {"  qk_norm: true", "  qk_norm: True", {"model.qk_norm = 'True' is not a boolean"}},
+      {"  qk_norm: true", "  qk_norm: \"true\"", {"model.qk_norm = 'true' is not a boolean"}},
+      // A string that is not printable is shown escaped, whole: a NUL cuts nothing short, an
+      // escape sequence never reaches the terminal.
+      {"  z_loss: 1.0e-4",
+       "  z_loss: 1.0e-4\n  linear: \"int8\\0\"",
+       {"model.linear = \"int8\\u0000\" is invalid: must be fp32 or int8"}},
+      {"  z_loss: 1.0e-4",
+       "  z_loss: 1.0e-4\n  linear: \"fp32\\e[2J\"",
+       {"model.linear = \"fp32\\u001b[2J\" is invalid"}},
+      {"  n_layers: 2",
+       "  n_layers: \"2\\0\"",
+       {"model.n_layers = \"2\\u0000\" is not an integer"}},
+      {"train:", "\"ex\\etra\": 1\ntrain:", {"unknown key ex?tra"}},
       {"  n_kv_heads: 2",
        "  n_kv_heads: 3",
        {"bad.yaml", "model.n_heads = 4", "model.n_kv_heads = 3"}},

@@ -3,8 +3,10 @@
 // formula for every draw.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "lockstep/core.h"
@@ -30,6 +32,39 @@ TEST(Init, BitsDoNotDependOnThreads) {
     ASSERT_EQ(other.size(), one.size());
     EXPECT_EQ(std::memcmp(other.data(), one.data(), one.size() * sizeof(float)), 0) << threads;
   }
+}
+
+// A checkpoint's scales are a function of its weights (docs/model.md, "Linears"): the init's
+// pass; a scale one ulp off, or a weight changed under its scale, is refused naming the tensor
+// and row; a row with a NaN has the canonical NaN scale, and passes.
+TEST(Init, WeightScalesAreCheckedAgainstTheirWeights) {
+  const ModelConfig config = LoadRunConfig("tiny-int8").model;
+  ParamStore params(ParameterSpecs(config));
+  InitParameters(config, 3, params);
+  CheckWeightScales(config, params, "ckpt");
+  const ParamIndex P(config);
+  const size_t scale = P.Scale(1, LayerTensor::kWv), weight = P.WeightOfScale(scale);
+  const int64_t cols = params.Spec(weight).shape[1];
+  std::span<float> s = params.Tensor(scale), w = params.Tensor(weight);
+
+  s[5] = std::nextafter(s[5], 1.0f);
+  try {
+    CheckWeightScales(config, params, "ckpt");
+    ADD_FAILURE() << "a scale one ulp off was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ckpt: 'layers.1.attn.wv.scale' row 5"), std::string::npos)
+        << e.what();
+  }
+  s[5] = std::nextafter(s[5], 0.0f);
+  CheckWeightScales(config, params, "ckpt");
+
+  w[7 * cols + 3] = 1.0f;  // above the row's largest magnitude (about 2 · init_std)
+  EXPECT_THROW(CheckWeightScales(config, params, "ckpt"), Error);
+  w[7 * cols + 3] = std::numeric_limits<float>::quiet_NaN();
+  s[7] = std::bit_cast<float>(0x7FC00000u);
+  CheckWeightScales(config, params, "ckpt");
+
+  EXPECT_NO_THROW(CheckWeightScales(LoadRunConfig("tiny").model, params, "ckpt"));  // no int8
 }
 
 TEST(Init, StatisticsSeedsAndDrawCount) {

@@ -1,6 +1,7 @@
 // The op table (rk::OpTable) is the one description of a step's ops: docs/disputes.md's
 // catalogue must say what it says, every entry's sample call fits its own entry and runs, and a
 // call that does not fit its entry is refused as an internal error.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -123,10 +124,60 @@ TEST(OpTable, ArgumentsForgedToOverflowOrToAllocateAreRefused) {
           "batch*seq*heads*head_dim is past 2^63 elements");
   refused(rk::Op::kGemmXWt, {{"m", big}, {"n", big}, {"k", big}}, INT64_MAX, "past 2^63");
   refused(rk::Op::kRowSum, {{"rows", 2048.0}, {"cols", 9007199254740992.0}}, INT64_MAX,
-          "RowSum: rows*cols is past 2^63");  // 2^11 * 2^53 wrapped to 0
-  // No overflow, but an output of 2^28 elements for a record that commits to 7.
+          "rows * cols is past 2^63");  // 2^11 * 2^53 wrapped to 0
+  // Arguments that contradict the inputs are refused as such before any output is allocated:
+  // 2^40 elements asked of a quantizer given 3341.
+  refused(rk::Op::kQuantizeRows, {{"rows", 1048576.0}, {"cols", 1048576.0}}, INT64_MAX,
+          "input 'x' has 3341 elements, the arguments give rows * cols = 1099511627776");
   refused(rk::Op::kRowSum, {{"rows", 268435456.0}, {"cols", 0}}, 7,
-          "an output of 268435456 elements, more than the 7");
+          "input 'x' has 9009 elements, the arguments give rows * cols = 0");
+  refused(rk::Op::kRoundToBf16, {{"n", -7}}, INT64_MAX, "op table: n has a negative factor (-7)");
+  refused(rk::Op::kFromBf16, {{"n", 1000000}}, INT64_MAX,
+          "input 'x' has 4099 elements, the arguments give n = 1000000");
+  refused(rk::Op::kCopy, {{"n", 1}}, INT64_MAX, "input 'x' has 1003 elements");
+  // No contradiction, but an output of 200 · 1850 elements for a record that commits to 7.
+  refused(rk::Op::kEmbeddingFwd, {{"vocab", 1}, {"d", 1850}}, 7,
+          "an output of 370000 elements, more than the 7");
+}
+
+// The int8 GEMM's operands are the quantizers' ([-127, 127]) and k at most kInt8MaxK, so that
+// its int32 sums are exact: -128, which could carry a sum past int32, and a longer k are refused
+// (the referee recomputes it from recorded values).
+TEST(OpTable, Int8OperandsOutsideTheQuantizersRangeAreRefused) {
+  const auto run = [](rk::OpValues in) {
+    rk::OpValues out;
+    rk::Spec(rk::Op::kGemmI8XWt).run(in, out);
+  };
+  for (const char* role : {"x", "w"}) {
+    rk::OpValues in = rk::Spec(rk::Op::kGemmI8XWt).sample();
+    in.tensors[role].As<int8_t>()[600] = -128;
+    try {
+      run(in);
+      ADD_FAILURE() << role << ": ran";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format("input '{}' element 600 is -128", role)),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  rk::OpValues in = rk::Spec(rk::Op::kGemmI8XWt).sample();
+  in.args["m"] = 1;
+  in.args["n"] = 1;
+  in.args["k"] = static_cast<double>(rk::kInt8MaxK + 1);
+  in.Put("x", std::vector<int8_t>(rk::kInt8MaxK + 1, 127));
+  in.Put("w", std::vector<int8_t>(rk::kInt8MaxK + 1, 127));
+  in.Put("sx", std::vector<float>{1.0f});
+  in.Put("sw", std::vector<float>{1.0f});
+  try {
+    run(in);
+    ADD_FAILURE() << "k past kInt8MaxK ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("k = 133145"), std::string::npos) << e.what();
+  }
+  in.args["k"] = static_cast<double>(rk::kInt8MaxK);  // the bound itself: exact, runs
+  in.Put("x", std::vector<int8_t>(rk::kInt8MaxK, 127));
+  in.Put("w", std::vector<int8_t>(rk::kInt8MaxK, 127));
+  EXPECT_NO_THROW(run(in));
 }
 
 // rk::OutputWords compares two runs as the contract does: a NaN's sign and payload do not count

@@ -183,17 +183,17 @@ TEST_F(CheckpointStreamTest, StreamedWriteRefusesBeforeWritingAndKeepsTheProtoco
   EXPECT_TRUE(source.pieces.empty());
   EXPECT_FALSE(fs::exists(dir_ / "checkpoints"));
 
-  // A source that fails part-way leaves only the temporary directory, which the next write
-  // replaces.
+  // A source that fails part-way leaves nothing behind: its staging directory is removed.
   const PieceSource failing = [](size_t i, StateArray a, int64_t, std::span<float>) {
     if (i == 1 && a == StateArray::kV) Fail("source: v of tensor 1 is gone");
   };
   ExpectError([&] { WriteCheckpointStreamed(dir_, s.state, shapes, 3, failing); }, {"gone"});
   EXPECT_EQ(LatestCompleteCheckpoint(dir_), std::nullopt);
-  EXPECT_TRUE(fs::exists(dir_ / "checkpoints" / ".tmp-step_000000007"));
+  EXPECT_TRUE(fs::is_empty(dir_ / "checkpoints"));
 
   const fs::path dir = WriteCheckpointStreamed(dir_, s.state, shapes, 3, source.Get()).dir;
-  EXPECT_FALSE(fs::exists(dir_ / "checkpoints" / ".tmp-step_000000007"));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_ / "checkpoints"), fs::directory_iterator()),
+            1);
   EXPECT_EQ(WriteCheckpointStreamed(dir_, s.state, shapes, 5, source.Get()).dir, dir);  // no-op
   SampleState other;
   other.state.data_cursor++;

@@ -18,6 +18,17 @@ using test::SampleState;
 
 class CheckpointTest : public test::ScratchDirTest {};
 
+// The names in `dir` that start with '.' (staging directories, anyone's), sorted.
+std::vector<std::string> DotNames(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with('.')) names.push_back(name);
+  }
+  std::ranges::sort(names);
+  return names;
+}
+
 void ExpectSameBits(std::span<const float> a, std::span<const float> b, const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size_bytes())) << what;
@@ -25,13 +36,17 @@ void ExpectSameBits(std::span<const float> a, std::span<const float> b, const st
 
 TEST_F(CheckpointTest, RoundTripKeepsStateTensorsAndHash) {
   const SampleState s;
-  // What a writer that crashed at this step left behind is replaced.
-  fs::create_directories(dir_ / "checkpoints" / ".tmp-step_000000007");
-  WriteFileSynced(dir_ / "checkpoints" / ".tmp-step_000000007" / "model.safetensors", "junk");
+  // A staging name already taken (a writer that crashed at this step, with this process's id,
+  // or anyone) is passed over and kept as it was; the writer's own staging is gone once it
+  // commits.
+  const fs::path taken = dir_ / "checkpoints" / fmt::format(".step_000000007.{}-0.tmp", ::getpid());
+  fs::create_directories(taken);
+  WriteFileSynced(taken / "model.safetensors", "junk");
   const fs::path dir = WriteCheckpoint(dir_, s.state, s.Tensors());
   EXPECT_EQ(dir, dir_ / "checkpoints" / "step_000000007");
   EXPECT_EQ(dir, CheckpointDir(dir_, 7));
-  EXPECT_FALSE(fs::exists(dir_ / "checkpoints" / ".tmp-step_000000007"));
+  EXPECT_EQ(ReadFileText(taken / "model.safetensors"), "junk");
+  EXPECT_EQ(DotNames(dir_ / "checkpoints"), std::vector<std::string>{taken.filename().string()});
 
   const Checkpoint c = ReadCheckpoint(dir);
   const StepState& got = c.state;
@@ -130,7 +145,7 @@ TEST_F(CheckpointTest, SameStateGivesIdenticalBytesAndRewritesAreNoOps) {
   other.state.rng_counter++;
   ExpectError([&] { WriteCheckpoint(dir_ / "run_a", other.state, other.Tensors()); },
               {a.string(), "already exists", "refusing"});
-  EXPECT_FALSE(fs::exists(dir_ / "run_a" / "checkpoints" / ".tmp-step_000000007"));
+  EXPECT_TRUE(DotNames(dir_ / "run_a" / "checkpoints").empty());
   EXPECT_EQ(ReadCheckpoint(a).state.rng_counter, s.state.rng_counter);
 }
 
@@ -235,8 +250,8 @@ TEST_F(CheckpointTest, LatestCompleteCheckpointIgnoresTempAndIncompleteDirs) {
     WriteCheckpoint(dir_, s.state, s.Tensors());
   }
   const fs::path checkpoints = dir_ / "checkpoints";
-  fs::create_directories(checkpoints / ".tmp-step_000000020");
-  WriteFileSynced(checkpoints / ".tmp-step_000000020" / "COMPLETE", "{}");
+  fs::create_directories(checkpoints / ".step_000000020.1-0.tmp");
+  WriteFileSynced(checkpoints / ".step_000000020.1-0.tmp" / "COMPLETE", "{}");
   fs::create_directories(checkpoints / "step_000000015");  // renamed in without COMPLETE
   fs::create_directories(checkpoints / "step_12");         // not a canonical name
   WriteFileSynced(checkpoints / "step_12" / "COMPLETE", "{}");

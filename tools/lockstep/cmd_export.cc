@@ -23,8 +23,14 @@ int RunExport(const ExportOptions& o) {
   CheckOutput({"--out", o.out}, format == infer::ExportFormat::kHf ? OutputKind::kNewDirectory
                                                                    : OutputKind::kNewFile);
   RefuseOutputsOntoInputs({{"--out", o.out}}, {{"--checkpoint", o.checkpoint}, {"--data", o.data}});
-  // Refuse what the target cannot express before reading gigabytes of weights.
-  infer::ExportArchitecture(infer::ConfigOfCheckpoint(OpenCheckpoint(o.checkpoint)).model, format);
+  // Refuse what the target cannot express before reading gigabytes of weights, naming the
+  // checkpoint.
+  try {
+    infer::ExportArchitecture(infer::ConfigOfCheckpoint(OpenCheckpoint(o.checkpoint)).model,
+                              format);
+  } catch (const Error& e) {
+    Fail("--checkpoint {}: {}", o.checkpoint.string(), e.what());
+  }
   const infer::VerifiedModel loaded = infer::LoadVerified(o.checkpoint);
   const infer::ExportResult result = infer::Export(loaded, format, o.out, o.data);
   fmt::print("wrote {} ({} {}, step {}, state hash {})\n", o.out.string(), o.format,
