@@ -1,6 +1,6 @@
 // The init unit against its hashing limit (docs/performance.md, "The init unit"). For a config it
-// makes every parameter as `lockstep replay --from-init` does (InitTensorRange, piece by piece
-// into one buffer of kInitPieceFloats, the pieces hashed by ArrayHasher) and times, best of
+// makes every parameter as `lockstep replay --from-init` does (InitInPieces, piece by piece into
+// one buffer of kInitPieceFloats, the pieces hashed by ArrayHasher) and times, best of
 // ROUNDS at THREADS:
 //   draws_seconds  the parameters made, not hashed;
 //   unit_seconds   made and hashed, the replay's work (without its start and its memory plan);
@@ -82,7 +82,6 @@ int main(int argc, char** argv) {
       rk::SetIsa(*isa);
     }
     const std::vector<ParamSpec> specs = ParameterSpecs(config.model);
-    const std::vector<int64_t> first_draws = FirstDraws(specs);
     int64_t largest = 0, parameters = 0;
     for (const ParamSpec& spec : specs) {
       largest = std::max(largest, spec.numel());
@@ -90,26 +89,24 @@ int main(int argc, char** argv) {
     }
     std::vector<float> piece(static_cast<size_t>(std::min(kInitPieceFloats, largest)));
     const int64_t piece_floats = static_cast<int64_t>(piece.size());
-    // Every tensor piece by piece; `hash` says whether the pieces are hashed too.
+    // Every tensor piece by piece, as the replay makes them; `hash` says whether the pieces are
+    // hashed too.
     Digest sink{};
     auto make = [&](bool hash) {
-      for (size_t i = 0; i < specs.size(); ++i) {
-        ArrayHasher hasher;
-        for (int64_t begin = 0; begin < specs[i].numel(); begin += piece_floats) {
-          const std::span<float> out(
-              piece.data(), static_cast<size_t>(std::min(piece_floats, specs[i].numel() - begin)));
-          InitTensorRange(config.model, config.train.seed, specs[i], first_draws[i], begin, out);
-          if (hash) hasher.Update(std::span<const float>(out));
-        }
-        if (hash) sink = hasher.Final();
-      }
+      std::vector<ArrayHasher> hashers(specs.size());
+      InitInPieces(config.model, config.train.seed, piece_floats,
+                   [&](size_t i, int64_t, std::span<const float> out) {
+                     if (hash) hashers[i].Update(out);
+                   });
+      if (hash) sink = hashers.back().Final();
     };
     const double table = BestSeconds(1, [&] {
       if (std::ranges::any_of(specs, InitByTable)) rk::InitErfinvTable();
     });
     const double draws = BestSeconds(rounds, [&] { make(false); });
     const double unit = BestSeconds(rounds, [&] { make(true); });
-    // The same bytes hashed: each tensor's element count over the (last made) piece.
+    // The same number of bytes hashed: each tensor's element count over a buffer of a piece's
+    // size (the hash's speed does not depend on the values).
     const double hash = BestSeconds(rounds, [&] {
       for (const ParamSpec& spec : specs) {
         ArrayHasher hasher;

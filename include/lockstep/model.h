@@ -9,6 +9,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <span>
 #include <string>
@@ -237,9 +238,14 @@ inline constexpr uint64_t kInitTableBytes = rk::kInitErfinvTableBytes;
 inline bool InitByTable(const ParamSpec& spec) {
   return spec.is_matrix && spec.numel() >= kInitTableDraws;
 }
-// The floats InitTensorRange holds beside `out` for `size` elements of tensor `spec`: for a scale
-// tensor, its weight's rows drawn a chunk at a time and their maxima; none for any other.
-int64_t InitScratchFloats(const ModelConfig& config, const ParamSpec& spec, int64_t size);
+// Every parameter of `config` as InitParameters makes it, tensor by tensor in order, in pieces of
+// at most piece_floats elements, handed to piece(i, begin, values). A scale tensor's scales are
+// made from its weight's rows' maxima, folded as the weight's pieces pass (every weight precedes
+// its scales), where InitTensorRange, given a range alone, draws the weight again: the same bits
+// for half the draws. Holds one piece and the maxima: InitInPiecesFloats floats.
+void InitInPieces(const ModelConfig& config, uint64_t seed, int64_t piece_floats,
+                  const std::function<void(size_t, int64_t, std::span<const float>)>& piece);
+int64_t InitInPiecesFloats(const ModelConfig& config, int64_t piece_floats);
 
 // ---- forward / backward -----------------------------------------------------------------------
 // How Forward and Backward reach the parameters and the gradients: a tensor at a time (by its

@@ -75,44 +75,25 @@ ReplayResult ReplayInit(const ReplayOptions& o) {
   if (o.seed) config.train.seed = *o.seed;
   const data::Dataset dataset = data::OpenDataset(o.data_dir);
   const std::vector<ParamSpec> specs = ParameterSpecs(config.model);
-  int64_t largest = 0;
-  bool by_table = false;  // a matrix large enough for the init's erfinv table
-  for (const ParamSpec& spec : specs) {
-    largest = std::max(largest, spec.numel());
-    by_table |= InitByTable(spec);
-  }
-  const int64_t piece_floats = std::min(kInitPieceFloats, largest);
-  int64_t scratch_floats = 0;  // a scale tensor's weight rows, drawn again
-  for (const ParamSpec& spec : specs) {
-    scratch_floats =
-        std::max(scratch_floats,
-                 InitScratchFloats(config.model, spec, std::min(piece_floats, spec.numel())));
-  }
-  const auto bytes = [](int64_t floats) { return static_cast<uint64_t>(floats) * sizeof(float); };
-  const MemoryPlan plan{.parts = {{"init piece", bytes(piece_floats)},
+  const bool by_table = std::ranges::any_of(specs, InitByTable);  // the init's erfinv table
+  const uint64_t init_bytes =
+      static_cast<uint64_t>(InitInPiecesFloats(config.model, kInitPieceFloats)) * sizeof(float);
+  const MemoryPlan plan{.parts = {{"init piece and scale maxima", init_bytes},
                                   {"chunk of zeros", 4 << 18},
-                                  {"erfinv table", by_table ? kInitTableBytes : 0},
-                                  {"scale tensors' weight rows", bytes(scratch_floats)}},
+                                  {"erfinv table", by_table ? kInitTableBytes : 0}},
                         .resident_at_planning = CurrentRssBytes()};
   CheckMemoryPlan(plan, o.force);
 
-  // Parameters are generated piece by piece into one buffer; m, v and the gradient are zeros,
-  // whose digest depends on the element count only (ZeroArrayDigest).
-  std::vector<float> piece(static_cast<size_t>(piece_floats));
+  // Parameters are made piece by piece and hashed; m, v and the gradient are zeros, whose digest
+  // depends on the element count only (ZeroArrayDigest).
+  std::vector<ArrayHasher> params(specs.size());
+  InitInPieces(config.model, config.train.seed, kInitPieceFloats,
+               [&](size_t i, int64_t, std::span<const float> piece) { params[i].Update(piece); });
   const std::vector<int64_t> first_draws = FirstDraws(specs);
   std::vector<TensorDigest> digests;
   for (size_t i = 0; i < specs.size(); ++i) {
-    const ParamSpec& spec = specs[i];
-    const int64_t n = spec.numel();
-    ArrayHasher param;
-    for (int64_t begin = 0; begin < n; begin += piece_floats) {
-      const size_t size = static_cast<size_t>(std::min(piece_floats, n - begin));
-      const std::span<float> out(piece.data(), size);
-      InitTensorRange(config.model, config.train.seed, spec, first_draws[i], begin, out);
-      param.Update(std::span<const float>(out));
-    }
-    const Digest zeros = ZeroArrayDigest(static_cast<uint64_t>(n));
-    digests.push_back({spec.name, spec.shape, param.Final(), zeros, zeros, zeros});
+    const Digest zeros = ZeroArrayDigest(static_cast<uint64_t>(specs[i].numel()));
+    digests.push_back({specs[i].name, specs[i].shape, params[i].Final(), zeros, zeros, zeros});
   }
   // The state of step 0 as Trainer::Initialize makes it (docs/training.md, "Step 0").
   StepState state;

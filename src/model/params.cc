@@ -3,6 +3,7 @@
 #include <array>
 #include <bit>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include "lockstep/core.h"
@@ -176,14 +177,56 @@ void InitScaleRange(const ModelConfig& config, uint64_t seed, const ParamSpec& s
 
 }  // namespace
 
-int64_t InitScratchFloats(const ModelConfig& config, const ParamSpec& spec, int64_t size) {
-  if (!spec.is_scale) return 0;
+namespace {
+// The rows of every weight that has a scale tensor (int8 linears), whose maxima InitInPieces folds.
+int64_t ScaledRows(const ModelConfig& config, const std::vector<ParamSpec>& specs) {
+  if (config.linear != Linear::kInt8) return 0;
+  int64_t rows = 0;
+  for (size_t s = ParamIndex(config).scales; s < specs.size(); ++s) rows += specs[s].numel();
+  return rows;
+}
+}  // namespace
+
+void InitInPieces(const ModelConfig& config, uint64_t seed, int64_t piece_floats,
+                  const std::function<void(size_t, int64_t, std::span<const float>)>& piece) {
+  LOCKSTEP_CHECK(piece_floats >= 1, "pieces of {} floats", piece_floats);
   const std::vector<ParamSpec> specs = ParameterSpecs(config);
-  const auto at =
-      static_cast<size_t>(std::ranges::find(specs, spec.name, &ParamSpec::name) - specs.begin());
-  LOCKSTEP_CHECK(at < specs.size(), "'{}' is no tensor of the model", spec.name);
-  const int64_t cols = specs[ParamIndex(config).WeightOfScale(at)].shape[1];
-  return std::min(ScaleRowsPerChunk(cols), size) * cols + size;
+  const std::vector<int64_t> first_draws = FirstDraws(specs);
+  const ParamIndex P(config);
+  // Each scaled weight's rows' maxima, by weight index.
+  std::map<size_t, std::vector<float>> maxima;
+  if (config.linear == Linear::kInt8) {
+    for (size_t s = P.scales; s < specs.size(); ++s) {
+      maxima[P.WeightOfScale(s)].assign(static_cast<size_t>(specs[s].numel()), 0.0f);
+    }
+  }
+  int64_t largest = 0;
+  for (const ParamSpec& spec : specs) largest = std::max(largest, spec.numel());
+  std::vector<float> buffer(static_cast<size_t>(std::min(piece_floats, largest)));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const ParamSpec& spec = specs[i];
+    const auto folded = maxima.find(i);
+    for (int64_t begin = 0; begin < spec.numel(); begin += piece_floats) {
+      const std::span<float> out(buffer.data(),
+                                 static_cast<size_t>(std::min(piece_floats, spec.numel() - begin)));
+      if (spec.is_scale) {
+        rk::ScalesOfMaxima(std::span<const float>(maxima.at(P.WeightOfScale(i)))
+                               .subspan(static_cast<size_t>(begin), out.size()),
+                           out);
+      } else {
+        InitTensorRange(config, seed, spec, first_draws[i], begin, out);
+      }
+      if (folded != maxima.end()) rk::FoldRowMaxima(out, begin, spec.shape[1], folded->second);
+      piece(i, begin, out);
+    }
+  }
+}
+
+int64_t InitInPiecesFloats(const ModelConfig& config, int64_t piece_floats) {
+  const std::vector<ParamSpec> specs = ParameterSpecs(config);
+  int64_t largest = 0;
+  for (const ParamSpec& spec : specs) largest = std::max(largest, spec.numel());
+  return std::min(piece_floats, largest) + ScaledRows(config, specs);
 }
 
 void CheckWeightScales(const ModelConfig& config, const ParamStore& params, std::string_view what) {

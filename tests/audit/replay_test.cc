@@ -144,6 +144,20 @@ TEST_F(Audit, InitReplayMatchesChainLineZeroAtOneAndTwoThreads) {
   EXPECT_NE(other.err.find("MATCH=False"), std::string::npos) << other.err;
 }
 
+// An int8 model's init unit makes its scale tensors from the weights' maxima folded as the
+// weights pass (InitInPieces), the trainer from each range's weight rows drawn again
+// (InitTensorRange): the same state hash.
+TEST_F(Audit, InitReplayOfAnInt8ModelMatchesItsTrainer) {
+  const fs::path run = Scratch() / "int8-run";
+  const Result trained = Lockstep("train --config tiny-int8 --data " + Data().string() + " --out " +
+                                  run.string() + " --steps 0 --no-progress");
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  const Result r = Lockstep("replay --from-init --config tiny-int8 --data " + Data().string() +
+                            " --threads 2 --expect-hash " + ChainHash(run, 0));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("MATCH=True"), std::string::npos) << r.err;
+}
+
 TEST_F(Audit, IntervalReplayMatchesTheChainAtOneAndTwoThreads) {
   const std::string line20 = ChainHash(Run(), 20);
   for (int threads : {1, 2}) {
